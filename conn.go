@@ -1,0 +1,397 @@
+package bulkhead
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"sync/atomic"
+)
+
+//go:generate go run ./internal/genwrap
+
+// What the wrappers present to database/sql.
+//
+// Each wrapped Conn, Stmt and Rows implements exactly the optional driver
+// interfaces its inner value implements (wrap_gen.go has one type per
+// combination), because database/sql changes behaviour on their presence:
+// Validator and SessionResetter decide whether a connection survives a
+// rolled-back transaction, NamedValueChecker whether pgx arrays pass,
+// RowsColumnType* what ColumnTypes reports.
+//
+// The exceptions are the context forms that database/sql itself derives from
+// the legacy ones: a wrapped Conn always implements ConnBeginTx and
+// ConnPrepareContext, it implements ExecerContext (QueryerContext) when the
+// inner conn has ExecerContext or Execer (QueryerContext or Queryer), and a
+// wrapped Stmt always implements StmtExecContext and StmtQueryContext. For a
+// legacy inner value they convert arguments and check the context exactly
+// as database/sql would, so nothing changes for the caller.
+
+// conn is one physical connection of the gate. database/sql uses a
+// driver.Conn from one goroutine at a time; the fields that another
+// goroutine may read (a transaction ended by database/sql's rollback after a
+// cancellation) are atomic.
+type conn struct {
+	g     *Gate
+	inner driver.Conn
+	tx    tx // the open transaction: a connection has at most one at a time
+
+	execer  driver.ExecerContext  // nil: use the legacy Execer
+	queryer driver.QueryerContext // nil: use the legacy Queryer
+	closed  atomic.Bool
+}
+
+var (
+	_ driver.Conn               = (*conn)(nil)
+	_ driver.ConnBeginTx        = (*conn)(nil)
+	_ driver.ConnPrepareContext = (*conn)(nil)
+)
+
+func newConn(g *Gate, ci driver.Conn) driver.Conn {
+	c := &conn{g: g, inner: ci}
+	c.tx.c = c
+	c.execer, _ = ci.(driver.ExecerContext)
+	c.queryer, _ = ci.(driver.QueryerContext)
+	mask := connMask(ci)
+	if _, ok := ci.(driver.Execer); ok {
+		mask |= 1 << 0
+	}
+	if _, ok := ci.(driver.Queryer); ok {
+		mask |= 1 << 1
+	}
+	return wrapConn(c, mask)
+}
+
+// Unwrap returns the driver's own connection. (*sql.Conn).Raw hands its
+// function the wrapper; see the package function Unwrap.
+func (c *conn) Unwrap() driver.Conn { return c.inner }
+
+// Unwrap returns the driver's own connection behind dc, the value that
+// (*sql.Conn).Raw passes to its function, peeling every layer that has an
+// Unwrap() driver.Conn method. A value that is not a wrapper is returned
+// as it is.
+//
+//	err := sqlConn.Raw(func(dc any) error {
+//		pgxConn := bulkhead.Unwrap(dc).(*stdlib.Conn).Conn()
+//		...
+//	})
+func Unwrap(dc any) any {
+	for {
+		u, ok := dc.(interface{ Unwrap() driver.Conn })
+		if !ok {
+			return dc
+		}
+		dc = u.Unwrap()
+	}
+}
+
+// Prepare is the legacy form of PrepareContext.
+func (c *conn) Prepare(query string) (driver.Stmt, error) {
+	return c.PrepareContext(context.Background(), query)
+}
+
+// PrepareContext prepares without a permit: preparing runs no user work.
+// The statement's executions outside a transaction are gated.
+func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	var si driver.Stmt
+	var err error
+	if p, ok := c.inner.(driver.ConnPrepareContext); ok {
+		si, err = p.PrepareContext(ctx, query)
+	} else {
+		si, err = c.inner.Prepare(query)
+		if err == nil && ctx.Err() != nil {
+			si.Close()
+			return nil, ctx.Err()
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return wrapStmt(&stmt{c: c, inner: si}, stmtMask(si)), nil
+}
+
+// Close closes the connection. A transaction still open on it (its
+// Commit or Rollback never returned) gives its permits back here.
+func (c *conn) Close() error {
+	defer func() {
+		c.tx.end()
+		if c.closed.CompareAndSwap(false, true) {
+			c.g.connClosed()
+		}
+	}()
+	return c.inner.Close()
+}
+
+// Begin is the legacy form of BeginTx.
+func (c *conn) Begin() (driver.Tx, error) {
+	return c.BeginTx(context.Background(), driver.TxOptions{})
+}
+
+// BeginTx acquires both permits, then begins the transaction. The permits
+// are held until the driver's Commit or Rollback returns.
+func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if c.tx.held.Load() {
+		return nil, errors.New("bulkhead: BeginTx on a connection whose transaction is still open")
+	}
+	var p permit
+	if err := c.g.acquire(ctx, KindTx, &p); err != nil {
+		return nil, err
+	}
+	began := false
+	defer func() {
+		if !began {
+			c.g.release(&p)
+		}
+	}()
+	ti, err := c.beginInner(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	c.tx.inner = ti
+	c.tx.p = p
+	c.tx.held.Store(true)
+	began = true
+	return &c.tx, nil
+}
+
+func (c *conn) beginInner(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if b, ok := c.inner.(driver.ConnBeginTx); ok {
+		return b.BeginTx(ctx, opts)
+	}
+	// As database/sql does for a driver without ConnBeginTx.
+	if opts.Isolation != 0 {
+		return nil, errors.New("bulkhead: driver does not support non-default isolation level")
+	}
+	if opts.ReadOnly {
+		return nil, errors.New("bulkhead: driver does not support read-only transactions")
+	}
+	ti, err := c.inner.Begin() //nolint:staticcheck // the legacy driver has nothing else
+	if err == nil && ctx.Err() != nil {
+		ti.Rollback()
+		return nil, ctx.Err()
+	}
+	return ti, err
+}
+
+// execContext runs an autocommit statement under both permits, or a
+// statement of the open transaction without taking any.
+func (c *conn) execContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if c.tx.held.Load() {
+		return c.execInner(ctx, query, args)
+	}
+	var p permit
+	if err := c.g.acquire(ctx, KindExec, &p); err != nil {
+		return nil, err
+	}
+	defer c.g.release(&p)
+	return c.execInner(ctx, query, args)
+}
+
+func (c *conn) execInner(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if c.execer != nil {
+		return c.execer.ExecContext(ctx, query, args)
+	}
+	dargs, err := namedValueToValue(args)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return c.inner.(driver.Execer).Exec(query, dargs) //nolint:staticcheck // the legacy driver has nothing else
+}
+
+// queryContext runs an autocommit query whose Rows hold both permits
+// until they are closed, or a query of the open transaction without
+// taking any (its rows are then the driver's own).
+func (c *conn) queryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if c.tx.held.Load() {
+		return c.queryInner(ctx, query, args)
+	}
+	return c.g.holdRows(ctx, func() (driver.Rows, error) { return c.queryInner(ctx, query, args) })
+}
+
+func (c *conn) queryInner(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if c.queryer != nil {
+		return c.queryer.QueryContext(ctx, query, args)
+	}
+	dargs, err := namedValueToValue(args)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return c.inner.(driver.Queryer).Query(query, dargs) //nolint:staticcheck // the legacy driver has nothing else
+}
+
+// holdRows acquires both permits and runs query. The permits pass to the
+// returned rows, released by their Close; on an error (including
+// driver.ErrSkip, after which database/sql prepares the statement and runs
+// it again through a gated Stmt) or a panic they are released at once.
+func (g *Gate) holdRows(ctx context.Context, query func() (driver.Rows, error)) (driver.Rows, error) {
+	var p permit
+	if err := g.acquire(ctx, KindQuery, &p); err != nil {
+		return nil, err
+	}
+	handed := false
+	defer func() {
+		if !handed {
+			g.release(&p)
+		}
+	}()
+	ri, err := query()
+	if err != nil {
+		return nil, err
+	}
+	r := &rows{g: g, inner: ri, p: p}
+	r.held.Store(true)
+	handed = true
+	return wrapRows(r, rowsMask(ri)), nil
+}
+
+// tx is the open transaction of a conn. It holds both permits from a
+// successful BeginTx until the driver's Commit or Rollback returns, on
+// whatever goroutine calls it (database/sql rolls back from its own
+// goroutine when the transaction's context ends).
+type tx struct {
+	c     *conn
+	inner driver.Tx
+	p     permit
+	held  atomic.Bool
+}
+
+var _ driver.Tx = (*tx)(nil)
+
+func (t *tx) Commit() error {
+	defer t.end()
+	return t.inner.Commit()
+}
+
+func (t *tx) Rollback() error {
+	defer t.end()
+	return t.inner.Rollback()
+}
+
+// end releases the transaction's permits, once.
+func (t *tx) end() {
+	if t.held.CompareAndSwap(true, false) {
+		t.c.g.release(&t.p)
+	}
+}
+
+// stmt is a prepared statement. Its executions outside a transaction are
+// gated like the conn's; inside one (a statement prepared on the
+// transaction, or moved into it with Tx.Stmt) they take no permit.
+type stmt struct {
+	c     *conn
+	inner driver.Stmt
+}
+
+var (
+	_ driver.Stmt             = (*stmt)(nil)
+	_ driver.StmtExecContext  = (*stmt)(nil)
+	_ driver.StmtQueryContext = (*stmt)(nil)
+)
+
+func (s *stmt) Close() error  { return s.inner.Close() }
+func (s *stmt) NumInput() int { return s.inner.NumInput() }
+
+// Exec is the legacy form of ExecContext.
+func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
+	return s.ExecContext(context.Background(), valueToNamedValue(args))
+}
+
+// Query is the legacy form of QueryContext.
+func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
+	return s.QueryContext(context.Background(), valueToNamedValue(args))
+}
+
+func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	if s.c.tx.held.Load() {
+		return s.execInner(ctx, args)
+	}
+	var p permit
+	if err := s.c.g.acquire(ctx, KindExec, &p); err != nil {
+		return nil, err
+	}
+	defer s.c.g.release(&p)
+	return s.execInner(ctx, args)
+}
+
+func (s *stmt) execInner(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	if e, ok := s.inner.(driver.StmtExecContext); ok {
+		return e.ExecContext(ctx, args)
+	}
+	dargs, err := namedValueToValue(args)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return s.inner.Exec(dargs) //nolint:staticcheck // the legacy driver has nothing else
+}
+
+func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	if s.c.tx.held.Load() {
+		return s.queryInner(ctx, args)
+	}
+	return s.c.g.holdRows(ctx, func() (driver.Rows, error) { return s.queryInner(ctx, args) })
+}
+
+func (s *stmt) queryInner(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	if q, ok := s.inner.(driver.StmtQueryContext); ok {
+		return q.QueryContext(ctx, args)
+	}
+	dargs, err := namedValueToValue(args)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return s.inner.Query(dargs) //nolint:staticcheck // the legacy driver has nothing else
+}
+
+// rows holds an autocommit query's permits until Close returns.
+// database/sql closes rows itself at the end of Next, in Row.Scan, and from
+// its own goroutine when the query's context ends.
+type rows struct {
+	g     *Gate
+	inner driver.Rows
+	p     permit
+	held  atomic.Bool
+}
+
+var _ driver.Rows = (*rows)(nil)
+
+func (r *rows) Columns() []string              { return r.inner.Columns() }
+func (r *rows) Next(dest []driver.Value) error { return r.inner.Next(dest) }
+
+func (r *rows) Close() error {
+	defer func() {
+		if r.held.CompareAndSwap(true, false) {
+			r.g.release(&r.p)
+		}
+	}()
+	return r.inner.Close()
+}
+
+func namedValueToValue(named []driver.NamedValue) ([]driver.Value, error) {
+	args := make([]driver.Value, len(named))
+	for i, nv := range named {
+		if nv.Name != "" {
+			return nil, errors.New("bulkhead: driver does not support the use of named parameters")
+		}
+		args[i] = nv.Value
+	}
+	return args, nil
+}
+
+func valueToNamedValue(args []driver.Value) []driver.NamedValue {
+	named := make([]driver.NamedValue, len(args))
+	for i, v := range args {
+		named[i] = driver.NamedValue{Ordinal: i + 1, Value: v}
+	}
+	return named
+}
