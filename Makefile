@@ -1,8 +1,8 @@
 # bulkhead: make help lists the targets.
 GO ?= go
-STATICCHECK := honnef.co/go/tools/cmd/staticcheck@2025.1.1
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: help test test-short lint bench generate
+.PHONY: help test test-short lint bench generate chart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -22,3 +22,6 @@ bench: ## benchmarks, gated and plain side by side (benchstat reads the output)
 
 generate: ## regenerate wrap_gen.go
 	$(GO) generate ./...
+
+chart: ## regenerate docs/load.png: gated vs plain database/sql under overload (local PostgreSQL, ~25 s)
+	$(GO) run ./cmd/bulkhead load --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} --clients 32 --duration 10s --max-concurrent 4 --max-queue 4 --queue-wait 20ms --hold 20ms --deadline 100ms --baseline --max-open-conns 4 --chart docs/load.png

@@ -4,7 +4,10 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"fmt"
+	"strconv"
 	"sync/atomic"
+	"time"
 )
 
 //go:generate go run ./internal/genwrap
@@ -26,6 +29,16 @@ import (
 // legacy inner value they convert arguments and check the context exactly
 // as database/sql would, so nothing changes for the caller.
 
+// ErrTxStillOpen is returned by BeginTx on a connection whose previous
+// transaction has not ended in the driver yet. database/sql lets this
+// happen on a *sql.Conn: after the transaction's context ended, Commit
+// returns the context's error at once and the driver's rollback runs a
+// moment later in database/sql's goroutine; a BeginTx on the same
+// *sql.Conn in between reaches the driver while the old transaction is
+// still open (plain pgx would then silently nest the two). It is not a
+// rejection: try again, or take a fresh *sql.Conn.
+var ErrTxStillOpen = errors.New("bulkhead: BeginTx on a connection whose previous transaction has not ended yet")
+
 // conn is one physical connection of the gate. database/sql uses a
 // driver.Conn from one goroutine at a time; the fields that another
 // goroutine may read (a transaction ended by database/sql's rollback after a
@@ -37,7 +50,7 @@ type conn struct {
 
 	execer  driver.ExecerContext  // nil: use the legacy Execer
 	queryer driver.QueryerContext // nil: use the legacy Queryer
-	closed  atomic.Bool
+	closed  atomic.Bool           // closed, or lost to a panic in the driver
 }
 
 var (
@@ -92,33 +105,59 @@ func (c *conn) Prepare(query string) (driver.Stmt, error) {
 // PrepareContext prepares without a permit: preparing runs no user work.
 // The statement's executions outside a transaction are gated.
 func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	var si driver.Stmt
-	var err error
-	if p, ok := c.inner.(driver.ConnPrepareContext); ok {
-		si, err = p.PrepareContext(ctx, query)
-	} else {
-		si, err = c.inner.Prepare(query)
-		if err == nil && ctx.Err() != nil {
-			si.Close()
-			return nil, ctx.Err()
-		}
+	if c.closed.Load() {
+		return nil, driver.ErrBadConn
 	}
+	si, err := guarded(c, func() (driver.Stmt, error) { return c.prepareInner(ctx, query) })
 	if err != nil {
 		return nil, err
 	}
 	return wrapStmt(&stmt{c: c, inner: si}, stmtMask(si)), nil
 }
 
+func (c *conn) prepareInner(ctx context.Context, query string) (driver.Stmt, error) {
+	if p, ok := c.inner.(driver.ConnPrepareContext); ok {
+		return p.PrepareContext(ctx, query)
+	}
+	si, err := c.inner.Prepare(query)
+	if err == nil && ctx.Err() != nil {
+		si.Close()
+		return nil, ctx.Err()
+	}
+	return si, err
+}
+
 // Close closes the connection. A transaction still open on it (its
 // Commit or Rollback never returned) gives its permits back here.
 func (c *conn) Close() error {
-	defer func() {
-		c.tx.end()
-		if c.closed.CompareAndSwap(false, true) {
-			c.g.connClosed()
-		}
-	}()
+	defer c.tx.end()
+	if !c.closed.CompareAndSwap(false, true) {
+		return nil // lost to a panic: closed already
+	}
+	defer c.g.connClosed()
 	return c.inner.Close()
+}
+
+// guarded runs f, a call into the driver. If the driver panics instead of
+// returning, the connection is lost: database/sql never closes a
+// connection whose driver call panicked (it even reuses it after a panic
+// in an autocommit Exec), so the gate closes the driver's connection and
+// stops counting it against B+Q, and later calls on it return
+// driver.ErrBadConn, which makes database/sql discard it. The panic goes
+// on up.
+func guarded[T any](c *conn, f func() (T, error)) (T, error) {
+	returned := false
+	defer c.lostUnless(&returned)
+	v, err := f()
+	returned = true
+	return v, err
+}
+
+func (c *conn) lostUnless(returned *bool) {
+	if !*returned && c.closed.CompareAndSwap(false, true) {
+		defer c.g.connClosed()
+		c.inner.Close()
+	}
 }
 
 // Begin is the legacy form of BeginTx.
@@ -129,8 +168,11 @@ func (c *conn) Begin() (driver.Tx, error) {
 // BeginTx acquires both permits, then begins the transaction. The permits
 // are held until the driver's Commit or Rollback returns.
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if c.closed.Load() {
+		return nil, driver.ErrBadConn
+	}
 	if c.tx.held.Load() {
-		return nil, errors.New("bulkhead: BeginTx on a connection whose transaction is still open")
+		return nil, ErrTxStillOpen
 	}
 	var p permit
 	if err := c.g.acquire(ctx, KindTx, &p); err != nil {
@@ -142,9 +184,15 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 			c.g.release(&p)
 		}
 	}()
-	ti, err := c.beginInner(ctx, opts)
+	ti, err := guarded(c, func() (driver.Tx, error) { return c.beginInner(ctx, opts) })
 	if err != nil {
 		return nil, err
+	}
+	if dl := c.g.opt.pgDL; dl != nil {
+		if err := c.setServerDeadline(ctx, dl); err != nil {
+			ti.Rollback()
+			return nil, err
+		}
 	}
 	c.tx.inner = ti
 	c.tx.p = p
@@ -164,7 +212,7 @@ func (c *conn) beginInner(ctx context.Context, opts driver.TxOptions) (driver.Tx
 	if opts.ReadOnly {
 		return nil, errors.New("bulkhead: driver does not support read-only transactions")
 	}
-	ti, err := c.inner.Begin() //nolint:staticcheck // the legacy driver has nothing else
+	ti, err := c.inner.Begin() // the legacy driver has nothing else
 	if err == nil && ctx.Err() != nil {
 		ti.Rollback()
 		return nil, ctx.Err()
@@ -172,9 +220,44 @@ func (c *conn) beginInner(ctx context.Context, opts driver.TxOptions) (driver.Tx
 	return ti, err
 }
 
+// setServerDeadline starts the transaction with PostgreSQL timeouts set
+// from ctx's deadline (WithPostgresDeadline).
+func (c *conn) setServerDeadline(ctx context.Context, dl *PostgresDeadline) error {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return nil
+	}
+	ms := strconv.FormatInt(max((time.Until(d)-dl.Reserve).Milliseconds(), 1), 10)
+	q := "SET LOCAL statement_timeout = " + ms
+	if dl.LockTimeout {
+		q += "; SET LOCAL lock_timeout = " + ms
+	}
+	_, err := c.execInner(ctx, q, nil)
+	if errors.Is(err, driver.ErrSkip) {
+		err = c.execPrepared(ctx, q)
+	}
+	if err != nil {
+		return fmt.Errorf("bulkhead: setting the server-side deadline: %w", err)
+	}
+	return nil
+}
+
+func (c *conn) execPrepared(ctx context.Context, q string) error {
+	si, err := c.prepareInner(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer si.Close()
+	_, err = (&stmt{c: c, inner: si}).execInner(ctx, nil)
+	return err
+}
+
 // execContext runs an autocommit statement under both permits, or a
 // statement of the open transaction without taking any.
 func (c *conn) execContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if c.closed.Load() {
+		return nil, driver.ErrBadConn
+	}
 	if c.tx.held.Load() {
 		return c.execInner(ctx, query, args)
 	}
@@ -187,6 +270,10 @@ func (c *conn) execContext(ctx context.Context, query string, args []driver.Name
 }
 
 func (c *conn) execInner(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	return guarded(c, func() (driver.Result, error) { return c.execDriver(ctx, query, args) })
+}
+
+func (c *conn) execDriver(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	if c.execer != nil {
 		return c.execer.ExecContext(ctx, query, args)
 	}
@@ -197,20 +284,27 @@ func (c *conn) execInner(ctx context.Context, query string, args []driver.NamedV
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return c.inner.(driver.Execer).Exec(query, dargs) //nolint:staticcheck // the legacy driver has nothing else
+	return c.inner.(driver.Execer).Exec(query, dargs) // the legacy driver has nothing else
 }
 
 // queryContext runs an autocommit query whose Rows hold both permits
 // until they are closed, or a query of the open transaction without
 // taking any (its rows are then the driver's own).
 func (c *conn) queryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if c.closed.Load() {
+		return nil, driver.ErrBadConn
+	}
 	if c.tx.held.Load() {
 		return c.queryInner(ctx, query, args)
 	}
-	return c.g.holdRows(ctx, func() (driver.Rows, error) { return c.queryInner(ctx, query, args) })
+	return c.g.holdRows(ctx, c, func() (driver.Rows, error) { return c.queryInner(ctx, query, args) })
 }
 
 func (c *conn) queryInner(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	return guarded(c, func() (driver.Rows, error) { return c.queryDriver(ctx, query, args) })
+}
+
+func (c *conn) queryDriver(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	if c.queryer != nil {
 		return c.queryer.QueryContext(ctx, query, args)
 	}
@@ -221,14 +315,14 @@ func (c *conn) queryInner(ctx context.Context, query string, args []driver.Named
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return c.inner.(driver.Queryer).Query(query, dargs) //nolint:staticcheck // the legacy driver has nothing else
+	return c.inner.(driver.Queryer).Query(query, dargs) // the legacy driver has nothing else
 }
 
 // holdRows acquires both permits and runs query. The permits pass to the
 // returned rows, released by their Close; on an error (including
 // driver.ErrSkip, after which database/sql prepares the statement and runs
 // it again through a gated Stmt) or a panic they are released at once.
-func (g *Gate) holdRows(ctx context.Context, query func() (driver.Rows, error)) (driver.Rows, error) {
+func (g *Gate) holdRows(ctx context.Context, c *conn, query func() (driver.Rows, error)) (driver.Rows, error) {
 	var p permit
 	if err := g.acquire(ctx, KindQuery, &p); err != nil {
 		return nil, err
@@ -243,7 +337,7 @@ func (g *Gate) holdRows(ctx context.Context, query func() (driver.Rows, error)) 
 	if err != nil {
 		return nil, err
 	}
-	r := &rows{g: g, inner: ri, p: p}
+	r := &rows{c: c, inner: ri, p: p}
 	r.held.Store(true)
 	handed = true
 	return wrapRows(r, rowsMask(ri)), nil
@@ -264,12 +358,14 @@ var _ driver.Tx = (*tx)(nil)
 
 func (t *tx) Commit() error {
 	defer t.end()
-	return t.inner.Commit()
+	_, err := guarded(t.c, func() (struct{}, error) { return struct{}{}, t.inner.Commit() })
+	return err
 }
 
 func (t *tx) Rollback() error {
 	defer t.end()
-	return t.inner.Rollback()
+	_, err := guarded(t.c, func() (struct{}, error) { return struct{}{}, t.inner.Rollback() })
+	return err
 }
 
 // end releases the transaction's permits, once.
@@ -307,6 +403,9 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 }
 
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	if s.c.closed.Load() {
+		return nil, driver.ErrBadConn
+	}
 	if s.c.tx.held.Load() {
 		return s.execInner(ctx, args)
 	}
@@ -319,6 +418,10 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 }
 
 func (s *stmt) execInner(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	return guarded(s.c, func() (driver.Result, error) { return s.execDriver(ctx, args) })
+}
+
+func (s *stmt) execDriver(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	if e, ok := s.inner.(driver.StmtExecContext); ok {
 		return e.ExecContext(ctx, args)
 	}
@@ -329,17 +432,24 @@ func (s *stmt) execInner(ctx context.Context, args []driver.NamedValue) (driver.
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return s.inner.Exec(dargs) //nolint:staticcheck // the legacy driver has nothing else
+	return s.inner.Exec(dargs) // the legacy driver has nothing else
 }
 
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	if s.c.closed.Load() {
+		return nil, driver.ErrBadConn
+	}
 	if s.c.tx.held.Load() {
 		return s.queryInner(ctx, args)
 	}
-	return s.c.g.holdRows(ctx, func() (driver.Rows, error) { return s.queryInner(ctx, args) })
+	return s.c.g.holdRows(ctx, s.c, func() (driver.Rows, error) { return s.queryInner(ctx, args) })
 }
 
 func (s *stmt) queryInner(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	return guarded(s.c, func() (driver.Rows, error) { return s.queryDriver(ctx, args) })
+}
+
+func (s *stmt) queryDriver(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	if q, ok := s.inner.(driver.StmtQueryContext); ok {
 		return q.QueryContext(ctx, args)
 	}
@@ -350,14 +460,14 @@ func (s *stmt) queryInner(ctx context.Context, args []driver.NamedValue) (driver
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return s.inner.Query(dargs) //nolint:staticcheck // the legacy driver has nothing else
+	return s.inner.Query(dargs) // the legacy driver has nothing else
 }
 
 // rows holds an autocommit query's permits until Close returns.
 // database/sql closes rows itself at the end of Next, in Row.Scan, and from
 // its own goroutine when the query's context ends.
 type rows struct {
-	g     *Gate
+	c     *conn
 	inner driver.Rows
 	p     permit
 	held  atomic.Bool
@@ -371,10 +481,11 @@ func (r *rows) Next(dest []driver.Value) error { return r.inner.Next(dest) }
 func (r *rows) Close() error {
 	defer func() {
 		if r.held.CompareAndSwap(true, false) {
-			r.g.release(&r.p)
+			r.c.g.release(&r.p)
 		}
 	}()
-	return r.inner.Close()
+	_, err := guarded(r.c, func() (struct{}, error) { return struct{}{}, r.inner.Close() })
+	return err
 }
 
 func namedValueToValue(named []driver.NamedValue) ([]driver.Value, error) {

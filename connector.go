@@ -6,6 +6,8 @@ import (
 	"database/sql/driver"
 	"errors"
 	"io"
+	"maps"
+	"sync"
 	"sync/atomic"
 )
 
@@ -18,15 +20,17 @@ import (
 //
 // A Gate is safe for concurrent use. It starts no goroutine.
 type Gate struct {
-	inner    driver.Connector
-	policy   Policy
-	lim      *limiter
-	err      error // an invalid policy's error (see Connector): Connect returns it
-	maxConns int64
-	opt      options
+	inner driver.Connector
+	lim   *limiter // the global budget
+	err   error    // an invalid policy's error (see Connector): Connect returns it
+	opt   options
 
-	conns   atomic.Int64 // physical connections open or being dialed
-	refused atomic.Int64 // Connect calls refused
+	mu        sync.Mutex                         // serialises SetPolicy
+	policy    atomic.Pointer[Policy]             // the policy in force
+	workloads atomic.Pointer[map[string]*limiter] // nil: no workloads
+	maxConns  atomic.Int64                       // B+Q
+	conns     atomic.Int64                       // physical connections open or being dialed
+	refused   atomic.Int64                       // Connect calls refused
 }
 
 var (
@@ -43,15 +47,11 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gate{
-		inner:    inner,
-		policy:   p,
-		lim:      newLimiter(p),
-		maxConns: int64(p.MaxConcurrent) + int64(p.MaxQueue),
-	}
+	g := &Gate{inner: inner, lim: newLimiter("", p)}
 	for _, o := range opts {
 		o(&g.opt)
 	}
+	g.setPolicy(p)
 	return g, nil
 }
 
@@ -66,7 +66,8 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 func Connector(inner driver.Connector, p Policy, opts ...Option) *Gate {
 	g, err := New(inner, p, opts...)
 	if err != nil {
-		return &Gate{inner: inner, policy: p, lim: newLimiter(Policy{}), err: err}
+		g = &Gate{inner: inner, lim: newLimiter("", Policy{}), err: err}
+		g.policy.Store(&p)
 	}
 	return g
 }
@@ -82,21 +83,92 @@ func Connector(inner driver.Connector, p Policy, opts ...Option) *Gate {
 func (g *Gate) OpenDB() *sql.DB {
 	db := sql.OpenDB(g)
 	db.SetMaxOpenConns(0)
-	db.SetMaxIdleConns(int(g.maxConns))
+	db.SetMaxIdleConns(int(g.maxConns.Load()))
 	return db
 }
 
-// Policy returns the gate's policy.
-func (g *Gate) Policy() Policy { return g.policy }
+// Policy returns the policy in force.
+func (g *Gate) Policy() Policy { return *g.policy.Load() }
 
-// Stats returns a snapshot of the gate.
+// SetPolicy changes the limits of a live gate, for a configuration reload,
+// without losing or inventing permits. Running work keeps its permits:
+// when B shrinks, new work starts only once running work is below the new
+// B; when it grows, waiters are woken in FIFO order. When B+Q shrinks below
+// the operations admitted, admission refuses until enough have ended.
+// Workloads are resized, added and removed the same way (operations of a
+// removed workload finish under its old budget). The connection cap follows
+// B+Q; idle connections beyond it are closed by database/sql only if you
+// also call db.SetMaxIdleConns. An invalid policy changes nothing and
+// returns New's error.
+func (g *Gate) SetPolicy(p Policy) error {
+	if g.err != nil {
+		return g.err
+	}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	g.setPolicy(p)
+	return nil
+}
+
+func (g *Gate) setPolicy(p Policy) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p.Workloads = maps.Clone(p.Workloads)
+	g.lim.resize(p)
+	var wls map[string]*limiter
+	if len(p.Workloads) > 0 {
+		old := g.workloads.Load()
+		wls = make(map[string]*limiter, len(p.Workloads))
+		for name, w := range p.Workloads {
+			wp := Policy{MaxConcurrent: w.MaxConcurrent, MaxQueue: w.MaxQueue, QueueWait: w.QueueWait, DryRun: p.DryRun}
+			if old != nil && (*old)[name] != nil {
+				l := (*old)[name]
+				l.resize(wp)
+				wls[name] = l
+			} else {
+				wls[name] = newLimiter(name, wp)
+			}
+		}
+	}
+	if wls == nil {
+		g.workloads.Store(nil)
+	} else {
+		g.workloads.Store(&wls)
+	}
+	g.maxConns.Store(int64(p.MaxConcurrent) + int64(p.MaxQueue))
+	g.policy.Store(&p)
+}
+
+// Stats returns a snapshot of the gate's global budget: every operation
+// counts here, whatever its workload.
 func (g *Gate) Stats() Stats {
 	var s Stats
 	g.lim.stats(&s)
-	s.MaxConns = int(g.maxConns)
+	s.MaxConns = int(g.maxConns.Load())
 	s.OpenConns = int(g.conns.Load())
 	s.ConnectRefused = g.refused.Load()
 	return s
+}
+
+// WorkloadStats returns a snapshot of the named workload's budget: its
+// limits, its gauges, and the operations it decided (its own rejections,
+// and those of the global budget met by its operations). ok is false if
+// the policy has no such workload.
+func (g *Gate) WorkloadStats(name string) (s Stats, ok bool) {
+	l := g.workload(name)
+	if l == nil {
+		return Stats{}, false
+	}
+	l.stats(&s)
+	return s, true
+}
+
+func (g *Gate) workload(name string) *limiter {
+	if wls := g.workloads.Load(); wls != nil && name != "" {
+		return (*wls)[name]
+	}
+	return nil
 }
 
 // Connect dials a connection through the inner connector, unless B+Q
@@ -136,7 +208,7 @@ func (g *Gate) open(dial func() (driver.Conn, error)) (driver.Conn, error) {
 		if g.opt.events.OnReject != nil {
 			g.opt.events.OnReject(Event{Kind: KindConnect, Reason: ErrAdmissionFull})
 		}
-		return nil, g.lim.fullErr
+		return nil, g.lim.fullErr.Load()
 	}
 	dialed := false
 	defer func() {
@@ -154,11 +226,12 @@ func (g *Gate) open(dial func() (driver.Conn, error)) (driver.Conn, error) {
 
 // reserveConn counts a connection about to be dialed, unless B+Q are open
 // or admission is full. database/sql dials only when no idle connection is
-// left, so B+Q open and none idle means all of them are busy.
+// left, so B+Q open and none idle means all of them are busy. In dry-run
+// it never refuses.
 func (g *Gate) reserveConn() bool {
 	for {
 		n := g.conns.Load()
-		if n >= g.maxConns || g.lim.admissionFull() {
+		if (n >= g.maxConns.Load() || g.lim.admissionFull()) && !g.lim.dryRun.Load() {
 			return false
 		}
 		if g.conns.CompareAndSwap(n, n+1) {

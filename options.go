@@ -14,6 +14,8 @@ type options struct {
 	events    Events
 	holdLimit time.Duration
 	onHold    func(Event)
+	reserve   time.Duration
+	pgDL      *PostgresDeadline
 }
 
 // Kind says what a gated operation is.
@@ -42,10 +44,12 @@ func (k Kind) String() string {
 
 // Event describes one step of a gated operation.
 type Event struct {
-	Kind   Kind
-	Reason error         // OnReject: ErrAdmissionFull or ErrQueueTimeout
-	Waited time.Duration // time spent waiting for the execution permit
-	Held   time.Duration // OnRelease and hold warnings: time the permits were held
+	Kind     Kind
+	Workload string        // the operation's workload, "" for none
+	Reason   error         // OnReject: ErrAdmissionFull or ErrQueueTimeout
+	DryRun   bool          // OnReject: the rejection was not made (Policy.DryRun)
+	Waited   time.Duration // time spent waiting for the execution permits
+	Held     time.Duration // OnRelease and hold warnings: time the permits were held
 }
 
 // Events are callbacks on the gate's decisions. Each is called
@@ -54,7 +58,7 @@ type Event struct {
 // fast and must not block or call the gate. Nil callbacks are skipped.
 type Events struct {
 	OnAdmit   func(Event) // both permits acquired; Waited set
-	OnReject  func(Event) // rejected; Reason and Waited set. Cancellations are not rejections.
+	OnReject  func(Event) // rejected (or, with DryRun set, would have been); Reason and Waited set. Cancellations are not rejections.
 	OnRelease func(Event) // both permits given back; Waited and Held set
 }
 
@@ -79,39 +83,88 @@ func WithHoldWarning(limit time.Duration, report func(Event)) Option {
 	}
 }
 
+// WithDeadlineReserve makes the wait for an execution permit end no later
+// than the caller's deadline minus reserve: work that could not finish in
+// time is rejected with ErrQueueTimeout (RejectedError.Deadline set)
+// instead of being started. reserve is the time the work needs once
+// started; 0 (the default) lets the wait run to the deadline itself, which
+// then ends it with context.DeadlineExceeded.
+func WithDeadlineReserve(reserve time.Duration) Option {
+	return func(o *options) { o.reserve = max(reserve, 0) }
+}
+
+// PostgresDeadline configures WithPostgresDeadline.
+type PostgresDeadline struct {
+	// Reserve is subtracted from the time left before the caller's deadline
+	// (the time the caller needs after the database answered).
+	Reserve time.Duration
+	// LockTimeout also sets lock_timeout to the same value.
+	LockTimeout bool
+}
+
+// WithPostgresDeadline makes each gated transaction whose context has a
+// deadline start with
+//
+//	SET LOCAL statement_timeout = <ms left before the deadline, minus Reserve>
+//
+// (and lock_timeout with LockTimeout), so that PostgreSQL itself stops work
+// nobody will wait for (SQLSTATE 57014), even when the client's cancel
+// request is late or lost. It costs one round trip per transaction with a
+// deadline, sent on the transaction before BeginTx returns. PostgreSQL
+// only; autocommit statements are not affected. The timeout is at least
+// 1ms: a transaction started with less time left fails at its first
+// statement.
+func WithPostgresDeadline(d PostgresDeadline) Option {
+	return func(o *options) { o.pgDL = &d }
+}
+
 func logHold(e Event) {
 	slog.Default().Warn("bulkhead: operation holds its permits longer than the hold warning",
-		"kind", e.Kind.String(), "held", e.Held, "waited", e.Waited)
+		"kind", e.Kind.String(), "workload", e.Workload, "held", e.Held, "waited", e.Waited)
 }
 
 // permit is the state of one gated operation while it holds its permits.
 type permit struct {
 	kind   Kind
+	wl     *limiter // the workload's budget, nil for none
 	waited time.Duration
 	start  time.Time   // set only when something needs the hold time
 	timer  *time.Timer // the hold warning, if set
 }
 
-// acquire takes both permits for an operation of kind k, recording what
-// the events need in p.
+// acquire takes the permits of ctx's workload (if any) and the global
+// ones for an operation of kind k, recording in p what release needs.
 func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
-	waited, err := g.lim.acquire(ctx)
+	o := fromContext(ctx)
+	var budgets [2]*limiter
+	ls := budgets[:0]
+	wl := g.workload(o.workload)
+	if wl != nil {
+		ls = append(ls, wl)
+	}
+	ls = append(ls, g.lim)
+	var q queueing
+	err := q.acquire(ctx, ls, o.wait, g.opt.reserve)
+	waited := q.waited()
 	if err != nil {
 		if g.opt.events.OnReject != nil && errors.Is(err, ErrRejected) {
-			g.opt.events.OnReject(Event{Kind: k, Reason: rejectReason(err), Waited: waited})
+			g.opt.events.OnReject(Event{Kind: k, Workload: o.workload, Reason: rejectReason(err), Waited: waited})
 		}
 		return err
 	}
-	p.kind, p.waited = k, waited
+	if q.wouldReject && g.opt.events.OnReject != nil {
+		g.opt.events.OnReject(Event{Kind: k, Workload: o.workload, Reason: ErrAdmissionFull, DryRun: true})
+	}
+	p.kind, p.wl, p.waited = k, wl, waited
 	if g.opt.events.OnRelease != nil {
 		p.start = time.Now()
 	}
 	if g.opt.holdLimit > 0 {
-		limit, report := g.opt.holdLimit, g.opt.onHold
-		p.timer = time.AfterFunc(limit, func() { report(Event{Kind: k, Waited: waited, Held: limit}) })
+		limit, report, name := g.opt.holdLimit, g.opt.onHold, o.workload
+		p.timer = time.AfterFunc(limit, func() { report(Event{Kind: k, Workload: name, Waited: waited, Held: limit}) })
 	}
 	if g.opt.events.OnAdmit != nil {
-		g.opt.events.OnAdmit(Event{Kind: k, Waited: waited})
+		g.opt.events.OnAdmit(Event{Kind: k, Workload: o.workload, Waited: waited})
 	}
 	return nil
 }
@@ -122,9 +175,16 @@ func (g *Gate) release(p *permit) {
 		p.timer.Stop()
 		p.timer = nil
 	}
+	if p.wl != nil {
+		p.wl.release()
+	}
 	g.lim.release()
 	if g.opt.events.OnRelease != nil {
-		g.opt.events.OnRelease(Event{Kind: p.kind, Waited: p.waited, Held: time.Since(p.start)})
+		e := Event{Kind: p.kind, Waited: p.waited, Held: time.Since(p.start)}
+		if p.wl != nil {
+			e.Workload = p.wl.workload
+		}
+		g.opt.events.OnRelease(e)
 	}
 }
 

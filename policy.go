@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -23,6 +25,24 @@ type Policy struct {
 	// for an execution permit before it is rejected with ErrQueueTimeout.
 	// Zero means no wait at all.
 	QueueWait time.Duration
+	// DryRun counts, reports (Stats, events) and logs through events what
+	// the gate would reject, without rejecting or waiting: for rolling
+	// limits out on a live service. The connector then dials without limit.
+	DryRun bool
+	// Workloads are named budgets inside this one. An operation whose
+	// context names a workload (WithWorkload) passes its budget first, then
+	// the global one; untagged operations, and those naming a workload not
+	// listed, pass the global budget alone.
+	Workloads map[string]Workload
+}
+
+// Workload is a named budget inside a Policy: its own B, Q and queue wait.
+// An operation of the workload takes the workload's permits and the global
+// ones, each without ever exceeding its limits.
+type Workload struct {
+	MaxConcurrent int           // B of the workload, from 1 to the policy's MaxConcurrent
+	MaxQueue      int           // Q of the workload; B+Q at most the policy's B+Q
+	QueueWait     time.Duration // the workload's wait for its permits, in all
 }
 
 // MaxQueueWait is the longest QueueWait a policy accepts. A longer wait in
@@ -38,6 +58,8 @@ const (
 	EnvMaxConcurrent = "BULKHEAD_MAX_CONCURRENT"
 	EnvMaxQueue      = "BULKHEAD_MAX_QUEUE"
 	EnvQueueWait     = "BULKHEAD_QUEUE_WAIT"
+	EnvDryRun        = "BULKHEAD_DRY_RUN"
+	EnvWorkloads     = "BULKHEAD_WORKLOADS"
 )
 
 // ErrInvalidPolicy is matched (errors.Is) by every error about a policy or
@@ -69,7 +91,49 @@ func (p Policy) Validate() error {
 	case p.QueueWait > MaxQueueWait:
 		return invalid("QueueWait is %v, want at most %v", p.QueueWait, MaxQueueWait)
 	}
+	for _, name := range sortedNames(p.Workloads) {
+		if err := p.Workloads[name].validate(name, p); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+func (w Workload) validate(name string, p Policy) error {
+	if !validName(name) {
+		return invalid("workload name %q, want 1 to 64 of a-z, 0-9, _ and -", name)
+	}
+	switch {
+	case w.MaxConcurrent < 1 || w.MaxConcurrent > p.MaxConcurrent:
+		return invalid("workload %q: MaxConcurrent is %d, want 1 to the policy's %d", name, w.MaxConcurrent, p.MaxConcurrent)
+	case w.MaxQueue < 0 || w.MaxQueue > p.MaxConcurrent+p.MaxQueue-w.MaxConcurrent:
+		return invalid("workload %q: MaxQueue is %d, want 0 to %d (its B+Q within the policy's %d)", name, w.MaxQueue, p.MaxConcurrent+p.MaxQueue-w.MaxConcurrent, p.MaxConcurrent+p.MaxQueue)
+	case w.QueueWait < 0 || w.QueueWait > MaxQueueWait:
+		return invalid("workload %q: QueueWait is %v, want 0s to %v", name, w.QueueWait, MaxQueueWait)
+	}
+	return nil
+}
+
+func validName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedNames(m map[string]Workload) []string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // PolicyFromEnv returns DefaultPolicy with each field that is set in the
@@ -78,6 +142,8 @@ func (p Policy) Validate() error {
 //	BULKHEAD_MAX_CONCURRENT  B, a decimal integer ≥ 1 (default 10)
 //	BULKHEAD_MAX_QUEUE       Q, a decimal integer ≥ 0 (default 10)
 //	BULKHEAD_QUEUE_WAIT      a Go duration ≥ 0 with a unit, e.g. 50ms (default 100ms)
+//	BULKHEAD_DRY_RUN         true or false (default false)
+//	BULKHEAD_WORKLOADS       name:B:Q:wait, comma-separated, e.g. batch:2:4:50ms,report:1:0:0s (default none)
 //
 // A variable that is set must be well formed: an empty value, a sign,
 // spaces, a fraction, hex or exponent notation, or a number out of range is
@@ -113,18 +179,34 @@ func PolicyFromLookup(base Policy, lookup func(string) (string, bool)) (Policy, 
 		}
 		p.QueueWait = d
 	}
+	if v, ok := lookup(EnvDryRun); ok {
+		switch v {
+		case "true":
+			p.DryRun = true
+		case "false":
+			p.DryRun = false
+		default:
+			return Policy{}, invalid("%s=%q, want true or false", EnvDryRun, v)
+		}
+	}
+	if v, ok := lookup(EnvWorkloads); ok {
+		w, err := parseWorkloads(v)
+		if err != nil {
+			return Policy{}, err
+		}
+		p.Workloads = w
+	}
 	if err := p.Validate(); err != nil {
-		return Policy{}, fmt.Errorf("%w (from %s=%q, %s=%q)", err,
-			EnvMaxConcurrent, envShow(lookup, EnvMaxConcurrent), EnvMaxQueue, envShow(lookup, EnvMaxQueue))
+		return Policy{}, fmt.Errorf("%w (from %s, %s)", err, envShow(lookup, EnvMaxConcurrent), envShow(lookup, EnvMaxQueue))
 	}
 	return p, nil
 }
 
 func envShow(lookup func(string) (string, bool), name string) string {
 	if v, ok := lookup(name); ok {
-		return v
+		return name + "=" + strconv.Quote(v)
 	}
-	return "unset"
+	return name + " unset"
 }
 
 // parseCount accepts only plain decimal digits: strconv.Atoi alone would
@@ -152,8 +234,45 @@ func parseWait(name, v string) (time.Duration, error) {
 		return 0, invalid("%s is set but empty, want %s", name, want)
 	}
 	d, err := time.ParseDuration(v) // rejects "20" (no unit) and "1e9"
-	if err != nil || v[0] == '+' || d < 0 || d > MaxQueueWait {
+	if err != nil || v[0] == '+' || v[0] == '-' || d < 0 || d > MaxQueueWait {
 		return 0, invalid("%s=%q, want %s", name, v, want)
 	}
 	return d, nil
+}
+
+// parseWorkloads reads name:B:Q:wait entries separated by commas; an
+// empty value means no workloads.
+func parseWorkloads(v string) (map[string]Workload, error) {
+	const want = "name:B:Q:wait entries separated by commas, e.g. batch:2:4:50ms"
+	ws := map[string]Workload{}
+	if v == "" {
+		return ws, nil
+	}
+	for _, entry := range strings.Split(v, ",") {
+		f := strings.Split(entry, ":")
+		if len(f) != 4 {
+			return nil, invalid("%s=%q: entry %q, want %s", EnvWorkloads, v, entry, want)
+		}
+		name := f[0]
+		if !validName(name) {
+			return nil, invalid("%s=%q: workload name %q, want 1 to 64 of a-z, 0-9, _ and -", EnvWorkloads, v, name)
+		}
+		if _, dup := ws[name]; dup {
+			return nil, invalid("%s=%q: workload %q appears twice, want each name once", EnvWorkloads, v, name)
+		}
+		b, err := parseCount(EnvWorkloads+" "+name+" B", f[1], 1)
+		if err != nil {
+			return nil, err
+		}
+		q, err := parseCount(EnvWorkloads+" "+name+" Q", f[2], 0)
+		if err != nil {
+			return nil, err
+		}
+		d, err := parseWait(EnvWorkloads+" "+name+" wait", f[3])
+		if err != nil {
+			return nil, err
+		}
+		ws[name] = Workload{MaxConcurrent: b, MaxQueue: q, QueueWait: d}
+	}
+	return ws, nil
 }

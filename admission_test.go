@@ -1,0 +1,937 @@
+package bulkhead
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"math/rand"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// Tests of the unexported limiter. Tests that need time to pass run in a
+// synctest bubble, where the clock is fake: a wait of 100ms takes exactly
+// 100ms of fake time and no real time, and synctest.Wait tells when every
+// other goroutine is blocked (for example queued for a permit).
+
+// admState is the limiter's state, read under its lock.
+type admState struct {
+	free, waiting int
+	admitted      int64
+	listLen       int
+}
+
+func admRead(l *limiter) admState {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for w := l.head; w != nil; w = w.next {
+		n++
+	}
+	return admState{free: l.free, waiting: l.waiting, admitted: l.admitted.Load(), listLen: n}
+}
+
+// admCheck fails the test unless the limiter holds exactly running
+// execution permits and waiting queued operations, and its invariants hold.
+func admCheck(t *testing.T, l *limiter, running, waiting int) {
+	t.Helper()
+	s := admRead(l)
+	if s.free != l.maxConc-running || s.waiting != waiting || s.admitted != int64(running+waiting) || s.listLen != waiting {
+		t.Fatalf("limiter state %+v, want free=%d waiting=%d admitted=%d (B=%d Q=%d)",
+			s, l.maxConc-running, waiting, running+waiting, l.maxConc, l.maxQueue)
+	}
+	admInvariants(t, l, s)
+}
+
+func admInvariants(t *testing.T, l *limiter, s admState) {
+	t.Helper()
+	switch {
+	case s.free < 0 || s.free > l.maxConc:
+		t.Fatalf("free=%d, want 0..%d", s.free, l.maxConc)
+	case s.admitted < 0 || s.admitted > l.maxAdmit.Load():
+		t.Fatalf("admitted=%d, want 0..%d", s.admitted, l.maxAdmit.Load())
+	case s.waiting < 0 || s.waiting > l.maxQueue:
+		t.Fatalf("waiting=%d, want 0..%d", s.waiting, l.maxQueue)
+	case s.waiting != s.listLen:
+		t.Fatalf("waiting=%d but %d waiters linked", s.waiting, s.listLen)
+	case s.waiting > 0 && s.free > 0:
+		t.Fatalf("%d execution permits idle while %d operations wait", s.free, s.waiting)
+	case s.admitted != int64(l.maxConc-s.free+s.waiting):
+		t.Fatalf("admitted=%d, want running+waiting=%d", s.admitted, l.maxConc-s.free+s.waiting)
+	}
+}
+
+// admStats returns the limiter's Stats.
+func admStats(l *limiter) Stats {
+	var s Stats
+	l.stats(&s)
+	return s
+}
+
+// admResult is what a goroutine's acquire returned.
+type admResult struct {
+	waited time.Duration
+	err    error
+}
+
+// admGo starts acquire in a goroutine; its result arrives on the channel.
+func admGo(ctx context.Context, l *limiter) <-chan admResult {
+	ch := make(chan admResult, 1)
+	go func() {
+		w, err := l.acquire(ctx)
+		ch <- admResult{w, err}
+	}()
+	return ch
+}
+
+// admPoll receives from ch if a result is there.
+func admPoll(ch <-chan admResult) (admResult, bool) {
+	select {
+	case r := <-ch:
+		return r, true
+	default:
+		return admResult{}, false
+	}
+}
+
+// admWaitFor polls cond, with real time, until it holds. The deadline
+// only turns a hang into a failure.
+func admWaitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition never held")
+		}
+		runtime.Gosched()
+	}
+}
+
+// admBubbleLimiter returns a limiter for a synctest bubble, closed at the
+// end of the test so that a failing test leaves no goroutine queued (the
+// bubble would report a deadlock instead of the failure).
+func admBubbleLimiter(t *testing.T, p Policy) *limiter {
+	l := newLimiter("", p)
+	t.Cleanup(l.close)
+	return l
+}
+
+func admMustAcquire(t *testing.T, l *limiter) {
+	t.Helper()
+	if w, err := l.acquire(context.Background()); err != nil || w != 0 {
+		t.Fatalf("acquire = %v, %v; want 0, nil", w, err)
+	}
+}
+
+func TestLimiterAcquiresAndReleasesPermitsWithoutWaiting(t *testing.T) {
+	l := newLimiter("", Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Second})
+	admCheck(t, l, 0, 0)
+	admMustAcquire(t, l)
+	admCheck(t, l, 1, 0)
+	admMustAcquire(t, l)
+	admCheck(t, l, 2, 0)
+	if s := admStats(l); s.Running != 2 || s.Waiting != 0 || s.Admitted != 2 || s.WaitCount != 0 || s.WaitDuration != 0 {
+		t.Fatalf("stats %+v, want 2 running, 2 admitted, no wait", s)
+	}
+	l.release()
+	admCheck(t, l, 1, 0)
+	admMustAcquire(t, l)
+	l.release()
+	l.release()
+	admCheck(t, l, 0, 0)
+	s := admStats(l)
+	want := Stats{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Second, Admitted: 3}
+	if s != want {
+		t.Fatalf("stats %+v, want %+v", s, want)
+	}
+}
+
+func TestAdmissionFullRejectsAtOnceWithThePreallocatedError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := admBubbleLimiter(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour})
+		admMustAcquire(t, l)
+		admMustAcquire(t, l)
+		ctx, cancel := context.WithCancel(context.Background())
+		queued := admGo(ctx, l)
+		synctest.Wait()
+		admCheck(t, l, 2, 1)
+
+		start := time.Now()
+		waited, err := l.acquire(context.Background())
+		if err == nil {
+			t.Fatal("acquire with admission full succeeded")
+		}
+		if err != error(l.fullErr.Load()) {
+			t.Fatalf("err = %#v, want the preallocated error(l.fullErr.Load())", err)
+		}
+		if waited != 0 || time.Since(start) != 0 {
+			t.Fatalf("rejection waited %v (fake clock moved %v), want at once", waited, time.Since(start))
+		}
+		for _, target := range []error{ErrRejected, ErrAdmissionFull} {
+			if !errors.Is(err, target) {
+				t.Errorf("errors.Is(err, %v) = false, want true", target)
+			}
+		}
+		for _, target := range []error{ErrQueueTimeout, ErrClosed, driver.ErrBadConn, context.Canceled} {
+			if errors.Is(err, target) {
+				t.Errorf("errors.Is(err, %v) = true, want false", target)
+			}
+		}
+		var re *RejectedError
+		if !errors.As(err, &re) || re.Cause != ErrAdmissionFull || re.MaxConcurrent != 2 || re.MaxQueue != 1 || re.Waited != 0 {
+			t.Fatalf("errors.As = %#v, want Cause ErrAdmissionFull, limits 2/1, Waited 0", re)
+		}
+		if got, want := err.Error(), "bulkhead: admission full (2 running, 1 queued)"; got != want {
+			t.Fatalf("message %q, want %q", got, want)
+		}
+		admCheck(t, l, 2, 1) // nothing taken
+		if !l.admissionFull() {
+			t.Fatal("admissionFull = false with B+Q admitted")
+		}
+		if allocs := testing.AllocsPerRun(100, func() { _, _ = l.acquire(context.Background()) }); allocs != 0 {
+			t.Errorf("a rejection at admission allocates %v times, want 0", allocs)
+		}
+		if s := admStats(l); s.RejectedFull != 102 || s.Admitted != 2 || s.Waiting != 1 {
+			t.Fatalf("stats %+v, want 102 rejected full, 2 admitted, 1 waiting", s)
+		}
+
+		cancel()
+		if r := <-queued; !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("queued acquire = %v, want context.Canceled", r.err)
+		}
+		l.release()
+		if l.admissionFull() {
+			t.Fatal("admissionFull = true with a permit free")
+		}
+		l.release()
+		admCheck(t, l, 0, 0)
+	})
+}
+
+func TestWaitersAreGrantedPermitsInArrivalOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 6
+		l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: n, QueueWait: time.Hour})
+		admMustAcquire(t, l)
+		granted := make(chan int, n)
+		finish := make([]chan struct{}, n)
+		errs := make(chan error, n)
+		stop := make(chan struct{}) // closed at the end, in case of failure
+		t.Cleanup(func() { close(stop) })
+		for i := range n {
+			finish[i] = make(chan struct{})
+			go func() {
+				if _, err := l.acquire(context.Background()); err != nil {
+					errs <- err
+					return
+				}
+				granted <- i
+				select {
+				case <-finish[i]:
+				case <-stop:
+				}
+				l.release()
+			}()
+			// Start the next waiter only once this one is queued.
+			synctest.Wait()
+			if s := admStats(l); s.Waiting != i+1 || s.Running != 1 {
+				t.Fatalf("after waiter %d: %d waiting, %d running; want %d, 1", i, s.Waiting, s.Running, i+1)
+			}
+		}
+		l.release() // the holder's permit goes to waiter 0
+		for want := range n {
+			synctest.Wait()
+			select {
+			case err := <-errs:
+				t.Fatalf("a waiter failed: %v", err)
+			case got := <-granted:
+				if got != want {
+					t.Fatalf("permit %d went to waiter %d, want waiter %d", want, got, want)
+				}
+			default:
+				t.Fatalf("no waiter was granted the permit; want waiter %d", want)
+			}
+			select {
+			case got := <-granted:
+				t.Fatalf("waiter %d was granted a permit while waiter %d held the only one", got, want)
+			default:
+			}
+			admCheck(t, l, 1, n-want-1)
+			close(finish[want])
+		}
+		synctest.Wait()
+		admCheck(t, l, 0, 0)
+		if s := admStats(l); s.Admitted != n+1 || s.WaitCount != n {
+			t.Fatalf("stats %+v, want %d admitted and %d waits", s, n+1, n)
+		}
+	})
+}
+
+func TestQueueTimeoutRejectsAndGivesBackOnlyTheAdmissionPermit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const wait = 100 * time.Millisecond
+		l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: wait})
+		admMustAcquire(t, l)
+		waited, err := l.acquire(context.Background()) // fake time passes while it waits
+		var re *RejectedError
+		if !errors.As(err, &re) {
+			t.Fatalf("err = %v, want a *RejectedError", err)
+		}
+		if !errors.Is(err, ErrRejected) || !errors.Is(err, ErrQueueTimeout) || errors.Is(err, ErrAdmissionFull) || errors.Is(err, driver.ErrBadConn) {
+			t.Fatalf("err %v matches the wrong sentinels", err)
+		}
+		if waited <= 0 || re.Waited != waited {
+			t.Fatalf("waited %v, Waited %v; want equal and > 0", waited, re.Waited)
+		}
+		// On the fake clock the wait is exactly QueueWait.
+		if waited != wait {
+			t.Fatalf("waited %v of fake time, want %v", waited, wait)
+		}
+		if got, want := err.Error(), "bulkhead: queue wait timed out after 100ms (1 running, 1 queued)"; got != want {
+			t.Fatalf("message %q, want %q", got, want)
+		}
+		admCheck(t, l, 1, 0) // the holder keeps its permits; the waiter took none
+		s := admStats(l)
+		if s.RejectedTimeout != 1 || s.WaitCount != 1 || s.WaitDuration != wait || s.Admitted != 1 || s.Canceled != 0 {
+			t.Fatalf("stats %+v, want 1 timeout, 1 wait of %v, 1 admitted", s, wait)
+		}
+		l.release()
+		admCheck(t, l, 0, 0)
+	})
+}
+
+func TestZeroQueueWaitRejectsWithoutWaiting(t *testing.T) {
+	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 0})
+	admMustAcquire(t, l)
+	waited, err := l.acquire(context.Background())
+	var re *RejectedError
+	if !errors.As(err, &re) || !errors.Is(err, ErrQueueTimeout) || !errors.Is(err, ErrRejected) {
+		t.Fatalf("err = %v, want a queue-timeout rejection", err)
+	}
+	if waited != 0 || re.Waited != 0 {
+		t.Fatalf("waited %v / %v, want 0", waited, re.Waited)
+	}
+	if got, want := err.Error(), "bulkhead: queue wait timed out after 0s (1 running, 1 queued)"; got != want {
+		t.Fatalf("message %q, want %q", got, want)
+	}
+	admCheck(t, l, 1, 0)
+	if s := admStats(l); s.RejectedTimeout != 1 || s.WaitCount != 0 || s.WaitDuration != 0 {
+		t.Fatalf("stats %+v, want 1 timeout and no wait counted", s)
+	}
+	l.release()
+	admMustAcquire(t, l) // a free permit is still taken at once with QueueWait 0
+	l.release()
+	admCheck(t, l, 0, 0)
+}
+
+func TestContextCanceledWhileQueuedReturnsTheContextError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
+		admMustAcquire(t, l)
+		ctx, cancel := context.WithCancel(context.Background())
+		res := admGo(ctx, l)
+		synctest.Wait()
+		admCheck(t, l, 1, 1)
+		time.Sleep(10 * time.Millisecond) // advance the fake clock
+		cancel()
+		r := <-res
+		if r.err != context.Canceled {
+			t.Fatalf("err = %v, want context.Canceled itself", r.err)
+		}
+		if errors.Is(r.err, ErrRejected) {
+			t.Fatal("a cancellation matches ErrRejected")
+		}
+		if r.waited != 10*time.Millisecond {
+			t.Fatalf("waited %v of fake time, want 10ms", r.waited)
+		}
+		admCheck(t, l, 1, 0)
+		if s := admStats(l); s.Canceled != 1 || s.RejectedTimeout != 0 || s.WaitCount != 1 || s.WaitDuration != 10*time.Millisecond {
+			t.Fatalf("stats %+v, want 1 canceled after a 10ms wait", s)
+		}
+		l.release()
+		admCheck(t, l, 0, 0)
+	})
+}
+
+func TestAlreadyCanceledContextTakesNothing(t *testing.T) {
+	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.acquire(ctx); err != context.Canceled {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	admCheck(t, l, 0, 0)
+	// Also when admission is full: the context is looked at first.
+	admMustAcquire(t, l)
+	if _, err := l.acquire(ctx); err != context.Canceled {
+		t.Fatalf("err with admission full = %v, want context.Canceled", err)
+	}
+	admCheck(t, l, 1, 0)
+	if s := admStats(l); s.Canceled != 2 || s.RejectedFull != 0 || s.Admitted != 1 {
+		t.Fatalf("stats %+v, want 2 canceled, 1 admitted", s)
+	}
+	l.release()
+	admCheck(t, l, 0, 0)
+}
+
+func TestContextDeadlineWhileQueuedReturnsDeadlineExceeded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 100 * time.Millisecond})
+		admMustAcquire(t, l)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+		defer cancel()
+		waited, err := l.acquire(ctx)
+		if err != context.DeadlineExceeded {
+			t.Fatalf("err = %v, want context.DeadlineExceeded", err)
+		}
+		if errors.Is(err, ErrRejected) {
+			t.Fatal("a deadline matches ErrRejected")
+		}
+		if waited != 30*time.Millisecond {
+			t.Fatalf("waited %v of fake time, want the 30ms deadline", waited)
+		}
+		admCheck(t, l, 1, 0)
+		if s := admStats(l); s.Canceled != 1 || s.RejectedTimeout != 0 {
+			t.Fatalf("stats %+v, want 1 canceled, 0 timeouts", s)
+		}
+		l.release()
+	})
+}
+
+func TestCloseMakesWaitersAndNewOperationsReturnErrClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := admBubbleLimiter(t, Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Hour})
+		admMustAcquire(t, l)
+		admMustAcquire(t, l)
+		w1 := admGo(context.Background(), l)
+		w2 := admGo(context.Background(), l)
+		synctest.Wait()
+		admCheck(t, l, 2, 2)
+		start := time.Now()
+		l.close()
+		l.close() // idempotent
+		for i, ch := range []<-chan admResult{w1, w2} {
+			r := <-ch
+			if r.err != ErrClosed || errors.Is(r.err, ErrRejected) {
+				t.Fatalf("waiter %d: err = %v, want ErrClosed, not a rejection", i, r.err)
+			}
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("waiters took %v of fake time to see the close, want none", d)
+		}
+		admCheck(t, l, 2, 0)
+		if _, err := l.acquire(context.Background()); err != ErrClosed {
+			t.Fatalf("acquire after close with admission free = %v, want ErrClosed", err)
+		}
+		l.release() // running operations still give their permits back
+		if _, err := l.acquire(context.Background()); err != ErrClosed {
+			t.Fatalf("acquire after close with a permit free = %v, want ErrClosed", err)
+		}
+		l.release()
+		admCheck(t, l, 0, 0)
+		if !l.isClosed() {
+			t.Fatal("isClosed = false after close")
+		}
+		if s := admStats(l); s.Canceled != 4 || s.Admitted != 2 || s.WaitCount != 2 {
+			t.Fatalf("stats %+v, want 4 canceled (2 waiters, 2 new), 2 admitted, 2 waits", s)
+		}
+	})
+}
+
+// A waiter that was queued when the gate closed must get ErrClosed even if
+// a running operation releases its permit before the waiter is scheduled:
+// otherwise, after db.Close, an operation can still start.
+func TestWaiterQueuedAtCloseGetsErrClosedEvenIfAPermitIsReleasedRightAfter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for i := range 200 {
+			l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
+			admMustAcquire(t, l)
+			res := admGo(context.Background(), l)
+			synctest.Wait()
+			l.close()
+			l.release()
+			r := <-res
+			if r.err == nil {
+				l.release()
+			}
+			admCheck(t, l, 0, 0)
+			if r.err != ErrClosed {
+				t.Fatalf("iteration %d: waiter queued at close got %v, want ErrClosed", i, r.err)
+			}
+		}
+	})
+}
+
+// A permit granted to a waiter whose wait has just ended (its context was
+// canceled, it woke for that, but the grant came before it took the lock)
+// is not lost: the waiter reports its context error and hands the permit
+// to the next waiter, or gives it back when nobody waits.
+func TestPermitGrantedAsTheWaitEndsIsHandedOn(t *testing.T) {
+	for _, next := range []bool{true, false} {
+		t.Run(fmt.Sprint("next waiter ", next), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
+				admMustAcquire(t, l)
+				ctx, cancel := context.WithCancel(context.Background())
+				first := admGo(ctx, l)
+				synctest.Wait()
+				var second <-chan admResult
+				if next {
+					second = admGo(context.Background(), l)
+					synctest.Wait()
+				}
+				// What release does, with cancel slipped in under the lock:
+				// the first waiter's select has chosen ctx.Done when the
+				// permit is granted to it.
+				l.mu.Lock()
+				cancel()
+				l.releaseLocked()
+				l.mu.Unlock()
+				l.admitted.Add(-1)
+
+				if r := <-first; r.err != context.Canceled {
+					t.Fatalf("first waiter = %v, want context.Canceled", r.err)
+				}
+				if next {
+					if r := <-second; r.err != nil {
+						t.Fatalf("second waiter = %v, want the handed-on permit", r.err)
+					}
+					admCheck(t, l, 1, 0)
+					l.release()
+				}
+				admCheck(t, l, 0, 0)
+				wantAdmitted := int64(1)
+				if next {
+					wantAdmitted = 2
+				}
+				if s := admStats(l); s.Admitted != wantAdmitted || s.Canceled != 1 {
+					t.Fatalf("stats %+v, want %d admitted, 1 canceled", s, wantAdmitted)
+				}
+			})
+		})
+	}
+}
+
+func TestReleasingMoreThanHeldPanicsAsABug(t *testing.T) {
+	l := newLimiter("", Policy{MaxConcurrent: 2, MaxQueue: 0, QueueWait: 0})
+	admMustAcquire(t, l)
+	l.release()
+	defer func() {
+		r := recover()
+		msg, _ := r.(string)
+		if !strings.HasPrefix(msg, "bulkhead: bug:") {
+			t.Fatalf("double release recovered %v, want a panic starting with \"bulkhead: bug:\"", r)
+		}
+	}()
+	l.release()
+	t.Fatal("double release did not panic")
+}
+
+func TestStatsCountersAddUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const wait = 100 * time.Millisecond
+		l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: wait})
+		admMustAcquire(t, l) // admitted 1
+
+		// Two waiters time out together after 100ms; a third is refused.
+		t1, t2 := admGo(context.Background(), l), admGo(context.Background(), l)
+		synctest.Wait()
+		if _, err := l.acquire(context.Background()); !errors.Is(err, ErrAdmissionFull) {
+			t.Fatalf("third acquire = %v, want admission full", err)
+		}
+		for _, ch := range []<-chan admResult{t1, t2} {
+			if r := <-ch; !errors.Is(r.err, ErrQueueTimeout) || r.waited != wait {
+				t.Fatalf("waiter = %v after %v, want a queue timeout after %v", r.err, r.waited, wait)
+			}
+		}
+
+		// A waiter granted after 30ms, and one canceled after 10ms.
+		g := admGo(context.Background(), l)
+		ctx, cancel := context.WithCancel(context.Background())
+		c := admGo(ctx, l)
+		synctest.Wait()
+		time.Sleep(10 * time.Millisecond)
+		cancel()
+		if r := <-c; r.err != context.Canceled || r.waited != 10*time.Millisecond {
+			t.Fatalf("canceled waiter = %v after %v, want context.Canceled after 10ms", r.err, r.waited)
+		}
+		time.Sleep(20 * time.Millisecond)
+		l.release()
+		if r := <-g; r.err != nil || r.waited != 30*time.Millisecond {
+			t.Fatalf("granted waiter = %v after %v, want nil after 30ms", r.err, r.waited)
+		}
+		admCheck(t, l, 1, 0)
+
+		// An already canceled context counts as canceled too.
+		if _, err := l.acquire(ctx); err != context.Canceled {
+			t.Fatalf("acquire with canceled ctx = %v", err)
+		}
+		l.release()
+		admCheck(t, l, 0, 0)
+
+		want := Stats{
+			MaxConcurrent: 1, MaxQueue: 2, QueueWait: wait,
+			Admitted:        2,
+			RejectedFull:    1,
+			RejectedTimeout: 2,
+			Canceled:        2,
+			WaitCount:       4,
+			WaitDuration:    2*wait + 10*time.Millisecond + 30*time.Millisecond,
+		}
+		if s := admStats(l); s != want {
+			t.Fatalf("stats\n got %+v\nwant %+v", s, want)
+		}
+	})
+}
+
+// admRaceCounts counts the outcomes of a race, for the log.
+type admRaceCounts map[string]int
+
+func (c admRaceCounts) add(err error) {
+	if err == nil {
+		c["granted"]++
+		return
+	}
+	c[err.Error()]++
+}
+
+// In each iteration a queued waiter's context is canceled at the same time
+// as the holder releases. Whichever wins, the permit must end up with the
+// second waiter (handed on if the first one was granted as it gave up), and
+// in the end every permit is back.
+func TestCancellationRacingAGrantLeavesEveryPermitBack(t *testing.T) {
+	const iterations = 2000
+	counts := admRaceCounts{}
+	synctest.Test(t, func(t *testing.T) {
+		l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
+		acquires, releases := 0, 0
+		for i := range iterations {
+			admMustAcquire(t, l)
+			acquires++
+			ctx, cancel := context.WithCancel(context.Background())
+			first := admGo(ctx, l)
+			synctest.Wait()
+			second := admGo(context.Background(), l)
+			synctest.Wait()
+			admCheck(t, l, 1, 2)
+
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); <-start; cancel() }()
+			go func() { defer wg.Done(); <-start; l.release() }()
+			close(start)
+			wg.Wait()
+			releases++
+
+			r := <-first
+			counts.add(r.err)
+			switch r.err {
+			case nil:
+				acquires++
+				l.release()
+				releases++
+			case context.Canceled:
+			default:
+				t.Fatalf("iteration %d: first waiter = %v, want nil or context.Canceled", i, r.err)
+			}
+			r2 := <-second
+			if r2.err != nil {
+				t.Fatalf("iteration %d: second waiter = %v, want the permit", i, r2.err)
+			}
+			acquires++
+			l.release()
+			releases++
+			admCheck(t, l, 0, 0)
+		}
+		if acquires != releases {
+			t.Fatalf("%d acquires, %d releases", acquires, releases)
+		}
+		s := admStats(l)
+		if s.Admitted != int64(acquires) || s.Canceled != int64(counts["context canceled"]) || s.Admitted+s.Canceled != 3*iterations {
+			t.Fatalf("stats %+v; %d acquires, outcomes %v", s, acquires, counts)
+		}
+	})
+	t.Logf("first waiter outcomes over %d races: %v", iterations, counts)
+}
+
+// In each iteration the holder releases while a queued waiter's queue wait
+// runs out, with real time (a fake clock never fires a timer while a
+// release is running). Queue waits from 1 to 64µs make both outcomes happen.
+func TestQueueTimeoutRacingAGrantLeavesEveryPermitBack(t *testing.T) {
+	const iterations = 2000
+	counts := admRaceCounts{}
+	total := Stats{}
+	for i := range iterations {
+		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Duration(1+i%64) * time.Microsecond})
+		admMustAcquire(t, l)
+		res := admGo(context.Background(), l)
+		// Release once the waiter is queued, or has already timed out.
+		admWaitFor(t, func() bool { return admRead(l).waiting == 1 || l.nTimeout.Load() == 1 })
+		l.release()
+		r := <-res
+		counts.add(r.err)
+		switch {
+		case r.err == nil:
+			l.release()
+		case errors.Is(r.err, ErrQueueTimeout):
+			if r.waited <= 0 {
+				t.Fatalf("iteration %d: timed out after %v, want > 0", i, r.waited)
+			}
+		default:
+			t.Fatalf("iteration %d: waiter = %v, want nil or a queue timeout", i, r.err)
+		}
+		admCheck(t, l, 0, 0)
+		s := admStats(l)
+		if s.Admitted+s.RejectedTimeout != 2 || s.WaitCount != 1 {
+			t.Fatalf("iteration %d: stats %+v, want 2 outcomes and 1 wait", i, s)
+		}
+		total.Admitted += s.Admitted
+		total.RejectedTimeout += s.RejectedTimeout
+	}
+	t.Logf("waiter outcomes over %d races: %d granted, %d timed out", iterations, total.Admitted-iterations, total.RejectedTimeout)
+}
+
+// In each iteration the gate closes while the holder releases. The waiters
+// get the permit or ErrClosed, never anything else, and in the end every
+// permit is back.
+func TestCloseRacingAGrantLeavesEveryPermitBack(t *testing.T) {
+	const iterations = 2000
+	counts := admRaceCounts{}
+	synctest.Test(t, func(t *testing.T) {
+		for i := range iterations {
+			l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
+			admMustAcquire(t, l)
+			first := admGo(context.Background(), l)
+			synctest.Wait()
+			second := admGo(context.Background(), l)
+			synctest.Wait()
+
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); <-start; l.close() }()
+			go func() { defer wg.Done(); <-start; l.release() }()
+			close(start)
+			wg.Wait()
+
+			granted := 0
+			for _, ch := range []<-chan admResult{first, second} {
+				r := <-ch
+				counts.add(r.err)
+				switch r.err {
+				case nil:
+					granted++
+					l.release()
+				case ErrClosed:
+				default:
+					t.Fatalf("iteration %d: waiter = %v, want nil or ErrClosed", i, r.err)
+				}
+			}
+			admCheck(t, l, 0, 0)
+			s := admStats(l)
+			if s.Admitted != int64(1+granted) || s.Canceled != int64(2-granted) {
+				t.Fatalf("iteration %d: stats %+v with %d granted", i, s, granted)
+			}
+			if _, err := l.acquire(context.Background()); err != ErrClosed {
+				t.Fatalf("iteration %d: acquire after close = %v", i, err)
+			}
+		}
+	})
+	t.Logf("waiter outcomes over %d races: %v", iterations, counts)
+}
+
+// admModel is a reference model of the limiter for the random test.
+type admModel struct {
+	b, q    int
+	wait    time.Duration
+	holders int
+	queue   []*admModelWaiter
+	closed  bool
+	want    Stats
+}
+
+type admModelWaiter struct {
+	id     int
+	since  time.Time
+	cancel context.CancelFunc
+	res    <-chan admResult
+}
+
+// TestLimiterMatchesAModelUnderRandomOperations runs random sequences of
+// acquire, release, cancel, clock advance and close on the fake clock and,
+// after every step, compares each operation's outcome, the limiter's state
+// and its Stats with a simple model, and checks the invariants
+// 0 <= free <= B, admitted <= B+Q, waiting <= Q.
+func TestLimiterMatchesAModelUnderRandomOperations(t *testing.T) {
+	seeds, steps := 40, 300
+	if testing.Short() {
+		seeds = 10
+	}
+	for seed := range seeds {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { admRunModel(t, int64(seed), steps) })
+		})
+	}
+}
+
+func admRunModel(t *testing.T, seed int64, steps int) {
+	rng := rand.New(rand.NewSource(seed))
+	waits := []time.Duration{0, 20 * time.Millisecond, 50 * time.Millisecond}
+	m := &admModel{b: 1 + rng.Intn(3), q: rng.Intn(4), wait: waits[rng.Intn(len(waits))]}
+	m.want = Stats{MaxConcurrent: m.b, MaxQueue: m.q, QueueWait: m.wait}
+	l := admBubbleLimiter(t, Policy{MaxConcurrent: m.b, MaxQueue: m.q, QueueWait: m.wait})
+	t.Logf("B=%d Q=%d wait=%v", m.b, m.q, m.wait)
+
+	expect := func(step int, w *admModelWaiter, what string, match func(admResult) bool, waited time.Duration) {
+		t.Helper()
+		r, ok := admPoll(w.res)
+		if !ok {
+			t.Fatalf("step %d: operation %d has not returned, want %s", step, w.id, what)
+		}
+		if !match(r) || r.waited != waited {
+			t.Fatalf("step %d: operation %d returned %v after %v, want %s after %v", step, w.id, r.err, r.waited, what, waited)
+		}
+	}
+	isErr := func(target error) func(admResult) bool {
+		return func(r admResult) bool { return r.err == target }
+	}
+	isTimeout := func(r admResult) bool {
+		var re *RejectedError
+		return errors.As(r.err, &re) && re.Cause == ErrQueueTimeout && re.Waited == r.waited
+	}
+	// waitEnd records the end of a queued operation's wait in the model.
+	waitEnd := func(w *admModelWaiter) time.Duration {
+		d := time.Since(w.since)
+		m.want.WaitCount++
+		m.want.WaitDuration += d
+		return d
+	}
+	drop := func(i int) { m.queue = append(m.queue[:i], m.queue[i+1:]...) }
+
+	for step := range steps {
+		op := rng.Intn(100)
+		switch {
+		case op < 40: // acquire
+			ctx, cancel := context.WithCancel(context.Background())
+			preCanceled := rng.Intn(10) == 0
+			if preCanceled {
+				cancel()
+			}
+			w := &admModelWaiter{id: step, since: time.Now(), cancel: cancel, res: admGo(ctx, l)}
+			synctest.Wait()
+			switch {
+			case preCanceled:
+				m.want.Canceled++
+				expect(step, w, "context.Canceled", isErr(context.Canceled), 0)
+			case m.holders+len(m.queue) >= m.b+m.q:
+				m.want.RejectedFull++
+				expect(step, w, "admission full", isErr(error(l.fullErr.Load())), 0)
+			case m.closed:
+				m.want.Canceled++
+				expect(step, w, "ErrClosed", isErr(ErrClosed), 0)
+			case m.holders < m.b && len(m.queue) == 0:
+				m.holders++
+				m.want.Admitted++
+				expect(step, w, "a permit", isErr(nil), 0)
+			case m.wait == 0:
+				m.want.RejectedTimeout++
+				expect(step, w, "a queue timeout", isTimeout, 0)
+			default:
+				if _, ok := admPoll(w.res); ok {
+					t.Fatalf("step %d: operation %d returned, want it queued", step, w.id)
+				}
+				m.queue = append(m.queue, w)
+			}
+			if !preCanceled && rng.Intn(2) == 0 {
+				// Cancel half of them at once: a queued one leaves at once.
+				cancel()
+				synctest.Wait()
+				if len(m.queue) > 0 && m.queue[len(m.queue)-1] == w {
+					drop(len(m.queue) - 1)
+					m.want.Canceled++
+					expect(step, w, "context.Canceled", isErr(context.Canceled), waitEnd(w))
+				}
+			}
+		case op < 70: // release a running operation
+			if m.holders == 0 {
+				continue
+			}
+			l.release()
+			synctest.Wait()
+			if len(m.queue) > 0 {
+				w := m.queue[0]
+				drop(0)
+				m.want.Admitted++
+				expect(step, w, "the released permit", isErr(nil), waitEnd(w))
+			} else {
+				m.holders--
+			}
+		case op < 80: // cancel a queued operation
+			if len(m.queue) == 0 {
+				continue
+			}
+			i := rng.Intn(len(m.queue))
+			w := m.queue[i]
+			w.cancel()
+			synctest.Wait()
+			drop(i)
+			m.want.Canceled++
+			expect(step, w, "context.Canceled", isErr(context.Canceled), waitEnd(w))
+		case op < 98: // let fake time pass
+			time.Sleep(time.Duration(1+rng.Intn(30)) * time.Millisecond)
+			synctest.Wait()
+			kept := m.queue[:0]
+			var expired []*admModelWaiter
+			for _, w := range m.queue {
+				if m.wait > 0 && time.Since(w.since) >= m.wait {
+					expired = append(expired, w)
+				} else {
+					kept = append(kept, w)
+				}
+			}
+			m.queue = kept
+			for _, w := range expired {
+				m.want.RejectedTimeout++
+				m.want.WaitCount++
+				m.want.WaitDuration += m.wait
+				expect(step, w, "a queue timeout", isTimeout, m.wait)
+			}
+		default: // close
+			l.close()
+			synctest.Wait()
+			m.closed = true
+			for _, w := range m.queue {
+				m.want.Canceled++
+				expect(step, w, "ErrClosed", isErr(ErrClosed), waitEnd(w))
+			}
+			m.queue = nil
+		}
+
+		admCheck(t, l, m.holders, len(m.queue))
+		got := admStats(l)
+		want := m.want
+		want.Running, want.Waiting = m.holders, len(m.queue)
+		if got != want {
+			t.Fatalf("step %d: stats\n got %+v\nwant %+v", step, got, want)
+		}
+	}
+
+	// Wind down: close, then let every running operation finish.
+	l.close()
+	synctest.Wait()
+	for _, w := range m.queue {
+		if r, ok := admPoll(w.res); !ok || r.err != ErrClosed {
+			t.Fatalf("operation %d at close: %v, %v; want ErrClosed", w.id, r.err, ok)
+		}
+	}
+	for range m.holders {
+		l.release()
+	}
+	admCheck(t, l, 0, 0)
+}

@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"time"
+)
+
+const budgetUsage = `Usage: bulkhead budget --dsn postgres://... --instances N [--conns-per-instance C | policy flags] [--other K]
+
+Checks the connection budget of a live PostgreSQL server:
+
+  instances × connections per instance + other ≤ max_connections − reserved
+
+where reserved is superuser_reserved_connections plus reserved_connections
+(PostgreSQL 16 and later). Count instances at their peak: autoscaling
+maximum plus the overlap of a rolling deploy. Connections per instance are
+--conns-per-instance, else B+Q of the policy (the gate keeps at most B+Q
+open). It also lists the connections in use now by application_name and
+user. Exit 0 when the budget fits, 1 when it does not, 2 on an error.
+`
+
+const budgetExamples = `  bulkhead budget --dsn postgres://postgres@127.0.0.1:5432/test --instances 6 --max-concurrent 4 --max-queue 4
+  bulkhead budget --dsn postgres://postgres@127.0.0.1:5432/test --instances 12 --conns-per-instance 10 --other 15
+  BULKHEAD_MAX_CONCURRENT=8 BULKHEAD_MAX_QUEUE=8 DATABASE_URL=postgres://app@db:5432/app bulkhead budget --instances 4
+`
+
+// budgetLimit bounds the numeric flags of budget, so that the products
+// cannot overflow.
+const budgetLimit = 1_000_000
+
+func (e *env) budget(ctx context.Context, args []string) int {
+	fs := e.newFlagSet("budget", budgetUsage, budgetExamples)
+	dsn := fs.String("dsn", "", "PostgreSQL URL postgres://... (default $DATABASE_URL)")
+	instances := fs.Int("instances", 1, "peak number of application instances (autoscaling maximum plus rolling-deploy overlap)")
+	conns := fs.Int("conns-per-instance", 0, "connections one instance keeps at most (default B+Q of the policy)")
+	other := fs.Int("other", 0, "connections of other clients (jobs, admin tools, replicas' tools, ...)")
+	pf := e.addPolicyFlags(fs)
+	if code, done := e.parseFlags(fs, args); done {
+		return code
+	}
+	set := flagsSet(fs)
+	if *instances < 1 || *instances > budgetLimit {
+		return e.fail(fmt.Errorf("budget: --instances is %d, want 1 to %d", *instances, budgetLimit))
+	}
+	if *other < 0 || *other > budgetLimit {
+		return e.fail(fmt.Errorf("budget: --other is %d, want 0 to %d", *other, budgetLimit))
+	}
+	per, perWhy := *conns, "--conns-per-instance"
+	if set["conns-per-instance"] {
+		if per < 1 || per > budgetLimit {
+			return e.fail(fmt.Errorf("budget: --conns-per-instance is %d, want 1 to %d", per, budgetLimit))
+		}
+	} else {
+		p, err := pf.policy(set)
+		if err != nil {
+			return e.fail(fmt.Errorf("budget: %w", err))
+		}
+		per, perWhy = p.MaxConcurrent+p.MaxQueue, fmt.Sprintf("B+Q = %d+%d of the policy", p.MaxConcurrent, p.MaxQueue)
+		if per > budgetLimit {
+			return e.fail(fmt.Errorf("budget: B+Q is %d, want at most %d", per, budgetLimit))
+		}
+	}
+	t, err := e.resolveTarget(*dsn, set["dsn"])
+	if err != nil {
+		return e.fail(fmt.Errorf("budget: %w", err))
+	}
+	if t.dialect != dialectPostgres {
+		return e.fail(fmt.Errorf("budget: needs a PostgreSQL server, got %s; give --dsn postgres://user@host:5432/database or set DATABASE_URL", t.display))
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	srv, err := readServer(ctx, t)
+	if err != nil {
+		return e.fail(fmt.Errorf("budget: %s: %w", t.display, err))
+	}
+	b := budgetCheck{srv: srv, instances: *instances, perInstance: per, perWhy: perWhy, other: *other, otherGiven: set["other"]}
+	b.print(e.stdout, t.display)
+	if !b.fits() {
+		return exitFinding
+	}
+	return exitOK
+}
+
+// serverFacts is what budget reads from the server.
+type serverFacts struct {
+	version        string
+	maxConnections int
+	superReserved  int
+	reserved       int
+	reservedExists bool // reserved_connections: PostgreSQL 16 and later
+	inUse          []usage
+	inUseTotal     int
+}
+
+type usage struct {
+	app, user string
+	n         int
+}
+
+func readServer(ctx context.Context, t *target) (*serverFacts, error) {
+	db := sql.OpenDB(t.plainConnector("bulkhead-budget"))
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	if err := db.PingContext(ctx); err != nil {
+		return nil, fmt.Errorf("cannot connect: %w", err)
+	}
+	f := &serverFacts{}
+	if err := db.QueryRowContext(ctx, "SHOW server_version").Scan(&f.version); err != nil {
+		return nil, fmt.Errorf("SHOW server_version: %w", err)
+	}
+	rows, err := db.QueryContext(ctx, `SELECT name, setting FROM pg_settings
+		WHERE name IN ('max_connections', 'superuser_reserved_connections', 'reserved_connections')`)
+	if err != nil {
+		return nil, fmt.Errorf("reading pg_settings: %w", err)
+	}
+	seen := map[string]bool{}
+	for rows.Next() {
+		var name, setting string
+		if err := rows.Scan(&name, &setting); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("reading pg_settings: %w", err)
+		}
+		n, err := strconv.Atoi(setting)
+		if err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("pg_settings %s is %q, want an integer", name, setting)
+		}
+		seen[name] = true
+		switch name {
+		case "max_connections":
+			f.maxConnections = n
+		case "superuser_reserved_connections":
+			f.superReserved = n
+		case "reserved_connections":
+			f.reserved, f.reservedExists = n, true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading pg_settings: %w", err)
+	}
+	if !seen["max_connections"] {
+		return nil, fmt.Errorf("pg_settings has no max_connections")
+	}
+	rows, err = db.QueryContext(ctx, `SELECT coalesce(nullif(application_name, ''), '(none)'), coalesce(usename, '(none)'), count(*)
+		FROM pg_stat_activity
+		WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+		GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2`)
+	if err != nil {
+		return nil, fmt.Errorf("reading pg_stat_activity: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var u usage
+		if err := rows.Scan(&u.app, &u.user, &u.n); err != nil {
+			return nil, fmt.Errorf("reading pg_stat_activity: %w", err)
+		}
+		f.inUse = append(f.inUse, u)
+		f.inUseTotal += u.n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading pg_stat_activity: %w", err)
+	}
+	return f, nil
+}
+
+// budgetCheck is the inequality with its numbers.
+type budgetCheck struct {
+	srv         *serverFacts
+	instances   int
+	perInstance int
+	perWhy      string
+	other       int
+	otherGiven  bool
+}
+
+func (b budgetCheck) need() int { return b.instances*b.perInstance + b.other }
+func (b budgetCheck) available() int {
+	return b.srv.maxConnections - b.srv.superReserved - b.srv.reserved
+}
+func (b budgetCheck) fits() bool { return b.need() <= b.available() }
+
+func (b budgetCheck) print(w io.Writer, where string) {
+	s := b.srv
+	fmt.Fprintf(w, "server: PostgreSQL %s at %s\n\n", s.version, where)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "max_connections\t%d\n", s.maxConnections)
+	fmt.Fprintf(tw, "superuser_reserved_connections\t%d\n", s.superReserved)
+	if s.reservedExists {
+		fmt.Fprintf(tw, "reserved_connections\t%d\n", s.reserved)
+	} else {
+		fmt.Fprintf(tw, "reserved_connections\t-\t(not on this server: PostgreSQL 16 and later)\n")
+	}
+	fmt.Fprintf(tw, "available to applications\t%d\t= %d − %d − %d\n", b.available(), s.maxConnections, s.superReserved, s.reserved)
+	tw.Flush()
+
+	fmt.Fprintf(w, "\nconnections in use now: %d (this check's own not counted)\n", s.inUseTotal)
+	if len(s.inUse) > 0 {
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(tw, "  application_name\tusename\tconnections\n")
+		for _, u := range s.inUse {
+			fmt.Fprintf(tw, "  %s\t%s\t%d\n", u.app, u.user, u.n)
+		}
+		tw.Flush()
+	}
+
+	fmt.Fprintf(w, "\nper instance: %d connections (%s)\n", b.perInstance, b.perWhy)
+	if !b.otherGiven && s.inUseTotal > 0 {
+		fmt.Fprintf(w, "other clients: %d (--other; %d connections are in use now, pass --other to count those that are not this application)\n", b.other, s.inUseTotal)
+	}
+	fmt.Fprintf(w, "\nbudget: instances × conns + other ≤ max_connections − reserved\n")
+	verb := "≤"
+	if !b.fits() {
+		verb = ">"
+	}
+	fmt.Fprintf(w, "        %d × %d + %d = %d %s %d − %d = %d\n",
+		b.instances, b.perInstance, b.other, b.need(), verb,
+		s.maxConnections, s.superReserved+s.reserved, b.available())
+	if b.fits() {
+		fmt.Fprintf(w, "verdict: fits, %d connections to spare\n", b.available()-b.need())
+		return
+	}
+	fmt.Fprintf(w, "verdict: OVER BUDGET by %d connections: lower the instances or B+Q per instance, or raise max_connections (a pooler such as PgBouncer also helps)\n", b.need()-b.available())
+}

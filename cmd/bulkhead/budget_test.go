@@ -1,0 +1,158 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/dbbulkhead/bulkhead"
+)
+
+// serverLimit reads max_connections − superuser_reserved_connections −
+// reserved_connections (where it exists) from the test server directly.
+func serverLimit(t *testing.T) (maxConns, available int) {
+	t.Helper()
+	db, err := sql.Open("pgx", postgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	q := `SELECT current_setting('max_connections')::int,
+		current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
+		- coalesce(current_setting('reserved_connections', true)::int, 0)`
+	if err := db.QueryRowContext(context.Background(), q).Scan(&maxConns, &available); err != nil {
+		t.Fatal(err)
+	}
+	return maxConns, available
+}
+
+func TestBudgetThatFitsExitsZero(t *testing.T) {
+	url := postgresURL(t)
+	maxConns, available := serverLimit(t)
+	r := runCmd(t, nil, "budget", "--dsn", url, "--instances", "2", "--conns-per-instance", "3", "--other", "1")
+	if r.code != exitOK || r.stderr != "" {
+		t.Fatalf("exit %d, stderr %q\n%s", r.code, r.stderr, r.stdout)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("max_connections                 %d", maxConns),
+		"instances × conns + other ≤ max_connections − reserved",
+		fmt.Sprintf("2 × 3 + 1 = 7 ≤ %d − %d = %d", maxConns, maxConns-available, available),
+		fmt.Sprintf("verdict: fits, %d connections to spare", available-7),
+		"connections in use now:",
+		"per instance: 3 connections (--conns-per-instance)",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+func TestBudgetThatDoesNotFitExitsOne(t *testing.T) {
+	url := postgresURL(t)
+	maxConns, available := serverLimit(t)
+	// max_connections is at most 262143: a million never fits.
+	r := runCmd(t, nil, "budget", "--dsn", url, "--instances", "1000", "--conns-per-instance", "1000")
+	if r.code != exitFinding || r.stderr != "" {
+		t.Fatalf("exit %d, stderr %q; want 1 and nothing\n%s", r.code, r.stderr, r.stdout)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("1000 × 1000 + 0 = 1000000 > %d − %d = %d", maxConns, maxConns-available, available),
+		fmt.Sprintf("verdict: OVER BUDGET by %d connections", 1000000-available),
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+func TestBudgetTakesConnectionsPerInstanceFromThePolicy(t *testing.T) {
+	vars := map[string]string{"DATABASE_URL": postgresURL(t), bulkhead.EnvMaxConcurrent: "3", bulkhead.EnvMaxQueue: "9"}
+	r := runCmd(t, vars, "budget", "--instances", "2", "--max-queue", "2")
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	for _, want := range []string{"per instance: 5 connections (B+Q = 3+2 of the policy)", "2 × 5 + 0 = 10 ≤"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+func TestBudgetListsConnectionsInUseByApplication(t *testing.T) {
+	url := postgresURL(t)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = "bulkhead_budget_probe"
+	db := stdlib.OpenDB(*cfg)
+	defer db.Close()
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := runCmd(t, nil, "budget", "--dsn", url, "--conns-per-instance", "1")
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "bulkhead_budget_probe") {
+		t.Fatalf("the probe's connection is not listed:\n%s", r.stdout)
+	}
+	if strings.Contains(r.stdout, "bulkhead-budget ") {
+		t.Fatalf("the check counted its own connection:\n%s", r.stdout)
+	}
+}
+
+func TestBudgetSubtractsReservedConnectionsWhereTheServerHasThem(t *testing.T) {
+	// PostgreSQL 16 and later: reserved_connections counts too.
+	b := budgetCheck{
+		srv:       &serverFacts{version: "16.4", maxConnections: 100, superReserved: 3, reserved: 5, reservedExists: true},
+		instances: 4, perInstance: 20, perWhy: "--conns-per-instance", other: 12, otherGiven: true,
+	}
+	var out bytes.Buffer
+	b.print(&out, "postgres://h/db")
+	for _, want := range []string{"reserved_connections            5", "available to applications       92", "4 × 20 + 12 = 92 ≤ 100 − 8 = 92", "fits, 0 connections to spare"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if !b.fits() {
+		t.Error("92 ≤ 92 must fit")
+	}
+	b.other = 13
+	if b.fits() {
+		t.Error("93 > 92 must not fit")
+	}
+}
+
+func TestBudgetRejectsBadInput(t *testing.T) {
+	cases := []struct {
+		name string
+		vars map[string]string
+		args []string
+		want []string
+	}{
+		{"no database", nil, nil, []string{"needs a PostgreSQL server", "--dsn postgres://"}},
+		{"mysql", nil, []string{"--dsn", "mysql://root@127.0.0.1:3306/test"}, []string{"needs a PostgreSQL server", "mysql://root@127.0.0.1:3306/test"}},
+		{"bad scheme", nil, []string{"--dsn", "http://h/db"}, []string{"--dsn", "http://h/db", "postgres://"}},
+		{"zero instances", nil, []string{"--instances", "0"}, []string{"--instances is 0"}},
+		{"too many instances", nil, []string{"--instances", "2000000"}, []string{"--instances is 2000000"}},
+		{"negative other", nil, []string{"--other", "-3"}, []string{"--other is -3"}},
+		{"zero conns", nil, []string{"--conns-per-instance", "0"}, []string{"--conns-per-instance is 0"}},
+		{"bad env", map[string]string{bulkhead.EnvMaxQueue: "lots"}, []string{"--dsn", "postgres://h/db"}, []string{bulkhead.EnvMaxQueue, `"lots"`}},
+		{"unreachable", nil, []string{"--dsn", "postgres://postgres@127.0.0.1:1/test?sslmode=disable"}, []string{"postgres://postgres@127.0.0.1:1/test", "cannot connect"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := runCmd(t, c.vars, append([]string{"budget"}, c.args...)...)
+			wantOneLineError(t, r, append([]string{"budget:"}, c.want...)...)
+		})
+	}
+}

@@ -1,0 +1,429 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dbbulkhead/bulkhead"
+)
+
+// readReport reads a --json file.
+func readReport(t *testing.T, path string) *loadReport {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep loadReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatalf("--json output: %v", err)
+	}
+	return &rep
+}
+
+// wantTotalsAddUp checks that every attempted operation is counted once,
+// in the totals and second by second.
+func wantTotalsAddUp(t *testing.T, r *runResult) {
+	t.Helper()
+	if err := r.checkTotals(); err != nil {
+		t.Error(err)
+	}
+	if r.Attempted == 0 || r.Completed == 0 {
+		t.Errorf("%s: attempted %d, completed %d: nothing ran", r.Name, r.Attempted, r.Completed)
+	}
+	if r.WithinDeadline > r.Completed {
+		t.Errorf("%s: %d within deadline of %d completed", r.Name, r.WithinDeadline, r.Completed)
+	}
+	if r.OtherErrors != 0 {
+		t.Errorf("%s: %d other errors: %v", r.Name, r.OtherErrors, r.ErrorSamples)
+	}
+}
+
+// wantPNG checks that path is a PNG image of the size of a chart of
+// runs runs at the current chartDPI.
+func wantPNG(t *testing.T, path string, runs int) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("chart %s: %v", path, err)
+	}
+	if b := img.Bounds(); b.Dx() != runs*9*chartDPI || b.Dy() != 12*chartDPI {
+		t.Fatalf("chart %s is %dx%d, want %dx%d", path, b.Dx(), b.Dy(), runs*9*chartDPI, 12*chartDPI)
+	}
+}
+
+func TestLoadOnSQLiteAttemptsExactlyTheCountAndAddsUp(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath, chartPath := filepath.Join(dir, "load.json"), filepath.Join(dir, "load.png")
+	r := runCmd(t, nil, "load", "--clients", "4", "--count", "60",
+		"--max-concurrent", "2", "--max-queue", "1", "--queue-wait", "2ms", "--hold", "2ms",
+		"--deadline", "10s", "--backoff", "1ms", "--baseline", "--max-open-conns", "2",
+		"--progress", "0", "--json", jsonPath, "--chart", chartPath)
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	rep := readReport(t, jsonPath)
+	if len(rep.Runs) != 2 || rep.Runs[0].Name != "gated" || rep.Runs[1].Name != "baseline" {
+		t.Fatalf("runs %+v, want gated and baseline", rep.Runs)
+	}
+	for _, run := range rep.Runs {
+		wantTotalsAddUp(t, run)
+		if run.Attempted != 60 {
+			t.Errorf("%s: attempted %d, want exactly --count 60", run.Name, run.Attempted)
+		}
+		if run.Interrupted || run.InterruptedOps != 0 {
+			t.Errorf("%s: interrupted without a signal", run.Name)
+		}
+	}
+	gated, base := rep.Runs[0], rep.Runs[1]
+	// The command's own counts agree with the gate's.
+	if g := gated.Gate; g == nil || g.RejectedFull != gated.RejectedFull || g.RejectedTimeout != gated.RejectedTimeout || g.MaxConns != 3 {
+		t.Errorf("gate stats %+v, command counted %d full and %d timeouts", g, gated.RejectedFull, gated.RejectedTimeout)
+	}
+	if gated.Policy == nil || *gated.Policy != (policyJSON{MaxConcurrent: 2, MaxQueue: 1, QueueWaitMs: 2}) {
+		t.Errorf("policy %+v", gated.Policy)
+	}
+	if gated.QueueWaitP99Ms == nil {
+		t.Error("no queue wait p99 from the gate's OnAdmit events")
+	}
+	if base.RejectedFull+base.RejectedTimeout != 0 || base.Gate != nil || base.MaxOpenConns != 2 {
+		t.Errorf("baseline rejected %d, gate %+v, max open %d: it must run without the gate",
+			base.RejectedFull+base.RejectedTimeout, base.Gate, base.MaxOpenConns)
+	}
+	for _, want := range []string{"gated", "baseline", "attempted", "goodput", "latency p99", "queue wait p99",
+		fmt.Sprintf("gated: attempted 60 = completed %d", gated.Completed), "chart written to"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("table lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout, "server: most") {
+		t.Error("server rows shown for SQLite")
+	}
+	wantPNG(t, chartPath, 2)
+}
+
+func TestLoadOnSQLiteDoesCPUWorkAndWritesJSONToStdout(t *testing.T) {
+	r := runCmd(t, nil, "load", "--work", "cpu", "--cpu-rows", "500", "--clients", "2", "--count", "6",
+		"--max-concurrent", "1", "--max-queue", "1", "--queue-wait", "10s", "--deadline", "30s",
+		"--progress", "0", "--json", "-")
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	var rep loadReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("stdout is not the JSON alone: %v\n%s", err, r.stdout)
+	}
+	if len(rep.Runs) != 1 || rep.Runs[0].Work != "cpu" || rep.Runs[0].Attempted != 6 || !strings.Contains(r.stderr, "CPU-bound query over 500 rows") {
+		t.Fatalf("runs %+v", rep.Runs)
+	}
+	wantTotalsAddUp(t, rep.Runs[0])
+	// With a queue as long as the clients and a long wait, nothing is rejected.
+	if run := rep.Runs[0]; run.Completed != 6 {
+		t.Errorf("completed %d of 6: %+v", run.Completed, run)
+	}
+	if !strings.Contains(r.stderr, "attempted") {
+		t.Errorf("the table goes to stderr with --json -: %q", r.stderr)
+	}
+}
+
+// cancelOnWrite cancels a context at the first write: the first progress
+// line stands in for Ctrl-C in the middle of a run.
+type cancelOnWrite struct {
+	once   sync.Once
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnWrite) Write(p []byte) (int, error) {
+	c.once.Do(c.cancel)
+	return len(p), nil
+}
+
+func TestLoadInterruptedStillReportsWhatWasMeasured(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	jsonPath := filepath.Join(t.TempDir(), "load.json")
+	r := runCmdCtx(t, ctx, nil, &cancelOnWrite{cancel: cancel}, "load", "--clients", "4",
+		"--duration", "10m", "--hold", "20ms", "--deadline", "10m", "--max-concurrent", "2",
+		"--max-queue", "2", "--queue-wait", "10m", "--baseline", "--progress", "1ns", "--json", jsonPath)
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	rep := readReport(t, jsonPath)
+	if len(rep.Runs) != 1 {
+		t.Fatalf("%d runs; the baseline must not start after an interruption", len(rep.Runs))
+	}
+	run := rep.Runs[0]
+	if !run.Interrupted {
+		t.Error("run not marked interrupted")
+	}
+	if err := run.checkTotals(); err != nil {
+		t.Error(err)
+	}
+	if run.Attempted == 0 {
+		t.Error("nothing attempted")
+	}
+	if !strings.Contains(r.stdout, "(interrupted)") || !strings.Contains(r.stdout, "baseline: not run") {
+		t.Errorf("table does not say it was interrupted:\n%s", r.stdout)
+	}
+}
+
+func TestLoadProgressRewritesOneLineOnATerminal(t *testing.T) {
+	r := runCmdTerm(t, context.Background(), nil, nil, true, "load", "--clients", "2", "--count", "10", "--hold", "1ms")
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+	if len(lines) != 1 || !strings.HasPrefix(r.stderr, "\rgated") || !strings.HasSuffix(r.stderr, "\x1b[K\n") {
+		t.Fatalf("want one line rewritten with \\r and ended once, got %q", r.stderr)
+	}
+	for _, want := range []string{"completed 10", "rejected full 0", "timeout 0", "running 0", "waiting 0"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("final progress lacks %q: %q", want, r.stderr)
+		}
+	}
+}
+
+func TestLoadProgressIsPlainLinesOffATerminal(t *testing.T) {
+	r := runCmd(t, nil, "load", "--clients", "2", "--count", "10", "--hold", "1ms", "--progress", "1ns")
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	if strings.Contains(r.stderr, "\r") || strings.Contains(r.stderr, "\x1b") {
+		t.Fatalf("terminal control sequences off a terminal: %q", r.stderr)
+	}
+	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "gated ") {
+			t.Errorf("unexpected line %q", l)
+		}
+	}
+	if last := lines[len(lines)-1]; !strings.Contains(last, "completed 10") {
+		t.Errorf("last progress line %q does not show the final count", last)
+	}
+}
+
+func TestLoadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath, chartPath := filepath.Join(dir, "load.json"), filepath.Join(dir, "load.png")
+	// A deadline far beyond any operation: no statement is cancelled, so
+	// the server sees exactly what the gate lets through.
+	r := runCmd(t, nil, "load", "--dsn", postgresURL(t), "--clients", "8", "--duration", "1s",
+		"--max-concurrent", "2", "--max-queue", "2", "--queue-wait", "5ms", "--hold", "10ms",
+		"--deadline", "30s", "--baseline", "--max-open-conns", "2", "--progress", "0",
+		"--json", jsonPath, "--chart", chartPath)
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	rep := readReport(t, jsonPath)
+	if len(rep.Runs) != 2 {
+		t.Fatalf("%d runs, want gated and baseline", len(rep.Runs))
+	}
+	for _, run := range rep.Runs {
+		wantTotalsAddUp(t, run)
+		if run.ServerMaxTransactions == nil || run.ServerMaxConnections == nil {
+			t.Fatalf("%s: no server counts (monitor error %q)", run.Name, run.ServerMonitorError)
+		}
+		// The monitor saw the run's transactions at all.
+		if *run.ServerMaxTransactions < 1 {
+			t.Errorf("%s: the monitor never saw a transaction", run.Name)
+		}
+		if *run.ServerMaxTransactions > 2 {
+			t.Errorf("%s: %d transactions on the server at once, want at most 2", run.Name, *run.ServerMaxTransactions)
+		}
+	}
+	gated := rep.Runs[0]
+	if *gated.ServerMaxConnections > 4 {
+		t.Errorf("gated: %d server connections, want at most B+Q = 4", *gated.ServerMaxConnections)
+	}
+	if gated.Gate.RejectedFull != gated.RejectedFull || gated.Gate.RejectedTimeout != gated.RejectedTimeout {
+		t.Errorf("gate stats %+v, command counted %d full and %d timeouts", gated.Gate, gated.RejectedFull, gated.RejectedTimeout)
+	}
+	if !strings.Contains(r.stdout, "server: most transactions") {
+		t.Errorf("table lacks the server rows:\n%s", r.stdout)
+	}
+	wantPNG(t, chartPath, 2)
+}
+
+func TestLoadOnMariaDBAddsUp(t *testing.T) {
+	jsonPath := filepath.Join(t.TempDir(), "load.json")
+	r := runCmd(t, nil, "load", "--dsn", mysqlURL(t), "--clients", "4", "--count", "20",
+		"--max-concurrent", "2", "--max-queue", "2", "--queue-wait", "10s", "--hold", "5ms",
+		"--deadline", "30s", "--progress", "0", "--json", jsonPath)
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	run := readReport(t, jsonPath).Runs[0]
+	wantTotalsAddUp(t, run)
+	if run.Attempted != 20 || run.Completed != 20 {
+		t.Errorf("attempted %d, completed %d; want 20 and 20 (the queue holds every client)", run.Attempted, run.Completed)
+	}
+}
+
+func TestLoadRejectsBadInput(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing", "load.png")
+	cases := []struct {
+		name string
+		vars map[string]string
+		args []string
+		want []string
+	}{
+		{"clients zero", nil, []string{"--clients", "0"}, []string{"--clients is 0"}},
+		{"clients not a number", nil, []string{"--clients", "many"}, []string{`"many"`, "-clients"}},
+		{"negative count", nil, []string{"--count", "-5"}, []string{"--count is -5"}},
+		{"zero duration", nil, []string{"--duration", "0s"}, []string{"--duration is 0s"}},
+		{"duration without unit", nil, []string{"--duration", "10"}, []string{`"10"`, "-duration"}},
+		{"unknown work", nil, []string{"--work", "disk"}, []string{`--work is "disk"`, "hold or cpu"}},
+		{"zero cpu rows", nil, []string{"--cpu-rows", "0"}, []string{"--cpu-rows is 0"}},
+		{"negative hold", nil, []string{"--hold", "-1s"}, []string{"--hold is -1s"}},
+		{"zero deadline", nil, []string{"--deadline", "0s"}, []string{"--deadline is 0s"}},
+		{"zero B", nil, []string{"--max-concurrent", "0"}, []string{"--max-concurrent is 0"}},
+		{"negative Q", nil, []string{"--max-queue", "-1"}, []string{"--max-queue is -1"}},
+		{"long queue wait", nil, []string{"--queue-wait", "2h"}, []string{"--queue-wait is 2h0m0s"}},
+		{"negative pool", nil, []string{"--max-open-conns", "-1"}, []string{"--max-open-conns is -1"}},
+		{"chart format", nil, []string{"--chart", "load.jpg"}, []string{`--chart "load.jpg"`, ".png or .svg"}},
+		{"chart directory", nil, []string{"--chart", missing}, []string{"--chart", "does not exist"}},
+		{"json directory", nil, []string{"--json", missing}, []string{"--json", "does not exist"}},
+		{"bad env B", map[string]string{bulkhead.EnvMaxConcurrent: "four"}, nil, []string{bulkhead.EnvMaxConcurrent, `"four"`}},
+		{"bad env wait", map[string]string{bulkhead.EnvQueueWait: "20"}, nil, []string{bulkhead.EnvQueueWait, `"20"`}},
+		{"bad dsn", nil, []string{"--dsn", "sqlserver://h/db"}, []string{"--dsn", "sqlserver://h/db", "postgres://"}},
+		{"unreachable", nil, []string{"--dsn", "postgres://postgres@127.0.0.1:1/test?sslmode=disable", "--progress", "0"},
+			[]string{"cannot connect", "postgres://postgres@127.0.0.1:1/test"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := runCmd(t, c.vars, append([]string{"load"}, c.args...)...)
+			wantOneLineError(t, r, append([]string{"load:"}, c.want...)...)
+		})
+	}
+}
+
+func TestLoadFlagsOverrideABadEnvironmentEntirely(t *testing.T) {
+	vars := map[string]string{bulkhead.EnvMaxConcurrent: "four"}
+	r := runCmd(t, vars, "load", "--count", "2", "--clients", "1", "--hold", "0s", "--progress", "0",
+		"--max-concurrent", "1", "--max-queue", "0", "--queue-wait", "0s")
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestLoadTakesThePolicyFromTheEnvironment(t *testing.T) {
+	vars := map[string]string{bulkhead.EnvMaxConcurrent: "3", bulkhead.EnvMaxQueue: "5", bulkhead.EnvQueueWait: "7ms"}
+	r := runCmd(t, vars, "load", "--count", "2", "--clients", "1", "--hold", "0s", "--progress", "0",
+		"--max-queue", "1")
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "B=3 Q=1 wait=7ms") {
+		t.Fatalf("want B and the wait from the environment, Q from the flag:\n%s", r.stdout)
+	}
+}
+
+func TestClassifyTellsEveryOutcomeApart(t *testing.T) {
+	live := context.Background()
+	expired, cancel := context.WithDeadline(live, time.Unix(0, 0))
+	defer cancel()
+	stopped, stop := context.WithCancel(live)
+	stop()
+	full := &bulkhead.RejectedError{Cause: bulkhead.ErrAdmissionFull}
+	timeout := &bulkhead.RejectedError{Cause: bulkhead.ErrQueueTimeout}
+	cases := []struct {
+		name          string
+		err           error
+		opCtx, runCtx context.Context
+		want          outcome
+	}{
+		{"success", nil, live, live, outCompleted},
+		{"success after the deadline", nil, expired, live, outCompleted},
+		{"admission full", fmt.Errorf("begin: %w", full), live, live, outRejectedFull},
+		{"queue timeout", timeout, live, live, outRejectedTimeout},
+		{"rejected while stopping", full, stopped, stopped, outRejectedFull},
+		{"deadline error", fmt.Errorf("timeout: %w", context.DeadlineExceeded), live, live, outDeadline},
+		{"driver error after the deadline", errors.New("conn closed"), expired, live, outDeadline},
+		{"stopped", context.Canceled, stopped, stopped, outInterrupted},
+		{"other", errors.New("syntax error"), live, live, outOther},
+	}
+	for _, c := range cases {
+		if got := classify(c.err, c.opCtx, c.runCtx); got != c.want {
+			t.Errorf("%s: classify = %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+func TestPercentilesAreNearestRank(t *testing.T) {
+	if percentiles(nil) != nil {
+		t.Fatal("percentiles of nothing must be nil")
+	}
+	var ds []time.Duration
+	for i := 100; i >= 1; i-- {
+		ds = append(ds, time.Duration(i)*time.Millisecond)
+	}
+	if got := *percentiles(ds); got != (pct{P50: 50, P95: 95, P99: 99}) {
+		t.Fatalf("percentiles of 1..100 ms = %+v", got)
+	}
+	if got := *percentiles([]time.Duration{7 * time.Millisecond}); got != (pct{P50: 7, P95: 7, P99: 7}) {
+		t.Fatalf("percentiles of one = %+v", got)
+	}
+	if ds[0] != 100*time.Millisecond {
+		t.Fatal("percentiles sorted its argument in place")
+	}
+}
+
+func TestTotalsCheckCatchesAMiscount(t *testing.T) {
+	ok := &runResult{Name: "x", Attempted: 6, Completed: 1, RejectedFull: 1, RejectedTimeout: 1, DeadlineExceeded: 1,
+		InterruptedOps: 1, OtherErrors: 1, Seconds: []secondJSON{
+			{Completed: 1, RejectedFull: 1, RejectedTimeout: 1},
+			{Deadline: 1, Interrupted: 1, Other: 1},
+		}}
+	if err := ok.checkTotals(); err != nil {
+		t.Fatal(err)
+	}
+	lost := *ok
+	lost.Attempted = 7
+	if lost.checkTotals() == nil {
+		t.Error("an operation counted as attempted but in no outcome passed")
+	}
+	unbucketed := *ok
+	unbucketed.Seconds = ok.Seconds[:1]
+	if unbucketed.checkTotals() == nil {
+		t.Error("outcomes missing from the per-second counts passed")
+	}
+}
+
+func TestLastShortSecondIsMergedIntoThePreviousOne(t *testing.T) {
+	r := newRecorder(time.Second)
+	start := time.Unix(1000, 0)
+	r.begin(start)
+	r.mu.Lock()
+	r.bucketLocked(start).n[outCompleted] = 2
+	r.bucketLocked(start.Add(1500 * time.Millisecond)).n[outCompleted] = 3
+	r.bucketLocked(start.Add(2100 * time.Millisecond)).n[outRejectedFull] = 1
+	r.mu.Unlock()
+	secs, lengths := r.buckets(2200 * time.Millisecond)
+	if len(secs) != 2 || lengths[0] != 1 || lengths[1] < 1.19 || lengths[1] > 1.21 {
+		t.Fatalf("%d buckets, lengths %v; want 2, [1 1.2]", len(secs), lengths)
+	}
+	if secs[1].n[outCompleted] != 3 || secs[1].n[outRejectedFull] != 1 {
+		t.Fatalf("merged bucket %+v", secs[1].n)
+	}
+	if r.secs[1].n[outRejectedFull] != 0 {
+		t.Fatal("merging changed the recorder's own buckets")
+	}
+	secs, lengths = r.buckets(2700 * time.Millisecond)
+	if len(secs) != 3 || lengths[2] < 0.69 || lengths[2] > 0.71 {
+		t.Fatalf("%d buckets, lengths %v; a last bucket of 0.7 s stays", len(secs), lengths)
+	}
+}

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"database/sql/driver"
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"modernc.org/sqlite"
+)
+
+// dialect is the kind of database a target is.
+type dialect int
+
+const (
+	dialectSQLite dialect = iota
+	dialectPostgres
+	dialectMySQL
+)
+
+func (d dialect) String() string {
+	switch d {
+	case dialectPostgres:
+		return "postgres"
+	case dialectMySQL:
+		return "mysql"
+	}
+	return "sqlite"
+}
+
+// title is the database's name for people.
+func (d dialect) title() string {
+	switch d {
+	case dialectPostgres:
+		return "PostgreSQL"
+	case dialectMySQL:
+		return "MySQL"
+	}
+	return "SQLite"
+}
+
+// dsnForms is what a DSN may look like, for error messages.
+const dsnForms = "want postgres://user:password@host:5432/database or mysql://user:password@host:3306/database"
+
+// connectTimeout bounds a dial when the DSN does not say otherwise.
+const connectTimeout = 5 * time.Second
+
+// target is the database a command runs against: PostgreSQL or MySQL from
+// a URL, or an embedded in-memory SQLite database when none is given.
+type target struct {
+	dialect dialect
+	display string // the URL without its password, or "embedded SQLite (in memory)"
+	pg      *pgx.ConnConfig
+	my      *mysql.Config
+}
+
+// resolveTarget picks the database from --dsn, else DATABASE_URL, else
+// the embedded SQLite database.
+func (e *env) resolveTarget(dsn string, dsnGiven bool) (*target, error) {
+	source := "--dsn"
+	if !dsnGiven {
+		v, ok := e.lookup("DATABASE_URL")
+		if !ok || v == "" {
+			return &target{dialect: dialectSQLite, display: "embedded SQLite (in memory)"}, nil
+		}
+		dsn, source = v, "DATABASE_URL"
+	}
+	return parseTarget(source, dsn)
+}
+
+// parseTarget parses a postgres:// or mysql:// URL; source names where it
+// came from in errors.
+func parseTarget(source, dsn string) (*target, error) {
+	shown := redact(dsn)
+	if dsn == "" {
+		return nil, fmt.Errorf("%s is empty; %s", source, dsnForms)
+	}
+	scheme, _, ok := strings.Cut(dsn, "://")
+	if !ok {
+		return nil, fmt.Errorf("%s %q is not a URL; %s", source, shown, dsnForms)
+	}
+	switch strings.ToLower(scheme) {
+	case "postgres", "postgresql":
+		cfg, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("%s %q is not a valid PostgreSQL URL (%v); %s", source, shown, err, dsnForms)
+		}
+		if cfg.ConnectTimeout == 0 {
+			cfg.ConnectTimeout = connectTimeout
+		}
+		return &target{dialect: dialectPostgres, display: shown, pg: cfg}, nil
+	case "mysql":
+		cfg, err := parseMySQL(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("%s %q is not a valid MySQL URL (%v); %s", source, shown, err, dsnForms)
+		}
+		return &target{dialect: dialectMySQL, display: shown, my: cfg}, nil
+	}
+	return nil, fmt.Errorf("%s %q has scheme %q; %s", source, shown, scheme, dsnForms)
+}
+
+// parseMySQL converts mysql://user:pass@host:port/db?params to the
+// driver's configuration (its own DSN form is user:pass@tcp(host:port)/db).
+func parseMySQL(dsn string) (*mysql.Config, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("no host")
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "3306")
+	}
+	// The query parameters use the driver's own names (parseTime=true,
+	// timeout=5s, ...): let the driver parse them.
+	cfg, err := mysql.ParseDSN("/?" + u.RawQuery)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Net = "tcp"
+	cfg.Addr = host
+	cfg.User = u.User.Username()
+	cfg.Passwd, _ = u.User.Password()
+	cfg.DBName = strings.TrimPrefix(u.Path, "/")
+	if cfg.Timeout == 0 {
+		cfg.Timeout = connectTimeout
+	}
+	return cfg, nil
+}
+
+var sqliteSeq atomic.Int64
+
+// connector returns a new connector to the target. On PostgreSQL, app
+// becomes the connections' application_name unless keepApp is set and the
+// URL names one. Each SQLite connector opens its own in-memory database,
+// shared by its connections.
+func (t *target) connector(app string, keepApp bool) (driver.Connector, error) {
+	switch t.dialect {
+	case dialectPostgres:
+		cfg := t.pg.Copy()
+		if _, ok := cfg.RuntimeParams["application_name"]; !ok || !keepApp {
+			cfg.RuntimeParams["application_name"] = app
+		}
+		return stdlib.GetConnector(*cfg), nil
+	case dialectMySQL:
+		return mysql.NewConnector(t.my)
+	}
+	name := fmt.Sprintf("file:bulkhead-%d?mode=memory&cache=shared", sqliteSeq.Add(1))
+	return sqlite.NewConnector(name)
+}
+
+// plainConnector returns a connector to a PostgreSQL target with
+// application_name app, for reading the server's views.
+func (t *target) plainConnector(app string) driver.Connector {
+	cfg := t.pg.Copy()
+	cfg.RuntimeParams["application_name"] = app
+	return stdlib.GetConnector(*cfg)
+}
+
+var passwordInURL = regexp.MustCompile(`(://[^:/@]*:)[^@/]*@`)
+
+// redact hides the password of a URL, even one that does not parse.
+func redact(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	return passwordInURL.ReplaceAllString(dsn, "${1}xxxxx@")
+}

@@ -1,0 +1,1142 @@
+package bulkhead_test
+
+// Contract tests of the wrapping (conn.go, connector.go, options.go)
+// through database/sql, on the in-process fake driver: deterministic, no
+// server, no sleeps. Each test proves one point of the contract.
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"go/build"
+	"log/slog"
+	"reflect"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+)
+
+// fkEnv is a gate on a fake driver and the *sql.DB opened on it.
+type fkEnv struct {
+	fc *fakedb.Connector
+	g  *bulkhead.Gate
+	db *sql.DB
+
+	// released receives every OnRelease event, on the goroutine that
+	// released (database/sql's own for rollbacks and closes it makes).
+	released chan bulkhead.Event
+	releases atomic.Int64
+}
+
+// fkOpen opens a gate with policy p on fc (fakedb.New() if nil), with
+// OpenDB's pool settings; opts come after the OnRelease recorder, so a
+// WithEvents among them replaces it. The DB is closed at the end of the test.
+func fkOpen(t *testing.T, fc *fakedb.Connector, p bulkhead.Policy, opts ...bulkhead.Option) *fkEnv {
+	t.Helper()
+	if fc == nil {
+		fc = fakedb.New()
+	}
+	e := &fkEnv{fc: fc, released: make(chan bulkhead.Event, 4096)}
+	rec := bulkhead.WithEvents(bulkhead.Events{OnRelease: func(ev bulkhead.Event) {
+		e.releases.Add(1)
+		e.released <- ev
+	}})
+	g, err := bulkhead.New(fc, p, append([]bulkhead.Option{rec}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.g, e.db = g, g.OpenDB()
+	t.Cleanup(func() { e.db.Close() })
+	return e
+}
+
+// running fails the test unless the gate's Running gauge is want.
+func (e *fkEnv) running(t *testing.T, want int, when string) {
+	t.Helper()
+	if got := e.g.Stats().Running; got != want {
+		t.Fatalf("%s: Stats().Running = %d, want %d", when, got, want)
+	}
+}
+
+// awaitRelease waits for the next release of permits, made on any goroutine.
+func (e *fkEnv) awaitRelease(t *testing.T) bulkhead.Event {
+	t.Helper()
+	return <-e.released
+}
+
+// balanced fails the test unless every admitted operation released its
+// permits exactly once and nothing holds or waits.
+func (e *fkEnv) balanced(t *testing.T) {
+	t.Helper()
+	s := e.g.Stats()
+	if s.Running != 0 || s.Waiting != 0 || s.Admitted != e.releases.Load() {
+		t.Fatalf("stats %+v with %d releases: want Running 0, Waiting 0, Admitted = releases", s, e.releases.Load())
+	}
+}
+
+// fkAwait waits until cond holds, polling state (no sleep). It gives up,
+// failing the test, only after a generous bound meant to turn a hang into
+// a failure, never to measure time.
+func fkAwait(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting until %s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+var fkB1 = bulkhead.Policy{MaxConcurrent: 1}
+
+// fkWrappedConn is what the wrapper of a conn implementing m must
+// implement: the same optional interfaces, except that ConnBeginTx and
+// ConnPrepareContext are always there, ExecerContext (QueryerContext)
+// replaces ExecerContext or Execer (QueryerContext or Queryer), and the
+// legacy Execer and Queryer never are.
+func fkWrappedConn(m fakedb.ConnIface) fakedb.ConnIface {
+	w := m&^(fakedb.ConnExecer|fakedb.ConnQueryer) | fakedb.ConnBeginTx | fakedb.ConnPrepareContext
+	if m&(fakedb.ConnExecerContext|fakedb.ConnExecer) != 0 {
+		w |= fakedb.ConnExecerContext
+	}
+	if m&(fakedb.ConnQueryerContext|fakedb.ConnQueryer) != 0 {
+		w |= fakedb.ConnQueryerContext
+	}
+	return w
+}
+
+// fkRaw runs f with the driver conn that (*sql.Conn).Raw hands out: the
+// wrapper.
+func fkRaw(t *testing.T, db *sql.DB, f func(dc any)) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Raw(func(dc any) error { f(dc); return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWrappedConnImplementsExactlyTheDriverConnsOptionalInterfacesAndWorks(t *testing.T) {
+	ctx := context.Background()
+	for m := fakedb.ConnIface(0); m <= fakedb.ConnAll; m++ {
+		fc := fakedb.New()
+		fc.Conn = m
+		fc.Stmt = 0 // no statement NamedValueChecker: the conn's decides
+		e := fkOpen(t, fc, fkB1)
+		fkRaw(t, e.db, func(dc any) {
+			if got, want := fakedb.ConnIfacesOf(dc), fkWrappedConn(m); got != want {
+				t.Fatalf("driver conn %v: wrapper implements %v, want %v", m, got, want)
+			}
+		})
+
+		// Every kind of operation works through the wrapper, on the
+		// driver's context or legacy methods, or on a prepared statement
+		// when the conn has neither.
+		if _, err := e.db.ExecContext(ctx, "UPDATE t"); err != nil {
+			t.Fatalf("driver conn %v: exec: %v", m, err)
+		}
+		var v int64
+		if err := e.db.QueryRowContext(ctx, "SELECT 42").Scan(&v); err != nil || v != 42 {
+			t.Fatalf("driver conn %v: query: %d, %v; want 42", m, v, err)
+		}
+		tx, err := e.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatalf("driver conn %v: begin: %v", m, err)
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE t"); err != nil {
+			t.Fatalf("driver conn %v: exec in tx: %v", m, err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatalf("driver conn %v: commit: %v", m, err)
+		}
+		if err := e.db.PingContext(ctx); err != nil {
+			t.Fatalf("driver conn %v: ping: %v", m, err)
+		}
+		_, err = e.db.ExecContext(ctx, "UPDATE t", []int64{1})
+		if hasChecker := m&fakedb.ConnNamedValueChecker != 0; hasChecker != (err == nil) {
+			t.Fatalf("driver conn %v: exec with a []int64 argument: %v; want success iff the driver has NamedValueChecker", m, err)
+		}
+
+		// The driver saw each call through the method it has.
+		type seen struct {
+			op   fakedb.Op
+			want bool
+		}
+		for _, s := range []seen{
+			{fakedb.OpExec, m&(fakedb.ConnExecerContext|fakedb.ConnExecer) != 0},
+			{fakedb.OpStmtExec, m&(fakedb.ConnExecerContext|fakedb.ConnExecer) == 0},
+			{fakedb.OpQuery, m&(fakedb.ConnQueryerContext|fakedb.ConnQueryer) != 0},
+			{fakedb.OpStmtQuery, m&(fakedb.ConnQueryerContext|fakedb.ConnQueryer) == 0},
+			{fakedb.OpPing, m&fakedb.ConnPinger != 0},
+			{fakedb.OpResetSession, m&fakedb.ConnSessionResetter != 0},
+			{fakedb.OpIsValid, m&fakedb.ConnValidator != 0},
+		} {
+			if got := fc.Count(s.op) > 0; got != s.want {
+				t.Fatalf("driver conn %v: driver saw %v: %v, want %v", m, s.op, got, s.want)
+			}
+		}
+		if got := fc.Count(fakedb.OpBegin); got != 1 {
+			t.Fatalf("driver conn %v: %d begins, want 1", m, got)
+		}
+		// Exec, query, transaction and the successful exec with an array:
+		// four operations, the statement inside the transaction ungated.
+		want := int64(3)
+		if m&fakedb.ConnNamedValueChecker != 0 {
+			want = 4
+		}
+		if s := e.g.Stats(); s.Admitted != want {
+			t.Fatalf("driver conn %v: Admitted = %d, want %d", m, s.Admitted, want)
+		}
+		e.balanced(t)
+		e.db.Close()
+	}
+}
+
+func TestWrappedStmtImplementsTheDriverStmtsOptionalInterfacesAndAlwaysTheContextForms(t *testing.T) {
+	ctx := context.Background()
+	for m := fakedb.StmtIface(0); m <= fakedb.StmtAll; m++ {
+		fc := fakedb.New()
+		fc.Stmt = m
+		e := fkOpen(t, fc, fkB1)
+		fkRaw(t, e.db, func(dc any) {
+			s, err := dc.(driver.ConnPrepareContext).PrepareContext(ctx, "SELECT 1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			want := m | fakedb.StmtExecContext | fakedb.StmtQueryContext
+			if got := fakedb.StmtIfacesOf(s); got != want {
+				t.Fatalf("driver stmt %v: wrapper implements %v, want %v", m, got, want)
+			}
+		})
+		st, err := e.db.PrepareContext(ctx, "SELECT ?")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.ExecContext(ctx, int64(1)); err != nil {
+			t.Fatalf("driver stmt %v: exec: %v", m, err)
+		}
+		var v int64
+		if err := st.QueryRowContext(ctx, int64(7)).Scan(&v); err != nil || v != 7 {
+			t.Fatalf("driver stmt %v: query: %d, %v; want 7", m, v, err)
+		}
+		st.Close()
+		if s := e.g.Stats(); s.Admitted != 2 {
+			t.Fatalf("driver stmt %v: Admitted = %d, want 2 (exec and query of the statement)", m, s.Admitted)
+		}
+		e.balanced(t)
+		e.db.Close()
+	}
+}
+
+func TestWrappedRowsImplementTheDriverRowsOptionalInterfacesAndReportTheirColumnTypes(t *testing.T) {
+	ctx := context.Background()
+	anyType := reflect.TypeFor[any]()
+	for m := fakedb.RowsIface(0); m <= fakedb.RowsAll; m++ {
+		fc := fakedb.New()
+		fc.Rows = m
+		e := fkOpen(t, fc, fkB1)
+		fkRaw(t, e.db, func(dc any) {
+			r, err := dc.(driver.QueryerContext).QueryContext(ctx, "SELECT 1", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			if got := fakedb.RowsIfacesOf(r); got != m {
+				t.Fatalf("driver rows %v: wrapper implements %v", m, got)
+			}
+		})
+
+		// Behaviour through database/sql: the fake's column metadata
+		// arrives iff the driver's rows implement the interface.
+		rows, err := e.db.QueryContext(ctx, "SELECT 1; SELECT 2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cts, err := rows.ColumnTypes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ct := cts[0]
+		has := func(f fakedb.RowsIface) bool { return m&f != 0 }
+		if got := ct.DatabaseTypeName(); (got == "INT8") != has(fakedb.RowsDatabaseTypeName) {
+			t.Errorf("driver rows %v: DatabaseTypeName %q", m, got)
+		}
+		if n, ok := ct.Length(); (n == 8 && ok) != has(fakedb.RowsLength) {
+			t.Errorf("driver rows %v: Length %d, %v", m, n, ok)
+		}
+		if null, ok := ct.Nullable(); (!null && ok) != has(fakedb.RowsNullable) {
+			t.Errorf("driver rows %v: Nullable %v, %v", m, null, ok)
+		}
+		if p, s, ok := ct.DecimalSize(); (p == 19 && s == 0 && ok) != has(fakedb.RowsPrecisionScale) {
+			t.Errorf("driver rows %v: DecimalSize %d, %d, %v", m, p, s, ok)
+		}
+		wantScan := anyType
+		if has(fakedb.RowsScanType) {
+			wantScan = reflect.TypeFor[int64]()
+		}
+		if got := ct.ScanType(); got != wantScan {
+			t.Errorf("driver rows %v: ScanType %v, want %v", m, got, wantScan)
+		}
+		var got []int64
+		for {
+			for rows.Next() {
+				var v int64
+				if err := rows.Scan(&v); err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, v)
+			}
+			if !rows.NextResultSet() {
+				break
+			}
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		want := []int64{1}
+		if has(fakedb.RowsNextResultSet) {
+			want = []int64{1, 2}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("driver rows %v: read %v, want %v", m, got, want)
+		}
+		rows.Close()
+		e.balanced(t)
+		e.db.Close()
+	}
+}
+
+func TestUnwrapReturnsTheDriversOwnConnFromRaw(t *testing.T) {
+	e := fkOpen(t, nil, fkB1)
+	fkRaw(t, e.db, func(dc any) {
+		if e.fc.ConnOf(dc) != nil {
+			t.Fatal("Raw handed out the driver's own conn, want the wrapper")
+		}
+		inner := bulkhead.Unwrap(dc)
+		c := e.fc.ConnOf(inner)
+		if c == nil {
+			t.Fatalf("Unwrap(%T) = %T, not a conn the fake driver returned", dc, inner)
+		}
+		if conns := e.fc.Conns(); len(conns) != 1 || conns[0] != inner {
+			t.Fatalf("Unwrap gave %v, the driver's open conns are %v", inner, conns)
+		}
+		if again := bulkhead.Unwrap(inner); again != inner {
+			t.Fatalf("Unwrap of the driver's conn = %v, want it unchanged", again)
+		}
+	})
+}
+
+func TestTheArticleDemoOnTheFakeDriverRejectsTheSecondOperationAndCommits42(t *testing.T) {
+	ctx := context.Background()
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.db.ExecContext(ctx, "UPDATE t")
+	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, bulkhead.ErrAdmissionFull) || errors.Is(err, bulkhead.ErrQueueTimeout) {
+		t.Fatalf("second operation: %v, want an admission-full rejection", err)
+	}
+	var re *bulkhead.RejectedError
+	if !errors.As(err, &re) || re.MaxConcurrent != 1 || re.MaxQueue != 0 || re.Waited != 0 {
+		t.Fatalf("second operation: %#v, want a *RejectedError naming B=1, Q=0", err)
+	}
+	var v int
+	if err := tx.QueryRowContext(ctx, "SELECT 42").Scan(&v); err != nil || v != 42 {
+		t.Fatalf("query in the transaction: %d, %v; want 42", v, err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	s := e.g.Stats()
+	if s.Running != 0 || s.Admitted != 1 || s.RejectedFull != 1 || s.ConnectRefused != 1 {
+		t.Fatalf("after commit: %+v, want Running 0, Admitted 1, RejectedFull 1 (a refused dial)", s)
+	}
+	if n := e.fc.Count(fakedb.OpConnect); n != 1 {
+		t.Fatalf("the fake saw %d dials, want 1: the refused one never reached it", n)
+	}
+	// The one execution permit is free again.
+	if _, err := e.db.ExecContext(ctx, "UPDATE t"); err != nil {
+		t.Fatalf("after commit: %v", err)
+	}
+	e.balanced(t)
+}
+
+// fkBlocked runs f on a goroutine while the fake holds op inside the
+// driver, calls during, then lets op return and waits for f.
+func fkBlocked(t *testing.T, fc *fakedb.Connector, op fakedb.Op, f func() error, during func()) {
+	t.Helper()
+	b := fc.Block(op)
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	b.Wait(1)
+	during()
+	b.Release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestATransactionHoldsItsPermitsUntilTheDriversCommitOrRollbackReturned(t *testing.T) {
+	ctx := context.Background()
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
+	for _, end := range []struct {
+		op fakedb.Op
+		f  func(*sql.Tx) error
+	}{{fakedb.OpCommit, (*sql.Tx).Commit}, {fakedb.OpRollback, (*sql.Tx).Rollback}} {
+		tx, err := e.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.running(t, 1, "transaction begun")
+		fkBlocked(t, e.fc, end.op, func() error { return end.f(tx) }, func() {
+			e.running(t, 1, "inside the driver's "+end.op.String())
+		})
+		e.running(t, 0, end.op.String()+" returned")
+		if ev := e.awaitRelease(t); ev.Kind != bulkhead.KindTx {
+			t.Fatalf("released a %v, want a transaction", ev.Kind)
+		}
+	}
+	e.balanced(t)
+}
+
+func TestAnAutocommitExecHoldsItsPermitsWhileTheDriverRunsIt(t *testing.T) {
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
+	fkBlocked(t, e.fc, fakedb.OpExec, func() error {
+		_, err := e.db.Exec("UPDATE t")
+		return err
+	}, func() { e.running(t, 1, "inside the driver's Exec") })
+	e.running(t, 0, "Exec returned")
+	e.balanced(t)
+}
+
+func TestAQueryHoldsItsPermitsUntilItsRowsAreClosedByWhoeverClosesThem(t *testing.T) {
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
+	ctx := context.Background()
+
+	t.Run("by Rows.Close", func(t *testing.T) {
+		rows, err := e.db.QueryContext(ctx, "SELECT 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.running(t, 1, "rows open")
+		fkBlocked(t, e.fc, fakedb.OpRowsClose, rows.Close, func() { e.running(t, 1, "inside the driver's Rows.Close") })
+		e.running(t, 0, "Rows.Close returned")
+	})
+	t.Run("by database/sql at the end of Next", func(t *testing.T) {
+		rows, err := e.db.QueryContext(ctx, "SELECT 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rows.Next() {
+			t.Fatal(rows.Err())
+		}
+		e.running(t, 1, "rows being read")
+		fkBlocked(t, e.fc, fakedb.OpRowsClose, func() error {
+			if rows.Next() {
+				return errors.New("a second row")
+			}
+			return rows.Err()
+		}, func() { e.running(t, 1, "inside the driver's Rows.Close called by Next") })
+		e.running(t, 0, "the last Next returned")
+		rows.Close()
+	})
+	t.Run("by database/sql inside Row.Scan", func(t *testing.T) {
+		fkBlocked(t, e.fc, fakedb.OpRowsClose, func() error {
+			var v int
+			return e.db.QueryRowContext(ctx, "SELECT 1").Scan(&v)
+		}, func() { e.running(t, 1, "inside the driver's Rows.Close called by Scan") })
+		e.running(t, 0, "Scan returned")
+	})
+	t.Run("by database/sql when the context ends", func(t *testing.T) {
+		qctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		rows, err := e.db.QueryContext(qctx, "SELECT 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for len(e.released) > 0 {
+			<-e.released
+		}
+		b := e.fc.Block(fakedb.OpRowsClose)
+		cancel()
+		b.Wait(1) // database/sql's goroutine is in the driver's Close
+		e.running(t, 1, "inside the driver's Rows.Close called by database/sql after cancel")
+		b.Release()
+		if ev := e.awaitRelease(t); ev.Kind != bulkhead.KindQuery {
+			t.Fatalf("released a %v, want a query", ev.Kind)
+		}
+		e.running(t, 0, "database/sql closed the rows")
+		rows.Close() // closed already: no second release
+	})
+	e.balanced(t)
+	if n := e.fc.Count(fakedb.OpRowsClose); n != 4 {
+		t.Fatalf("the driver closed %d rows, want 4", n)
+	}
+}
+
+func TestPreparedStatementExecutionsOutsideATransactionAreGatedAndPreparingIsNot(t *testing.T) {
+	ctx := context.Background()
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
+	st, err := e.db.PrepareContext(ctx, "SELECT 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if s := e.g.Stats(); s.Admitted != 0 {
+		t.Fatalf("Prepare took a permit: %+v", s)
+	}
+	fkBlocked(t, e.fc, fakedb.OpStmtExec, func() error {
+		_, err := st.ExecContext(ctx)
+		return err
+	}, func() { e.running(t, 1, "inside the driver's Stmt.Exec") })
+	e.running(t, 0, "Stmt.Exec returned")
+	rows, err := st.QueryContext(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.running(t, 1, "the statement's rows open")
+	rows.Close()
+	e.running(t, 0, "the statement's rows closed")
+	if s := e.g.Stats(); s.Admitted != 2 {
+		t.Fatalf("Admitted = %d, want 2", s.Admitted)
+	}
+	e.balanced(t)
+}
+
+func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
+	ctx := context.Background()
+	// B=1, Q=0: any statement that tried to take a permit while the
+	// transaction holds the only one would be rejected.
+	e := fkOpen(t, nil, fkB1)
+	dbStmt, err := e.db.PrepareContext(ctx, "SELECT ?")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dbStmt.Close()
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := e.g.Stats()
+	if _, err := tx.ExecContext(ctx, "UPDATE t"); err != nil {
+		t.Fatalf("exec in tx: %v", err)
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT 1")
+	if err != nil {
+		t.Fatalf("query in tx: %v", err)
+	}
+	rows.Close()
+	txStmt, err := tx.PrepareContext(ctx, "SELECT ?")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int64
+	if _, err := txStmt.ExecContext(ctx, int64(1)); err != nil {
+		t.Fatalf("statement prepared on the tx, exec: %v", err)
+	}
+	if err := txStmt.QueryRowContext(ctx, int64(5)).Scan(&v); err != nil || v != 5 {
+		t.Fatalf("statement prepared on the tx, query: %d, %v", v, err)
+	}
+	moved := tx.StmtContext(ctx, dbStmt)
+	if _, err := moved.ExecContext(ctx, int64(1)); err != nil {
+		t.Fatalf("Tx.Stmt of a db statement, exec: %v", err)
+	}
+	if err := moved.QueryRowContext(ctx, int64(6)).Scan(&v); err != nil || v != 6 {
+		t.Fatalf("Tx.Stmt of a db statement, query: %d, %v", v, err)
+	}
+	if after := e.g.Stats(); after != before {
+		t.Fatalf("statements inside the transaction changed the stats:\nbefore %+v\nafter  %+v", before, after)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	e.balanced(t)
+}
+
+func TestACancelledTransactionIsReleasedOnceByDatabaseSQLsRollback(t *testing.T) {
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := e.fc.Block(fakedb.OpRollback)
+	cancel()
+	b.Wait(1) // database/sql's goroutine is in the driver's Rollback
+	e.running(t, 1, "inside database/sql's rollback")
+	if err := tx.Rollback(); !errors.Is(err, sql.ErrTxDone) {
+		t.Fatalf("user Rollback after cancel: %v, want sql.ErrTxDone", err)
+	}
+	e.running(t, 1, "the user's Rollback returned while database/sql's is in the driver")
+	b.Release()
+	if ev := e.awaitRelease(t); ev.Kind != bulkhead.KindTx {
+		t.Fatalf("released a %v, want a transaction", ev.Kind)
+	}
+	e.balanced(t)
+	if n := e.fc.Count(fakedb.OpRollback); n != 1 {
+		t.Fatalf("the driver rolled back %d times, want 1", n)
+	}
+}
+
+func TestUserRollbackRacingTheCancellationRollbackReleasesExactlyOnce(t *testing.T) {
+	const n = 1000
+	e := fkOpen(t, nil, fkB1)
+	var wg sync.WaitGroup
+	for i := range n {
+		ctx, cancel := context.WithCancel(context.Background())
+		tx, err := e.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatalf("iteration %d: begin: %v (the previous transaction's permit is not back)", i, err)
+		}
+		wg.Go(cancel)
+		if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) && !errors.Is(err, context.Canceled) {
+			t.Fatalf("iteration %d: rollback: %v", i, err)
+		}
+		e.awaitRelease(t) // exactly one release, on whichever goroutine won
+		// With B+Q=1 the next BeginTx needs this conn back in the pool.
+		fkAwait(t, "database/sql returns the conn", func() bool { return e.db.Stats().InUse == 0 })
+	}
+	wg.Wait()
+	e.balanced(t)
+	if s := e.g.Stats(); s.Admitted != n || e.releases.Load() != n {
+		t.Fatalf("Admitted %d, releases %d, want %d each", s.Admitted, e.releases.Load(), n)
+	}
+	if got := e.fc.Count(fakedb.OpRollback); got != n {
+		t.Fatalf("the driver rolled back %d times, want %d", got, n)
+	}
+}
+
+func TestErrBadConnRetriesFindThePermitsOfTheFailedAttemptBack(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		op   fakedb.Op
+		// running is what Stats().Running must be whenever op enters the
+		// driver: the attempt's own permit, or none before the operation.
+		running int
+		warm    bool // run a statement first, so that the next reuse resets the session
+		do      func(db *sql.DB) error
+	}{
+		{"BeginTx", fakedb.OpBegin, 1, false, func(db *sql.DB) error {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			return tx.Commit()
+		}},
+		{"Exec", fakedb.OpExec, 1, false, func(db *sql.DB) error {
+			_, err := db.ExecContext(ctx, "UPDATE t")
+			return err
+		}},
+		{"Query", fakedb.OpQuery, 1, false, func(db *sql.DB) error {
+			var v int
+			return db.QueryRowContext(ctx, "SELECT 1").Scan(&v)
+		}},
+		{"ResetSession", fakedb.OpResetSession, 0, true, func(db *sql.DB) error {
+			_, err := db.ExecContext(ctx, "UPDATE t")
+			return err
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 3})
+			if c.warm {
+				if err := c.do(e.db); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var mu sync.Mutex
+			var seen []int
+			e.fc.SetHook(func(_ context.Context, op fakedb.Op, _ string) error {
+				if op == c.op {
+					mu.Lock()
+					seen = append(seen, e.g.Stats().Running)
+					mu.Unlock()
+				}
+				return nil
+			})
+			failures := 2
+			if c.warm {
+				failures = 1 // one idle conn to reset: one failure, then a new conn
+			}
+			e.fc.FailNext(c.op, failures, driver.ErrBadConn)
+			if err := c.do(e.db); err != nil {
+				t.Fatalf("after %d ErrBadConn: %v, want database/sql's retry to succeed", failures, err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			// Each failed attempt, then (unless the failure was the reset of
+			// an idle conn, retried on a fresh conn that needs none) the
+			// attempt that succeeded.
+			want := slices.Repeat([]int{c.running}, failures+1)
+			if c.warm {
+				want = want[:failures]
+			}
+			if !slices.Equal(seen, want) {
+				t.Fatalf("Stats().Running as each attempt entered the driver's %v: %v, want %v", c.op, seen, want)
+			}
+			e.balanced(t)
+			if s := e.g.Stats(); s.OpenConns != e.fc.Open() {
+				t.Fatalf("gate counts %d open conns, the driver %d", s.OpenConns, e.fc.Open())
+			}
+		})
+	}
+}
+
+func TestErrSkipFromTheDriverFallsBackToAGatedPreparedStatement(t *testing.T) {
+	ctx := context.Background()
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1})
+	e.fc.FailNext(fakedb.OpExec, 1, driver.ErrSkip)
+	e.fc.FailNext(fakedb.OpQuery, 1, driver.ErrSkip)
+	if _, err := e.db.ExecContext(ctx, "UPDATE t"); err != nil {
+		t.Fatalf("exec after ErrSkip: %v, want database/sql's prepared fallback to succeed", err)
+	}
+	var v int
+	if err := e.db.QueryRowContext(ctx, "SELECT 3").Scan(&v); err != nil || v != 3 {
+		t.Fatalf("query after ErrSkip: %d, %v; want 3", v, err)
+	}
+	if x, q := e.fc.Count(fakedb.OpStmtExec), e.fc.Count(fakedb.OpStmtQuery); x != 1 || q != 1 {
+		t.Fatalf("the driver ran %d prepared execs and %d prepared queries, want 1 each", x, q)
+	}
+	// How many admissions each call counts is integrations_test.go's
+	// TestErrSkipFallbackIsOneGatedOperation; here: all came back.
+	e.balanced(t)
+}
+
+func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing.T) {
+	ctx := context.Background()
+	var errs []error
+
+	// A queue timeout: the driver never sees the statement, and database/sql
+	// neither retries it nor dials again.
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Millisecond})
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.db.ExecContext(ctx, "UPDATE t")
+	if !errors.Is(err, bulkhead.ErrQueueTimeout) {
+		t.Fatalf("got %v, want a queue timeout", err)
+	}
+	errs = append(errs, err)
+	// Admission full, refused at Connect: the second conn pinned, the
+	// first in the transaction.
+	pinned, err := e.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.db.ExecContext(ctx, "UPDATE t")
+	if !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("got %v, want admission full", err)
+	}
+	errs = append(errs, err)
+	if n, c := e.fc.Count(fakedb.OpExec), e.fc.Count(fakedb.OpConnect); n != 0 || c != 2 {
+		t.Fatalf("the driver saw %d execs and %d dials, want 0 and 2: a rejection was retried", n, c)
+	}
+	if s := e.g.Stats(); s.RejectedTimeout != 1 || s.RejectedFull != 1 {
+		t.Fatalf("%+v: want one rejection of each kind", s)
+	}
+	pinned.Close()
+	tx.Rollback()
+
+	// Admission full at the wrapper: a nested operation on a pinned conn.
+	e1 := fkOpen(t, nil, fkB1)
+	c, err := e1.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := c.QueryContext(ctx, "SELECT 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.ExecContext(ctx, "UPDATE t")
+	if !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("nested exec: %v, want admission full", err)
+	}
+	errs = append(errs, err)
+	rows.Close()
+	c.Close()
+
+	// An invalid policy.
+	db := sql.OpenDB(bulkhead.Connector(fakedb.New(), bulkhead.Policy{}))
+	defer db.Close()
+	errs = append(errs, db.PingContext(ctx))
+
+	// Closed.
+	e.db.Close()
+	g, _ := bulkhead.New(fakedb.New(), fkB1)
+	g.Close()
+	_, err = g.Connect(ctx)
+	errs = append(errs, err, bulkhead.ErrRejected, bulkhead.ErrAdmissionFull, bulkhead.ErrQueueTimeout, bulkhead.ErrClosed, bulkhead.ErrInvalidPolicy)
+	for _, err := range errs {
+		if err == nil || errors.Is(err, driver.ErrBadConn) {
+			t.Errorf("%v matches driver.ErrBadConn (or is nil)", err)
+		}
+	}
+}
+
+func TestAPanicInTheDriverPropagatesAndGivesThePermitsBack(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		op fakedb.Op
+		do func(db *sql.DB)
+	}{
+		{fakedb.OpExec, func(db *sql.DB) { db.ExecContext(ctx, "UPDATE t") }},
+		{fakedb.OpQuery, func(db *sql.DB) { db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)) }},
+		{fakedb.OpRowsClose, func(db *sql.DB) { db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)) }},
+		{fakedb.OpStmtExec, func(db *sql.DB) {
+			st, _ := db.PrepareContext(ctx, "UPDATE t")
+			defer st.Close()
+			st.ExecContext(ctx)
+		}},
+		{fakedb.OpBegin, func(db *sql.DB) { db.BeginTx(ctx, nil) }},
+		{fakedb.OpCommit, func(db *sql.DB) {
+			tx, _ := db.BeginTx(ctx, nil)
+			tx.Commit()
+		}},
+		{fakedb.OpRollback, func(db *sql.DB) {
+			tx, _ := db.BeginTx(ctx, nil)
+			tx.Rollback()
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.op.String(), func(t *testing.T) {
+			e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 2})
+			e.fc.PanicNext(c.op, 1, "boom")
+			func() {
+				defer func() {
+					if r := recover(); r != "boom" {
+						t.Fatalf("recovered %v, want the driver's panic", r)
+					}
+				}()
+				c.do(e.db)
+			}()
+			e.balanced(t)
+			// The next operation runs: nothing is held or deadlocked.
+			if _, err := e.db.ExecContext(ctx, "UPDATE t"); err != nil {
+				t.Fatalf("after the panic: %v", err)
+			}
+			e.balanced(t)
+		})
+	}
+}
+
+func TestClosingTheDBMakesAQueuedOperationReturnErrClosed(t *testing.T) {
+	ctx := context.Background()
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait})
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.db.ExecContext(ctx, "UPDATE t")
+		done <- err
+	}()
+	fkAwait(t, "the exec waits for a permit", func() bool { return e.g.Stats().Waiting == 1 })
+	if err := e.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// With an hour of queue wait, only the close can end the wait.
+	err = <-done
+	if !errors.Is(err, bulkhead.ErrClosed) || errors.Is(err, bulkhead.ErrRejected) {
+		t.Fatalf("queued exec after db.Close: %v, want ErrClosed, not a rejection", err)
+	}
+	if n := e.fc.Count(fakedb.OpConnectorClose); n != 1 {
+		t.Fatalf("the driver's connector was closed %d times, want 1", n)
+	}
+	if s := e.g.Stats(); s.Canceled != 1 || s.Waiting != 0 {
+		t.Fatalf("%+v: want the wait counted as Canceled", s)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatalf("the running transaction's commit after close: %v", err)
+	}
+	e.balanced(t)
+}
+
+func TestTheDriverNeverSeesMoreThanBPlusQConnectionsAndRefusedDialsNeverReachIt(t *testing.T) {
+	const extra = 20
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: bulkhead.MaxQueueWait})
+	b := e.fc.Block(fakedb.OpExec)
+	held := make(chan error, 3)
+	for range 3 {
+		go func() {
+			_, err := e.db.Exec("UPDATE t")
+			held <- err
+		}()
+	}
+	b.Wait(1)
+	fkAwait(t, "two execs wait for a permit", func() bool { return e.g.Stats().Waiting == 2 })
+	dials := e.fc.Count(fakedb.OpConnect)
+	refused := make(chan error, extra)
+	var wg sync.WaitGroup
+	for range extra {
+		wg.Go(func() {
+			_, err := e.db.Exec("UPDATE t")
+			refused <- err
+		})
+	}
+	wg.Wait()
+	close(refused)
+	for err := range refused {
+		if !errors.Is(err, bulkhead.ErrAdmissionFull) {
+			t.Fatalf("extra exec: %v, want admission full", err)
+		}
+	}
+	if got := e.fc.Count(fakedb.OpConnect); got != dials || dials != 3 {
+		t.Fatalf("the driver saw %d dials, then %d: want 3, unchanged by the refusals", dials, got)
+	}
+	if s := e.g.Stats(); s.ConnectRefused != extra || s.RejectedFull != extra || s.OpenConns != 3 {
+		t.Fatalf("%+v: want %d refused dials counted as RejectedFull, 3 open conns", s, extra)
+	}
+	b.Release()
+	for range 3 {
+		if err := <-held; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := e.fc.MaxOpen(); m != 3 {
+		t.Fatalf("the driver had %d conns open at once, want 3", m)
+	}
+	e.balanced(t)
+}
+
+func TestAnInvalidPolicyThroughConnectorFailsPingWithoutDialing(t *testing.T) {
+	fc := fakedb.New()
+	db := sql.OpenDB(bulkhead.Connector(fc, bulkhead.Policy{MaxConcurrent: 0}))
+	defer db.Close()
+	err := db.PingContext(context.Background())
+	if !errors.Is(err, bulkhead.ErrInvalidPolicy) || !strings.Contains(err.Error(), "MaxConcurrent") {
+		t.Fatalf("ping: %v, want an ErrInvalidPolicy naming MaxConcurrent", err)
+	}
+	if _, err := db.Exec("UPDATE t"); !errors.Is(err, bulkhead.ErrInvalidPolicy) {
+		t.Fatalf("exec: %v, want ErrInvalidPolicy", err)
+	}
+	if n := fc.Count(fakedb.OpConnect); n != 0 {
+		t.Fatalf("the driver was dialed %d times, want 0", n)
+	}
+}
+
+func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var got []string
+	record := func(what string) func(bulkhead.Event) {
+		return func(ev bulkhead.Event) {
+			s := what + " " + ev.Kind.String()
+			if ev.Reason != nil {
+				s += ": " + ev.Reason.Error()
+			}
+			mu.Lock()
+			got = append(got, s)
+			mu.Unlock()
+		}
+	}
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Millisecond},
+		bulkhead.WithEvents(bulkhead.Events{
+			OnAdmit:   record("admit"),
+			OnReject:  record("reject"),
+			OnRelease: record("release"),
+		}))
+	if _, err := e.db.ExecContext(ctx, "UPDATE t"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.db.BeginTx(ctx, nil) // holds the execution permit
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := e.db.Conn(ctx) // pins the second of B+Q=2 connections
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := e.db.ExecContext(ctx, "UPDATE t"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("exec with both conns busy: %v, want a refused dial", err)
+	}
+	if _, err := c.ExecContext(ctx, "UPDATE t"); !errors.Is(err, bulkhead.ErrQueueTimeout) {
+		t.Fatalf("exec on the pinned conn: %v, want a queue timeout", err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := c.ExecContext(cctx, "UPDATE t"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("exec with a cancelled context: %v", err) // a cancellation: no event
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := c.QueryContext(ctx, "SELECT 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.BeginTx(ctx, nil); !errors.Is(err, bulkhead.ErrQueueTimeout) {
+		t.Fatalf("begin while the rows hold the permit: %v, want a queue timeout", err)
+	}
+	rows.Close()
+	want := []string{
+		"admit statement", "release statement",
+		"admit query", "release query",
+		"admit transaction",
+		"reject connect: bulkhead: admission full",
+		"reject statement: bulkhead: queue wait timed out",
+		"release transaction",
+		"admit query",
+		"reject transaction: bulkhead: queue wait timed out",
+		"release query",
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(got, want) {
+		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestHoldWarningReportsAnOperationHeldLongerThanTheLimit(t *testing.T) {
+	ctx := context.Background()
+	const limit = time.Microsecond
+	reports := make(chan bulkhead.Event, 1)
+	e := fkOpen(t, nil, fkB1, bulkhead.WithHoldWarning(limit, func(ev bulkhead.Event) { reports <- ev }))
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := <-reports // the transaction stays open until the report came
+	if ev.Kind != bulkhead.KindTx || ev.Held != limit {
+		t.Fatalf("report %+v, want a transaction held %v", ev, limit)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	e.balanced(t)
+}
+
+// fkLogHandler sends each record's message and kind to a channel.
+type fkLogHandler struct{ ch chan<- string }
+
+func (h fkLogHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h fkLogHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h fkLogHandler) WithGroup(string) slog.Handler            { return h }
+func (h fkLogHandler) Handle(_ context.Context, r slog.Record) error {
+	msg := r.Level.String() + " " + r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "kind" {
+			msg += " kind=" + a.Value.String()
+		}
+		return true
+	})
+	select {
+	case h.ch <- msg:
+	default:
+	}
+	return nil
+}
+
+func TestHoldWarningWithoutAReportLogsThroughTheDefaultLogger(t *testing.T) {
+	logs := make(chan string, 16)
+	prev := slog.Default()
+	slog.SetDefault(slog.New(fkLogHandler{logs}))
+	defer slog.SetDefault(prev)
+	e := fkOpen(t, nil, fkB1, bulkhead.WithHoldWarning(time.Microsecond, nil))
+	rows, err := e.db.Query("SELECT 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := <-logs
+	for !strings.Contains(msg, "hold warning") { // another test's log: skip it
+		msg = <-logs
+	}
+	rows.Close()
+	if !strings.HasPrefix(msg, "WARN bulkhead:") || !strings.HasSuffix(msg, "kind=query") {
+		t.Fatalf("logged %q, want a warning about a query", msg)
+	}
+}
+
+func TestTheRootPackageImportsOnlyTheStandardLibrary(t *testing.T) {
+	p, err := build.ImportDir(".", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Imports) == 0 {
+		t.Fatal("no imports found: wrong directory?")
+	}
+	for _, imp := range p.Imports {
+		dep, err := build.Import(imp, ".", build.FindOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !dep.Goroot {
+			t.Errorf("package %s imports %s, outside the standard library", p.ImportPath, imp)
+		}
+	}
+}
+
+func TestADriverPanicThatDatabaseSQLSurvivesLeaksNoConnectionSlot(t *testing.T) {
+	// database/sql returns the conn to its pool after a panic in an
+	// autocommit Exec only (execDC releases in a defer); after a panic in
+	// Query, Rows.Close, Stmt.Exec, BeginTx, Commit or Rollback it never
+	// releases or closes it. The gate counts that conn open forever: with
+	// B+Q=1 every later operation is refused as admission full.
+	ctx := context.Background()
+	cases := []struct {
+		op fakedb.Op
+		do func(db *sql.DB)
+	}{
+		{fakedb.OpExec, func(db *sql.DB) { db.ExecContext(ctx, "UPDATE t") }},
+		{fakedb.OpQuery, func(db *sql.DB) { db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)) }},
+		{fakedb.OpRowsClose, func(db *sql.DB) { db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)) }},
+		{fakedb.OpPrepare, func(db *sql.DB) { db.PrepareContext(ctx, "UPDATE t") }},
+		{fakedb.OpStmtExec, func(db *sql.DB) {
+			st, _ := db.PrepareContext(ctx, "UPDATE t")
+			defer st.Close()
+			st.ExecContext(ctx)
+		}},
+		{fakedb.OpStmtQuery, func(db *sql.DB) {
+			st, _ := db.PrepareContext(ctx, "SELECT 1")
+			defer st.Close()
+			st.QueryRowContext(ctx).Scan(new(int))
+		}},
+		{fakedb.OpBegin, func(db *sql.DB) { db.BeginTx(ctx, nil) }},
+		{fakedb.OpCommit, func(db *sql.DB) {
+			tx, _ := db.BeginTx(ctx, nil)
+			tx.Commit()
+		}},
+		{fakedb.OpRollback, func(db *sql.DB) {
+			tx, _ := db.BeginTx(ctx, nil)
+			tx.Rollback()
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.op.String(), func(t *testing.T) {
+			e := fkOpen(t, nil, fkB1)
+			e.fc.PanicNext(c.op, 1, "boom")
+			func() {
+				defer func() { recover() }()
+				c.do(e.db)
+			}()
+			if _, err := e.db.ExecContext(ctx, "UPDATE t"); err != nil {
+				t.Fatalf("after a driver panic in %v: %v; gate %+v, database/sql in use %d", c.op, err, e.g.Stats(), e.db.Stats().InUse)
+			}
+			e.balanced(t)
+			if s := e.g.Stats(); s.OpenConns != e.fc.Open() || s.OpenConns > 1 {
+				t.Fatalf("the gate counts %d open conns, the driver has %d, want the same, at most B+Q=1", s.OpenConns, e.fc.Open())
+			}
+		})
+	}
+}

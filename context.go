@@ -1,0 +1,50 @@
+package bulkhead
+
+import (
+	"context"
+	"time"
+)
+
+// opKey is the context key of an operation's options.
+type opKey struct{}
+
+// opOptions are what a context says about the operations run with it.
+type opOptions struct {
+	workload string
+	wait     time.Duration // < 0: the budget's own QueueWait
+}
+
+func fromContext(ctx context.Context) opOptions {
+	if o, ok := ctx.Value(opKey{}).(*opOptions); ok {
+		return *o
+	}
+	return opOptions{wait: -1}
+}
+
+// WithWorkload returns a context whose operations count against the named
+// workload's budget (Policy.Workloads) as well as the global one. A name
+// the policy does not list means the global budget alone.
+func WithWorkload(ctx context.Context, name string) context.Context {
+	o := fromContext(ctx)
+	o.workload = name
+	return context.WithValue(ctx, opKey{}, &o)
+}
+
+// WithQueueWait returns a context whose operations wait at most d for
+// their execution permits, instead of the policy's (or workload's)
+// QueueWait. A negative d restores the policy's wait. d is capped at
+// MaxQueueWait.
+func WithQueueWait(ctx context.Context, d time.Duration) context.Context {
+	o := fromContext(ctx)
+	o.wait = min(d, MaxQueueWait)
+	if d < 0 {
+		o.wait = -1
+	}
+	return context.WithValue(ctx, opKey{}, &o)
+}
+
+// WorkloadFromContext returns the workload named by ctx, if any.
+func WorkloadFromContext(ctx context.Context) (string, bool) {
+	o := fromContext(ctx)
+	return o.workload, o.workload != ""
+}

@@ -1,0 +1,189 @@
+package fakedb_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"reflect"
+	"testing"
+
+	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+)
+
+func TestEveryCombinationImplementsExactlyItsInterfaces(t *testing.T) {
+	ctx := context.Background()
+	for m := fakedb.ConnIface(0); m <= fakedb.ConnAll; m++ {
+		fc := fakedb.New()
+		fc.Conn = m
+		dc, err := fc.Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fakedb.ConnIfacesOf(dc); got != m {
+			t.Fatalf("conn %v implements %v", m, got)
+		}
+		if fc.ConnOf(dc) == nil {
+			t.Fatalf("ConnOf(conn %v) = nil", m)
+		}
+		dc.Close()
+	}
+	for m := fakedb.StmtIface(0); m <= fakedb.StmtAll; m++ {
+		fc := fakedb.New()
+		fc.Stmt = m
+		dc, _ := fc.Connect(ctx)
+		s, err := dc.Prepare("SELECT 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fakedb.StmtIfacesOf(s); got != m {
+			t.Fatalf("stmt %v implements %v", m, got)
+		}
+	}
+	for m := fakedb.RowsIface(0); m <= fakedb.RowsAll; m++ {
+		fc := fakedb.New()
+		fc.Rows = m
+		dc, _ := fc.Connect(ctx)
+		r, err := dc.(driver.QueryerContext).QueryContext(ctx, "SELECT 1", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fakedb.RowsIfacesOf(r); got != m {
+			t.Fatalf("rows %v implements %v", m, got)
+		}
+	}
+}
+
+func TestQueriesReturnTheirValuesThroughDatabaseSQL(t *testing.T) {
+	fc := fakedb.New()
+	db := sql.OpenDB(fc)
+	defer db.Close()
+	var a, b int64
+	var s string
+	if err := db.QueryRow("SELECT 42, ?", int64(7)).Scan(&a, &b); err != nil || a != 42 || b != 7 {
+		t.Fatalf("got %d %d %v, want 42 7", a, b, err)
+	}
+	fc.Define("names", fakedb.ResultSet{Columns: []fakedb.Column{{Name: "name"}}, Rows: [][]driver.Value{{"x"}, {"y"}}})
+	rows, err := db.Query("names")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, s)
+	}
+	if err := rows.Err(); err != nil || !reflect.DeepEqual(got, []string{"x", "y"}) {
+		t.Fatalf("got %q %v", got, err)
+	}
+	if fc.Count(fakedb.OpRowsClose) != 2 {
+		t.Fatalf("rows closed %d times, want 2", fc.Count(fakedb.OpRowsClose))
+	}
+	rows, err = db.Query("SELECT 1; SELECT 2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vals []int64
+	for {
+		for rows.Next() {
+			rows.Scan(&a)
+			vals = append(vals, a)
+		}
+		if !rows.NextResultSet() {
+			break
+		}
+	}
+	rows.Close()
+	if !reflect.DeepEqual(vals, []int64{1, 2}) {
+		t.Fatalf("result sets gave %v, want [1 2]", vals)
+	}
+	if _, err := db.Query("UPDATE t"); err == nil {
+		t.Fatal("undefined non-SELECT query succeeded")
+	}
+}
+
+func TestFaultsBarriersAndHooks(t *testing.T) {
+	fc := fakedb.New()
+	db := sql.OpenDB(fc)
+	defer db.Close()
+	fc.FailNext(fakedb.OpExec, 2, driver.ErrBadConn)
+	if _, err := db.Exec("x"); err != nil {
+		t.Fatalf("exec after 2 ErrBadConn: %v (database/sql retries)", err)
+	}
+	if n := fc.Count(fakedb.OpExec); n != 3 {
+		t.Fatalf("%d execs, want 3", n)
+	}
+	boom := errors.New("boom")
+	fc.SetHook(func(_ context.Context, op fakedb.Op, q string) error {
+		if op == fakedb.OpExec && q == "fail" {
+			return boom
+		}
+		return nil
+	})
+	if _, err := db.Exec("fail"); !errors.Is(err, boom) {
+		t.Fatalf("hook error: got %v", err)
+	}
+	fc.SetHook(nil)
+	fc.PanicNext(fakedb.OpExec, 1, "kaboom")
+	func() {
+		defer func() {
+			if r := recover(); r != "kaboom" {
+				t.Fatalf("recovered %v, want kaboom", r)
+			}
+		}()
+		db.Exec("x")
+	}()
+	b := fc.Block(fakedb.OpCommit)
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() { done <- tx.Commit() }()
+	b.Wait(1)
+	if b.Inside() != 1 {
+		t.Fatalf("inside = %d, want 1", b.Inside())
+	}
+	b.Release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b = fc.Block(fakedb.OpExec)
+	go func() { _, err := db.ExecContext(ctx, "x"); done <- err }()
+	b.Wait(1)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("blocked exec with cancelled ctx: %v", err)
+	}
+	b.Release()
+}
+
+func TestExecAndBeginAllocateNothing(t *testing.T) {
+	fc := fakedb.New()
+	ctx := context.Background()
+	dc, _ := fc.Connect(ctx)
+	e := dc.(driver.ExecerContext)
+	b := dc.(driver.ConnBeginTx)
+	n := testing.AllocsPerRun(100, func() {
+		e.ExecContext(ctx, "x", nil)
+		tx, _ := b.BeginTx(ctx, driver.TxOptions{})
+		tx.Commit()
+	})
+	if n != 0 {
+		t.Fatalf("%v allocations per exec+begin+commit, want 0", n)
+	}
+	q := dc.(driver.QueryerContext)
+	dest := make([]driver.Value, 1)
+	n = testing.AllocsPerRun(100, func() {
+		r, _ := q.QueryContext(ctx, "SELECT 42", nil)
+		r.Columns()
+		r.Next(dest)
+		r.Close()
+	})
+	if n != 1 {
+		t.Fatalf("%v allocations per query, want 1 (the rows)", n)
+	}
+}
