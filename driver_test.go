@@ -111,13 +111,21 @@ func pgTable(t *testing.T, m *monitor, columns string) string {
 type pgActivity struct{ conns, txs, active, pings int }
 
 // pgSnapshot reads the test's sessions from pg_stat_activity in one
-// autocommit statement, so one snapshot. It may be called from any
-// goroutine: it returns errors instead of failing the test.
+// autocommit statement. It may be called from any goroutine: it returns
+// errors instead of failing the test.
+//
+// pg_stat_activity is not an atomic snapshot: the server copies the
+// backends' entries one after the other, so a transaction that ended and
+// another that began while the copy ran can both show. Transactions and
+// statements are therefore counted only when they began before this
+// statement did (statement_timestamp()): all of those were open at that
+// one instant. Work that stays open longer than a poll, which is what
+// breaks the bound, is caught by the next poll.
 func pgSnapshot(ctx context.Context, m *monitor) (pgActivity, error) {
 	var a pgActivity
 	err := m.db.QueryRowContext(ctx, `SELECT count(*),
-	        count(*) FILTER (WHERE xact_start IS NOT NULL AND NOT ping),
-	        count(*) FILTER (WHERE state = 'active' AND NOT ping),
+	        count(*) FILTER (WHERE xact_start < statement_timestamp() AND NOT ping),
+	        count(*) FILTER (WHERE state = 'active' AND query_start < statement_timestamp() AND NOT ping),
 	        count(*) FILTER (WHERE ping)
 	   FROM (SELECT *, state = 'active' AND query = '-- ping' AS ping FROM pg_stat_activity
 	          WHERE application_name = $1 AND backend_type = 'client backend'

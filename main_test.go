@@ -114,14 +114,15 @@ func stopDocker() {
 	}
 }
 
-// appName returns an application_name unique to the test, for counting
-// its connections and transactions in pg_stat_activity.
+// appName returns an application_name unique to the test and the test
+// process, for counting its connections and transactions in
+// pg_stat_activity (at most 63 bytes, PostgreSQL's limit).
 func appName(t testing.TB) string {
 	n := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
-	if len(n) > 50 {
-		n = n[len(n)-50:]
+	if len(n) > 45 {
+		n = n[len(n)-45:]
 	}
-	return "bh_" + n
+	return fmt.Sprintf("bh%d_%s", os.Getpid(), n)
 }
 
 // pgConfig parses the test server's URL with the test's application_name.
@@ -180,10 +181,21 @@ func (m *monitor) count(t testing.TB, where string) int {
 }
 
 // Transactions counts the transactions open on the server for the test.
-func (m *monitor) Transactions(t testing.TB) int { return m.count(t, " AND xact_start IS NOT NULL") }
+//
+// pg_stat_activity is not an atomic snapshot: the server copies the
+// backends' entries one after the other, so a transaction that ended and
+// another that began during the copy can both show. Only transactions (and
+// statements) that began before this statement did are counted: all of
+// them were open at that one instant. Work that stays open longer than a
+// poll is caught by the next one.
+func (m *monitor) Transactions(t testing.TB) int {
+	return m.count(t, " AND xact_start < statement_timestamp()")
+}
 
 // Active counts the statements executing on the server for the test.
-func (m *monitor) Active(t testing.TB) int { return m.count(t, " AND state = 'active'") }
+func (m *monitor) Active(t testing.TB) int {
+	return m.count(t, " AND state = 'active' AND query_start < statement_timestamp()")
+}
 
 // Connections counts the test's server connections.
 func (m *monitor) Connections(t testing.TB) int { return m.count(t, "") }

@@ -1,0 +1,406 @@
+package bulkhead_test
+
+// Network faults between the gated *sql.DB and PostgreSQL: an in-process
+// toxiproxy (github.com/Shopify/toxiproxy/v2) for latency, and a net.Conn
+// wrapper installed as pgx's DialFunc (relFaultDialer) for a reset
+// connection, a blackhole and the ambiguous COMMIT (the connection dropped
+// right after COMMIT was written, which no proxy toxic can aim at).
+//
+// Why not toxiproxy for reset and blackhole: in v2.12.0 a toxic that closes
+// its own stub (reset_peer after its first chunk, timeout when removed)
+// leaves the stub in front of it blocked for ever on an unbuffered send
+// when the client writes again (pgx's Terminate racing the reset): a
+// goroutine leak that goleak reports in about one run in three. The latency
+// toxic never closes its stub and is added before any connection exists.
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+
+	"github.com/dbbulkhead/bulkhead"
+)
+
+// relProxy is a toxiproxy between the test and the server, stopped at the
+// end of the test (which closes every connection through it).
+type relProxy struct {
+	t *testing.T
+	p *toxiproxy.Proxy
+}
+
+func relStartProxy(t *testing.T, upstream *pgx.ConnConfig) *relProxy {
+	t.Helper()
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	up := net.JoinHostPort(upstream.Host, strconv.Itoa(int(upstream.Port)))
+	p := toxiproxy.NewProxy(srv, "pg", "127.0.0.1:0", up)
+	if err := p.Start(); err != nil {
+		t.Fatalf("toxiproxy: %v", err)
+	}
+	t.Cleanup(p.Stop)
+	return &relProxy{t: t, p: p}
+}
+
+// config is cfg pointed at the proxy.
+func (x *relProxy) config(cfg *pgx.ConnConfig) *pgx.ConnConfig {
+	x.t.Helper()
+	host, port, err := net.SplitHostPort(x.p.Listen)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(port)
+	c := cfg.Copy()
+	c.Host, c.Port, c.Fallbacks = host, uint16(n), nil
+	return c
+}
+
+// add adds a toxic to the proxy. It is added before any connection is
+// made and never removed: the proxy's Stop ends it with the connections.
+func (x *relProxy) add(name, typ, stream string, attrs string) {
+	x.t.Helper()
+	js := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"toxicity":1,"attributes":%s}`, name, typ, stream, attrs)
+	if _, err := x.p.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+		x.t.Fatalf("toxic %s: %v", js, err)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// 8. Network faults.
+
+func TestLatencyOnTheNetworkKeepsTheServerWithinB(t *testing.T) {
+	const b, callers = 2, 12
+	x := relStartProxy(t, relConfig(t))
+	x.add("lat_down", "latency", "downstream", `{"latency":15,"jitter":5}`)
+	x.add("lat_up", "latency", "upstream", `{"latency":15,"jitter":5}`)
+	p := bulkhead.Policy{MaxConcurrent: b, MaxQueue: callers - b, QueueWait: time.Minute}
+	r := newRelRig(t, p, relRigOptions{cfg: x.config(relConfig(t)), maxConns: callers})
+	table := r.table("")
+	ctx := r.ctx()
+	errs := make(chan error, callers)
+	for i := range callers {
+		go func() {
+			errs <- relWithTx(ctx, r.db, func(tx *sql.Tx) error {
+				if _, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.01)"); err != nil {
+					return err
+				}
+				return relInsert(ctx, tx, table, int64(i))
+			})
+		}()
+	}
+	var want []int64
+	for i := range callers {
+		if err := relAwait(t, "transaction through the slow network", errs); err != nil {
+			t.Errorf("transaction: %v", err)
+		}
+		want = append(want, int64(i))
+	}
+	r.wantIDs(table, want...)
+	if f := r.finish(); f.maxTx != b {
+		t.Errorf("S: at most %d transactions seen, want B=%d reached", f.maxTx, b)
+	}
+}
+
+// relFaultDialer dials the server for pgx (ConnConfig.DialFunc) and wraps
+// each connection so that a test can inject, at a moment it chooses:
+//
+//	reset      the next write aborts the connection (RST to the server,
+//	           ECONNRESET to pgx)
+//	blackhole  writes vanish; the server never answers, so reads wait for
+//	           pgx's deadline; a connection that lost a write stays
+//	           blackholed (its protocol state is gone) until closed
+//	commit     the next simple-protocol COMMIT is written whole, then the
+//	           connection is closed before its reply can be read (with a
+//	           RST when rst is set): the ambiguous commit
+//
+// It counts dials (pgx's cancel requests dial too) and COMMITs written, and
+// closes every connection it made at the end of the test, so that pgx's
+// background goroutines on blackholed connections end.
+type relFaultDialer struct {
+	mode    atomic.Int32
+	rst     atomic.Bool
+	dials   atomic.Int64
+	commits atomic.Int64
+	mu      sync.Mutex
+	conns   []*relFaultConn
+}
+
+const (
+	relNoFault int32 = iota
+	relReset
+	relBlackhole
+	relDropAfterCommit
+)
+
+// pgx ends a transaction with Exec(ctx, "commit"): without arguments it
+// goes as a simple Query message, 'Q', the length (4 + 7), "commit\x00".
+var relCommitMsg = []byte("Q\x00\x00\x00\x0bcommit\x00")
+
+func newRelFaultDialer(t *testing.T) *relFaultDialer {
+	d := &relFaultDialer{}
+	t.Cleanup(func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		for _, c := range d.conns {
+			c.Conn.Close()
+		}
+	})
+	return d
+}
+
+func (d *relFaultDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d.dials.Add(1)
+	var nd net.Dialer
+	c, err := nd.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	fc := &relFaultConn{Conn: c, d: d}
+	d.mu.Lock()
+	d.conns = append(d.conns, fc)
+	d.mu.Unlock()
+	return fc, nil
+}
+
+// heal ends the fault mode and closes the connections a blackhole broke.
+func (d *relFaultDialer) heal() {
+	d.mode.Store(relNoFault)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.conns {
+		if c.lost.Load() {
+			c.Conn.Close()
+		}
+	}
+}
+
+type relFaultConn struct {
+	net.Conn
+	d     *relFaultDialer
+	lost  atomic.Bool // a write vanished: blackholed for good
+	reset atomic.Bool
+}
+
+var relErrReset = &net.OpError{Op: "write", Net: "tcp", Err: syscall.ECONNRESET}
+
+func (c *relFaultConn) abort() {
+	if tc, ok := c.Conn.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Conn.Close()
+}
+
+func (c *relFaultConn) Read(b []byte) (int, error) {
+	if c.reset.Load() {
+		return 0, relErrReset
+	}
+	return c.Conn.Read(b)
+}
+
+func (c *relFaultConn) Write(b []byte) (int, error) {
+	isCommit := bytes.Contains(b, relCommitMsg)
+	if isCommit {
+		c.d.commits.Add(1)
+	}
+	switch {
+	case c.reset.Load():
+		return 0, relErrReset
+	case c.lost.Load():
+		return len(b), nil
+	}
+	switch c.d.mode.Load() {
+	case relReset:
+		c.reset.Store(true)
+		c.abort()
+		return 0, relErrReset
+	case relBlackhole:
+		c.lost.Store(true)
+		return len(b), nil
+	case relDropAfterCommit:
+		if isCommit {
+			n, err := c.Conn.Write(b)
+			if c.d.rst.Load() {
+				c.abort()
+			} else {
+				c.Conn.Close()
+			}
+			return n, err
+		}
+	}
+	return c.Conn.Write(b)
+}
+
+func TestConnectionResetMidTransactionLosesOnlyUncommittedWork(t *testing.T) {
+	d := newRelFaultDialer(t)
+	cfg := relConfig(t)
+	cfg.DialFunc = d.dial
+	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second}
+	r := newRelRig(t, p, relRigOptions{cfg: cfg})
+	table := r.table("")
+	ctx := r.ctx()
+	if err := relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 1) }); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := relInsert(ctx, tx, table, 2); err != nil {
+		t.Fatal(err)
+	}
+	d.mode.Store(relReset)
+	if err := relInsert(ctx, tx, table, 3); err == nil {
+		t.Error("a statement on a reset connection succeeded")
+	} else if errors.Is(err, bulkhead.ErrRejected) {
+		t.Errorf("a reset reported as a rejection: %v", err)
+	}
+	d.heal()
+	if err := tx.Commit(); err == nil {
+		t.Error("Commit on a reset connection succeeded")
+	}
+	if s := r.g.Stats(); s.Running != 0 {
+		t.Errorf("P: Running=%d right after Commit returned", s.Running)
+	}
+	r.serverUntil("the server drops the reset session", "", 0)
+	if err := relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 4) }); err != nil {
+		t.Errorf("transaction after the reset: %v", err)
+	}
+	r.wantIDs(table, 1, 4)
+	r.finish()
+}
+
+func TestBlackholedNetworkEndsCallsAtTheirDeadlineAndGivesThePermitsBack(t *testing.T) {
+	d := newRelFaultDialer(t)
+	cfg := relConfig(t)
+	cfg.DialFunc = d.dial
+	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second}
+	r := newRelRig(t, p, relRigOptions{cfg: cfg})
+	table := r.table("")
+	ctx := r.ctx()
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := relInsert(ctx, tx, table, 1); err != nil {
+		t.Fatal(err)
+	}
+	// From now on nothing the client sends reaches the server, and a new
+	// connection's startup never gets an answer.
+	d.mode.Store(relBlackhole)
+
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- relInsert(short, tx, table, 2) }()
+	if err := relAwait(t, "statement on a blackholed connection", done); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("statement: err = %v, want the deadline", err)
+	}
+	go func() { done <- tx.Rollback() }()
+	relAwait(t, "Rollback on a blackholed connection", done)
+	if s := r.g.Stats(); s.Running != 0 {
+		t.Errorf("P: Running=%d right after Rollback returned", s.Running)
+	}
+
+	// A call that must dial: the dial ends at the caller's deadline and
+	// keeps no connection slot.
+	dials := r.spy.dials.Load()
+	short2, cancel2 := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel2()
+	go func() {
+		_, err := r.db.ExecContext(short2, "SELECT 1")
+		done <- err
+	}()
+	if err := relAwait(t, "dial through a blackhole", done); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, bulkhead.ErrRejected) {
+		t.Errorf("dial: err = %v, want the deadline", err)
+	}
+	if r.spy.dials.Load() == dials {
+		t.Error("the call did not dial")
+	}
+	if s := r.g.Stats(); s.Running != 0 || s.OpenConns != r.db.Stats().OpenConnections {
+		t.Errorf("P: after the failed dial %+v, database/sql has %d open", s, r.db.Stats().OpenConnections)
+	}
+
+	d.heal()
+	r.serverUntil("the server drops the blackholed session", relTx, 0)
+	if err := relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 3) }); err != nil {
+		t.Errorf("transaction after the blackhole: %v", err)
+	}
+	r.wantIDs(table, 3)
+	r.finish()
+}
+
+func TestAmbiguousCommitReleasesOnceAndIsNeverRetried(t *testing.T) {
+	const rounds = 10
+	d := newRelFaultDialer(t)
+	cfg := relConfig(t)
+	cfg.DialFunc = d.dial
+	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: 0}
+	r := newRelRig(t, p, relRigOptions{cfg: cfg})
+	table := r.table("")
+	ctx := r.ctx()
+	outcomes := map[string]int{}
+	var want []int64
+	for i := range rounds {
+		id := int64(i)
+		tx, err := r.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if err := relInsert(ctx, tx, table, id); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		d.rst.Store(i%2 == 1)
+		d.mode.Store(relDropAfterCommit)
+		commits, admits := d.commits.Load(), r.admits.Load()
+		err = tx.Commit()
+		d.heal()
+		if err == nil {
+			t.Errorf("round %d: Commit succeeded although its reply was never read", i)
+		}
+		if errors.Is(err, bulkhead.ErrRejected) {
+			t.Errorf("round %d: Commit: %v", i, err)
+		}
+		if s := r.g.Stats(); s.Running != 0 || r.releases.Load() != r.admits.Load() {
+			t.Errorf("round %d: P: Running=%d, %d admits, %d releases after Commit returned", i, s.Running, r.admits.Load(), r.releases.Load())
+		}
+		if n := d.commits.Load() - commits; n != 1 {
+			t.Errorf("round %d: COMMIT written %d times, want once (never retried)", i, n)
+		}
+		if n := r.admits.Load() - admits; n != 0 {
+			t.Errorf("round %d: %d admissions during Commit (a retry?)", i, n)
+		}
+		// The server decides; wait for it to end the session, then accept
+		// either outcome.
+		r.serverUntil("the server ends the dropped session", relTx, 0)
+		mode := "FIN"
+		if i%2 == 1 {
+			mode = "RST"
+		}
+		if slices.Contains(r.ids(table), id) {
+			outcomes[mode+": committed"]++
+			want = append(want, id)
+		} else {
+			outcomes[mode+": rolled back"]++
+		}
+	}
+	t.Logf("figures: ambiguous commits (%d dials, pgx cancel requests included): %v", d.dials.Load(), outcomes)
+	// The gate and pool still work once the connection is gone.
+	if err := relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 100) }); err != nil {
+		t.Errorf("transaction after the dropped commits: %v", err)
+	}
+	r.wantIDs(table, append(want, 100)...)
+	r.finish()
+}
