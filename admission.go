@@ -198,8 +198,8 @@ func (l *limiter) admissionFull() bool { return l.admitted.Load() >= l.maxAdmit.
 // (a workload's, then the global one): a single wait deadline and timer
 // serve them all.
 type queueing struct {
-	start time.Time   // set when the operation first has to wait
-	timer *time.Timer // created when it first has to wait
+	start time.Time     // set when the operation first has to wait
+	timer *time.Timer   // created when it first has to wait
 	wait  time.Duration // the longest wait in all
 	// deadline: the wait was cut short by the caller's deadline minus the reserve.
 	deadline bool

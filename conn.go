@@ -232,24 +232,10 @@ func (c *conn) setServerDeadline(ctx context.Context, dl *PostgresDeadline) erro
 	if dl.LockTimeout {
 		q += "; SET LOCAL lock_timeout = " + ms
 	}
-	_, err := c.execInner(ctx, q, nil)
-	if errors.Is(err, driver.ErrSkip) {
-		err = c.execPrepared(ctx, q)
-	}
-	if err != nil {
+	if _, err := c.execSkipping(ctx, q, nil); err != nil {
 		return fmt.Errorf("bulkhead: setting the server-side deadline: %w", err)
 	}
 	return nil
-}
-
-func (c *conn) execPrepared(ctx context.Context, q string) error {
-	si, err := c.prepareInner(ctx, q)
-	if err != nil {
-		return err
-	}
-	defer si.Close()
-	_, err = (&stmt{c: c, inner: si}).execInner(ctx, nil)
-	return err
 }
 
 // execContext runs an autocommit statement under both permits, or a
@@ -266,7 +252,41 @@ func (c *conn) execContext(ctx context.Context, query string, args []driver.Name
 		return nil, err
 	}
 	defer c.g.release(&p)
-	return c.execInner(ctx, query, args)
+	return c.execSkipping(ctx, query, args)
+}
+
+// execSkipping runs query on the inner connection. If the driver answers
+// driver.ErrSkip (go-sql-driver/mysql does for every statement with
+// arguments unless interpolateParams is set), it runs database/sql's
+// fallback itself, preparing the statement and executing it, so that the
+// permit already held covers the whole operation instead of the operation
+// being admitted a second time.
+func (c *conn) execSkipping(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	r, err := c.execInner(ctx, query, args)
+	if !errors.Is(err, driver.ErrSkip) {
+		return r, err
+	}
+	s, err := c.prepareFallback(ctx, query, len(args))
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	return s.execInner(ctx, args)
+}
+
+// prepareFallback prepares query on the inner connection as database/sql
+// does after a driver answered driver.ErrSkip, checking the argument
+// count as it does.
+func (c *conn) prepareFallback(ctx context.Context, query string, nargs int) (*stmt, error) {
+	si, err := c.prepareInner(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if want := si.NumInput(); want >= 0 && want != nargs {
+		si.Close()
+		return nil, fmt.Errorf("bulkhead: expected %d arguments, got %d", want, nargs)
+	}
+	return &stmt{c: c, inner: si}, nil
 }
 
 func (c *conn) execInner(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
@@ -297,7 +317,24 @@ func (c *conn) queryContext(ctx context.Context, query string, args []driver.Nam
 	if c.tx.held.Load() {
 		return c.queryInner(ctx, query, args)
 	}
-	return c.g.holdRows(ctx, c, func() (driver.Rows, error) { return c.queryInner(ctx, query, args) })
+	return c.g.holdRows(ctx, c, func() (driver.Rows, driver.Stmt, error) {
+		ri, err := c.queryInner(ctx, query, args)
+		if !errors.Is(err, driver.ErrSkip) {
+			return ri, nil, err
+		}
+		// As in execContext: database/sql's fallback, under the permit
+		// held; the statement is closed with the rows.
+		s, err := c.prepareFallback(ctx, query, len(args))
+		if err != nil {
+			return nil, nil, err
+		}
+		ri, err = s.queryInner(ctx, args)
+		if err != nil {
+			s.Close()
+			return nil, nil, err
+		}
+		return ri, s.inner, nil
+	})
 }
 
 func (c *conn) queryInner(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
@@ -319,10 +356,10 @@ func (c *conn) queryDriver(ctx context.Context, query string, args []driver.Name
 }
 
 // holdRows acquires both permits and runs query. The permits pass to the
-// returned rows, released by their Close; on an error (including
-// driver.ErrSkip, after which database/sql prepares the statement and runs
-// it again through a gated Stmt) or a panic they are released at once.
-func (g *Gate) holdRows(ctx context.Context, c *conn, query func() (driver.Rows, error)) (driver.Rows, error) {
+// returned rows, released by their Close (which also closes the statement
+// query may return, an ErrSkip fallback's); on an error or a panic they
+// are released at once.
+func (g *Gate) holdRows(ctx context.Context, c *conn, query func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
 	var p permit
 	if err := g.acquire(ctx, KindQuery, &p); err != nil {
 		return nil, err
@@ -333,11 +370,11 @@ func (g *Gate) holdRows(ctx context.Context, c *conn, query func() (driver.Rows,
 			g.release(&p)
 		}
 	}()
-	ri, err := query()
+	ri, si, err := query()
 	if err != nil {
 		return nil, err
 	}
-	r := &rows{c: c, inner: ri, p: p}
+	r := &rows{c: c, inner: ri, stmt: si, p: p}
 	r.held.Store(true)
 	handed = true
 	return wrapRows(r, rowsMask(ri)), nil
@@ -442,7 +479,10 @@ func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driv
 	if s.c.tx.held.Load() {
 		return s.queryInner(ctx, args)
 	}
-	return s.c.g.holdRows(ctx, s.c, func() (driver.Rows, error) { return s.queryInner(ctx, args) })
+	return s.c.g.holdRows(ctx, s.c, func() (driver.Rows, driver.Stmt, error) {
+		ri, err := s.queryInner(ctx, args)
+		return ri, nil, err
+	})
 }
 
 func (s *stmt) queryInner(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
@@ -469,6 +509,7 @@ func (s *stmt) queryDriver(ctx context.Context, args []driver.NamedValue) (drive
 type rows struct {
 	c     *conn
 	inner driver.Rows
+	stmt  driver.Stmt // the ErrSkip fallback's statement, closed after the rows; or nil
 	p     permit
 	held  atomic.Bool
 }
@@ -485,6 +526,11 @@ func (r *rows) Close() error {
 		}
 	}()
 	_, err := guarded(r.c, func() (struct{}, error) { return struct{}{}, r.inner.Close() })
+	if r.stmt != nil {
+		if cerr := r.stmt.Close(); err == nil {
+			err = cerr
+		}
+	}
 	return err
 }
 

@@ -25,12 +25,12 @@ type Gate struct {
 	err   error    // an invalid policy's error (see Connector): Connect returns it
 	opt   options
 
-	mu        sync.Mutex                         // serialises SetPolicy
-	policy    atomic.Pointer[Policy]             // the policy in force
+	mu        sync.Mutex                          // serialises SetPolicy
+	policy    atomic.Pointer[Policy]              // the policy in force
 	workloads atomic.Pointer[map[string]*limiter] // nil: no workloads
-	maxConns  atomic.Int64                       // B+Q
-	conns     atomic.Int64                       // physical connections open or being dialed
-	refused   atomic.Int64                       // Connect calls refused
+	maxConns  atomic.Int64                        // B+Q
+	conns     atomic.Int64                        // physical connections open or being dialed
+	refused   atomic.Int64                        // Connect calls refused
 }
 
 var (

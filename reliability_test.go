@@ -144,7 +144,12 @@ func (sp *relServerPoll) sample() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var tx, conns int
-	err := sp.db.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE xact_start IS NOT NULL), count(*)
+	// pg_stat_activity is not an atomic snapshot (the server copies the
+	// backends' entries one after the other): count only transactions
+	// that began before this statement, all open at that one instant, and
+	// leave out pgx's ungated session-reset ping (see main_test.go).
+	err := sp.db.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE xact_start < statement_timestamp()
+		     AND NOT (state = 'active' AND query = '-- ping')), count(*)
 		  FROM pg_stat_activity WHERE application_name = $1
 		   AND backend_type = 'client backend' AND pid <> pg_backend_pid()`, sp.app).Scan(&tx, &conns)
 	if err != nil {

@@ -1,0 +1,262 @@
+// Package promgate exports the state of a bulkhead.Gate as Prometheus
+// metrics.
+//
+// A Collector reads the gate's Stats when it is collected (the gauges and
+// counters below) and observes the gate's events (the histograms), so it
+// is made before the gate and attached to it after:
+//
+//	metrics := promgate.New(promgate.Opts{ConstLabels: prometheus.Labels{"db": "orders"}})
+//	g, err := bulkhead.New(connector, policy, bulkhead.WithEvents(metrics.Events()))
+//	if err != nil { ... }
+//	metrics.Attach(g)
+//	prometheus.MustRegister(metrics)
+//
+// To log the events as well, join them: bulkhead.WithEvents(
+// bulkhead.JoinEvents(metrics.Events(), bulkhead.SlogEvents(logger))).
+// Several gates (one per database) each get their own Collector, told
+// apart by ConstLabels, and may share one registry.
+//
+// Metrics, with Opts.Namespace "" (a namespace "app" makes app_bulkhead_…):
+//
+//	bulkhead_running                       gauge      operations holding an execution permit
+//	bulkhead_waiting                       gauge      admitted operations waiting for an execution permit
+//	bulkhead_open_connections              gauge      physical connections open through the gate
+//	bulkhead_max_concurrent                gauge      B, the execution permits
+//	bulkhead_max_queue                     gauge      Q, the admission permits beyond B
+//	bulkhead_max_open_connections          gauge      B+Q, the most connections the gate keeps open
+//	bulkhead_max_queue_wait_seconds        gauge      the policy's QueueWait
+//	bulkhead_admitted_total                counter    operations that got an execution permit
+//	bulkhead_rejections_total{reason}      counter    reason="admission_full" or "queue_timeout"
+//	bulkhead_canceled_total                counter    operations whose context ended (or gate closed) while waiting
+//	bulkhead_connect_refused_total         counter    dials refused, also in rejections_total{reason="admission_full"}
+//	bulkhead_dry_run                       gauge      1 while the policy is a dry run (rejections counted, not made)
+//	bulkhead_would_wait_total              counter    dry run: operations that found no execution permit free and ran anyway
+//	bulkhead_queue_wait_seconds{workload}  histogram  wait for the permits of each admitted operation (0 if none)
+//	bulkhead_hold_seconds{kind,workload}   histogram  time each operation held its permits; kind="transaction", "statement" or "query"
+//
+// For each workload of the policy (Policy.Workloads), the same gauges and
+// counters of its own budget, with a workload label, in families of their
+// own so that summing them never double-counts the global ones (every
+// operation of a workload also counts globally):
+//
+//	bulkhead_workload_running{workload}, _waiting, _max_concurrent, _max_queue,
+//	_max_queue_wait_seconds, _admitted_total, _rejections_total{workload,reason},
+//	_canceled_total, _would_wait_total
+//
+// The histograms' workload label is "" (absent) for untagged operations.
+// The gauges and counters are read from Gate.Stats and Gate.WorkloadStats
+// at each collection, so the limits follow Gate.SetPolicy, and are exact
+// whether or not the events are wired (a
+// workload removed from the policy disappears; added again, its counters
+// restart from 0, which Prometheus reads as a counter reset); the
+// histograms count only what happened while the gate had the Collector's
+// Events.
+package promgate
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dbbulkhead/bulkhead"
+)
+
+// Default histogram buckets, in seconds. Queue waits are bounded by the
+// policy's QueueWait (100 ms by default), so their buckets stop at 1 s;
+// permit hold times are those of statements and transactions.
+var (
+	DefaultWaitBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
+	DefaultHoldBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+)
+
+// Opts configures a Collector. The zero value is ready to use.
+type Opts struct {
+	// Namespace, if set, prefixes every metric name: "app" gives
+	// app_bulkhead_running.
+	Namespace string
+	// ConstLabels are added to every metric, e.g. {"db": "orders"} to tell
+	// the gates of several databases apart.
+	ConstLabels prometheus.Labels
+	// WaitBuckets and HoldBuckets are the histograms' upper bounds in
+	// seconds. Nil means DefaultWaitBuckets and DefaultHoldBuckets.
+	WaitBuckets, HoldBuckets []float64
+}
+
+// Collector is a prometheus.Collector for one bulkhead.Gate. It is safe
+// for concurrent use.
+type Collector struct {
+	gate atomic.Pointer[bulkhead.Gate]
+
+	global                          budgetDescs // the gate's global budget
+	wl                              budgetDescs // each workload's, with a workload label
+	open, maxConns, refused, dryRun *prometheus.Desc
+
+	wait *prometheus.HistogramVec
+	hold *prometheus.HistogramVec
+	// waitNone, holdTx, holdExec and holdQuery are the histograms'
+	// children for untagged operations, looked up once.
+	waitNone                    prometheus.Observer
+	holdTx, holdExec, holdQuery prometheus.Observer
+}
+
+// budgetDescs are the metrics of one budget, global or of a workload.
+type budgetDescs struct {
+	running, waiting, maxConc, maxQueue, maxWait *prometheus.Desc
+	admitted, rejections, canceled, wouldWait    *prometheus.Desc
+}
+
+func newBudgetDescs(desc func(name, help string, labels ...string) *prometheus.Desc, prefix string, labels ...string) budgetDescs {
+	d := func(name, help string, more ...string) *prometheus.Desc {
+		return desc(prefix+name, help, append(labels[:len(labels):len(labels)], more...)...)
+	}
+	return budgetDescs{
+		running:    d("running", "Operations holding an execution permit."),
+		waiting:    d("waiting", "Admitted operations waiting for an execution permit."),
+		maxConc:    d("max_concurrent", "Execution permits (B): operations that may run at once."),
+		maxQueue:   d("max_queue", "Admission permits beyond max_concurrent (Q): operations that may wait for an execution permit."),
+		maxWait:    d("max_queue_wait_seconds", "Longest an admitted operation waits for an execution permit before it is rejected."),
+		admitted:   d("admitted_total", "Operations that got an execution permit."),
+		rejections: d("rejections_total", "Operations rejected, by reason: admission_full (refused at once) or queue_timeout (no execution permit within the queue wait); in a dry run, those that would have been.", "reason"),
+		canceled:   d("canceled_total", "Operations whose context ended, or whose gate closed, before an execution permit came."),
+		wouldWait:  d("would_wait_total", "Dry run: operations that found no execution permit free and ran anyway."),
+	}
+}
+
+func (b *budgetDescs) all() []*prometheus.Desc {
+	return []*prometheus.Desc{b.running, b.waiting, b.maxConc, b.maxQueue, b.maxWait, b.admitted, b.rejections, b.canceled, b.wouldWait}
+}
+
+// collect sends s as b's metrics, with the given label values first.
+func (b *budgetDescs) collect(ch chan<- prometheus.Metric, s bulkhead.Stats, labels ...string) {
+	gauge := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v int64, more ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append(labels[:len(labels):len(labels)], more...)...)
+	}
+	gauge(b.running, float64(s.Running))
+	gauge(b.waiting, float64(s.Waiting))
+	gauge(b.maxConc, float64(s.MaxConcurrent))
+	gauge(b.maxQueue, float64(s.MaxQueue))
+	gauge(b.maxWait, s.QueueWait.Seconds())
+	counter(b.admitted, s.Admitted)
+	counter(b.rejections, s.RejectedFull, "admission_full")
+	counter(b.rejections, s.RejectedTimeout, "queue_timeout")
+	counter(b.canceled, s.Canceled)
+	counter(b.wouldWait, s.WouldWait)
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
+
+// New returns a Collector with no gate attached: until Attach, it collects
+// the histograms alone.
+func New(o Opts) *Collector {
+	name := func(n string) string { return prometheus.BuildFQName(o.Namespace, "bulkhead", n) }
+	desc := func(n, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name(n), help, labels, o.ConstLabels)
+	}
+	if o.WaitBuckets == nil {
+		o.WaitBuckets = DefaultWaitBuckets
+	}
+	if o.HoldBuckets == nil {
+		o.HoldBuckets = DefaultHoldBuckets
+	}
+	c := &Collector{
+		global:   newBudgetDescs(desc, ""),
+		wl:       newBudgetDescs(desc, "workload_", "workload"),
+		open:     desc("open_connections", "Physical connections open through the gate's connector."),
+		maxConns: desc("max_open_connections", "Most physical connections the gate keeps open (B+Q)."),
+		refused:  desc("connect_refused_total", "Dials refused because all connections were open or admission was full (also counted in rejections_total{reason=\"admission_full\"})."),
+		dryRun:   desc("dry_run", "1 while the policy is a dry run: rejections are counted and reported, not made."),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: o.Namespace, Subsystem: "bulkhead", Name: "queue_wait_seconds",
+			Help:        "Time each admitted operation waited for its permits (0 when they were free), by workload (\"\" for none).",
+			ConstLabels: o.ConstLabels, Buckets: o.WaitBuckets,
+		}, []string{"workload"}),
+		hold: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: o.Namespace, Subsystem: "bulkhead", Name: "hold_seconds",
+			Help:        "Time each operation held its permits, by kind: transaction (begin to commit or rollback), statement (autocommit exec), query (until its rows were closed); and by workload (\"\" for none).",
+			ConstLabels: o.ConstLabels, Buckets: o.HoldBuckets,
+		}, []string{"kind", "workload"}),
+	}
+	c.waitNone = c.wait.WithLabelValues("")
+	c.holdTx = c.hold.WithLabelValues(bulkhead.KindTx.String(), "")
+	c.holdExec = c.hold.WithLabelValues(bulkhead.KindExec.String(), "")
+	c.holdQuery = c.hold.WithLabelValues(bulkhead.KindQuery.String(), "")
+	return c
+}
+
+// Events returns the callbacks that feed the histograms: pass them to
+// bulkhead.New with bulkhead.WithEvents (joined with others by
+// bulkhead.JoinEvents if needed). Each observes one histogram; for an
+// untagged operation they allocate nothing.
+func (c *Collector) Events() bulkhead.Events {
+	return bulkhead.Events{
+		OnAdmit:   func(e bulkhead.Event) { c.waitObserver(e.Workload).Observe(e.Waited.Seconds()) },
+		OnRelease: func(e bulkhead.Event) { c.holdObserver(e.Kind, e.Workload).Observe(e.Held.Seconds()) },
+	}
+}
+
+func (c *Collector) waitObserver(workload string) prometheus.Observer {
+	if workload == "" {
+		return c.waitNone
+	}
+	return c.wait.WithLabelValues(workload)
+}
+
+func (c *Collector) holdObserver(k bulkhead.Kind, workload string) prometheus.Observer {
+	if workload == "" {
+		switch k {
+		case bulkhead.KindTx:
+			return c.holdTx
+		case bulkhead.KindExec:
+			return c.holdExec
+		case bulkhead.KindQuery:
+			return c.holdQuery
+		}
+	}
+	return c.hold.WithLabelValues(k.String(), workload)
+}
+
+// Attach makes c collect g's Stats. Call it once g is made with c's
+// Events; a later call replaces the gate.
+func (c *Collector) Attach(g *bulkhead.Gate) { c.gate.Store(g) }
+
+// Describe sends the descriptors of every metric c may collect.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.global.all() {
+		ch <- d
+	}
+	for _, d := range c.wl.all() {
+		ch <- d
+	}
+	for _, d := range []*prometheus.Desc{c.open, c.maxConns, c.refused, c.dryRun} {
+		ch <- d
+	}
+	c.wait.Describe(ch)
+	c.hold.Describe(ch)
+}
+
+// Collect sends the gate's Stats and those of each workload of its
+// policy, read now, and the histograms.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if g := c.gate.Load(); g != nil {
+		s := g.Stats()
+		c.global.collect(ch, s)
+		ch <- prometheus.MustNewConstMetric(c.open, prometheus.GaugeValue, float64(s.OpenConns))
+		ch <- prometheus.MustNewConstMetric(c.maxConns, prometheus.GaugeValue, float64(s.MaxConns))
+		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(s.ConnectRefused))
+		dry := 0.0
+		if s.DryRun {
+			dry = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.dryRun, prometheus.GaugeValue, dry)
+		for name := range g.Policy().Workloads {
+			if ws, ok := g.WorkloadStats(name); ok {
+				c.wl.collect(ch, ws, name)
+			}
+		}
+	}
+	c.wait.Collect(ch)
+	c.hold.Collect(ch)
+}

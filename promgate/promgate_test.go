@@ -1,0 +1,432 @@
+package promgate_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
+
+	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/promgate"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// gated opens a gate on the fake driver with the collector's events and
+// attaches it.
+func gated(t *testing.T, c *promgate.Collector, p bulkhead.Policy) (*bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	g, err := bulkhead.New(fakedb.New(), p, bulkhead.WithEvents(c.Events()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Attach(g)
+	db := g.OpenDB()
+	t.Cleanup(func() { db.Close() })
+	return g, db
+}
+
+// await waits, without sleeping, until cond holds, or fails the test
+// after 10 s.
+func await(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+// statsHelp is the exposition of the Stats-derived metrics, with a %d
+// for each value of statsWant in order.
+const statsHelp = `
+# HELP bulkhead_running Operations holding an execution permit.
+# TYPE bulkhead_running gauge
+bulkhead_running %d
+# HELP bulkhead_waiting Admitted operations waiting for an execution permit.
+# TYPE bulkhead_waiting gauge
+bulkhead_waiting %d
+# HELP bulkhead_open_connections Physical connections open through the gate's connector.
+# TYPE bulkhead_open_connections gauge
+bulkhead_open_connections %d
+# HELP bulkhead_admitted_total Operations that got an execution permit.
+# TYPE bulkhead_admitted_total counter
+bulkhead_admitted_total %d
+# HELP bulkhead_rejections_total Operations rejected, by reason: admission_full (refused at once) or queue_timeout (no execution permit within the queue wait); in a dry run, those that would have been.
+# TYPE bulkhead_rejections_total counter
+bulkhead_rejections_total{reason="admission_full"} %d
+bulkhead_rejections_total{reason="queue_timeout"} %d
+# HELP bulkhead_canceled_total Operations whose context ended, or whose gate closed, before an execution permit came.
+# TYPE bulkhead_canceled_total counter
+bulkhead_canceled_total %d
+# HELP bulkhead_connect_refused_total Dials refused because all connections were open or admission was full (also counted in rejections_total{reason="admission_full"}).
+# TYPE bulkhead_connect_refused_total counter
+bulkhead_connect_refused_total %d
+`
+
+var statsNames = []string{
+	"bulkhead_running", "bulkhead_waiting", "bulkhead_open_connections", "bulkhead_admitted_total",
+	"bulkhead_rejections_total", "bulkhead_canceled_total", "bulkhead_connect_refused_total",
+}
+
+type statsWant struct {
+	running, waiting, open, admitted, full, timeout, canceled, refused int
+}
+
+func compareStats(t *testing.T, c prometheus.Collector, w statsWant) {
+	t.Helper()
+	text := fmt.Sprintf(statsHelp, w.running, w.waiting, w.open, w.admitted, w.full, w.timeout, w.canceled, w.refused)
+	if err := testutil.CollectAndCompare(c, strings.NewReader(text), statsNames...); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestCollectorReportsTheGateStatsAsTheyAreAtCollectTime(t *testing.T) {
+	c := promgate.New(promgate.Opts{})
+	// B=1, Q=1, a long queue wait: the second operation waits until the
+	// test cancels it; a third is refused at once.
+	gate, db := gated(t, c, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
+	ctx := t.Context()
+
+	limits := `
+# HELP bulkhead_max_concurrent Execution permits (B): operations that may run at once.
+# TYPE bulkhead_max_concurrent gauge
+bulkhead_max_concurrent 1
+# HELP bulkhead_max_queue Admission permits beyond max_concurrent (Q): operations that may wait for an execution permit.
+# TYPE bulkhead_max_queue gauge
+bulkhead_max_queue 1
+# HELP bulkhead_max_open_connections Most physical connections the gate keeps open (B+Q).
+# TYPE bulkhead_max_open_connections gauge
+bulkhead_max_open_connections 2
+# HELP bulkhead_max_queue_wait_seconds Longest an admitted operation waits for an execution permit before it is rejected.
+# TYPE bulkhead_max_queue_wait_seconds gauge
+bulkhead_max_queue_wait_seconds 3600
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(limits),
+		"bulkhead_max_concurrent", "bulkhead_max_queue", "bulkhead_max_open_connections", "bulkhead_max_queue_wait_seconds"); err != nil {
+		t.Error(err)
+	}
+	compareStats(t, c, statsWant{})
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	waited := make(chan error, 1)
+	go func() {
+		_, err := db.ExecContext(waitCtx, "UPDATE t SET v = 1")
+		waited <- err
+	}()
+	await(t, "the second operation waits", func() bool { return gate.Stats().Waiting == 1 })
+	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 2"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("third operation: %v, want ErrAdmissionFull", err)
+	}
+	// Both connections are busy: the third operation's dial was refused.
+	compareStats(t, c, statsWant{running: 1, waiting: 1, open: 2, admitted: 1, full: 1, refused: 1})
+
+	cancel()
+	if err := <-waited; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter: %v, want context.Canceled", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	compareStats(t, c, statsWant{open: 2, admitted: 1, full: 1, canceled: 1, refused: 1})
+
+	// Only the transaction was admitted, and it did not wait. An untagged
+	// operation's workload label is empty, which Prometheus reads as absent.
+	wait := `
+# HELP bulkhead_queue_wait_seconds Time each admitted operation waited for its permits (0 when they were free), by workload ("" for none).
+# TYPE bulkhead_queue_wait_seconds histogram
+bulkhead_queue_wait_seconds_bucket{workload="",le="0.0001"} 1
+bulkhead_queue_wait_seconds_bucket{workload="",le="0.00025"} 1
+bulkhead_queue_wait_seconds_bucket{workload="",le="0.0005"} 1
+bulkhead_queue_wait_seconds_bucket{workload="",le="0.001"} 1
+bulkhead_queue_wait_seconds_bucket{workload="",le="0.0025"} 1
+bulkhead_queue_wait_seconds_bucket{workload="",le="0.005"} 1
+bulkhead_queue_wait_seconds_bucket{workload="",le="0.01"} 1
+bulkhead_queue_wait_seconds_bucket{workload="",le="0.025"} 1
+bulkhead_queue_wait_seconds_bucket{workload="",le="0.05"} 1
+bulkhead_queue_wait_seconds_bucket{workload="",le="0.1"} 1
+bulkhead_queue_wait_seconds_bucket{workload="",le="0.25"} 1
+bulkhead_queue_wait_seconds_bucket{workload="",le="0.5"} 1
+bulkhead_queue_wait_seconds_bucket{workload="",le="1"} 1
+bulkhead_queue_wait_seconds_bucket{workload="",le="+Inf"} 1
+bulkhead_queue_wait_seconds_sum{workload=""} 0
+bulkhead_queue_wait_seconds_count{workload=""} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(wait), "bulkhead_queue_wait_seconds"); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestCollectorCountsQueueTimeoutsApartFromAdmissionFull(t *testing.T) {
+	c := promgate.New(promgate.Opts{})
+	// B=1, Q=1 and no queue wait: the second operation is admitted, then
+	// rejected at once because no execution permit is free.
+	_, db := gated(t, c, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1})
+	tx, err := db.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := db.ExecContext(t.Context(), "UPDATE t SET v = 1"); !errors.Is(err, bulkhead.ErrQueueTimeout) {
+		t.Fatalf("second operation: %v, want ErrQueueTimeout", err)
+	}
+	compareStats(t, c, statsWant{running: 1, open: 2, admitted: 1, timeout: 1})
+	// The rejected statement was never admitted nor released: the
+	// histograms saw the transaction's admission alone.
+	got := histograms(t, c)
+	if got["bulkhead_queue_wait_seconds{}"] != 1 || got["bulkhead_hold_seconds{statement}"] != 0 {
+		t.Errorf("histogram counts %v, want one wait and no hold", got)
+	}
+}
+
+// histograms gathers c and returns the sample count of each histogram
+// series, keyed by name and non-empty label values
+// ("bulkhead_hold_seconds{transaction}", "bulkhead_hold_seconds{query,reports}").
+func histograms(t *testing.T, c prometheus.Collector) map[string]uint64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{}
+	for _, mf := range mfs {
+		if mf.GetType() != dto.MetricType_HISTOGRAM {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				if l.GetValue() != "" {
+					labels = append(labels, l.GetValue())
+				}
+			}
+			counts[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = m.GetHistogram().GetSampleCount()
+		}
+	}
+	return counts
+}
+
+func TestHistogramsObserveEachAdmittedWaitAndEachHoldByKind(t *testing.T) {
+	c := promgate.New(promgate.Opts{})
+	gate, db := gated(t, c, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
+	ctx := t.Context()
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := db.ExecContext(ctx, "UPDATE t SET v = 1")
+		waited <- err
+	}()
+	await(t, "the statement waits", func() bool { return gate.Stats().Waiting == 1 })
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("the statement that waited: %v", err)
+	}
+	var v int
+	if err := db.QueryRowContext(ctx, "SELECT 7").Scan(&v); err != nil || v != 7 {
+		t.Fatalf("query: %d, %v", v, err)
+	}
+
+	got := histograms(t, c)
+	want := map[string]uint64{
+		"bulkhead_queue_wait_seconds{}":      3,
+		"bulkhead_hold_seconds{transaction}": 1,
+		"bulkhead_hold_seconds{statement}":   1,
+		"bulkhead_hold_seconds{query}":       1,
+	}
+	for k, n := range want {
+		if got[k] != n {
+			t.Errorf("%s has %d observations, want %d", k, got[k], n)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("histogram series %v, want exactly %v", got, want)
+	}
+	if s := gate.Stats(); s.Admitted != 3 || s.WaitCount != 1 {
+		t.Errorf("stats %+v, want 3 admitted, 1 of them after a wait", s)
+	}
+}
+
+func TestCollectorsOfTwoGatesShareARegistryAndPassLint(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	for _, db := range []string{"orders", "users"} {
+		c := promgate.New(promgate.Opts{ConstLabels: prometheus.Labels{"db": db}})
+		_, sdb := gated(t, c, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second})
+		if _, err := sdb.ExecContext(t.Context(), "UPDATE t SET v = 1"); err != nil {
+			t.Fatal(err)
+		}
+		reg.MustRegister(c)
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+	want := `
+# HELP bulkhead_admitted_total Operations that got an execution permit.
+# TYPE bulkhead_admitted_total counter
+bulkhead_admitted_total{db="orders"} 1
+bulkhead_admitted_total{db="users"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "bulkhead_admitted_total"); err != nil {
+		t.Error(err)
+	}
+	// 8 gauges + 6 counter series + 1 wait histogram + 3 hold histograms, per gate.
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 2*18 {
+		t.Errorf("gathered %d series (%v), want %d", n, err, 2*18)
+	}
+}
+
+func TestNamespacePrefixesEveryMetricName(t *testing.T) {
+	c := promgate.New(promgate.Opts{Namespace: "shop"})
+	gated(t, c, bulkhead.Policy{MaxConcurrent: 1})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without workloads, the bulkhead_workload_ families are empty: not gathered.
+	if len(mfs) != 15 {
+		t.Errorf("%d metric families, want 15", len(mfs))
+	}
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "shop_bulkhead_") {
+			t.Errorf("metric %s lacks the prefix shop_bulkhead_", mf.GetName())
+		}
+	}
+}
+
+func TestCollectorWithoutAGateCollectsTheHistogramsAlone(t *testing.T) {
+	c := promgate.New(promgate.Opts{})
+	if n := testutil.CollectAndCount(c); n != 4 {
+		t.Errorf("collected %d series, want 4: the wait histogram and one hold histogram per kind", n)
+	}
+	if n := testutil.CollectAndCount(c, "bulkhead_running"); n != 0 {
+		t.Errorf("collected bulkhead_running without a gate")
+	}
+}
+
+func TestEventsObserveWithoutAllocating(t *testing.T) {
+	ev := promgate.New(promgate.Opts{}).Events()
+	n := testing.AllocsPerRun(100, func() {
+		ev.OnAdmit(bulkhead.Event{Kind: bulkhead.KindExec, Waited: time.Millisecond})
+		ev.OnRelease(bulkhead.Event{Kind: bulkhead.KindExec, Held: time.Millisecond})
+	})
+	if n != 0 {
+		t.Errorf("an admit and a release allocate %v times, want 0", n)
+	}
+}
+
+func TestCollectorReportsEachWorkloadInItsOwnFamilies(t *testing.T) {
+	c := promgate.New(promgate.Opts{})
+	gate, db := gated(t, c, bulkhead.Policy{
+		MaxConcurrent: 2, MaxQueue: 0,
+		Workloads: map[string]bulkhead.Workload{"reports": {MaxConcurrent: 1}, "api": {MaxConcurrent: 2}},
+	})
+	ctx := bulkhead.WithWorkload(t.Context(), "reports")
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The workload's one permit is held: its next operation is rejected,
+	// while the global budget still has room.
+	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 1"); !errors.Is(err, bulkhead.ErrRejected) {
+		t.Fatalf("second operation of the workload: %v, want a rejection", err)
+	}
+	if _, err := db.ExecContext(t.Context(), "UPDATE t SET v = 2"); err != nil {
+		t.Fatalf("untagged operation: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP bulkhead_workload_admitted_total Operations that got an execution permit.
+# TYPE bulkhead_workload_admitted_total counter
+bulkhead_workload_admitted_total{workload="api"} 0
+bulkhead_workload_admitted_total{workload="reports"} 1
+# HELP bulkhead_workload_max_concurrent Execution permits (B): operations that may run at once.
+# TYPE bulkhead_workload_max_concurrent gauge
+bulkhead_workload_max_concurrent{workload="api"} 2
+bulkhead_workload_max_concurrent{workload="reports"} 1
+# HELP bulkhead_workload_rejections_total Operations rejected, by reason: admission_full (refused at once) or queue_timeout (no execution permit within the queue wait); in a dry run, those that would have been.
+# TYPE bulkhead_workload_rejections_total counter
+bulkhead_workload_rejections_total{reason="admission_full",workload="api"} 0
+bulkhead_workload_rejections_total{reason="admission_full",workload="reports"} 1
+bulkhead_workload_rejections_total{reason="queue_timeout",workload="api"} 0
+bulkhead_workload_rejections_total{reason="queue_timeout",workload="reports"} 0
+# HELP bulkhead_admitted_total Operations that got an execution permit.
+# TYPE bulkhead_admitted_total counter
+bulkhead_admitted_total 2
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want),
+		"bulkhead_workload_admitted_total", "bulkhead_workload_max_concurrent", "bulkhead_workload_rejections_total",
+		"bulkhead_admitted_total"); err != nil {
+		t.Error(err)
+	}
+	got := histograms(t, c)
+	if got["bulkhead_hold_seconds{transaction,reports}"] != 1 || got["bulkhead_hold_seconds{statement}"] != 1 ||
+		got["bulkhead_queue_wait_seconds{reports}"] != 1 || got["bulkhead_queue_wait_seconds{}"] != 1 {
+		t.Errorf("histogram counts %v, want the workload's transaction and the untagged statement apart", got)
+	}
+	if s := gate.Stats(); s.Running != 0 {
+		t.Errorf("%d running, want 0", s.Running)
+	}
+	problems, err := testutil.CollectAndLint(c)
+	if err != nil || len(problems) != 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+}
+
+func TestCollectorReportsADryRunAndWhatWouldHaveWaited(t *testing.T) {
+	c := promgate.New(promgate.Opts{})
+	_, db := gated(t, c, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second, DryRun: true})
+	tx, err := db.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// B=1 in dry run: the second operation would have waited, and runs.
+	if _, err := db.ExecContext(t.Context(), "UPDATE t SET v = 1"); err != nil {
+		t.Fatalf("dry run: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP bulkhead_dry_run 1 while the policy is a dry run: rejections are counted and reported, not made.
+# TYPE bulkhead_dry_run gauge
+bulkhead_dry_run 1
+# HELP bulkhead_would_wait_total Dry run: operations that found no execution permit free and ran anyway.
+# TYPE bulkhead_would_wait_total counter
+bulkhead_would_wait_total 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "bulkhead_dry_run", "bulkhead_would_wait_total"); err != nil {
+		t.Error(err)
+	}
+}
