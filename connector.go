@@ -87,8 +87,13 @@ func (g *Gate) OpenDB() *sql.DB {
 	return db
 }
 
-// Policy returns the policy in force.
-func (g *Gate) Policy() Policy { return *g.policy.Load() }
+// Policy returns the policy in force (a copy: changing it changes
+// nothing; see SetPolicy).
+func (g *Gate) Policy() Policy {
+	p := *g.policy.Load()
+	p.Workloads = maps.Clone(p.Workloads)
+	return p
+}
 
 // SetPolicy changes the limits of a live gate, for a configuration reload,
 // without losing or inventing permits. Running work keeps its permits:
@@ -128,6 +133,9 @@ func (g *Gate) setPolicy(p Policy) {
 				wls[name] = l
 			} else {
 				wls[name] = newLimiter(name, wp)
+				if g.lim.isClosed() {
+					wls[name].close()
+				}
 			}
 		}
 	}
@@ -191,7 +199,14 @@ func (g *Gate) Driver() driver.Driver { return gateDriver{g} }
 // permits until they end. It then closes the inner connector if it is an
 // io.Closer. database/sql calls it from db.Close.
 func (g *Gate) Close() error {
+	g.mu.Lock()
 	g.lim.close()
+	if wls := g.workloads.Load(); wls != nil {
+		for _, l := range *wls {
+			l.close()
+		}
+	}
+	g.mu.Unlock()
 	if c, ok := g.inner.(io.Closer); ok {
 		return c.Close()
 	}
