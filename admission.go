@@ -222,7 +222,7 @@ func (q *queueing) waited() time.Duration {
 // global) budget.
 func (q *queueing) acquire(ctx context.Context, ls []*limiter, wait time.Duration, reserve time.Duration) error {
 	if err := ctx.Err(); err != nil {
-		count(ls, len(ls)-1, func(l *limiter) { l.nCanceled.Add(1) })
+		count(ls, func(l *limiter) { l.nCanceled.Add(1) })
 		return err
 	}
 	for i, l := range ls {
@@ -231,12 +231,12 @@ func (q *queueing) acquire(ctx context.Context, ls []*limiter, wait time.Duratio
 			for _, prev := range ls[:i] {
 				prev.unadmit()
 			}
-			count(ls, i, func(l *limiter) { l.nFull.Add(1) })
+			count(ls, func(l *limiter) { l.nFull.Add(1) })
 			return l.fullErr.Load()
 		}
 		if over && !q.wouldReject {
 			q.wouldReject = true
-			count(ls, i, func(l *limiter) { l.nFull.Add(1) })
+			count(ls, func(l *limiter) { l.nFull.Add(1) })
 		}
 	}
 	if wait < 0 {
@@ -249,6 +249,14 @@ func (q *queueing) acquire(ctx context.Context, ls []*limiter, wait time.Duratio
 		if d, ok := ctx.Deadline(); ok {
 			if left := time.Until(d) - reserve; left < q.wait {
 				q.wait, q.deadline = max(left, 0), true
+				if left <= 0 && !ls[0].dryRun.Load() {
+					// It could not finish in time: not started, even with
+					// a permit free.
+					for _, l := range ls {
+						l.unadmit()
+					}
+					return q.fail(ls, len(ls)-1, ErrQueueTimeout)
+				}
 			}
 		}
 	}
@@ -270,11 +278,12 @@ func (q *queueing) acquire(ctx context.Context, ls []*limiter, wait time.Duratio
 	return nil
 }
 
-// count applies inc to ls[i] and, if different, to the global budget.
-func count(ls []*limiter, i int, inc func(*limiter)) {
-	inc(ls[i])
-	if i != len(ls)-1 {
-		inc(ls[len(ls)-1])
+// count applies inc to every budget the operation passes: the global one
+// counts every operation, a workload's every operation of the workload,
+// whichever budget decided.
+func count(ls []*limiter, inc func(*limiter)) {
+	for _, l := range ls {
+		inc(l)
 	}
 }
 
@@ -297,10 +306,10 @@ func (q *queueing) stop(ls []*limiter) {
 func (q *queueing) fail(ls []*limiter, i int, err error) error {
 	q.stop(ls)
 	if err != ErrQueueTimeout {
-		count(ls, i, func(l *limiter) { l.nCanceled.Add(1) })
+		count(ls, func(l *limiter) { l.nCanceled.Add(1) })
 		return err
 	}
-	count(ls, i, func(l *limiter) { l.nTimeout.Add(1) })
+	count(ls, func(l *limiter) { l.nTimeout.Add(1) })
 	l := ls[i]
 	l.mu.Lock()
 	e := &RejectedError{Cause: ErrQueueTimeout, Workload: l.workload, MaxConcurrent: l.maxConc, MaxQueue: l.maxQueue, Waited: q.waited(), Deadline: q.deadline}
@@ -325,7 +334,9 @@ func (l *limiter) execute(ctx context.Context, q *queueing) error {
 	if l.dryRun.Load() {
 		l.free-- // runs anyway; its release pays the debt
 		l.mu.Unlock()
-		l.nWouldWait.Add(1)
+		if !q.wouldReject { // one refused at admission would never have waited
+			l.nWouldWait.Add(1)
+		}
 		return nil
 	}
 	left := q.wait

@@ -25,7 +25,8 @@ type Gate struct {
 	err   error    // an invalid policy's error (see Connector): Connect returns it
 	opt   options
 
-	mu        sync.Mutex                          // serialises SetPolicy
+	mu        sync.Mutex                          // serialises SetPolicy and Close
+	limiters  map[string]*limiter                 // every workload budget ever made, by name; guarded by mu
 	policy    atomic.Pointer[Policy]              // the policy in force
 	workloads atomic.Pointer[map[string]*limiter] // nil: no workloads
 	maxConns  atomic.Int64                        // B+Q
@@ -123,20 +124,26 @@ func (g *Gate) setPolicy(p Policy) {
 	g.lim.resize(p)
 	var wls map[string]*limiter
 	if len(p.Workloads) > 0 {
-		old := g.workloads.Load()
 		wls = make(map[string]*limiter, len(p.Workloads))
 		for name, w := range p.Workloads {
 			wp := Policy{MaxConcurrent: w.MaxConcurrent, MaxQueue: w.MaxQueue, QueueWait: w.QueueWait, DryRun: p.DryRun}
-			if old != nil && (*old)[name] != nil {
-				l := (*old)[name]
+			// A workload removed earlier and listed again gets its
+			// budget back: operations still running or queued under it
+			// keep counting against the workload.
+			l := g.limiters[name]
+			if l != nil {
 				l.resize(wp)
-				wls[name] = l
 			} else {
-				wls[name] = newLimiter(name, wp)
+				l = newLimiter(name, wp)
 				if g.lim.isClosed() {
-					wls[name].close()
+					l.close()
 				}
+				if g.limiters == nil {
+					g.limiters = map[string]*limiter{}
+				}
+				g.limiters[name] = l
 			}
+			wls[name] = l
 		}
 	}
 	if wls == nil {
@@ -201,10 +208,8 @@ func (g *Gate) Driver() driver.Driver { return gateDriver{g} }
 func (g *Gate) Close() error {
 	g.mu.Lock()
 	g.lim.close()
-	if wls := g.workloads.Load(); wls != nil {
-		for _, l := range *wls {
-			l.close()
-		}
+	for _, l := range g.limiters { // removed workloads too: operations may still wait in them
+		l.close()
 	}
 	g.mu.Unlock()
 	if c, ok := g.inner.(io.Closer); ok {

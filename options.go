@@ -139,8 +139,10 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 	var budgets [2]*limiter
 	ls := budgets[:0]
 	wl := g.workload(o.workload)
+	name := "" // the workload whose budget the operation passes: never a name the policy does not list
 	if wl != nil {
 		ls = append(ls, wl)
+		name = wl.workload
 	}
 	ls = append(ls, g.lim)
 	var q queueing
@@ -148,23 +150,23 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 	waited := q.waited()
 	if err != nil {
 		if g.opt.events.OnReject != nil && errors.Is(err, ErrRejected) {
-			g.opt.events.OnReject(Event{Kind: k, Workload: o.workload, Reason: rejectReason(err), Waited: waited})
+			g.opt.events.OnReject(Event{Kind: k, Workload: name, Reason: rejectReason(err), Waited: waited})
 		}
 		return err
 	}
 	if q.wouldReject && g.opt.events.OnReject != nil {
-		g.opt.events.OnReject(Event{Kind: k, Workload: o.workload, Reason: ErrAdmissionFull, DryRun: true})
+		g.opt.events.OnReject(Event{Kind: k, Workload: name, Reason: ErrAdmissionFull, DryRun: true})
 	}
 	p.kind, p.wl, p.waited = k, wl, waited
 	if g.opt.events.OnRelease != nil {
 		p.start = time.Now()
 	}
 	if g.opt.holdLimit > 0 {
-		limit, report, name := g.opt.holdLimit, g.opt.onHold, o.workload
+		limit, report := g.opt.holdLimit, g.opt.onHold
 		p.timer = time.AfterFunc(limit, func() { report(Event{Kind: k, Workload: name, Waited: waited, Held: limit}) })
 	}
 	if g.opt.events.OnAdmit != nil {
-		g.opt.events.OnAdmit(Event{Kind: k, Workload: o.workload, Waited: waited})
+		g.opt.events.OnAdmit(Event{Kind: k, Workload: name, Waited: waited})
 	}
 	return nil
 }
@@ -175,10 +177,14 @@ func (g *Gate) release(p *permit) {
 		p.timer.Stop()
 		p.timer = nil
 	}
+	// The reverse of acquire's order: while the workload's permit is
+	// still held, no other operation of the workload can take the global
+	// permit given back, so the workload never holds more than its B of
+	// global permits.
+	g.lim.release()
 	if p.wl != nil {
 		p.wl.release()
 	}
-	g.lim.release()
 	if g.opt.events.OnRelease != nil {
 		e := Event{Kind: p.kind, Waited: p.waited, Held: time.Since(p.start)}
 		if p.wl != nil {

@@ -197,7 +197,11 @@ func PolicyFromLookup(base Policy, lookup func(string) (string, bool)) (Policy, 
 		p.Workloads = w
 	}
 	if err := p.Validate(); err != nil {
-		return Policy{}, fmt.Errorf("%w (from %s, %s)", err, envShow(lookup, EnvMaxConcurrent), envShow(lookup, EnvMaxQueue))
+		from := envShow(lookup, EnvMaxConcurrent) + ", " + envShow(lookup, EnvMaxQueue)
+		if _, ok := lookup(EnvWorkloads); ok {
+			from += ", " + envShow(lookup, EnvWorkloads)
+		}
+		return Policy{}, fmt.Errorf("%w (from %s)", err, from)
 	}
 	return p, nil
 }

@@ -16,8 +16,12 @@ package pgxgate
 
 import (
 	"database/sql"
+	"errors"
 	"fmt"
+	"reflect"
+	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,10 +50,28 @@ func WaitForServer(cfg *pgx.ConnConfig) {
 // copy of cfg. Errors are bulkhead.New's.
 func New(cfg *pgx.ConnConfig, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, error) {
 	c := cfg.Copy()
-	if c.BuildContextWatcherHandler == nil {
+	if !ownHandler(c) {
 		WaitForServer(c)
 	}
 	return bulkhead.New(stdlib.GetConnector(*c), p, opts...)
+}
+
+// pgxDefaultHandler is the code of the BuildContextWatcherHandler that
+// pgx.ParseConfig sets on every config it returns (pgx's default handling),
+// or 0 if it cannot be known.
+var pgxDefaultHandler = sync.OnceValue(func() uintptr {
+	c, err := pgconn.ParseConfig("host=127.0.0.1 port=5432 user=u dbname=d sslmode=disable")
+	if err != nil || c.BuildContextWatcherHandler == nil {
+		return 0
+	}
+	return reflect.ValueOf(c.BuildContextWatcherHandler).Pointer()
+})
+
+// ownHandler reports whether cfg sets a context handler of its own, not
+// pgx's default.
+func ownHandler(cfg *pgx.ConnConfig) bool {
+	f := cfg.BuildContextWatcherHandler
+	return f != nil && reflect.ValueOf(f).Pointer() != pgxDefaultHandler()
 }
 
 // OpenDB parses dsn (a postgres:// URL or key=value string), gates it with
@@ -58,7 +80,7 @@ func New(cfg *pgx.ConnConfig, p bulkhead.Policy, opts ...bulkhead.Option) (*bulk
 func OpenDB(dsn string, p bulkhead.Policy, opts ...bulkhead.Option) (*sql.DB, *bulkhead.Gate, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, nil, fmt.Errorf("bulkhead: DSN %q: want a postgres:// URL or key=value settings: %w", redact(dsn), err)
+		return nil, nil, &dsnError{dsn: redact(dsn), err: err}
 	}
 	g, err := New(cfg, p, opts...)
 	if err != nil {
@@ -67,8 +89,44 @@ func OpenDB(dsn string, p bulkhead.Policy, opts ...bulkhead.Option) (*sql.DB, *b
 	return g.OpenDB(), g, nil
 }
 
-// redact hides a password in a URL-shaped DSN.
+// dsnError is OpenDB's error for a DSN pgx cannot parse. pgx's own
+// message repeats the DSN, masked on a best-effort basis: only what follows
+// it is shown; errors.As still reaches pgx's *pgconn.ParseConfigError.
+type dsnError struct {
+	dsn string // redacted
+	err error
+}
+
+func (e *dsnError) Error() string {
+	detail := e.err.Error()
+	var pce *pgconn.ParseConfigError
+	if errors.As(e.err, &pce) {
+		if i := strings.LastIndex(detail, "`: "); i >= 0 {
+			detail = detail[i+len("`: "):]
+		} else {
+			detail = "cannot parse it"
+		}
+	}
+	detail = strings.NewReplacer("\n", " ", "\r", " ").Replace(detail)
+	return fmt.Sprintf("bulkhead: DSN %q: want a postgres:// URL or key=value settings: %s", e.dsn, detail)
+}
+
+func (e *dsnError) Unwrap() error { return e.err }
+
+var (
+	// password=... in key=value settings, quoted or not, and in a URL's query.
+	kvPassword = regexp.MustCompile(`((?:^|[\s&?])(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)`)
+)
+
+// redact hides the passwords of a DSN: a URL's userinfo password, and
+// password= or sslpassword= settings in key=value form or a URL's query.
 func redact(dsn string) string {
+	dsn = kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
+	return redactUserinfo(dsn)
+}
+
+// redactUserinfo hides the password of a URL's userinfo.
+func redactUserinfo(dsn string) string {
 	at := strings.LastIndex(dsn, "@")
 	scheme := strings.Index(dsn, "://")
 	if at < 0 || scheme < 0 || at < scheme {

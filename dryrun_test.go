@@ -1,0 +1,210 @@
+package bulkhead_test
+
+// Dry-run (Policy.DryRun): nothing is rejected, nothing waits, no dial is
+// refused; what would have been rejected is counted and reported. And
+// switching it on and off live with SetPolicy.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+)
+
+// drEvents records OnReject events.
+type drEvents struct {
+	mu  sync.Mutex
+	got []bulkhead.Event
+}
+
+func (d *drEvents) option() bulkhead.Option {
+	return bulkhead.WithEvents(bulkhead.Events{OnReject: func(e bulkhead.Event) {
+		d.mu.Lock()
+		d.got = append(d.got, e)
+		d.mu.Unlock()
+	}})
+}
+
+func (d *drEvents) list() []bulkhead.Event {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]bulkhead.Event(nil), d.got...)
+}
+
+// drHold starts n held operations with ctx, one after the other, each in
+// the driver before the next starts.
+func drHold(t *testing.T, r *wlRig, ctx context.Context, prefix string, n int) []<-chan error {
+	t.Helper()
+	var chs []<-chan error
+	for i := range n {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		chs = append(chs, r.exec(ctx, name))
+		r.await(t, name)
+	}
+	return chs
+}
+
+func drFinish(t *testing.T, r *wlRig, prefix string, chs []<-chan error) {
+	t.Helper()
+	for i, ch := range chs {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		r.finish(name)
+		wlOK(t, name, ch)
+	}
+}
+
+func TestDryRunNeitherRejectsNorWaitsNorRefusesDialsButCountsWhatWouldHaveBeen(t *testing.T) {
+	var ev drEvents
+	// An hour of queue wait: an operation that waited would hang the test.
+	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait, DryRun: true}
+	r := wlOpen(t, p, ev.option())
+	held := drHold(t, r, context.Background(), "h", 3) // B+Q = 2
+	s := r.g.Stats()
+	if !s.DryRun || s.Running != 3 || s.Waiting != 0 || s.Admitted != 3 || s.RejectedFull != 1 || s.RejectedTimeout != 0 || s.WouldWait < 1 {
+		t.Fatalf("dry-run stats with 3 running, B=1, Q=1: %+v; want Running 3, Admitted 3, RejectedFull 1, WouldWait ≥ 1", s)
+	}
+	// The connector dialed a third connection beyond B+Q, and counted no refusal.
+	if s.OpenConns != 3 || s.MaxConns != 2 || s.ConnectRefused != 0 || r.fc.Open() != 3 {
+		t.Fatalf("dry-run connections: %+v, driver has %d open; want 3 open beyond MaxConns 2, none refused", s, r.fc.Open())
+	}
+	evs := ev.list()
+	if len(evs) != 1 || !evs[0].DryRun || evs[0].Reason != bulkhead.ErrAdmissionFull || evs[0].Kind != bulkhead.KindExec {
+		t.Fatalf("OnReject events %+v, want one dry-run admission-full for a statement", evs)
+	}
+	drFinish(t, r, "h", held)
+	drIdle(t, r) // every debt paid
+	p.DryRun = false
+	rzSet(t, r.g, p)
+	rzFull(t, r, 1, "after") // one permit, exactly
+}
+
+// drIdle fails unless nothing holds or waits (r.balanced needs the rig's
+// own OnRelease recorder, which a WithEvents option replaces).
+func drIdle(t *testing.T, r *wlRig) {
+	t.Helper()
+	if s := r.g.Stats(); s.Running != 0 || s.Waiting != 0 {
+		t.Fatalf("after the end: %+v, want nothing held", s)
+	}
+}
+
+// In the scenario above the third operation would have been refused at
+// admission: it would never have waited. Counting it in WouldWait too
+// makes RejectedFull+WouldWait exceed what the enforcing gate would have
+// done (one wait, one refusal).
+func TestDryRunCountsAnOperationThatWouldHaveBeenRefusedOnlyAsARefusal(t *testing.T) {
+	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait, DryRun: true}
+	r := wlOpen(t, p)
+	held := drHold(t, r, context.Background(), "h", 3)
+	if s := r.g.Stats(); s.RejectedFull != 1 || s.WouldWait != 1 {
+		t.Fatalf("stats %+v: want RejectedFull 1 (h2) and WouldWait 1 (h1)", s)
+	}
+	drFinish(t, r, "h", held)
+}
+
+func TestDryRunReportsAWorkloadsWouldBeRejectionsUnderItsName(t *testing.T) {
+	var ev drEvents
+	p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 0, DryRun: true,
+		Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
+	r := wlOpen(t, p, ev.option())
+	held := drHold(t, r, bulkhead.WithWorkload(context.Background(), "batch"), "b", 2)
+	ws := r.wstats(t, "batch")
+	if !ws.DryRun || ws.Running != 2 || ws.RejectedFull != 1 || ws.Admitted != 2 {
+		t.Fatalf("batch in dry-run with 2 running, B=1: %+v; want Running 2, RejectedFull 1, Admitted 2", ws)
+	}
+	if s := r.g.Stats(); s.RejectedFull != 1 || s.Running != 2 {
+		t.Fatalf("global %+v: want the workload's would-be rejection counted, 2 running", s)
+	}
+	if evs := ev.list(); len(evs) != 1 || !evs[0].DryRun || evs[0].Workload != "batch" || evs[0].Reason != bulkhead.ErrAdmissionFull {
+		t.Fatalf("OnReject events %+v, want one dry-run admission-full of batch", evs)
+	}
+	drFinish(t, r, "b", held)
+	drIdle(t, r)
+}
+
+func TestSwitchingDryRunOffWithMoreRunningThanBMakesNewWorkWaitOrBeRejectedUntilRunningDropsBelowB(t *testing.T) {
+	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait, DryRun: true}
+	r := wlOpen(t, p)
+	bg := context.Background()
+	held := drHold(t, r, bg, "h", 3)
+	p.DryRun = false
+	rzSet(t, r.g, p)
+	if s := r.g.Stats(); s.DryRun || s.Running != 3 {
+		t.Fatalf("after switching dry-run off: %+v", s)
+	}
+	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("new op with 3 running, B+Q=2: %v, want admission full", err)
+	}
+	r.finish("h0")
+	wlOK(t, "h0", held[0])
+	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("new op with 2 running, B+Q=2: %v, want admission full", err)
+	}
+	r.finish("h1")
+	wlOK(t, "h1", held[1])
+	// One runs, B=1: the new op is admitted and waits.
+	w := r.exec(bg, "w")
+	fkAwait(t, "w waits", func() bool { return r.g.Stats().Waiting == 1 })
+	if r.hasEntered("w") {
+		t.Fatal("w runs beside h2 with B=1")
+	}
+	r.finish("h2")
+	wlOK(t, "h2", held[2])
+	r.await(t, "w")
+	r.finish("w")
+	wlOK(t, "w", w)
+	r.balanced(t)
+	rzFull(t, r, 1, "after")
+}
+
+func TestSwitchingDryRunOnLetsEveryWaiterRunAtOnce(t *testing.T) {
+	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: bulkhead.MaxQueueWait,
+		Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait}}}
+	r := wlOpen(t, p)
+	bg := context.Background()
+	h := r.exec(bg, "h")
+	r.await(t, "h")
+	w1 := r.exec(bg, "w1")
+	fkAwait(t, "w1 waits", func() bool { return r.g.Stats().Waiting == 1 })
+	w2 := r.exec(bulkhead.WithWorkload(bg, "batch"), "w2") // waits for the global permit, holding batch's
+	fkAwait(t, "w2 waits", func() bool { return r.g.Stats().Waiting == 2 })
+	p.DryRun = true
+	rzSet(t, r.g, p)
+	r.await(t, "w1")
+	r.await(t, "w2")
+	if s := r.g.Stats(); s.Running != 3 || s.Waiting != 0 {
+		t.Fatalf("after switching dry-run on: %+v, want the 2 waiters running", s)
+	}
+	for _, x := range []struct {
+		name string
+		ch   <-chan error
+	}{{"h", h}, {"w1", w1}, {"w2", w2}} {
+		r.finish(x.name)
+		wlOK(t, x.name, x.ch)
+	}
+	r.balanced(t)
+	p.DryRun = false
+	rzSet(t, r.g, p)
+	rzFull(t, r, 1, "after")
+	if ws := r.wstats(t, "batch"); ws.Running != 0 || ws.Waiting != 0 {
+		t.Fatalf("batch after the end: %+v", ws)
+	}
+}
+
+func TestDryRunWithQueueWaitZeroStillNeverRejects(t *testing.T) {
+	p := bulkhead.Policy{MaxConcurrent: 1, DryRun: true}
+	r := wlOpen(t, p)
+	bg := context.Background()
+	held := drHold(t, r, bulkhead.WithQueueWait(bg, 0), "h", 2)
+	if s := r.g.Stats(); s.RejectedFull != 1 || s.RejectedTimeout != 0 || s.Admitted != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+	if n := r.fc.Count(fakedb.OpConnect); n != 2 {
+		t.Fatalf("%d dials, want 2", n)
+	}
+	drFinish(t, r, "h", held)
+	r.balanced(t)
+}

@@ -1,0 +1,333 @@
+package pgxgate_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/stdlib"
+	"go.uber.org/goleak"
+
+	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/pgxgate"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// postgresURL returns the PostgreSQL server of the real-server tests:
+// $BULKHEAD_TEST_DATABASE_URL, else the local one. Under -short the test
+// is skipped.
+func postgresURL(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs PostgreSQL; skipped under -short")
+	}
+	if u := os.Getenv("BULKHEAD_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// pgConfig parses the server's URL with an application_name unique to the
+// test and the variant, for counting its statements in pg_stat_activity.
+func pgConfig(t *testing.T, variant string) (*pgx.ConnConfig, string) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(postgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fmt.Sprintf("pgxgate%d_%s_%s", os.Getpid(), variant, t.Name())
+	if len(app) > 63 {
+		app = app[:63]
+	}
+	cfg.RuntimeParams["application_name"] = app
+	return cfg, app
+}
+
+// monitor is an ungated connection that counts an application's active
+// statements.
+type monitor struct{ db *sql.DB }
+
+func newMonitor(t *testing.T) *monitor {
+	t.Helper()
+	db, err := sql.Open("pgx", postgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	return &monitor{db}
+}
+
+func (m *monitor) active(t *testing.T, app string) int {
+	t.Helper()
+	var n int
+	q := `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'
+	        AND backend_type = 'client backend' AND pid <> pg_backend_pid() AND query LIKE '%pg_sleep%'`
+	if err := m.db.QueryRowContext(context.Background(), q, app).Scan(&n); err != nil {
+		t.Fatalf("pg_stat_activity: %v", err)
+	}
+	return n
+}
+
+// await polls cond, yielding, until it holds; the bound only turns a hang
+// into a failure.
+func await(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting until %s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+// cancelTries runs n statements that the server would run for a minute,
+// cancels each once the server runs it, and polls pg_stat_activity once,
+// right after the call returned. It returns in how many tries the server
+// still ran the statement then, and how many server connections
+// (backend pids) served the n statements.
+func cancelTries(t *testing.T, m *monitor, db *sql.DB, app string, n int) (stillActive, backends int) {
+	t.Helper()
+	pids := map[int]bool{}
+	for i := range n {
+		var pid int
+		if err := db.QueryRowContext(t.Context(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			t.Fatalf("try %d: %v", i, err)
+		}
+		pids[pid] = true
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() {
+			_, err := db.ExecContext(ctx, "SELECT pg_sleep(60)")
+			done <- err
+		}()
+		await(t, "the server runs the statement", func() bool { return m.active(t, app) == 1 })
+		cancel()
+		err := <-done
+		if err == nil {
+			t.Fatalf("try %d: the cancelled statement succeeded", i)
+		}
+		if m.active(t, app) > 0 {
+			stillActive++
+		}
+		// Before the next try, the server must be done with this one.
+		await(t, "the server stopped the statement", func() bool { return m.active(t, app) == 0 })
+	}
+	return stillActive, len(pids)
+}
+
+// cancelCompare runs cancelTries through db, opened on the gate gated
+// (its server connections named app) and, for comparison, through a gate on
+// stdlib.GetConnector with pgx's default context handling.
+func cancelCompare(t *testing.T, what string, gated *bulkhead.Gate, db *sql.DB, app string) {
+	t.Helper()
+	const tries = 10
+	m := newMonitor(t)
+	n, conns := cancelTries(t, m, db, app, tries)
+
+	cfg, appDefault := pgConfig(t, "dflt")
+	gd, err := bulkhead.New(stdlib.GetConnector(*cfg), gated.Policy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbDefault := gd.OpenDB()
+	defer dbDefault.Close()
+	plain, plainConns := cancelTries(t, m, dbDefault, appDefault, tries)
+
+	t.Logf("statement still active on the server right after the cancelled call returned: %s %d of %d (%d server connections used), stdlib.GetConnector default %d of %d (%d server connections used)",
+		what, n, tries, conns, plain, tries, plainConns)
+	if n != 0 {
+		t.Fatalf("through %s, %d of %d cancelled statements still ran on the server after the call returned", what, n, tries)
+	}
+	if conns != 1 {
+		t.Fatalf("through %s, %d server connections served %d cancelled statements: want the one connection kept usable", what, conns, tries)
+	}
+	if plain == 0 {
+		t.Fatalf("with pgx's default handling the statement was never still running after the call returned (%d tries): the comparison shows nothing", tries)
+	}
+	for _, gt := range []*bulkhead.Gate{gated, gd} {
+		if s := gt.Stats(); s.Running != 0 || s.Waiting != 0 {
+			t.Fatalf("permits not back: %+v", s)
+		}
+	}
+}
+
+var cancelPolicy = bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second}
+
+func TestWaitForServerMakesACancelledStatementReturnOnlyAfterTheServerStoppedIt(t *testing.T) {
+	cfg, app := pgConfig(t, "wait")
+	pgxgate.WaitForServer(cfg)
+	g, err := bulkhead.New(stdlib.GetConnector(*cfg), cancelPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	cancelCompare(t, "WaitForServer", g, db, app)
+}
+
+func TestNewMakesACancelledStatementReturnOnlyAfterTheServerStoppedIt(t *testing.T) {
+	cfg, app := pgConfig(t, "new")
+	g, err := pgxgate.New(cfg, cancelPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	cancelCompare(t, "pgxgate.New", g, db, app)
+}
+
+func TestOpenDBMakesACancelledStatementReturnOnlyAfterTheServerStoppedIt(t *testing.T) {
+	u := postgresURL(t)
+	app := fmt.Sprintf("pgxgate%d_open", os.Getpid())
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	db, g, err := pgxgate.OpenDB(u+sep+"application_name="+app, cancelPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	cancelCompare(t, "pgxgate.OpenDB", g, db, app)
+}
+
+// countingHandler counts the cancellations handled by the handler a
+// config sets itself.
+type countingHandler struct {
+	ctxwatch.Handler
+	cancels *atomic.Int64
+}
+
+func (h countingHandler) HandleCancel(ctx context.Context) {
+	h.cancels.Add(1)
+	h.Handler.HandleCancel(ctx)
+}
+
+func TestNewKeepsTheContextHandlerTheConfigSetsAndLeavesTheConfigUnchanged(t *testing.T) {
+	m := newMonitor(t)
+	cfg, app := pgConfig(t, "own")
+	var built, cancels atomic.Int64
+	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		built.Add(1)
+		return countingHandler{&pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}, &cancels}
+	}
+	g, err := pgxgate.New(cfg, bulkhead.Policy{MaxConcurrent: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	cancelTries(t, m, db, app, 1)
+	if built.Load() == 0 || cancels.Load() != 1 {
+		t.Fatalf("the config's own handler was built %d times and handled %d cancellations, want it in use (1 cancellation)", built.Load(), cancels.Load())
+	}
+
+	// New works on a copy: the caller's config is not changed.
+	plain, _ := pgConfig(t, "copy")
+	before := reflect.ValueOf(plain.BuildContextWatcherHandler).Pointer()
+	if _, err := pgxgate.New(plain, bulkhead.Policy{MaxConcurrent: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if after := reflect.ValueOf(plain.BuildContextWatcherHandler).Pointer(); after != before {
+		t.Fatal("pgxgate.New changed BuildContextWatcherHandler on the caller's config")
+	}
+}
+
+func TestWaitForServerInstallsTheCancelRequestHandlerReplacingAnyOther(t *testing.T) {
+	cfg, err := pgx.ParseConfig("postgres://u@127.0.0.1:5432/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.BuildContextWatcherHandler = func(*pgconn.PgConn) ctxwatch.Handler { return nil }
+	pgxgate.WaitForServer(cfg)
+	h, ok := cfg.BuildContextWatcherHandler(nil).(*pgconn.CancelRequestContextWatcherHandler)
+	if !ok || h.DeadlineDelay != pgxgate.DeadlineDelay {
+		t.Fatalf("after WaitForServer the handler is %#v, want a CancelRequestContextWatcherHandler with DeadlineDelay %v", h, pgxgate.DeadlineDelay)
+	}
+}
+
+func TestNewAndOpenDBReturnTheGatesPolicyError(t *testing.T) {
+	cfg, err := pgx.ParseConfig("postgres://u@127.0.0.1:5432/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgxgate.New(cfg, bulkhead.Policy{}); !errors.Is(err, bulkhead.ErrInvalidPolicy) {
+		t.Fatalf("New with B=0: %v, want ErrInvalidPolicy", err)
+	}
+	db, g, err := pgxgate.OpenDB("postgres://u@127.0.0.1:5432/db", bulkhead.Policy{MaxConcurrent: 1, MaxQueue: -1})
+	if !errors.Is(err, bulkhead.ErrInvalidPolicy) || db != nil || g != nil {
+		t.Fatalf("OpenDB with Q=-1: %v, %v, %v; want only ErrInvalidPolicy", db, g, err)
+	}
+}
+
+func TestOpenDBWithABadDSNReturnsAOneLineErrorNamingTheDSNWithThePasswordHidden(t *testing.T) {
+	const secret = "s3cr3t"
+	for _, c := range []struct {
+		name  string
+		dsn   string
+		shown string // the DSN as the error shows it
+	}{
+		{"URL, bad port", "postgres://alice:" + secret + "@127.0.0.1:notaport/test", "postgres://alice:xxxxx@127.0.0.1:notaport/test"},
+		{"postgresql URL, bad sslmode", "postgresql://alice:" + secret + "@127.0.0.1:5432/test?sslmode=bogus", "postgresql://alice:xxxxx@127.0.0.1:5432/test?sslmode=bogus"},
+		{"URL, password with a colon", "postgres://alice:a:" + secret + "@127.0.0.1:bad/test", "postgres://alice:xxxxx@127.0.0.1:bad/test"},
+		{"URL without a password", "postgres://alice@127.0.0.1:bad/test", "postgres://alice@127.0.0.1:bad/test"},
+		{"URL, password with an @", "postgres://alice:p@" + secret + "@127.0.0.1:bad/test", "postgres://alice:xxxxx@127.0.0.1:bad/test"},
+		{"key=value", "host=127.0.0.1 port=notaport user=alice password=" + secret, "password=xxxxx"},
+		{"key=value, quoted", "host=127.0.0.1 port=notaport password='" + secret + " x' user=alice", "password=xxxxx"},
+		{"URL, password in the query", "postgres://alice@127.0.0.1:notaport/test?password=" + secret, "password=xxxxx"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db, g, err := pgxgate.OpenDB(c.dsn, bulkhead.Policy{MaxConcurrent: 1})
+			if err == nil || db != nil || g != nil {
+				t.Fatalf("OpenDB(%q) = %v, %v, %v; want only an error", c.dsn, db, g, err)
+			}
+			msg := err.Error()
+			if !strings.HasPrefix(msg, "bulkhead: DSN ") || strings.ContainsAny(msg, "\r\n") {
+				t.Fatalf("%q: want one line starting with \"bulkhead: DSN \"", msg)
+			}
+			if strings.Contains(msg, secret) {
+				t.Fatalf("%q shows the password", msg)
+			}
+			if !strings.Contains(msg, c.shown) || !strings.Contains(msg, "want a postgres:// URL or key=value settings") {
+				t.Fatalf("%q does not name the DSN as %q and what is expected", msg, c.shown)
+			}
+			var pce *pgconn.ParseConfigError
+			if !errors.As(err, &pce) {
+				t.Fatalf("%v does not wrap pgx's parse error", err)
+			}
+		})
+	}
+}
+
+func TestOpenDBWorksWithAGoodDSN(t *testing.T) {
+	db, g, err := pgxgate.OpenDB(postgresURL(t), bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 3, QueueWait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRowContext(t.Context(), "SELECT 42").Scan(&n); err != nil || n != 42 {
+		t.Fatalf("SELECT 42: %d, %v", n, err)
+	}
+	s := g.Stats()
+	if s.Admitted != 1 || s.Running != 0 || s.MaxConcurrent != 2 || s.MaxConns != 5 || s.OpenConns != 1 {
+		t.Fatalf("stats %+v: want one admitted operation, the policy's limits, one connection", s)
+	}
+	if got := db.Stats().MaxOpenConnections; got != 0 {
+		t.Fatalf("database/sql MaxOpenConnections = %d, want 0 (the gate bounds connections)", got)
+	}
+}

@@ -1,0 +1,513 @@
+package bulkhead_test
+
+// Runtime resizing (Gate.SetPolicy) with operations in flight, on the fake
+// driver: no permit lost or invented, running work finishes under the old
+// limits, new work starts only below the new ones, waiters are woken in
+// FIFO order, workloads are added, changed and removed live, and an
+// invalid policy changes nothing.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"reflect"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+)
+
+func rzSet(t *testing.T, g *bulkhead.Gate, p bulkhead.Policy) {
+	t.Helper()
+	if err := g.SetPolicy(p); err != nil {
+		t.Fatalf("SetPolicy(%+v): %v", p, err)
+	}
+}
+
+// rzFull fails unless exactly b operations can hold permits at once on r
+// and one more is refused at once (queue wait 0): the gate has exactly b
+// execution permits, none lost, none invented.
+func rzFull(t *testing.T, r *wlRig, b int, tag string) {
+	t.Helper()
+	bg := context.Background()
+	done := make([]<-chan error, b)
+	for i := range b {
+		name := fmt.Sprintf("%s-full%d", tag, i)
+		done[i] = r.exec(bg, name)
+		r.await(t, name)
+	}
+	if s := r.g.Stats(); s.Running != b || s.Waiting != 0 {
+		t.Fatalf("%d running at once: stats %+v", b, s)
+	}
+	_, err := r.db.ExecContext(bulkhead.WithQueueWait(bg, 0), "quick")
+	if !errors.Is(err, bulkhead.ErrRejected) {
+		t.Fatalf("operation %d with B=%d: %v, want a rejection", b+1, b, err)
+	}
+	for i := range b {
+		r.finish(fmt.Sprintf("%s-full%d", tag, i))
+		wlOK(t, "full", done[i])
+	}
+	if s := r.g.Stats(); s.Running != 0 || s.Waiting != 0 {
+		t.Fatalf("after the full round: stats %+v", s)
+	}
+}
+
+func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testing.T) {
+	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 4})
+	bg := context.Background()
+	var held []<-chan error
+	for i := range 4 {
+		held = append(held, r.exec(bg, fmt.Sprintf("h%d", i)))
+		r.await(t, fmt.Sprintf("h%d", i))
+	}
+	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 2})
+	if s := r.g.Stats(); s.MaxConcurrent != 2 || s.MaxQueue != 0 || s.MaxConns != 2 || s.Running != 4 {
+		t.Fatalf("after shrinking to B=2 under 4 running: %+v, want the new limits and the 4 still running", s)
+	}
+	// The running work goes on; new work is refused until fewer than the
+	// new B run.
+	var n1 <-chan error
+	for i, running := range []int{3, 2, 1} {
+		r.finish(fmt.Sprintf("h%d", i))
+		wlOK(t, "held", held[i])
+		if running >= 2 {
+			if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+				t.Fatalf("new op with %d running and B=2: %v, want admission full", running, err)
+			}
+			continue
+		}
+		n1 = r.exec(bg, "n1")
+		r.await(t, "n1")
+	}
+	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("new op with h3 and n1 running, B=2: %v, want admission full", err)
+	}
+	r.finish("h3")
+	r.finish("n1")
+	wlOK(t, "h3", held[3])
+	wlOK(t, "n1", n1)
+	r.balanced(t)
+	rzFull(t, r, 2, "after")
+}
+
+func TestShrinkingWithAQueueMakesNewWorkWaitUntilRunningWorkIsBelowTheNewB(t *testing.T) {
+	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: bulkhead.MaxQueueWait})
+	bg := context.Background()
+	var held []<-chan error
+	for i := range 4 {
+		held = append(held, r.exec(bg, fmt.Sprintf("h%d", i)))
+		r.await(t, fmt.Sprintf("h%d", i))
+	}
+	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: bulkhead.MaxQueueWait})
+	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("new op with 4 admitted and B+Q=4: %v, want admission full", err)
+	}
+	r.finish("h0")
+	wlOK(t, "h0", held[0])
+	w1 := r.exec(bg, "w1") // 3 running, B=2: admitted, waits
+	fkAwait(t, "w1 waits", func() bool { return r.g.Stats().Waiting == 1 })
+	r.finish("h1")
+	wlOK(t, "h1", held[1])
+	if s := r.g.Stats(); s.Running != 2 || s.Waiting != 1 || r.hasEntered("w1") {
+		t.Fatalf("2 running with B=2: %+v, w1 entered %v; want w1 still waiting", s, r.hasEntered("w1"))
+	}
+	r.finish("h2")
+	wlOK(t, "h2", held[2])
+	r.await(t, "w1") // 1 running: w1 gets the permit
+	r.finish("h3")
+	r.finish("w1")
+	wlOK(t, "h3", held[3])
+	wlOK(t, "w1", w1)
+	r.balanced(t)
+	rzFull(t, r, 2, "after")
+}
+
+func TestGrowingWakesWaitersInFIFOOrder(t *testing.T) {
+	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 3, QueueWait: bulkhead.MaxQueueWait})
+	bg := context.Background()
+	h0 := r.exec(bg, "h0")
+	r.await(t, "h0")
+	var ws []<-chan error
+	for i := 1; i <= 3; i++ {
+		ws = append(ws, r.exec(bg, fmt.Sprintf("w%d", i)))
+		fkAwait(t, fmt.Sprintf("w%d queued", i), func() bool { return r.g.Stats().Waiting == i })
+	}
+	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 3, MaxQueue: 3, QueueWait: bulkhead.MaxQueueWait})
+	r.await(t, "w1")
+	r.await(t, "w2")
+	if s := r.g.Stats(); s.Running != 3 || s.Waiting != 1 || r.hasEntered("w3") {
+		t.Fatalf("after growing to B=3: %+v, entered %v; want w1 and w2 running, w3 waiting", s, r.enteredOrder())
+	}
+	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 3, QueueWait: bulkhead.MaxQueueWait})
+	r.await(t, "w3")
+	for i, name := range []string{"h0", "w1", "w2", "w3"} {
+		r.finish(name)
+		if i == 0 {
+			wlOK(t, name, h0)
+		} else {
+			wlOK(t, name, ws[i-1])
+		}
+	}
+	r.balanced(t)
+	rzFull(t, r, 4, "after")
+}
+
+func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
+	base := bulkhead.Policy{MaxConcurrent: 4}
+	withBatch := func(w bulkhead.Workload) bulkhead.Policy {
+		p := base
+		p.Workloads = map[string]bulkhead.Workload{"batch": w}
+		return p
+	}
+	r := wlOpen(t, base)
+	bg := context.Background()
+	batch := bulkhead.WithWorkload(bg, "batch")
+	refused := func(what string) {
+		t.Helper()
+		_, err := r.db.ExecContext(batch, "quick")
+		wlRejected(t, what, err, bulkhead.ErrAdmissionFull, "batch", r.wstats(t, "batch").MaxConcurrent, 0)
+	}
+
+	u1 := r.exec(bg, "u1")
+	r.await(t, "u1")
+	// Added while untagged work runs.
+	rzSet(t, r.g, withBatch(bulkhead.Workload{MaxConcurrent: 1}))
+	b1 := r.exec(batch, "b1")
+	r.await(t, "b1")
+	refused("batch at B=1")
+	// Grown: the next one runs.
+	rzSet(t, r.g, withBatch(bulkhead.Workload{MaxConcurrent: 2}))
+	b2 := r.exec(batch, "b2")
+	r.await(t, "b2")
+	// Shrunk under two running: both go on, new batch work waits for
+	// fewer than one to run.
+	rzSet(t, r.g, withBatch(bulkhead.Workload{MaxConcurrent: 1}))
+	if ws := r.wstats(t, "batch"); ws.Running != 2 || ws.MaxConcurrent != 1 {
+		t.Fatalf("batch after shrinking under 2 running: %+v", ws)
+	}
+	refused("batch with 2 running, B=1")
+	r.finish("b1")
+	wlOK(t, "b1", b1)
+	refused("batch with 1 running, B=1")
+	r.finish("b2")
+	wlOK(t, "b2", b2)
+	b3 := r.exec(batch, "b3")
+	r.await(t, "b3")
+
+	// Removed while b3 runs: b3 ends under the old budget; batch-tagged
+	// work now passes the global budget alone.
+	rzSet(t, r.g, base)
+	if _, ok := r.g.WorkloadStats("batch"); ok {
+		t.Fatal("WorkloadStats(batch) is ok after the workload was removed")
+	}
+	b4 := r.exec(batch, "b4")
+	r.await(t, "b4")
+	r.finish("b3")
+	wlOK(t, "b3, ended after its workload was removed", b3)
+	if s := r.g.Stats(); s.Running != 2 {
+		t.Fatalf("global after b3 ended: %+v, want u1 and b4 running", s)
+	}
+	r.finish("u1")
+	r.finish("b4")
+	wlOK(t, "u1", u1)
+	wlOK(t, "b4", b4)
+	r.balanced(t)
+
+	// Added again once its operations ended: exactly its B.
+	rzSet(t, r.g, withBatch(bulkhead.Workload{MaxConcurrent: 2}))
+	if ws := r.wstats(t, "batch"); ws.Running != 0 || ws.Waiting != 0 || ws.MaxConcurrent != 2 {
+		t.Fatalf("re-added batch: %+v, want B=2 and nothing held", ws)
+	}
+	b5, b6 := r.exec(batch, "b5"), r.exec(batch, "b6")
+	r.await(t, "b5")
+	r.await(t, "b6")
+	refused("re-added batch at B=2")
+	r.finish("b5")
+	r.finish("b6")
+	wlOK(t, "b5", b5)
+	wlOK(t, "b6", b6)
+	r.balanced(t)
+	rzFull(t, r, 4, "after")
+}
+
+// A removed workload's queued operation waits for its old budget's permit,
+// not for anything else.
+func TestAnOperationQueuedInAWorkloadThatIsRemovedRunsWhenItsOldBudgetFrees(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour,
+			Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour}}}
+		r := wlOpen(t, p)
+		batch := bulkhead.WithWorkload(context.Background(), "batch")
+		b1 := r.exec(batch, "b1")
+		synctest.Wait()
+		b2 := r.exec(batch, "b2")
+		synctest.Wait()
+		rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
+		synctest.Wait()
+		if r.hasEntered("b2") {
+			t.Fatal("removing the workload let its queued operation run beside the one holding its permit")
+		}
+		r.finish("b1")
+		wlOK(t, "b1", b1)
+		synctest.Wait()
+		if !r.hasEntered("b2") {
+			t.Fatal("the queued operation of the removed workload did not get the permit b1 gave back")
+		}
+		r.finish("b2")
+		wlOK(t, "b2", b2)
+		r.balanced(t)
+	})
+}
+
+func TestAnInvalidSetPolicyChangesNothing(t *testing.T) {
+	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: 5 * time.Millisecond,
+		Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 0, QueueWait: time.Millisecond}}}
+	r := wlOpen(t, p)
+	h1 := r.exec(bulkhead.WithWorkload(context.Background(), "batch"), "h1")
+	r.await(t, "h1")
+	before, beforeW := r.g.Stats(), r.wstats(t, "batch")
+	for _, bad := range []bulkhead.Policy{
+		{MaxConcurrent: 0},
+		{MaxConcurrent: 3, MaxQueue: -1},
+		{MaxConcurrent: 3, QueueWait: -time.Second},
+		{MaxConcurrent: 3, QueueWait: 2 * bulkhead.MaxQueueWait},
+		{MaxConcurrent: 3, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 4}}},
+		{MaxConcurrent: 3, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 3}}},
+		{MaxConcurrent: 3, Workloads: map[string]bulkhead.Workload{"Batch": {MaxConcurrent: 1}}},
+		{MaxConcurrent: 3, Workloads: map[string]bulkhead.Workload{"ok": {MaxConcurrent: 1}, "zz": {MaxConcurrent: 0}}},
+		{MaxConcurrent: 3, DryRun: true, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, QueueWait: -1}}},
+	} {
+		err := r.g.SetPolicy(bad)
+		if !errors.Is(err, bulkhead.ErrInvalidPolicy) {
+			t.Fatalf("SetPolicy(%+v) = %v, want ErrInvalidPolicy", bad, err)
+		}
+		if got := r.g.Policy(); !reflect.DeepEqual(got, p) {
+			t.Fatalf("after the invalid SetPolicy(%+v): Policy() = %+v, want %+v", bad, got, p)
+		}
+		if s, ws := r.g.Stats(), r.wstats(t, "batch"); s != before || ws != beforeW {
+			t.Fatalf("after the invalid SetPolicy(%+v): stats %+v / %+v, want %+v / %+v", bad, s, ws, before, beforeW)
+		}
+		if _, ok := r.g.WorkloadStats("ok"); ok {
+			t.Fatal("an invalid policy's workload was added")
+		}
+	}
+	// The limits in force are still the old ones: batch at its B=1.
+	_, err := r.db.ExecContext(bulkhead.WithWorkload(context.Background(), "batch"), "quick")
+	wlRejected(t, "batch op after the invalid policies", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
+	r.finish("h1")
+	wlOK(t, "h1", h1)
+	r.balanced(t)
+	rzFull(t, r, 2, "after")
+}
+
+func TestThePolicyInForceIsACopyOnBothSides(t *testing.T) {
+	ws := map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}
+	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 2, Workloads: ws})
+	ws["batch"] = bulkhead.Workload{MaxConcurrent: 2}
+	ws["other"] = bulkhead.Workload{MaxConcurrent: 1}
+	got := r.g.Policy()
+	got.Workloads["batch"] = bulkhead.Workload{MaxConcurrent: 2}
+	got.Workloads["more"] = bulkhead.Workload{MaxConcurrent: 1}
+	p := r.g.Policy()
+	if len(p.Workloads) != 1 || p.Workloads["batch"].MaxConcurrent != 1 {
+		t.Fatalf("Policy() = %+v after the caller changed the maps it passed and got: want batch B=1 alone", p)
+	}
+	if err := r.g.SetPolicy(bulkhead.Policy{MaxConcurrent: 2, Workloads: ws}); err != nil {
+		t.Fatal(err)
+	}
+	ws["batch"] = bulkhead.Workload{MaxConcurrent: 1}
+	if p := r.g.Policy(); p.Workloads["batch"].MaxConcurrent != 2 || len(p.Workloads) != 2 {
+		t.Fatalf("Policy() = %+v after the caller changed the map given to SetPolicy", p)
+	}
+}
+
+func TestSetPolicyOnAGateMadeWithAnInvalidPolicyReturnsItsError(t *testing.T) {
+	fc := fakedb.New()
+	g := bulkhead.Connector(fc, bulkhead.Policy{MaxConcurrent: 0})
+	err := g.SetPolicy(bulkhead.Policy{MaxConcurrent: 1})
+	if !errors.Is(err, bulkhead.ErrInvalidPolicy) {
+		t.Fatalf("SetPolicy on an invalid gate: %v, want the gate's ErrInvalidPolicy", err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	if err := db.PingContext(context.Background()); !errors.Is(err, bulkhead.ErrInvalidPolicy) {
+		t.Fatalf("Ping after SetPolicy: %v, want the original policy error", err)
+	}
+	if n := fc.Count(fakedb.OpConnect); n != 0 {
+		t.Fatalf("%d dials: an invalid gate dialed after SetPolicy", n)
+	}
+}
+
+// A bounded storm of operations of several workloads while SetPolicy
+// resizes every budget, adds and removes workloads. Checked inside the
+// gated work: never more operations than the largest B set, nor more of a
+// workload than its largest B. At the end: every permit is back, and the
+// final policy's B runs at once and not one more.
+func TestConcurrentResizingNeverLosesOrInventsPermits(t *testing.T) {
+	const (
+		workers    = 8
+		ops        = 60
+		maxResizes = 20000 // the resizer runs until the workers are done, at most this many times
+		maxB       = 3
+		maxBw      = 2
+	)
+	// "a" is in every policy, resized each time; "b" comes and goes. The
+	// bound per workload is checked for "a": a workload removed and added
+	// again while its operations run is the subject of
+	// TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations.
+	policies := []bulkhead.Policy{
+		{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Millisecond,
+			Workloads: map[string]bulkhead.Workload{"a": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Millisecond}}},
+		{MaxConcurrent: 3, MaxQueue: 1, QueueWait: time.Millisecond,
+			Workloads: map[string]bulkhead.Workload{"a": {MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Millisecond}}},
+		{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Millisecond,
+			Workloads: map[string]bulkhead.Workload{"a": {MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Millisecond}, "b": {MaxConcurrent: 1}}},
+		{MaxConcurrent: 3, MaxQueue: 0,
+			Workloads: map[string]bulkhead.Workload{"a": {MaxConcurrent: 2}, "b": {MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Millisecond}}},
+	}
+	r := wlOpen(t, policies[0])
+	var inDriver atomic.Int64
+	perWl := map[string]*atomic.Int64{"a": {}}
+	var firstErr atomic.Pointer[error]
+	fail := func(err error) { firstErr.CompareAndSwap(nil, &err) }
+	r.fc.SetHook(func(ctx context.Context, op fakedb.Op, q string) error {
+		if q != "work" {
+			return r.hook(ctx, op, q)
+		}
+		if n := inDriver.Add(1); n > maxB {
+			fail(fmt.Errorf("%d operations in the driver, more than any B set (%d)", n, maxB))
+		}
+		defer inDriver.Add(-1)
+		if name, _ := bulkhead.WorkloadFromContext(ctx); perWl[name] != nil {
+			if n := perWl[name].Add(1); n > maxBw {
+				fail(fmt.Errorf("%d operations of %q in the driver, more than any of its B (%d)", n, name, maxBw))
+			}
+			defer perWl[name].Add(-1)
+		}
+		runtime.Gosched()
+		return nil
+	})
+	var wg sync.WaitGroup
+	var okN, rejN atomic.Int64
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewSource(int64(w)))
+			for range ops {
+				ctx := context.Background()
+				if name := []string{"a", "b", ""}[rng.Intn(3)]; name != "" {
+					ctx = bulkhead.WithWorkload(ctx, name)
+				}
+				var err error
+				if rng.Intn(2) == 0 {
+					_, err = r.db.ExecContext(ctx, "work")
+				} else {
+					var tx interface{ Commit() error }
+					if tx, err = r.db.BeginTx(ctx, nil); err == nil {
+						err = tx.Commit()
+					}
+				}
+				switch {
+				case err == nil:
+					okN.Add(1)
+				case errors.Is(err, bulkhead.ErrRejected):
+					rejN.Add(1)
+				default:
+					fail(err)
+				}
+			}
+		})
+	}
+	var stop atomic.Bool
+	var resized atomic.Int64
+	resizer := make(chan struct{})
+	go func() {
+		defer close(resizer)
+		for i := 0; i < maxResizes && !stop.Load(); i++ {
+			if err := r.g.SetPolicy(policies[i%len(policies)]); err != nil {
+				fail(err)
+			}
+			resized.Add(1)
+			runtime.Gosched()
+		}
+	}()
+	wg.Wait()
+	stop.Store(true)
+	<-resizer
+	if e := firstErr.Load(); e != nil {
+		t.Fatal(*e)
+	}
+	t.Logf("%d ok, %d rejected across %d resizes", okN.Load(), rejN.Load(), resized.Load())
+	final := policies[3]
+	rzSet(t, r.g, final)
+	if s := r.g.Stats(); s.Running != 0 || s.Waiting != 0 {
+		t.Fatalf("after the storm: %+v, want nothing held", s)
+	}
+	for _, name := range []string{"a", "b"} {
+		if ws := r.wstats(t, name); ws.Running != 0 || ws.Waiting != 0 {
+			t.Fatalf("workload %s after the storm: %+v, want nothing held", name, ws)
+		}
+	}
+	rzFull(t, r, final.MaxConcurrent, "final")
+	if s := r.g.Stats(); s.Admitted != okN.Load()+int64(final.MaxConcurrent) {
+		t.Fatalf("Admitted=%d, want %d", s.Admitted, okN.Load()+int64(final.MaxConcurrent))
+	}
+}
+
+// A workload removed by SetPolicy and added again while its operations
+// still run must count them: "no permit invented". The gate builds a
+// fresh budget for the name instead, so the workload runs its old
+// operations plus a full new B.
+func TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations(t *testing.T) {
+	withBatch := bulkhead.Policy{MaxConcurrent: 4, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
+	r := wlOpen(t, withBatch)
+	batch := bulkhead.WithWorkload(context.Background(), "batch")
+	b1 := r.exec(batch, "b1")
+	r.await(t, "b1")
+	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4})
+	rzSet(t, r.g, withBatch)
+	if ws := r.wstats(t, "batch"); ws.Running != 1 {
+		t.Fatalf("batch added again while b1 runs: %+v, want b1 counted (Running 1)", ws)
+	}
+	_, err := r.db.ExecContext(batch, "quick")
+	wlRejected(t, "second batch op with b1 still running", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
+	r.finish("b1")
+	wlOK(t, "b1", b1)
+	r.balanced(t)
+}
+
+// Gate.Close closes the queues of the workloads in force; an operation
+// queued in a workload that SetPolicy removed waits on a queue that Close
+// no longer reaches.
+func TestClosingTheGateMakesAnOperationQueuedInARemovedWorkloadReturnErrClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour,
+			Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour}}}
+		r := wlOpen(t, p)
+		batch := bulkhead.WithWorkload(context.Background(), "batch")
+		b1 := r.exec(batch, "b1")
+		synctest.Wait()
+		b2 := r.exec(batch, "b2")
+		synctest.Wait()
+		rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
+		if err := r.g.Close(); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // no fake time passes: only the close can end b2's wait
+		select {
+		case err := <-b2:
+			if !errors.Is(err, bulkhead.ErrClosed) {
+				t.Fatalf("b2 after Close: %v, want ErrClosed", err)
+			}
+		default:
+			t.Fatal("an operation queued in a removed workload still waits after Gate.Close")
+		}
+		r.finish("b1")
+		wlOK(t, "b1", b1)
+	})
+}

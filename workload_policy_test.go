@@ -1,0 +1,210 @@
+package bulkhead
+
+// BULKHEAD_WORKLOADS and BULKHEAD_DRY_RUN, and Policy.Validate of
+// workloads. polCheckMessage and polLookup come from policy_test.go.
+
+import (
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+)
+
+func TestWorkloadsAndDryRunFromTheEnvironmentParseValidValues(t *testing.T) {
+	name64 := strings.Repeat("a", 64)
+	withBase := DefaultPolicy
+	withBase.DryRun = true
+	withBase.Workloads = map[string]Workload{"old": {MaxConcurrent: 1}}
+	for _, c := range []struct {
+		name string
+		base Policy
+		env  map[string]string
+		want Policy
+	}{
+		{"two workloads", DefaultPolicy, map[string]string{EnvWorkloads: "batch:2:4:50ms,report:1:0:0s"},
+			Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond, Workloads: map[string]Workload{
+				"batch": {MaxConcurrent: 2, MaxQueue: 4, QueueWait: 50 * time.Millisecond}, "report": {MaxConcurrent: 1}}}},
+		{"names of digits, _ and -, 64 long", DefaultPolicy, map[string]string{EnvWorkloads: "a-1_b:1:0:1h," + name64 + ":10:10:0s"},
+			Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond, Workloads: map[string]Workload{
+				"a-1_b": {MaxConcurrent: 1, QueueWait: time.Hour}, name64: {MaxConcurrent: 10, MaxQueue: 10}}}},
+		{"a workload checked against B from the environment", DefaultPolicy,
+			map[string]string{EnvWorkloads: "big:15:0:0s", EnvMaxConcurrent: "20"},
+			Policy{MaxConcurrent: 20, MaxQueue: 10, QueueWait: 100 * time.Millisecond, Workloads: map[string]Workload{"big": {MaxConcurrent: 15}}}},
+		{"empty: no workloads", withBase, map[string]string{EnvWorkloads: ""},
+			Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond, DryRun: true, Workloads: map[string]Workload{}}},
+		{"unset: the base's", withBase, map[string]string{}, withBase},
+		{"dry-run true", DefaultPolicy, map[string]string{EnvDryRun: "true"},
+			Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond, DryRun: true}},
+		{"dry-run false over a base's true", withBase, map[string]string{EnvDryRun: "false"},
+			Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond, Workloads: withBase.Workloads}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := PolicyFromLookup(c.base, polLookup(c.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !samePolicy(got, c.want) {
+				t.Fatalf("got %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestMalformedWorkloadsAndDryRunValuesAreErrorsNamingTheVariableAndTheValue(t *testing.T) {
+	const wantEntry = "want name:B:Q:wait entries separated by commas"
+	const wantName = "want 1 to 64 of a-z, 0-9, _ and -"
+	for _, c := range []struct {
+		env  string
+		v    string
+		want []string // besides "bulkhead: ", ErrInvalidPolicy and one line
+	}{
+		// Entries.
+		{EnvWorkloads, "batch", []string{`BULKHEAD_WORKLOADS="batch"`, `entry "batch"`, wantEntry}},
+		{EnvWorkloads, "batch:2:4", []string{`BULKHEAD_WORKLOADS="batch:2:4"`, wantEntry}},
+		{EnvWorkloads, "batch:2:4:50ms:1", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms:1"`, wantEntry}},
+		{EnvWorkloads, "batch:2:4:50ms,", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms,"`, `entry ""`, wantEntry}},
+		{EnvWorkloads, ",batch:2:4:50ms", []string{`BULKHEAD_WORKLOADS=",batch:2:4:50ms"`, `entry ""`}},
+		{EnvWorkloads, "batch:2:4:50ms;report:1:0:0s", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms;report:1:0:0s"`, wantEntry}},
+		{EnvWorkloads, "batch:2:4:50ms\nreport:1:0:0s", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms\nreport:1:0:0s"`}},
+		// Names.
+		{EnvWorkloads, "Batch:2:4:50ms", []string{`BULKHEAD_WORKLOADS="Batch:2:4:50ms"`, `workload name "Batch"`, wantName}},
+		{EnvWorkloads, " batch:2:4:50ms", []string{`BULKHEAD_WORKLOADS=" batch:2:4:50ms"`, `workload name " batch"`}},
+		{EnvWorkloads, ":2:4:50ms", []string{`BULKHEAD_WORKLOADS=":2:4:50ms"`, `workload name ""`}},
+		{EnvWorkloads, "b\u00e4tch:2:4:50ms", []string{"BULKHEAD_WORKLOADS=\"b\u00e4tch:2:4:50ms\"", wantName}},
+		{EnvWorkloads, strings.Repeat("a", 65) + ":1:0:0s", []string{`BULKHEAD_WORKLOADS="` + strings.Repeat("a", 65), wantName}},
+		{EnvWorkloads, "batch:1:0:0s,report:1:0:0s,batch:2:0:0s", []string{`BULKHEAD_WORKLOADS="batch:1:0:0s,report:1:0:0s,batch:2:0:0s"`, `workload "batch" appears twice`}},
+		// B.
+		{EnvWorkloads, "batch:0:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"0"`, "want a decimal integer from 1"}},
+		{EnvWorkloads, "batch:+2:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"+2"`}},
+		{EnvWorkloads, "batch:-1:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"-1"`}},
+		{EnvWorkloads, "batch: 2:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `" 2"`}},
+		{EnvWorkloads, "batch:2.0:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"2.0"`}},
+		{EnvWorkloads, "batch:0x2:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"0x2"`}},
+		{EnvWorkloads, "batch:99999999999:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"99999999999"`}},
+		{EnvWorkloads, "batch::4:50ms", []string{"BULKHEAD_WORKLOADS batch B", "empty"}},
+		// Q.
+		{EnvWorkloads, "batch:2:-1:50ms", []string{"BULKHEAD_WORKLOADS batch Q", `"-1"`, "want a decimal integer from 0"}},
+		{EnvWorkloads, "batch:2:1e3:50ms", []string{"BULKHEAD_WORKLOADS batch Q", `"1e3"`}},
+		{EnvWorkloads, "batch:2::50ms", []string{"BULKHEAD_WORKLOADS batch Q", "empty"}},
+		// Wait.
+		{EnvWorkloads, "batch:2:4:50", []string{"BULKHEAD_WORKLOADS batch wait", `"50"`, "want a Go duration with a unit"}},
+		{EnvWorkloads, "batch:2:4:-1ms", []string{"BULKHEAD_WORKLOADS batch wait", `"-1ms"`}},
+		{EnvWorkloads, "batch:2:4:-0s", []string{"BULKHEAD_WORKLOADS batch wait", `"-0s"`}},
+		{EnvWorkloads, "batch:2:4:+1s", []string{"BULKHEAD_WORKLOADS batch wait", `"+1s"`}},
+		{EnvWorkloads, "batch:2:4:2h", []string{"BULKHEAD_WORKLOADS batch wait", `"2h"`, "to 1h0m0s"}},
+		{EnvWorkloads, "batch:2:4:50ms ", []string{"BULKHEAD_WORKLOADS batch wait", `"50ms "`}},
+		{EnvWorkloads, "batch:2:4:", []string{"BULKHEAD_WORKLOADS batch wait", "empty"}},
+		// Dry-run: true or false, nothing else.
+		{EnvDryRun, "", []string{`BULKHEAD_DRY_RUN=""`, "want true or false"}},
+		{EnvDryRun, "1", []string{`BULKHEAD_DRY_RUN="1"`, "want true or false"}},
+		{EnvDryRun, "0", []string{`BULKHEAD_DRY_RUN="0"`}},
+		{EnvDryRun, "TRUE", []string{`BULKHEAD_DRY_RUN="TRUE"`}},
+		{EnvDryRun, "True", []string{`BULKHEAD_DRY_RUN="True"`}},
+		{EnvDryRun, "t", []string{`BULKHEAD_DRY_RUN="t"`}},
+		{EnvDryRun, "yes", []string{`BULKHEAD_DRY_RUN="yes"`}},
+		{EnvDryRun, " true", []string{`BULKHEAD_DRY_RUN=" true"`}},
+		{EnvDryRun, "true\n", []string{`BULKHEAD_DRY_RUN="true\n"`}},
+	} {
+		t.Run(c.env+"="+strconv.Quote(c.v), func(t *testing.T) {
+			p, err := PolicyFromLookup(DefaultPolicy, polLookup(map[string]string{c.env: c.v}))
+			if err == nil {
+				t.Fatalf("got %+v, want an error", p)
+			}
+			if !samePolicy(p, Policy{}) {
+				t.Errorf("with an error the policy is %+v, want the zero Policy", p)
+			}
+			polCheckMessage(t, err, c.want...)
+		})
+	}
+}
+
+// A workload that parses but does not fit the policy (B above the
+// policy's, B+Q above the policy's) fails Validate; the error names the
+// workload and the value, but not the variable it came from.
+func TestWorkloadsFromTheEnvironmentThatDoNotFitThePolicyNameTheVariable(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		want []string
+	}{
+		{map[string]string{EnvWorkloads: "batch:11:0:0s"}, []string{`BULKHEAD_WORKLOADS="batch:11:0:0s"`, `workload "batch": MaxConcurrent is 11`}},
+		{map[string]string{EnvWorkloads: "batch:10:11:0s"}, []string{`BULKHEAD_WORKLOADS="batch:10:11:0s"`, `workload "batch": MaxQueue is 11`}},
+		{map[string]string{EnvWorkloads: "batch:2:0:0s", EnvMaxConcurrent: "1"}, []string{`BULKHEAD_WORKLOADS="batch:2:0:0s"`, `BULKHEAD_MAX_CONCURRENT="1"`}},
+	} {
+		_, err := PolicyFromLookup(DefaultPolicy, polLookup(c.env))
+		if err == nil {
+			t.Fatalf("%v: want an error", c.env)
+		}
+		polCheckMessage(t, err, c.want...)
+	}
+}
+
+// What the variables give today for a workload that does not fit: an
+// error naming the workload, its field and value, and the limit.
+func TestWorkloadsFromTheEnvironmentThatDoNotFitThePolicyAreErrors(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		want []string
+	}{
+		{map[string]string{EnvWorkloads: "batch:11:0:0s"}, []string{`workload "batch": MaxConcurrent is 11, want 1 to the policy's 10`}},
+		{map[string]string{EnvWorkloads: "batch:10:11:0s"}, []string{`workload "batch": MaxQueue is 11, want 0 to 10 (its B+Q within the policy's 20)`}},
+		{map[string]string{EnvWorkloads: "batch:2:0:0s", EnvMaxConcurrent: "1"}, []string{`MaxConcurrent is 2, want 1 to the policy's 1`, `BULKHEAD_MAX_CONCURRENT="1"`}},
+	} {
+		p, err := PolicyFromLookup(DefaultPolicy, polLookup(c.env))
+		if err == nil {
+			t.Fatalf("%v: got %+v, want an error", c.env, p)
+		}
+		polCheckMessage(t, err, c.want...)
+	}
+}
+
+func TestValidateNamesTheInvalidWorkloadItsFieldAndItsValue(t *testing.T) {
+	base := Policy{MaxConcurrent: 4, MaxQueue: 2, QueueWait: time.Second}
+	with := func(ws map[string]Workload) Policy {
+		p := base
+		p.Workloads = ws
+		return p
+	}
+	for _, c := range []struct {
+		name string
+		ws   map[string]Workload
+		want []string
+	}{
+		{"empty name", map[string]Workload{"": {MaxConcurrent: 1}}, []string{`workload name ""`, "want 1 to 64 of a-z, 0-9, _ and -"}},
+		{"upper case", map[string]Workload{"Batch": {MaxConcurrent: 1}}, []string{`workload name "Batch"`}},
+		{"space", map[string]Workload{"a b": {MaxConcurrent: 1}}, []string{`workload name "a b"`}},
+		{"colon", map[string]Workload{"a:b": {MaxConcurrent: 1}}, []string{`workload name "a:b"`}},
+		{"newline", map[string]Workload{"a\nb": {MaxConcurrent: 1}}, []string{`workload name "a\nb"`}},
+		{"65 long", map[string]Workload{strings.Repeat("x", 65): {MaxConcurrent: 1}}, []string{`workload name "` + strings.Repeat("x", 65) + `"`}},
+		{"B 0", map[string]Workload{"batch": {}}, []string{`workload "batch": MaxConcurrent is 0, want 1 to the policy's 4`}},
+		{"B negative", map[string]Workload{"batch": {MaxConcurrent: math.MinInt}}, []string{`MaxConcurrent is ` + strconv.Itoa(math.MinInt)}},
+		{"B above the policy's", map[string]Workload{"batch": {MaxConcurrent: 5}}, []string{`workload "batch": MaxConcurrent is 5, want 1 to the policy's 4`}},
+		{"Q negative", map[string]Workload{"batch": {MaxConcurrent: 1, MaxQueue: -1}}, []string{`workload "batch": MaxQueue is -1, want 0 to 5 (its B+Q within the policy's 6)`}},
+		{"B+Q above the policy's", map[string]Workload{"batch": {MaxConcurrent: 4, MaxQueue: 3}}, []string{`MaxQueue is 3, want 0 to 2`}},
+		{"Q at the int maximum", map[string]Workload{"batch": {MaxConcurrent: 1, MaxQueue: math.MaxInt}}, []string{`MaxQueue is ` + strconv.Itoa(math.MaxInt)}},
+		{"wait negative", map[string]Workload{"batch": {MaxConcurrent: 1, QueueWait: -time.Nanosecond}}, []string{`workload "batch": QueueWait is -1ns, want 0s to 1h0m0s`}},
+		{"wait above the maximum", map[string]Workload{"batch": {MaxConcurrent: 1, QueueWait: MaxQueueWait + 1}}, []string{`QueueWait is 1h0m0.000000001s`}},
+		{"the first invalid by name", map[string]Workload{"zz": {}, "aa": {MaxConcurrent: 1, MaxQueue: -2}, "mm": {MaxConcurrent: 9}}, []string{`workload "aa": MaxQueue is -2`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := with(c.ws).Validate()
+			if err == nil {
+				t.Fatal("Validate accepted it")
+			}
+			polCheckMessage(t, err, c.want...)
+			if _, nerr := New(fakedb.New(), with(c.ws)); nerr == nil || nerr.Error() != err.Error() {
+				t.Fatalf("New: %v, want Validate's error %v", nerr, err)
+			}
+		})
+	}
+	// The largest valid workload: the policy's B, and its B+Q.
+	ok := with(map[string]Workload{"max": {MaxConcurrent: 4, MaxQueue: 2, QueueWait: MaxQueueWait}, "min": {MaxConcurrent: 1}})
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("the largest valid workloads: %v", err)
+	}
+	// The policy's own fields are checked before its workloads.
+	bad := Policy{MaxConcurrent: 0, Workloads: map[string]Workload{"Bad": {}}}
+	polCheckMessage(t, bad.Validate(), "MaxConcurrent is 0")
+}

@@ -1,0 +1,678 @@
+package bulkhead_test
+
+// Workloads (Policy.Workloads, WithWorkload, WorkloadStats): each named
+// workload has its own budget inside the global one. Deterministic tests on
+// the fake driver, and the issue's batch-versus-interactive test on
+// PostgreSQL.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+)
+
+// wlRig is a gate on the fake driver whose Exec (and Query) of
+// "hold NAME" stays inside the driver, holding its permits, until the test
+// calls finish(NAME) or the call's context ends. Every other query
+// returns at once. The rig records which held operations entered the
+// driver, in order, and waits for its goroutines at the end of the test.
+type wlRig struct {
+	*fkEnv
+	mu      sync.Mutex
+	gates   map[string]chan struct{}
+	entered []string
+	wg      sync.WaitGroup
+	hook    fakedb.Hook // the fake driver's hook that holds "hold NAME"
+}
+
+func wlOpen(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) *wlRig {
+	t.Helper()
+	r := &wlRig{gates: map[string]chan struct{}{}}
+	fc := fakedb.New()
+	r.hook = func(ctx context.Context, op fakedb.Op, query string) error {
+		name, ok := strings.CutPrefix(query, "hold ")
+		if !ok || (op != fakedb.OpExec && op != fakedb.OpQuery) {
+			return nil
+		}
+		r.mu.Lock()
+		ch := r.gateLocked(name)
+		r.entered = append(r.entered, name)
+		r.mu.Unlock()
+		select {
+		case <-ch:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	fc.SetHook(r.hook)
+	r.fkEnv = fkOpen(t, fc, p, opts...)
+	// Cleanups run last-in first-out: this one, before fkOpen's db.Close.
+	t.Cleanup(func() {
+		r.mu.Lock()
+		for _, ch := range r.gates {
+			select {
+			case <-ch:
+			default:
+				close(ch)
+			}
+		}
+		r.gates = nil // later holds pass at once
+		r.mu.Unlock()
+		r.wg.Wait()
+	})
+	return r
+}
+
+func (r *wlRig) gateLocked(name string) chan struct{} {
+	if r.gates == nil {
+		ch := make(chan struct{})
+		close(ch)
+		return ch
+	}
+	ch, ok := r.gates[name]
+	if !ok {
+		ch = make(chan struct{})
+		r.gates[name] = ch
+	}
+	return ch
+}
+
+// exec starts db.ExecContext(ctx, "hold "+name) on a goroutine.
+func (r *wlRig) exec(ctx context.Context, name string) <-chan error {
+	ch := make(chan error, 1)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		_, err := r.db.ExecContext(ctx, "hold "+name)
+		ch <- err
+	}()
+	return ch
+}
+
+// tx starts a transaction on a goroutine that runs "hold "+name inside it
+// (the transaction holds the permits, the statement takes none) and
+// commits.
+func (r *wlRig) tx(ctx context.Context, name string) <-chan error {
+	ch := make(chan error, 1)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		tx, err := r.db.BeginTx(ctx, nil)
+		if err != nil {
+			ch <- err
+			return
+		}
+		if _, err := tx.ExecContext(ctx, "hold "+name); err != nil {
+			tx.Rollback()
+			ch <- err
+			return
+		}
+		ch <- tx.Commit()
+	}()
+	return ch
+}
+
+// finish lets the held operation name return.
+func (r *wlRig) finish(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := r.gateLocked(name)
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
+}
+
+func (r *wlRig) hasEntered(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Contains(r.entered, name)
+}
+
+func (r *wlRig) enteredOrder() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.entered)
+}
+
+// await waits until the held operation name is inside the driver.
+func (r *wlRig) await(t *testing.T, name string) {
+	t.Helper()
+	fkAwait(t, name+" runs in the driver", func() bool { return r.hasEntered(name) })
+}
+
+// wstats returns the named workload's stats, failing if there is none.
+func (r *wlRig) wstats(t *testing.T, name string) bulkhead.Stats {
+	t.Helper()
+	s, ok := r.g.WorkloadStats(name)
+	if !ok {
+		t.Fatalf("WorkloadStats(%q): no such workload", name)
+	}
+	return s
+}
+
+// wlRejected fails the test unless err is a *RejectedError with the given
+// cause naming the given workload ("" for the global budget) and limits.
+func wlRejected(t *testing.T, what string, err error, cause error, workload string, b, q int) *bulkhead.RejectedError {
+	t.Helper()
+	var re *bulkhead.RejectedError
+	if !errors.As(err, &re) || !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, cause) {
+		t.Fatalf("%s: %v, want a rejection with %v", what, err, cause)
+	}
+	if re.Workload != workload || re.MaxConcurrent != b || re.MaxQueue != q {
+		t.Fatalf("%s: %+v, want Workload %q, MaxConcurrent %d, MaxQueue %d", what, re, workload, b, q)
+	}
+	return re
+}
+
+func wlRecv(t *testing.T, what string, ch <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(30 * time.Second): // turns a hang into a failure, measures nothing
+		t.Fatalf("%s never returned", what)
+		return nil
+	}
+}
+
+func wlOK(t *testing.T, what string, ch <-chan error) {
+	t.Helper()
+	if err := wlRecv(t, what, ch); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+var wlBatch = bulkhead.Policy{
+	MaxConcurrent: 3, MaxQueue: 0,
+	Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 0}},
+}
+
+func TestAWorkloadAtItsLimitRejectsItsOwnWorkWhileUntaggedWorkIsStillAdmitted(t *testing.T) {
+	r := wlOpen(t, wlBatch)
+	bg := context.Background()
+	batch := bulkhead.WithWorkload(bg, "batch")
+
+	b1 := r.exec(batch, "b1")
+	r.await(t, "b1")
+	execs := r.fc.Count(fakedb.OpExec)
+	_, err := r.db.ExecContext(batch, "quick")
+	re := wlRejected(t, "second batch op", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
+	if !strings.Contains(re.Error(), `workload "batch"`) {
+		t.Fatalf("%q does not name the workload", re.Error())
+	}
+	if n := r.fc.Count(fakedb.OpExec); n != execs {
+		t.Fatalf("the rejected batch op reached the driver (%d execs, want %d)", n, execs)
+	}
+
+	// The batch workload is at its limit: untagged work still runs, up to
+	// the global B.
+	u1, u2 := r.exec(bg, "u1"), r.exec(bg, "u2")
+	r.await(t, "u1")
+	r.await(t, "u2")
+	_, err = r.db.ExecContext(bg, "quick")
+	wlRejected(t, "untagged op beyond the global B+Q", err, bulkhead.ErrAdmissionFull, "", 3, 0)
+
+	ws, s := r.wstats(t, "batch"), r.g.Stats()
+	if ws.Running != 1 || ws.Admitted != 1 || ws.RejectedFull != 1 || ws.MaxConcurrent != 1 || ws.MaxQueue != 0 || ws.MaxConns != 0 {
+		t.Fatalf("batch stats %+v: want Running 1, Admitted 1, RejectedFull 1, B=1, Q=0, MaxConns 0", ws)
+	}
+	// The global budget counts every operation, whatever its workload.
+	if s.Running != 3 || s.Admitted != 3 || s.RejectedFull != 2 {
+		t.Fatalf("global stats %+v: want Running 3, Admitted 3, RejectedFull 2", s)
+	}
+	for _, n := range []string{"b1", "u1", "u2"} {
+		r.finish(n)
+	}
+	wlOK(t, "b1", b1)
+	wlOK(t, "u1", u1)
+	wlOK(t, "u2", u2)
+	r.balanced(t)
+	if ws := r.wstats(t, "batch"); ws.Running != 0 || ws.Waiting != 0 {
+		t.Fatalf("batch stats after the end %+v: want nothing running or waiting", ws)
+	}
+}
+
+func TestAWorkloadTransactionHoldsTheWorkloadsPermitUntilCommit(t *testing.T) {
+	r := wlOpen(t, wlBatch)
+	batch := bulkhead.WithWorkload(context.Background(), "batch")
+	tx := r.tx(batch, "t1")
+	r.await(t, "t1")
+	_, err := r.db.ExecContext(batch, "quick")
+	wlRejected(t, "batch op while a batch transaction is open", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
+	r.finish("t1")
+	wlOK(t, "batch transaction", tx)
+	if _, err := r.db.ExecContext(batch, "quick"); err != nil {
+		t.Fatalf("batch op after the commit: %v", err)
+	}
+	r.balanced(t)
+	if ws := r.wstats(t, "batch"); ws.Admitted != 2 || ws.Running != 0 || ws.RejectedFull != 1 {
+		t.Fatalf("batch stats %+v: want Admitted 2, Running 0, RejectedFull 1", ws)
+	}
+}
+
+func TestUntaggedWorkAndWorkNamingAnUnknownWorkloadPassTheGlobalBudgetAlone(t *testing.T) {
+	r := wlOpen(t, wlBatch)
+	bg := context.Background()
+	b1 := r.exec(bulkhead.WithWorkload(bg, "batch"), "b1")
+	r.await(t, "b1")
+	ghost := bulkhead.WithWorkload(bg, "ghost")
+	g1, g2 := r.exec(ghost, "g1"), r.exec(ghost, "g2")
+	r.await(t, "g1")
+	r.await(t, "g2")
+	_, err := r.db.ExecContext(ghost, "quick")
+	wlRejected(t, "unknown workload beyond the global B+Q", err, bulkhead.ErrAdmissionFull, "", 3, 0)
+	if _, ok := r.g.WorkloadStats("ghost"); ok {
+		t.Fatal(`WorkloadStats("ghost") is ok for a workload the policy does not list`)
+	}
+	if _, ok := r.g.WorkloadStats(""); ok {
+		t.Fatal(`WorkloadStats("") is ok`)
+	}
+	for _, n := range []string{"b1", "g1", "g2"} {
+		r.finish(n)
+	}
+	wlOK(t, "b1", b1)
+	wlOK(t, "g1", g1)
+	wlOK(t, "g2", g2)
+	r.balanced(t)
+	if ws := r.wstats(t, "batch"); ws.Admitted != 1 {
+		t.Fatalf("batch stats %+v: the unknown workload's ops counted in batch", ws)
+	}
+}
+
+// In a synctest bubble the clock is fake: waits take exactly their
+// length, and synctest.Wait returns once every goroutine is blocked.
+
+func TestAWorkloadQueueTimeoutNamesTheWorkloadAndCountsInItsStats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour,
+			Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: 40 * time.Millisecond}}}
+		r := wlOpen(t, p)
+		batch := bulkhead.WithWorkload(context.Background(), "batch")
+		b1 := r.exec(batch, "b1")
+		synctest.Wait()
+		start := time.Now()
+		_, err := r.db.ExecContext(batch, "quick")
+		re := wlRejected(t, "queued batch op", err, bulkhead.ErrQueueTimeout, "batch", 1, 1)
+		if re.Waited != 40*time.Millisecond || time.Since(start) != 40*time.Millisecond || re.Deadline {
+			t.Fatalf("%+v after %v: want the workload's 40ms wait, no deadline", re, time.Since(start))
+		}
+		ws, s := r.wstats(t, "batch"), r.g.Stats()
+		if ws.RejectedTimeout != 1 || ws.WaitCount != 1 || ws.WaitDuration != 40*time.Millisecond || ws.QueueWait != 40*time.Millisecond {
+			t.Fatalf("batch stats %+v: want RejectedTimeout 1, WaitCount 1, WaitDuration 40ms", ws)
+		}
+		if s.RejectedTimeout != 1 || s.WaitCount != 1 || s.WaitDuration != 40*time.Millisecond {
+			t.Fatalf("global stats %+v: want the workload's timeout counted too", s)
+		}
+		r.finish("b1")
+		wlOK(t, "b1", b1)
+		r.balanced(t)
+	})
+}
+
+// A workload's QueueWait bounds its wait for both budgets, in all: time
+// spent queued for the workload's permit is not given again for the
+// global one.
+func TestAWorkloadsQueueWaitCoversItsWaitForBothBudgets(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Hour,
+			Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: 100 * time.Millisecond}}}
+		r := wlOpen(t, p)
+		bg := context.Background()
+		batch := bulkhead.WithWorkload(bg, "batch")
+		b1 := r.exec(batch, "b1") // the workload's permit and a global one
+		u1 := r.exec(bg, "u1")    // the other global permit
+		synctest.Wait()
+		start := time.Now()
+		b2 := r.exec(batch, "b2") // queued for the workload's permit
+		synctest.Wait()
+		time.Sleep(60 * time.Millisecond) // fake time
+		u2 := r.exec(bg, "u2")            // queued for a global permit
+		synctest.Wait()
+		if s := r.g.Stats(); s.Waiting != 1 {
+			t.Fatalf("global stats %+v: want u2 waiting", s)
+		}
+		// b1 ends: its global permit goes to u2, first in the global
+		// queue; b2 gets the workload's permit and queues for a global one.
+		r.finish("b1")
+		wlOK(t, "b1", b1)
+		synctest.Wait()
+		if !r.hasEntered("u2") || r.hasEntered("b2") {
+			t.Fatalf("entered %v: want u2 to run and b2 to wait", r.enteredOrder())
+		}
+		err := wlRecv(t, "b2", b2)
+		re := wlRejected(t, "b2, out of time in the global queue", err, bulkhead.ErrQueueTimeout, "", 2, 2)
+		if got := time.Since(start); re.Waited != 100*time.Millisecond || got != 100*time.Millisecond {
+			t.Fatalf("b2 waited %v (returned after %v), want the workload's 100ms in all", re.Waited, got)
+		}
+		if ws := r.wstats(t, "batch"); ws.Running != 0 || ws.Waiting != 0 {
+			t.Fatalf("batch stats %+v: the failed op kept a workload permit", ws)
+		}
+		r.finish("u1")
+		r.finish("u2")
+		wlOK(t, "u1", u1)
+		wlOK(t, "u2", u2)
+		r.balanced(t)
+	})
+}
+
+func TestContextOptionsComposeAndReadBack(t *testing.T) {
+	bg := context.Background()
+	if name, ok := bulkhead.WorkloadFromContext(bg); ok || name != "" {
+		t.Fatalf("WorkloadFromContext(Background) = %q, %v; want none", name, ok)
+	}
+	ctx := bulkhead.WithQueueWait(bulkhead.WithWorkload(bg, "batch"), time.Millisecond)
+	if name, ok := bulkhead.WorkloadFromContext(ctx); !ok || name != "batch" {
+		t.Fatalf("after WithQueueWait: WorkloadFromContext = %q, %v; want batch", name, ok)
+	}
+	ctx = bulkhead.WithWorkload(ctx, "report")
+	if name, _ := bulkhead.WorkloadFromContext(ctx); name != "report" {
+		t.Fatalf("the inner WithWorkload wins: got %q, want report", name)
+	}
+	if name, ok := bulkhead.WorkloadFromContext(bulkhead.WithWorkload(ctx, "")); ok || name != "" {
+		t.Fatalf(`WithWorkload(ctx, "") = %q, %v; want none`, name, ok)
+	}
+}
+
+// The same operation is reported under the same workload name by each
+// of its events; an unknown name (which passes the global budget alone)
+// must not reach OnAdmit or OnReject either, or a metrics collector keyed
+// by the name (promgate) would make a series per name the callers invent.
+func TestEventsNameTheBudgetsWorkloadConsistentlyForAnUnknownName(t *testing.T) {
+	var mu sync.Mutex
+	var seen []bulkhead.Event
+	rec := func(e bulkhead.Event) { mu.Lock(); seen = append(seen, e); mu.Unlock() }
+	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 1, Workloads: wlBatch.Workloads},
+		bulkhead.WithEvents(bulkhead.Events{OnAdmit: rec, OnReject: rec, OnRelease: rec}))
+	ghost := bulkhead.WithWorkload(context.Background(), "ghost")
+	g1 := r.exec(ghost, "g1")
+	r.await(t, "g1")
+	if _, err := r.db.ExecContext(ghost, "quick"); !errors.Is(err, bulkhead.ErrRejected) {
+		t.Fatalf("second op: %v, want a rejection", err)
+	}
+	r.finish("g1")
+	wlOK(t, "g1", g1)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 3 {
+		t.Fatalf("events %+v, want admit, reject, release", seen)
+	}
+	for _, e := range seen {
+		if e.Workload != "" {
+			t.Fatalf("event %+v names the unknown workload; events %+v", e, seen)
+		}
+	}
+}
+
+// WorkloadStats' doc: the workload's counters hold "the operations it
+// decided (its own rejections, and those of the global budget met by its
+// operations)".
+func TestARejectionByTheGlobalBudgetCountsInTheWorkloadsStats(t *testing.T) {
+	// Q=1 with no wait: the batch op gets a connection and an admission
+	// permit, then no execution permit (a full admission would be refused
+	// at the dial, before any budget sees the operation).
+	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
+	r := wlOpen(t, p)
+	bg := context.Background()
+	u1 := r.exec(bg, "u1") // the only global execution permit
+	r.await(t, "u1")
+	_, err := r.db.ExecContext(bulkhead.WithWorkload(bg, "batch"), "quick")
+	wlRejected(t, "batch op with no global permit free", err, bulkhead.ErrQueueTimeout, "", 1, 1)
+	if ws := r.wstats(t, "batch"); ws.RejectedTimeout != 1 {
+		t.Fatalf("batch stats %+v: want the global rejection of its op counted (RejectedTimeout 1)", ws)
+	}
+	r.finish("u1")
+	wlOK(t, "u1", u1)
+}
+
+func TestClosingTheGateMakesAnOperationQueuedForItsWorkloadReturnErrClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: bulkhead.MaxQueueWait,
+			Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait}}}
+		r := wlOpen(t, p)
+		batch := bulkhead.WithWorkload(context.Background(), "batch")
+		b1 := r.exec(batch, "b1")
+		synctest.Wait()
+		b2 := r.exec(batch, "b2") // queued for the workload's permit
+		synctest.Wait()
+		if ws := r.wstats(t, "batch"); ws.Waiting != 1 {
+			t.Fatalf("batch stats %+v: want b2 queued", ws)
+		}
+		if err := r.g.Close(); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // no fake time passes: only the close can end b2's wait
+		select {
+		case err := <-b2:
+			if !errors.Is(err, bulkhead.ErrClosed) || errors.Is(err, bulkhead.ErrRejected) {
+				t.Fatalf("queued batch op after Close: %v, want ErrClosed", err)
+			}
+		default:
+			t.Fatal("an operation queued for its workload's permit still waits after Gate.Close")
+		}
+		if _, err := r.db.ExecContext(batch, "quick"); !errors.Is(err, bulkhead.ErrClosed) {
+			t.Fatalf("new batch op after Close: %v, want ErrClosed", err)
+		}
+		r.finish("b1")
+		wlOK(t, "b1, running at Close", b1)
+		if s, ws := r.g.Stats(), r.wstats(t, "batch"); s.Running != 0 || s.Waiting != 0 || ws.Running != 0 || ws.Waiting != 0 {
+			t.Fatalf("after the end: global %+v, batch %+v: want nothing held", s, ws)
+		}
+	})
+}
+
+// wlLatency summarises waits: count, p50, p99, max.
+func wlLatency(ds []time.Duration) (p50, p99, maxd time.Duration) {
+	if len(ds) == 0 {
+		return 0, 0, 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	at := func(q float64) time.Duration { return s[min(len(s)-1, int(q*float64(len(s))))] }
+	return at(0.50), at(0.99), s[len(s)-1]
+}
+
+// The issue's test, on PostgreSQL: a batch workload (B_w=2) saturated with
+// long transactions and a full queue does not take the interactive work's
+// share of the global budget. Interactive operations (untagged, with their
+// own per-operation wait) run B−B_w at a time and are never rejected; the
+// batch workload never has more than 2 transactions on the server.
+func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t *testing.T) {
+	const (
+		batchWorkers = 6 // > B_w+Q_w: the batch workload also meets rejections
+		// = B − B_w. Every worker holds at most one connection: 6+2 = B+Q,
+		// so no dial is ever refused. With 4 interactive workers (exactly
+		// the B+Q−(B_w+Q_w) admission left) half the interactive ops were
+		// refused at the dial: the batch attempts that its budget rejects
+		// hold a pooled connection for a moment first.
+		interactiveWorkers = 2
+		interactiveOps     = 150
+		interactiveWait    = 500 * time.Millisecond
+	)
+	p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Second,
+		Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 2, MaxQueue: 2, QueueWait: 50 * time.Millisecond}}}
+	var mu sync.Mutex
+	var interactiveWaits []time.Duration
+	batchReleased := make(chan struct{}, batchWorkers)
+	g, db := openGatedWith(t, p, bulkhead.WithEvents(bulkhead.Events{
+		OnAdmit: func(e bulkhead.Event) {
+			if e.Workload == "" {
+				mu.Lock()
+				interactiveWaits = append(interactiveWaits, e.Waited)
+				mu.Unlock()
+			}
+		},
+		OnRelease: func(e bulkhead.Event) {
+			if e.Workload == "batch" {
+				select {
+				case batchReleased <- struct{}{}:
+				default:
+				}
+			}
+		},
+	}))
+	m := newMonitor(t)
+	ctx := t.Context()
+	batch := bulkhead.WithWorkload(ctx, "batch")
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var batchOK, batchRejected, batchOther atomic.Int64
+	var batchErr atomic.Value
+	for range batchWorkers {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				err := pgTxSleep(batch, db, "0.2")
+				switch {
+				case err == nil:
+					batchOK.Add(1)
+				case errors.Is(err, bulkhead.ErrRejected):
+					var re *bulkhead.RejectedError
+					if errors.As(err, &re) && re.Workload != "batch" {
+						batchErr.Store(errors.New("batch rejected by the global budget: " + err.Error()))
+					}
+					batchRejected.Add(1)
+					// A rejected caller tries again once a batch
+					// transaction ended, instead of spinning.
+					select {
+					case <-stop:
+						return
+					case <-batchReleased:
+					}
+				default:
+					batchOther.Add(1)
+					batchErr.Store(err)
+				}
+			}
+		})
+	}
+	// Interactive work starts once the batch workload is at its limit.
+	pgAwait(t, "the batch workload runs at its limit with a full queue", func() bool {
+		ws, _ := g.WorkloadStats("batch")
+		return ws.Running == 2 && ws.Waiting == 2
+	})
+
+	var peakBatchServer atomic.Int64
+	pollDone := make(chan struct{})
+	go func() {
+		defer close(pollDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var n int64
+			q := `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle'
+			        AND xact_start < statement_timestamp() AND query LIKE '%pg_sleep(0.2)%' AND pid <> pg_backend_pid()`
+			if err := m.db.QueryRowContext(ctx, q, m.app).Scan(&n); err != nil {
+				return
+			}
+			if n > peakBatchServer.Load() {
+				peakBatchServer.Store(n)
+			}
+		}
+	}()
+
+	var interactiveRejected, interactiveFailed atomic.Int64
+	var iwg sync.WaitGroup
+	for range interactiveWorkers {
+		iwg.Go(func() {
+			ictx := bulkhead.WithQueueWait(ctx, interactiveWait)
+			for range interactiveOps {
+				var one int
+				err := db.QueryRowContext(ictx, "SELECT 1 FROM pg_sleep(0.005)").Scan(&one)
+				switch {
+				case err == nil:
+				case errors.Is(err, bulkhead.ErrRejected):
+					interactiveRejected.Add(1)
+				default:
+					interactiveFailed.Add(1)
+				}
+			}
+		})
+	}
+	iwg.Wait()
+	close(stop)
+	wg.Wait()
+	<-pollDone
+
+	ws, _ := g.WorkloadStats("batch")
+	s := g.Stats()
+	mu.Lock()
+	waits := slices.Clone(interactiveWaits)
+	mu.Unlock()
+	p50, p99, maxw := wlLatency(waits)
+	t.Logf("interactive: %d ops, %d rejected, %d failed; wait p50 %v, p99 %v, max %v (own bound %v)",
+		len(waits), interactiveRejected.Load(), interactiveFailed.Load(), p50, p99, maxw, interactiveWait)
+	t.Logf("batch: %d committed, %d rejected (workload stats: admitted %d, full %d, timeout %d); peak batch transactions on the server %d",
+		batchOK.Load(), batchRejected.Load(), ws.Admitted, ws.RejectedFull, ws.RejectedTimeout, peakBatchServer.Load())
+	t.Logf("global: %+v", s)
+
+	if v := batchErr.Load(); v != nil {
+		t.Fatalf("batch: %v", v)
+	}
+	if interactiveRejected.Load() != 0 || interactiveFailed.Load() != 0 {
+		t.Fatalf("%d interactive ops rejected, %d failed: want none while B−B_w permits are theirs",
+			interactiveRejected.Load(), interactiveFailed.Load())
+	}
+	if len(waits) != interactiveWorkers*interactiveOps {
+		t.Fatalf("%d interactive admissions, want %d", len(waits), interactiveWorkers*interactiveOps)
+	}
+	if maxw > interactiveWait {
+		t.Fatalf("an interactive op waited %v, beyond its own bound %v", maxw, interactiveWait)
+	}
+	if batchRejected.Load() == 0 || ws.RejectedFull+ws.RejectedTimeout == 0 {
+		t.Fatal("the batch workload was never rejected: it was not saturated")
+	}
+	if n := peakBatchServer.Load(); n > 2 {
+		t.Fatalf("%d batch transactions on the server at once, want at most B_w=2", n)
+	}
+	if s.Running != 0 || s.Waiting != 0 || ws.Running != 0 || ws.Waiting != 0 {
+		t.Fatalf("after the end: global %+v, batch %+v: want nothing held", s, ws)
+	}
+}
+
+// pgTxSleep runs a transaction that holds the server for secs seconds.
+func pgTxSleep(ctx context.Context, db *sql.DB, secs string) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "SELECT pg_sleep("+secs+")"); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// openGatedWith is main_test.go's openGated with options.
+func openGatedWith(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	g, err := bulkhead.New(stdlib.GetConnector(*pgConfig(t)), p, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	t.Cleanup(func() { db.Close() })
+	return g, db
+}
