@@ -30,7 +30,9 @@ var (
 
 // RejectedError is the error of a rejection. It names the limits that
 // refused the operation and, for a queue timeout, how long it waited.
-// errors.Is matches it with ErrRejected and with its Cause.
+// errors.Is matches it with ErrRejected and with its Cause. Treat it as
+// read-only: an admission-full rejection is one value shared by every
+// caller, so that rejecting allocates nothing.
 type RejectedError struct {
 	Cause         error         // ErrAdmissionFull or ErrQueueTimeout
 	Workload      string        // the workload whose budget refused it; "" for the global budget
@@ -86,13 +88,14 @@ type Stats struct {
 // limiter is one budget: a pair of semaphores. Admission is a counter
 // tried without waiting; execution is a FIFO semaphore waited on for a
 // bounded time. The gate has one for its global budget and one per
-// workload. It starts no goroutine.
+// workload. It starts no goroutine and never waits without bound.
 type limiter struct {
 	workload string
 
 	admitted atomic.Int64 // admission permits held
 	maxAdmit atomic.Int64 // B+Q
 	dryRun   atomic.Bool
+	waitNs   atomic.Int64                  // wait, readable without mu
 	fullErr  atomic.Pointer[RejectedError] // preallocated: a rejection at admission allocates nothing
 
 	mu       sync.Mutex
@@ -135,6 +138,7 @@ func (l *limiter) resize(p Policy) {
 	defer l.mu.Unlock()
 	l.free += p.MaxConcurrent - l.maxConc
 	l.maxConc, l.maxQueue, l.wait = p.MaxConcurrent, p.MaxQueue, p.QueueWait
+	l.waitNs.Store(int64(p.QueueWait))
 	l.maxAdmit.Store(int64(p.MaxConcurrent) + int64(p.MaxQueue))
 	l.fullErr.Store(&RejectedError{Cause: ErrAdmissionFull, Workload: l.workload, MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue})
 	l.dryRun.Store(p.DryRun)
@@ -240,9 +244,7 @@ func (q *queueing) acquire(ctx context.Context, ls []*limiter, wait time.Duratio
 		}
 	}
 	if wait < 0 {
-		ls[0].mu.Lock()
-		wait = ls[0].wait
-		ls[0].mu.Unlock()
+		wait = time.Duration(ls[0].waitNs.Load())
 	}
 	q.wait = wait
 	if reserve > 0 {

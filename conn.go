@@ -39,10 +39,12 @@ import (
 // rejection: try again, or take a fresh *sql.Conn.
 var ErrTxStillOpen = errors.New("bulkhead: BeginTx on a connection whose previous transaction has not ended yet")
 
-// conn is one physical connection of the gate. database/sql uses a
-// driver.Conn from one goroutine at a time; the fields that another
-// goroutine may read (a transaction ended by database/sql's rollback after a
-// cancellation) are atomic.
+// conn is one physical connection of the gate. database/sql calls a
+// driver.Conn under its driverConn mutex, one call at a time, also from its
+// own goroutine (the rollback after a cancellation), and starts that
+// goroutine only after BeginTx returned: that ordering is what makes the
+// plain fields of tx (inner, p) safe. The flags a wrapper checks on every
+// call (closed, tx.held) are atomic all the same.
 type conn struct {
 	g     *Gate
 	inner driver.Conn
@@ -551,4 +553,33 @@ func valueToNamedValue(args []driver.Value) []driver.NamedValue {
 		named[i] = driver.NamedValue{Ordinal: i + 1, Value: v}
 	}
 	return named
+}
+
+// ping, resetSession and isValid forward the optional Pinger,
+// SessionResetter and Validator under guarded: database/sql calls them
+// outside any gated operation, and a panic there would leave the
+// connection counted against B+Q while database/sql never returns it. A
+// lost connection answers as a bad one.
+func (c *conn) ping(ctx context.Context) error {
+	if c.closed.Load() {
+		return driver.ErrBadConn
+	}
+	_, err := guarded(c, func() (struct{}, error) { return struct{}{}, c.inner.(driver.Pinger).Ping(ctx) })
+	return err
+}
+
+func (c *conn) resetSession(ctx context.Context) error {
+	if c.closed.Load() {
+		return driver.ErrBadConn
+	}
+	_, err := guarded(c, func() (struct{}, error) { return struct{}{}, c.inner.(driver.SessionResetter).ResetSession(ctx) })
+	return err
+}
+
+func (c *conn) isValid() bool {
+	if c.closed.Load() {
+		return false
+	}
+	ok, _ := guarded(c, func() (bool, error) { return c.inner.(driver.Validator).IsValid(), nil })
+	return ok
 }

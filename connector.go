@@ -18,7 +18,8 @@ import (
 // connections open and refuses to dial while admission is full, so that no
 // caller waits inside database/sql's pool.
 //
-// A Gate is safe for concurrent use. It starts no goroutine.
+// A Gate is safe for concurrent use. It starts no goroutine (only
+// WithHoldWarning uses a timer, time.AfterFunc).
 type Gate struct {
 	inner driver.Connector
 	lim   *limiter // the global budget
@@ -103,9 +104,9 @@ func (g *Gate) Policy() Policy {
 // the operations admitted, admission refuses until enough have ended.
 // Workloads are resized, added and removed the same way (operations of a
 // removed workload finish under its old budget). The connection cap follows
-// B+Q; idle connections beyond it are closed by database/sql only if you
-// also call db.SetMaxIdleConns. An invalid policy changes nothing and
-// returns New's error.
+// B+Q; call db.SetMaxIdleConns(B+Q) too, or database/sql keeps the old
+// number of idle connections (after growing, it closes and re-dials the
+// extra ones). An invalid policy changes nothing and returns New's error.
 func (g *Gate) SetPolicy(p Policy) error {
 	if g.err != nil {
 		return g.err
@@ -226,7 +227,7 @@ func (g *Gate) open(dial func() (driver.Conn, error)) (driver.Conn, error) {
 		g.refused.Add(1)
 		g.lim.nFull.Add(1)
 		if g.opt.events.OnReject != nil {
-			g.opt.events.OnReject(Event{Kind: KindConnect, Reason: ErrAdmissionFull})
+			emit(g.opt.events.OnReject, Event{Kind: KindConnect, Reason: ErrAdmissionFull})
 		}
 		return nil, g.lim.fullErr.Load()
 	}

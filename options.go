@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime/debug"
 	"time"
 )
 
@@ -150,12 +151,12 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 	waited := q.waited()
 	if err != nil {
 		if g.opt.events.OnReject != nil && errors.Is(err, ErrRejected) {
-			g.opt.events.OnReject(Event{Kind: k, Workload: name, Reason: rejectReason(err), Waited: waited})
+			emit(g.opt.events.OnReject, Event{Kind: k, Workload: name, Reason: rejectReason(err), Waited: waited})
 		}
 		return err
 	}
 	if q.wouldReject && g.opt.events.OnReject != nil {
-		g.opt.events.OnReject(Event{Kind: k, Workload: name, Reason: ErrAdmissionFull, DryRun: true})
+		emit(g.opt.events.OnReject, Event{Kind: k, Workload: name, Reason: ErrAdmissionFull, DryRun: true})
 	}
 	p.kind, p.wl, p.waited = k, wl, waited
 	if g.opt.events.OnRelease != nil {
@@ -163,10 +164,10 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 	}
 	if g.opt.holdLimit > 0 {
 		limit, report := g.opt.holdLimit, g.opt.onHold
-		p.timer = time.AfterFunc(limit, func() { report(Event{Kind: k, Workload: name, Waited: waited, Held: limit}) })
+		p.timer = time.AfterFunc(limit, func() { emit(report, Event{Kind: k, Workload: name, Waited: waited, Held: limit}) })
 	}
 	if g.opt.events.OnAdmit != nil {
-		g.opt.events.OnAdmit(Event{Kind: k, Workload: name, Waited: waited})
+		emit(g.opt.events.OnAdmit, Event{Kind: k, Workload: name, Waited: waited})
 	}
 	return nil
 }
@@ -190,7 +191,7 @@ func (g *Gate) release(p *permit) {
 		if p.wl != nil {
 			e.Workload = p.wl.workload
 		}
-		g.opt.events.OnRelease(e)
+		emit(g.opt.events.OnRelease, e)
 	}
 }
 
@@ -200,4 +201,17 @@ func rejectReason(err error) error {
 		return ErrQueueTimeout
 	}
 	return ErrAdmissionFull
+}
+
+// emit calls an event callback. A panic in it is logged and recovered: it
+// would otherwise escape through database/sql between taking permits and
+// registering their release, or before database/sql returns the connection
+// to its pool, losing permits or a connection slot for good.
+func emit(f func(Event), e Event) {
+	defer func() {
+		if v := recover(); v != nil {
+			slog.Default().Error("bulkhead: event callback panicked", "kind", e.Kind.String(), "panic", v, "stack", string(debug.Stack()))
+		}
+	}()
+	f(e)
 }

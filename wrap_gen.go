@@ -200,7 +200,7 @@ func (c conn3) QueryContext(ctx context.Context, query string, args []driver.Nam
 // conn4: driver.Pinger.
 type conn4 struct{ *conn }
 
-func (c conn4) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
+func (c conn4) Ping(ctx context.Context) error { return c.ping(ctx) }
 
 // conn5: driver.ExecerContext, driver.Pinger.
 type conn5 struct{ *conn }
@@ -208,7 +208,7 @@ type conn5 struct{ *conn }
 func (c conn5) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn5) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
+func (c conn5) Ping(ctx context.Context) error { return c.ping(ctx) }
 
 // conn6: driver.QueryerContext, driver.Pinger.
 type conn6 struct{ *conn }
@@ -216,7 +216,7 @@ type conn6 struct{ *conn }
 func (c conn6) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn6) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
+func (c conn6) Ping(ctx context.Context) error { return c.ping(ctx) }
 
 // conn7: driver.ExecerContext, driver.QueryerContext, driver.Pinger.
 type conn7 struct{ *conn }
@@ -227,14 +227,12 @@ func (c conn7) ExecContext(ctx context.Context, query string, args []driver.Name
 func (c conn7) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn7) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
+func (c conn7) Ping(ctx context.Context) error { return c.ping(ctx) }
 
 // conn8: driver.SessionResetter.
 type conn8 struct{ *conn }
 
-func (c conn8) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn8) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 
 // conn9: driver.ExecerContext, driver.SessionResetter.
 type conn9 struct{ *conn }
@@ -242,9 +240,7 @@ type conn9 struct{ *conn }
 func (c conn9) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn9) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn9) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 
 // conn10: driver.QueryerContext, driver.SessionResetter.
 type conn10 struct{ *conn }
@@ -252,9 +248,7 @@ type conn10 struct{ *conn }
 func (c conn10) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn10) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn10) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 
 // conn11: driver.ExecerContext, driver.QueryerContext, driver.SessionResetter.
 type conn11 struct{ *conn }
@@ -265,17 +259,13 @@ func (c conn11) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn11) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn11) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn11) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 
 // conn12: driver.Pinger, driver.SessionResetter.
 type conn12 struct{ *conn }
 
-func (c conn12) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn12) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn12) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn12) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 
 // conn13: driver.ExecerContext, driver.Pinger, driver.SessionResetter.
 type conn13 struct{ *conn }
@@ -283,10 +273,8 @@ type conn13 struct{ *conn }
 func (c conn13) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn13) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn13) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn13) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn13) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 
 // conn14: driver.QueryerContext, driver.Pinger, driver.SessionResetter.
 type conn14 struct{ *conn }
@@ -294,10 +282,8 @@ type conn14 struct{ *conn }
 func (c conn14) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn14) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn14) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn14) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn14) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 
 // conn15: driver.ExecerContext, driver.QueryerContext, driver.Pinger, driver.SessionResetter.
 type conn15 struct{ *conn }
@@ -308,15 +294,13 @@ func (c conn15) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn15) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn15) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn15) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn15) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn15) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 
 // conn16: driver.Validator.
 type conn16 struct{ *conn }
 
-func (c conn16) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn16) IsValid() bool { return c.isValid() }
 
 // conn17: driver.ExecerContext, driver.Validator.
 type conn17 struct{ *conn }
@@ -324,7 +308,7 @@ type conn17 struct{ *conn }
 func (c conn17) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn17) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn17) IsValid() bool { return c.isValid() }
 
 // conn18: driver.QueryerContext, driver.Validator.
 type conn18 struct{ *conn }
@@ -332,7 +316,7 @@ type conn18 struct{ *conn }
 func (c conn18) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn18) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn18) IsValid() bool { return c.isValid() }
 
 // conn19: driver.ExecerContext, driver.QueryerContext, driver.Validator.
 type conn19 struct{ *conn }
@@ -343,13 +327,13 @@ func (c conn19) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn19) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn19) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn19) IsValid() bool { return c.isValid() }
 
 // conn20: driver.Pinger, driver.Validator.
 type conn20 struct{ *conn }
 
-func (c conn20) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn20) IsValid() bool                  { return c.inner.(driver.Validator).IsValid() }
+func (c conn20) Ping(ctx context.Context) error { return c.ping(ctx) }
+func (c conn20) IsValid() bool                  { return c.isValid() }
 
 // conn21: driver.ExecerContext, driver.Pinger, driver.Validator.
 type conn21 struct{ *conn }
@@ -357,8 +341,8 @@ type conn21 struct{ *conn }
 func (c conn21) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn21) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn21) IsValid() bool                  { return c.inner.(driver.Validator).IsValid() }
+func (c conn21) Ping(ctx context.Context) error { return c.ping(ctx) }
+func (c conn21) IsValid() bool                  { return c.isValid() }
 
 // conn22: driver.QueryerContext, driver.Pinger, driver.Validator.
 type conn22 struct{ *conn }
@@ -366,8 +350,8 @@ type conn22 struct{ *conn }
 func (c conn22) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn22) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn22) IsValid() bool                  { return c.inner.(driver.Validator).IsValid() }
+func (c conn22) Ping(ctx context.Context) error { return c.ping(ctx) }
+func (c conn22) IsValid() bool                  { return c.isValid() }
 
 // conn23: driver.ExecerContext, driver.QueryerContext, driver.Pinger, driver.Validator.
 type conn23 struct{ *conn }
@@ -378,16 +362,14 @@ func (c conn23) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn23) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn23) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn23) IsValid() bool                  { return c.inner.(driver.Validator).IsValid() }
+func (c conn23) Ping(ctx context.Context) error { return c.ping(ctx) }
+func (c conn23) IsValid() bool                  { return c.isValid() }
 
 // conn24: driver.SessionResetter, driver.Validator.
 type conn24 struct{ *conn }
 
-func (c conn24) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn24) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn24) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn24) IsValid() bool                          { return c.isValid() }
 
 // conn25: driver.ExecerContext, driver.SessionResetter, driver.Validator.
 type conn25 struct{ *conn }
@@ -395,10 +377,8 @@ type conn25 struct{ *conn }
 func (c conn25) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn25) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn25) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn25) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn25) IsValid() bool                          { return c.isValid() }
 
 // conn26: driver.QueryerContext, driver.SessionResetter, driver.Validator.
 type conn26 struct{ *conn }
@@ -406,10 +386,8 @@ type conn26 struct{ *conn }
 func (c conn26) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn26) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn26) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn26) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn26) IsValid() bool                          { return c.isValid() }
 
 // conn27: driver.ExecerContext, driver.QueryerContext, driver.SessionResetter, driver.Validator.
 type conn27 struct{ *conn }
@@ -420,19 +398,15 @@ func (c conn27) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn27) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn27) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn27) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn27) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn27) IsValid() bool                          { return c.isValid() }
 
 // conn28: driver.Pinger, driver.SessionResetter, driver.Validator.
 type conn28 struct{ *conn }
 
-func (c conn28) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn28) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn28) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn28) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn28) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn28) IsValid() bool                          { return c.isValid() }
 
 // conn29: driver.ExecerContext, driver.Pinger, driver.SessionResetter, driver.Validator.
 type conn29 struct{ *conn }
@@ -440,11 +414,9 @@ type conn29 struct{ *conn }
 func (c conn29) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn29) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn29) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn29) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn29) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn29) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn29) IsValid() bool                          { return c.isValid() }
 
 // conn30: driver.QueryerContext, driver.Pinger, driver.SessionResetter, driver.Validator.
 type conn30 struct{ *conn }
@@ -452,11 +424,9 @@ type conn30 struct{ *conn }
 func (c conn30) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn30) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn30) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn30) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn30) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn30) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn30) IsValid() bool                          { return c.isValid() }
 
 // conn31: driver.ExecerContext, driver.QueryerContext, driver.Pinger, driver.SessionResetter, driver.Validator.
 type conn31 struct{ *conn }
@@ -467,11 +437,9 @@ func (c conn31) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn31) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn31) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn31) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn31) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn31) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn31) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn31) IsValid() bool                          { return c.isValid() }
 
 // conn32: driver.NamedValueChecker.
 type conn32 struct{ *conn }
@@ -516,7 +484,7 @@ func (c conn35) CheckNamedValue(v *driver.NamedValue) error {
 // conn36: driver.Pinger, driver.NamedValueChecker.
 type conn36 struct{ *conn }
 
-func (c conn36) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
+func (c conn36) Ping(ctx context.Context) error { return c.ping(ctx) }
 func (c conn36) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -527,7 +495,7 @@ type conn37 struct{ *conn }
 func (c conn37) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn37) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
+func (c conn37) Ping(ctx context.Context) error { return c.ping(ctx) }
 func (c conn37) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -538,7 +506,7 @@ type conn38 struct{ *conn }
 func (c conn38) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn38) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
+func (c conn38) Ping(ctx context.Context) error { return c.ping(ctx) }
 func (c conn38) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -552,7 +520,7 @@ func (c conn39) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn39) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn39) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
+func (c conn39) Ping(ctx context.Context) error { return c.ping(ctx) }
 func (c conn39) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -560,9 +528,7 @@ func (c conn39) CheckNamedValue(v *driver.NamedValue) error {
 // conn40: driver.SessionResetter, driver.NamedValueChecker.
 type conn40 struct{ *conn }
 
-func (c conn40) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn40) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 func (c conn40) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -573,9 +539,7 @@ type conn41 struct{ *conn }
 func (c conn41) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn41) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn41) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 func (c conn41) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -586,9 +550,7 @@ type conn42 struct{ *conn }
 func (c conn42) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn42) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn42) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 func (c conn42) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -602,9 +564,7 @@ func (c conn43) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn43) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn43) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn43) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 func (c conn43) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -612,10 +572,8 @@ func (c conn43) CheckNamedValue(v *driver.NamedValue) error {
 // conn44: driver.Pinger, driver.SessionResetter, driver.NamedValueChecker.
 type conn44 struct{ *conn }
 
-func (c conn44) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn44) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn44) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn44) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 func (c conn44) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -626,10 +584,8 @@ type conn45 struct{ *conn }
 func (c conn45) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn45) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn45) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn45) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn45) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 func (c conn45) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -640,10 +596,8 @@ type conn46 struct{ *conn }
 func (c conn46) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn46) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn46) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn46) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn46) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 func (c conn46) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -657,10 +611,8 @@ func (c conn47) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn47) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn47) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn47) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
+func (c conn47) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn47) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
 func (c conn47) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -668,7 +620,7 @@ func (c conn47) CheckNamedValue(v *driver.NamedValue) error {
 // conn48: driver.Validator, driver.NamedValueChecker.
 type conn48 struct{ *conn }
 
-func (c conn48) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn48) IsValid() bool { return c.isValid() }
 func (c conn48) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -679,7 +631,7 @@ type conn49 struct{ *conn }
 func (c conn49) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn49) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn49) IsValid() bool { return c.isValid() }
 func (c conn49) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -690,7 +642,7 @@ type conn50 struct{ *conn }
 func (c conn50) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn50) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn50) IsValid() bool { return c.isValid() }
 func (c conn50) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -704,7 +656,7 @@ func (c conn51) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn51) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn51) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn51) IsValid() bool { return c.isValid() }
 func (c conn51) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -712,8 +664,8 @@ func (c conn51) CheckNamedValue(v *driver.NamedValue) error {
 // conn52: driver.Pinger, driver.Validator, driver.NamedValueChecker.
 type conn52 struct{ *conn }
 
-func (c conn52) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn52) IsValid() bool                  { return c.inner.(driver.Validator).IsValid() }
+func (c conn52) Ping(ctx context.Context) error { return c.ping(ctx) }
+func (c conn52) IsValid() bool                  { return c.isValid() }
 func (c conn52) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -724,8 +676,8 @@ type conn53 struct{ *conn }
 func (c conn53) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn53) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn53) IsValid() bool                  { return c.inner.(driver.Validator).IsValid() }
+func (c conn53) Ping(ctx context.Context) error { return c.ping(ctx) }
+func (c conn53) IsValid() bool                  { return c.isValid() }
 func (c conn53) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -736,8 +688,8 @@ type conn54 struct{ *conn }
 func (c conn54) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn54) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn54) IsValid() bool                  { return c.inner.(driver.Validator).IsValid() }
+func (c conn54) Ping(ctx context.Context) error { return c.ping(ctx) }
+func (c conn54) IsValid() bool                  { return c.isValid() }
 func (c conn54) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -751,8 +703,8 @@ func (c conn55) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn55) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn55) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn55) IsValid() bool                  { return c.inner.(driver.Validator).IsValid() }
+func (c conn55) Ping(ctx context.Context) error { return c.ping(ctx) }
+func (c conn55) IsValid() bool                  { return c.isValid() }
 func (c conn55) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -760,10 +712,8 @@ func (c conn55) CheckNamedValue(v *driver.NamedValue) error {
 // conn56: driver.SessionResetter, driver.Validator, driver.NamedValueChecker.
 type conn56 struct{ *conn }
 
-func (c conn56) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn56) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn56) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn56) IsValid() bool                          { return c.isValid() }
 func (c conn56) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -774,10 +724,8 @@ type conn57 struct{ *conn }
 func (c conn57) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn57) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn57) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn57) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn57) IsValid() bool                          { return c.isValid() }
 func (c conn57) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -788,10 +736,8 @@ type conn58 struct{ *conn }
 func (c conn58) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn58) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn58) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn58) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn58) IsValid() bool                          { return c.isValid() }
 func (c conn58) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -805,10 +751,8 @@ func (c conn59) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn59) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn59) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn59) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn59) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn59) IsValid() bool                          { return c.isValid() }
 func (c conn59) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -816,11 +760,9 @@ func (c conn59) CheckNamedValue(v *driver.NamedValue) error {
 // conn60: driver.Pinger, driver.SessionResetter, driver.Validator, driver.NamedValueChecker.
 type conn60 struct{ *conn }
 
-func (c conn60) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn60) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn60) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn60) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn60) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn60) IsValid() bool                          { return c.isValid() }
 func (c conn60) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -831,11 +773,9 @@ type conn61 struct{ *conn }
 func (c conn61) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn61) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn61) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn61) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn61) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn61) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn61) IsValid() bool                          { return c.isValid() }
 func (c conn61) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -846,11 +786,9 @@ type conn62 struct{ *conn }
 func (c conn62) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn62) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn62) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn62) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn62) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn62) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn62) IsValid() bool                          { return c.isValid() }
 func (c conn62) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }
@@ -864,11 +802,9 @@ func (c conn63) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn63) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn63) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
-func (c conn63) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
-}
-func (c conn63) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c conn63) Ping(ctx context.Context) error         { return c.ping(ctx) }
+func (c conn63) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn63) IsValid() bool                          { return c.isValid() }
 func (c conn63) CheckNamedValue(v *driver.NamedValue) error {
 	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
 }

@@ -8,8 +8,9 @@
 // more than B transactions for a moment (measured: up to 8 with B=2 under
 // a storm of cancellations). pgxgate installs pgconn's
 // CancelRequestContextWatcherHandler instead: a cancelled operation sends
-// a cancel request and returns only once the server answered, and the
-// connection stays usable. The cost: pgx waits 100ms after each cancel
+// a cancel request and returns only once the server answered (at most
+// DeadlineDelay: then pgx closes the connection, and the server may still
+// be running the statement), and the connection stays usable. The cost: pgx waits 100ms after each cancel
 // request before it reuses the connection, so a cancelled operation holds
 // its permits that much longer.
 package pgxgate

@@ -38,9 +38,9 @@ var kinds = []kind{
 	{base: "conn", recv: "c", ret: "driver.Conn", ifaces: []iface{
 		{"driver.ExecerContext", []method{{"ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error)", "c.execContext(ctx, query, args)"}}},
 		{"driver.QueryerContext", []method{{"QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error)", "c.queryContext(ctx, query, args)"}}},
-		{"driver.Pinger", []method{{"Ping(ctx context.Context) error", "c.inner.(driver.Pinger).Ping(ctx)"}}},
-		{"driver.SessionResetter", []method{{"ResetSession(ctx context.Context) error", "c.inner.(driver.SessionResetter).ResetSession(ctx)"}}},
-		{"driver.Validator", []method{{"IsValid() bool", "c.inner.(driver.Validator).IsValid()"}}},
+		{"driver.Pinger", []method{{"Ping(ctx context.Context) error", "c.ping(ctx)"}}},
+		{"driver.SessionResetter", []method{{"ResetSession(ctx context.Context) error", "c.resetSession(ctx)"}}},
+		{"driver.Validator", []method{{"IsValid() bool", "c.isValid()"}}},
 		{"driver.NamedValueChecker", []method{{"CheckNamedValue(v *driver.NamedValue) error", "c.inner.(driver.NamedValueChecker).CheckNamedValue(v)"}}},
 	}},
 	{base: "stmt", recv: "s", ret: "driver.Stmt", ifaces: []iface{

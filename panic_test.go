@@ -1,0 +1,116 @@
+package bulkhead_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+)
+
+// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A panicking event callback (a metrics or logging bug) must not cost the
+// gate a permit or a connection slot: it runs between taking permits and
+// registering their release, or before database/sql returns the connection.
+// The gate recovers it and logs it through slog.Default.
+func TestAPanicInAnEventCallbackIsLoggedAndLosesNoPermitOrConnection(t *testing.T) {
+	var logs syncBuffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+
+	panicky := func(bulkhead.Event) { panic("metrics bug") }
+	for _, c := range []struct {
+		name string
+		ev   bulkhead.Events
+	}{
+		{"OnAdmit", bulkhead.Events{OnAdmit: panicky}},
+		{"OnRelease", bulkhead.Events{OnRelease: panicky}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fc := fakedb.New()
+			g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 1}, bulkhead.WithEvents(c.ev))
+			if err != nil {
+				t.Fatal(err)
+			}
+			db := g.OpenDB()
+			defer db.Close()
+			ctx := context.Background()
+			for i := range 3 { // B+Q=1: a lost permit or slot would reject the next round
+				if _, err := db.ExecContext(ctx, "UPDATE x"); err != nil {
+					t.Fatalf("exec %d: %v", i, err)
+				}
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					t.Fatalf("begin %d: %v", i, err)
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatalf("commit %d: %v", i, err)
+				}
+			}
+			if s := g.Stats(); s.Running != 0 || s.OpenConns != 1 || s.Admitted != 6 {
+				t.Errorf("after 6 operations: Running %d, OpenConns %d, Admitted %d; want 0, 1, 6", s.Running, s.OpenConns, s.Admitted)
+			}
+			if !strings.Contains(logs.String(), "bulkhead: event callback panicked") {
+				t.Errorf("the recovered panic was not logged; log: %q", logs.String())
+			}
+		})
+	}
+}
+
+// database/sql calls ResetSession, IsValid and Ping outside any gated
+// operation. A driver panic there must not leave the connection counted
+// against B+Q: the gate closes it, and database/sql's next use of it gets
+// driver.ErrBadConn and dials anew.
+func TestADriverPanicInResetSessionLosesNoConnectionSlot(t *testing.T) {
+	fc := fakedb.New()
+	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "UPDATE x"); err != nil {
+		t.Fatal(err)
+	}
+	fc.PanicNext(fakedb.OpResetSession, 1, "driver bug")
+	func() {
+		defer func() {
+			if v := recover(); v == nil {
+				t.Error("the driver's panic did not propagate")
+			}
+		}()
+		db.ExecContext(ctx, "UPDATE x")
+	}()
+	if got := g.Stats().OpenConns; got != 0 {
+		t.Errorf("after the panic the gate counts %d open connections, want 0 (the lost one closed)", got)
+	}
+	if _, err := db.ExecContext(ctx, "UPDATE x"); err != nil {
+		t.Fatalf("after a ResetSession panic: %v", err)
+	}
+	if s := g.Stats(); s.Running != 0 || s.OpenConns != 1 {
+		t.Errorf("Running %d, OpenConns %d; want 0, 1", s.Running, s.OpenConns)
+	}
+}
