@@ -12,7 +12,6 @@ import (
 	"go/build"
 	"log/slog"
 	"reflect"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -79,20 +78,6 @@ func (e *fkEnv) balanced(t *testing.T) {
 	s := e.g.Stats()
 	if s.Running != 0 || s.Waiting != 0 || s.Admitted != e.releases.Load() {
 		t.Fatalf("stats %+v with %d releases: want Running 0, Waiting 0, Admitted = releases", s, e.releases.Load())
-	}
-}
-
-// fkAwait waits until cond holds, polling state (no sleep). It gives up,
-// failing the test, only after a generous bound meant to turn a hang into
-// a failure, never to measure time.
-func fkAwait(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting until %s", what)
-		}
-		runtime.Gosched()
 	}
 }
 
@@ -609,7 +594,7 @@ func TestUserRollbackRacingTheCancellationRollbackReleasesExactlyOnce(t *testing
 		}
 		e.awaitRelease(t) // exactly one release, on whichever goroutine won
 		// With B+Q=1 the next BeginTx needs this conn back in the pool.
-		fkAwait(t, "database/sql returns the conn", func() bool { return e.db.Stats().InUse == 0 })
+		awaitState(t, "database/sql returns the conn", func() bool { return e.db.Stats().InUse == 0 })
 	}
 	wg.Wait()
 	e.balanced(t)
@@ -848,7 +833,7 @@ func TestClosingTheDBMakesAQueuedOperationReturnErrClosed(t *testing.T) {
 		_, err := e.db.ExecContext(ctx, "UPDATE t")
 		done <- err
 	}()
-	fkAwait(t, "the exec waits for a permit", func() bool { return e.g.Stats().Waiting == 1 })
+	awaitState(t, "the exec waits for a permit", func() bool { return e.g.Stats().Waiting == 1 })
 	if err := e.db.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -881,7 +866,7 @@ func TestTheDriverNeverSeesMoreThanBPlusQConnectionsAndRefusedDialsNeverReachIt(
 		}()
 	}
 	b.Wait(1)
-	fkAwait(t, "two execs wait for a permit", func() bool { return e.g.Stats().Waiting == 2 })
+	awaitState(t, "two execs wait for a permit", func() bool { return e.g.Stats().Waiting == 2 })
 	dials := e.fc.Count(fakedb.OpConnect)
 	refused := make(chan error, extra)
 	var wg sync.WaitGroup

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"math"
 	"reflect"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,19 +35,6 @@ func pgTestCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// pgAwait waits, without sleeping, until cond holds, or fails the test
-// after 10 s. It yields the processor between checks.
-func pgAwait(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		runtime.Gosched()
-	}
 }
 
 // pgBegin begins a transaction that the test holds open; it is rolled
@@ -357,7 +343,7 @@ func TestExcessAdmissionIsRejectedAtOnceWithoutReachingTheServer(t *testing.T) {
 		}
 		third <- err
 	}()
-	pgAwait(t, "the third operation waits for an execution permit", func() bool { return g.Stats().Waiting == 1 })
+	awaitState(t, "the third operation waits for an execution permit", func() bool { return g.Stats().Waiting == 1 })
 
 	const marker = "SELECT 'bh fourth operation'"
 	_, err := db.ExecContext(ctx, marker)
@@ -442,7 +428,7 @@ func TestAnExpiredQueueWaitIsARejectionAndAnInterruptedWaitIsACancellation(t *te
 			}
 			second <- err
 		}()
-		pgAwait(t, "the second operation waits", func() bool { return g.Stats().Waiting == 1 })
+		awaitState(t, "the second operation waits", func() bool { return g.Stats().Waiting == 1 })
 		cancel()
 		err := <-second
 		if !errors.Is(err, context.Canceled) || errors.Is(err, bulkhead.ErrRejected) {
@@ -529,7 +515,7 @@ func pgStorm(t *testing.T, inner driver.Connector, p bulkhead.Policy, inTx bool)
 	go func() { wg.Wait(); close(done) }()
 	pk := pgPoll(t, ctx, m, done, nil)
 	// database/sql may still be rolling back a cancelled transaction.
-	pgAwait(t, "every permit is back", func() bool { s := g.Stats(); return s.Running == 0 && s.Waiting == 0 })
+	awaitState(t, "every permit is back", func() bool { s := g.Stats(); return s.Running == 0 && s.Waiting == 0 })
 	if n := tally.get("exec: deadline") + tally.get("exec: sqlstate 57014"); n == 0 {
 		t.Fatalf("no statement was cancelled while running (%v): the storm tested nothing", &tally)
 	}
@@ -972,7 +958,7 @@ func TestWithMaxOpenConnsExcessWorkWaitsInThePoolInsteadOfBeingRejected(t *testi
 				waiters <- err
 			}()
 		}
-		pgAwait(t, "Q operations wait for an execution permit", func() bool { return g.Stats().Waiting == p.MaxQueue })
+		awaitState(t, "Q operations wait for an execution permit", func() bool { return g.Stats().Waiting == p.MaxQueue })
 		return func() {
 			t.Helper()
 			for _, tx := range held {

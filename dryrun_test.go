@@ -147,7 +147,7 @@ func TestSwitchingDryRunOffWithMoreRunningThanBMakesNewWorkWaitOrBeRejectedUntil
 	wlOK(t, "h1", held[1])
 	// One runs, B=1: the new op is admitted and waits.
 	w := r.exec(bg, "w")
-	fkAwait(t, "w waits", func() bool { return r.g.Stats().Waiting == 1 })
+	awaitState(t, "w waits", func() bool { return r.g.Stats().Waiting == 1 })
 	if r.hasEntered("w") {
 		t.Fatal("w runs beside h2 with B=1")
 	}
@@ -168,9 +168,9 @@ func TestSwitchingDryRunOnLetsEveryWaiterRunAtOnce(t *testing.T) {
 	h := r.exec(bg, "h")
 	r.await(t, "h")
 	w1 := r.exec(bg, "w1")
-	fkAwait(t, "w1 waits", func() bool { return r.g.Stats().Waiting == 1 })
+	awaitState(t, "w1 waits", func() bool { return r.g.Stats().Waiting == 1 })
 	w2 := r.exec(bulkhead.WithWorkload(bg, "batch"), "w2") // waits for the global permit, holding batch's
-	fkAwait(t, "w2 waits", func() bool { return r.g.Stats().Waiting == 2 })
+	awaitState(t, "w2 waits", func() bool { return r.g.Stats().Waiting == 2 })
 	p.DryRun = true
 	rzSet(t, r.g, p)
 	r.await(t, "w1")

@@ -13,7 +13,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -37,19 +36,6 @@ import (
 const EnvMySQLDSN = "BULKHEAD_TEST_MYSQL_DSN"
 
 const defaultMySQLDSN = "root@tcp(127.0.0.1:3306)/test"
-
-// igAwait waits, without sleeping, until cond holds, or fails the test
-// after 10 s. It yields the processor between checks.
-func igAwait(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		runtime.Gosched()
-	}
-}
 
 // igCtx bounds a test: nothing in it can wait longer than 30 s.
 func igCtx(t *testing.T) context.Context {
@@ -621,7 +607,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 					_, err := db.ExecContext(ctx, insert(table), 2)
 					waited <- err
 				}()
-				igAwait(t, "the second operation waits", func() bool { return g.Stats().Waiting == 1 })
+				awaitState(t, "the second operation waits", func() bool { return g.Stats().Waiting == 1 })
 				if _, err := db.ExecContext(ctx, insert(table), 3); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 					t.Errorf("third operation: %v, want ErrAdmissionFull", err)
 				}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -199,3 +200,17 @@ func (m *monitor) Active(t testing.TB) int {
 
 // Connections counts the test's server connections.
 func (m *monitor) Connections(t testing.TB) int { return m.count(t, "") }
+
+// awaitState waits until cond holds, polling state without sleeping. It
+// gives up, failing the test, only after a generous bound meant to turn a
+// hang into a failure, never to measure time.
+func awaitState(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting until %s", what)
+		}
+		runtime.Gosched()
+	}
+}

@@ -111,7 +111,7 @@ func TestShrinkingWithAQueueMakesNewWorkWaitUntilRunningWorkIsBelowTheNewB(t *te
 	r.finish("h0")
 	wlOK(t, "h0", held[0])
 	w1 := r.exec(bg, "w1") // 3 running, B=2: admitted, waits
-	fkAwait(t, "w1 waits", func() bool { return r.g.Stats().Waiting == 1 })
+	awaitState(t, "w1 waits", func() bool { return r.g.Stats().Waiting == 1 })
 	r.finish("h1")
 	wlOK(t, "h1", held[1])
 	if s := r.g.Stats(); s.Running != 2 || s.Waiting != 1 || r.hasEntered("w1") {
@@ -136,7 +136,7 @@ func TestGrowingWakesWaitersInFIFOOrder(t *testing.T) {
 	var ws []<-chan error
 	for i := 1; i <= 3; i++ {
 		ws = append(ws, r.exec(bg, fmt.Sprintf("w%d", i)))
-		fkAwait(t, fmt.Sprintf("w%d queued", i), func() bool { return r.g.Stats().Waiting == i })
+		awaitState(t, fmt.Sprintf("w%d queued", i), func() bool { return r.g.Stats().Waiting == i })
 	}
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 3, MaxQueue: 3, QueueWait: bulkhead.MaxQueueWait})
 	r.await(t, "w1")

@@ -172,7 +172,7 @@ func TestSqlmwClaimsValidatorSoDatabaseSQLKeepsACancelledTransactionsDeadConnect
 				t.Fatalf("statement under a 50ms context: got %v, want context.DeadlineExceeded", err)
 			}
 			// database/sql rolls back in its own goroutine; wait for it.
-			pgAwait(t, "the cancelled transaction's connection is released", func() bool { return db.Stats().InUse == 0 })
+			awaitState(t, "the cancelled transaction's connection is released", func() bool { return db.Stats().InUse == 0 })
 			if n := db.Stats().OpenConnections; n != c.openAfterward {
 				t.Errorf("connections kept after the cancelled transaction: %d, want %d", n, c.openAfterward)
 			}

@@ -152,7 +152,7 @@ func (r *wlRig) enteredOrder() []string {
 // await waits until the held operation name is inside the driver.
 func (r *wlRig) await(t *testing.T, name string) {
 	t.Helper()
-	fkAwait(t, name+" runs in the driver", func() bool { return r.hasEntered(name) })
+	awaitState(t, name+" runs in the driver", func() bool { return r.hasEntered(name) })
 }
 
 // wstats returns the named workload's stats, failing if there is none.
@@ -566,7 +566,7 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 		})
 	}
 	// Interactive work starts once the batch workload is at its limit.
-	pgAwait(t, "the batch workload runs at its limit with a full queue", func() bool {
+	awaitState(t, "the batch workload runs at its limit with a full queue", func() bool {
 		ws, _ := g.WorkloadStats("batch")
 		return ws.Running == 2 && ws.Waiting == 2
 	})
