@@ -3,7 +3,7 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 SQLC := github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
 
-.PHONY: help test test-short lint bench generate chart sqlc sqlc-check
+.PHONY: help test test-short lint bench bench-pg bench-smoke overload generate chart sqlc sqlc-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -18,8 +18,20 @@ lint: ## go vet and staticcheck
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
-bench: ## benchmarks, gated and plain side by side (benchstat reads the output)
-	$(GO) test -run '^$$' -bench . -benchmem -count 6 . | tee bench.txt
+bench: ## the gate alone and database/sql on the fake driver, gated and plain side by side (bench.txt; see BENCHMARKS.md)
+	$(GO) test -run '^$$' -bench 'Semaphore|GatePermit|WaiterMemory|FakeDB|WaitingOperation' -benchmem -count 6 . | tee bench.txt
+
+bench-pg: ## PostgreSQL throughput, plain and gated in alternate processes (bench-pg.txt; needs the server)
+	$(GO) test -c -o bench-pg.test . && for i in 1 2 3 4 5 6 7 8 9 10; do \
+	  if [ $$((i % 2)) = 1 ]; then o="plain gated"; else o="gated plain"; fi; \
+	  for db in $$o; do ./bench-pg.test -test.run '^$$' -test.bench "Postgres/.*/.*/db=$$db" -test.benchmem || exit 1; done; \
+	done | tee bench-pg.txt; rm -f bench-pg.test
+
+bench-smoke: ## every benchmark once, as CI runs them (no timings)
+	$(GO) test -run '^$$' -bench . -benchtime=1x ./...
+
+overload: ## open-loop overload on local PostgreSQL: plain pool, pool as semaphore, gate; redraws docs/overload.png (~70 s)
+	$(GO) run ./cmd/bulkhead overload --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} --chart docs/overload.png
 
 generate: ## regenerate wrap_gen.go
 	$(GO) generate ./...

@@ -277,7 +277,7 @@ func (e *env) runLoad(ctx context.Context, cfg *loadConfig) (*loadReport, error)
 }
 
 func openGatedRun(cfg *loadConfig, app string) (*loadRun, error) {
-	inner, err := cfg.target.connector(app, false)
+	inner, err := cfg.target.gatedConnector(app, false)
 	if err != nil {
 		return nil, err
 	}
@@ -544,7 +544,10 @@ func (m *serverMonitor) poll(rec *recorder) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	var tx, conns int
-	err := m.db.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE xact_start IS NOT NULL), count(*)
+	// Only transactions that began before this statement count: the view
+	// is not an atomic snapshot. pgx's session-reset ping is not gated work.
+	err := m.db.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE xact_start < statement_timestamp()
+		    AND NOT (state = 'active' AND query = '-- ping')), count(*)
 		FROM pg_stat_activity
 		WHERE application_name = $1 AND backend_type = 'client backend' AND pid <> pg_backend_pid()`, m.app).Scan(&tx, &conns)
 	if err != nil {

@@ -3,6 +3,7 @@
 //
 //	bulkhead demo     the gate rejects the overload, the held transaction commits
 //	bulkhead load     N clients against the gate (and, with --baseline, without it)
+//	bulkhead overload open-loop arrivals at 1, 3, 6 × capacity: plain pool, pool as semaphore, gate
 //	bulkhead budget   instances × connections + other ≤ max_connections − reserved
 //	bulkhead policy   the policy that BULKHEAD_* in the environment gives
 //
@@ -63,6 +64,7 @@ const topUsage = `bulkhead: a database/sql gate that caps database work (B), que
 Usage:
   bulkhead demo   [--dsn URL]      the demonstration: overload rejected, held transaction commits
   bulkhead load   [flags]          N clients through the gate (--baseline: also without it)
+  bulkhead overload [flags]        open-loop arrivals at multiples of capacity: plain, semaphore, gate
   bulkhead budget --dsn URL ...    connection budget of a PostgreSQL server
   bulkhead policy                  the policy from BULKHEAD_* environment variables
 
@@ -88,6 +90,8 @@ func (e *env) run(ctx context.Context, args []string) int {
 		return e.demo(ctx, rest)
 	case "load":
 		return e.load(ctx, rest)
+	case "overload":
+		return e.overload(ctx, rest)
 	case "budget":
 		return e.budget(ctx, rest)
 	case "policy":
@@ -96,7 +100,7 @@ func (e *env) run(ctx context.Context, args []string) int {
 		fmt.Fprint(e.stdout, topUsage)
 		return exitOK
 	}
-	return e.fail(fmt.Errorf("unknown command %q; want demo, load, budget or policy (bulkhead --help)", cmd))
+	return e.fail(fmt.Errorf("unknown command %q; want demo, load, overload, budget or policy (bulkhead --help)", cmd))
 }
 
 // fail prints err as one line on stderr, prefixed "bulkhead:" once, and

@@ -110,7 +110,7 @@ func wantOneLineError(t *testing.T, r result, want ...string) {
 }
 
 func TestEveryCommandHasHelpWithExamples(t *testing.T) {
-	for _, cmd := range []string{"demo", "load", "budget", "policy"} {
+	for _, cmd := range []string{"demo", "load", "overload", "budget", "policy"} {
 		for _, flag := range []string{"--help", "-h"} {
 			r := runCmd(t, nil, cmd, flag)
 			if r.code != exitOK || r.stderr != "" {
@@ -130,7 +130,7 @@ func TestTopLevelHelpListsTheCommands(t *testing.T) {
 	if code := run(context.Background(), []string{"--help"}, &out, &errb); code != exitOK {
 		t.Fatalf("exit %d, stderr %q", code, errb.String())
 	}
-	for _, cmd := range []string{"bulkhead demo", "bulkhead load", "bulkhead budget", "bulkhead policy", "Exit status"} {
+	for _, cmd := range []string{"bulkhead demo", "bulkhead load", "bulkhead overload", "bulkhead budget", "bulkhead policy", "Exit status"} {
 		if !strings.Contains(out.String(), cmd) {
 			t.Errorf("usage lacks %q", cmd)
 		}
@@ -145,11 +145,11 @@ func TestNoCommandIsAUsageError(t *testing.T) {
 }
 
 func TestUnknownCommandIsNamed(t *testing.T) {
-	wantOneLineError(t, runCmd(t, nil, "frobnicate"), `"frobnicate"`, "demo, load, budget or policy")
+	wantOneLineError(t, runCmd(t, nil, "frobnicate"), `"frobnicate"`, "demo, load, overload, budget or policy")
 }
 
 func TestBadFlagsAndArgumentsAreNamedForEveryCommand(t *testing.T) {
-	for _, cmd := range []string{"demo", "load", "budget", "policy"} {
+	for _, cmd := range []string{"demo", "load", "overload", "budget", "policy"} {
 		wantOneLineError(t, runCmd(t, nil, cmd, "--no-such-flag"), cmd+":", "-no-such-flag", "--help")
 		wantOneLineError(t, runCmd(t, nil, cmd, "stray"), cmd+":", `"stray"`)
 	}

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"modernc.org/sqlite"
+
+	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
 // dialect is the kind of database a target is.
@@ -156,6 +158,22 @@ func (t *target) connector(app string, keepApp bool) (driver.Connector, error) {
 	}
 	name := fmt.Sprintf("file:bulkhead-%d?mode=memory&cache=shared", sqliteSeq.Add(1))
 	return sqlite.NewConnector(name)
+}
+
+// gatedConnector is connector for the gated runs: on PostgreSQL it makes
+// pgx return from a cancelled statement only after the server stopped it
+// (pgxgate.WaitForServer), as the library recommends, so that the gate
+// bounds the server and not only the process.
+func (t *target) gatedConnector(app string, keepApp bool) (driver.Connector, error) {
+	if t.dialect != dialectPostgres {
+		return t.connector(app, keepApp)
+	}
+	cfg := t.pg.Copy()
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok || !keepApp {
+		cfg.RuntimeParams["application_name"] = app
+	}
+	pgxgate.WaitForServer(cfg)
+	return stdlib.GetConnector(*cfg), nil
 }
 
 // plainConnector returns a connector to a PostgreSQL target with

@@ -1,0 +1,293 @@
+package bulkhead
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+
+	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+)
+
+// Benchmarks of the gate alone, with golang.org/x/sync/semaphore as the
+// baseline in the same run. Sub-benchmarks are named path=.../sem=... so
+// that benchstat puts the two side by side:
+//
+//	go test -run '^$' -bench 'Semaphore' -benchmem -count 6 . > sem.txt
+//	benchstat -col /sem sem.txt
+//
+// BENCHMARKS.md has the figures.
+
+// benchPolicy is a budget that never makes the benchmarked path wait or
+// reject unless the benchmark arranges it: B and Q far above the
+// goroutines that run.
+var benchPolicy = Policy{MaxConcurrent: 1 << 16, MaxQueue: 1 << 16, QueueWait: MaxQueueWait}
+
+// BenchmarkSemaphore measures one acquire and release of an execution
+// slot: the limiter's (admission + execution permits) against a
+// semaphore.Weighted's Acquire(1)+Release(1).
+//
+//   - path=uncontended: one goroutine, permits free.
+//   - path=parallel: b.RunParallel (GOMAXPROCS goroutines), permits free:
+//     the cost of the shared state under contention.
+//   - path=parallel-wait: b.RunParallel with a single permit: every
+//     acquire but one waits its turn in the FIFO queue.
+//   - path=rejected: admission full (TryAcquire failing for x/sync): the
+//     price of saying no.
+func BenchmarkSemaphore(b *testing.B) {
+	ctx := context.Background()
+	b.Run("path=uncontended/sem=xsync", func(b *testing.B) {
+		s := semaphore.NewWeighted(int64(benchPolicy.MaxConcurrent))
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := s.Acquire(ctx, 1); err != nil {
+				b.Fatal(err)
+			}
+			s.Release(1)
+		}
+	})
+	b.Run("path=uncontended/sem=bulkhead", func(b *testing.B) {
+		l := newLimiter("", benchPolicy)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := l.acquire(ctx); err != nil {
+				b.Fatal(err)
+			}
+			l.release()
+		}
+	})
+	b.Run("path=parallel/sem=xsync", func(b *testing.B) {
+		s := semaphore.NewWeighted(int64(benchPolicy.MaxConcurrent))
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := s.Acquire(ctx, 1); err != nil {
+					panic(err)
+				}
+				s.Release(1)
+			}
+		})
+	})
+	b.Run("path=parallel/sem=bulkhead", func(b *testing.B) {
+		l := newLimiter("", benchPolicy)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := l.acquire(ctx); err != nil {
+					panic(err)
+				}
+				l.release()
+			}
+		})
+	})
+	b.Run("path=parallel-wait/sem=xsync", func(b *testing.B) {
+		s := semaphore.NewWeighted(1)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := s.Acquire(ctx, 1); err != nil {
+					panic(err)
+				}
+				s.Release(1)
+			}
+		})
+	})
+	b.Run("path=parallel-wait/sem=bulkhead", func(b *testing.B) {
+		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1 << 16, QueueWait: MaxQueueWait})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := l.acquire(ctx); err != nil {
+					panic(err)
+				}
+				l.release()
+			}
+		})
+	})
+	b.Run("path=rejected/sem=xsync", func(b *testing.B) {
+		s := semaphore.NewWeighted(1)
+		s.Acquire(ctx, 1)
+		defer s.Release(1)
+		b.ReportAllocs()
+		for b.Loop() {
+			if s.TryAcquire(1) {
+				b.Fatal("TryAcquire succeeded on a full semaphore")
+			}
+		}
+	})
+	b.Run("path=rejected/sem=bulkhead", func(b *testing.B) {
+		l := newLimiter("", Policy{MaxConcurrent: 1, QueueWait: MaxQueueWait})
+		if _, err := l.acquire(ctx); err != nil {
+			b.Fatal(err)
+		}
+		defer l.release()
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := l.acquire(ctx); err == nil {
+				b.Fatal("acquire succeeded with admission full")
+			}
+		}
+	})
+}
+
+// BenchmarkGatePermit measures Gate.acquire and Gate.release with a
+// permit, no events and no hold warning: the path every wrapped
+// BeginTx, Exec and Query takes. path=workload adds a workload budget
+// (WithWorkload), path=rejected is admission full at the gate.
+func BenchmarkGatePermit(b *testing.B) {
+	newGate := func(b *testing.B, p Policy) *Gate {
+		g, err := New(fakedb.New(), p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { g.Close() })
+		return g
+	}
+	b.Run("path=global", func(b *testing.B) {
+		g := newGate(b, benchPolicy)
+		ctx := context.Background()
+		b.ReportAllocs()
+		for b.Loop() {
+			var p permit
+			if err := g.acquire(ctx, KindExec, &p); err != nil {
+				b.Fatal(err)
+			}
+			g.release(&p)
+		}
+	})
+	b.Run("path=workload", func(b *testing.B) {
+		p := benchPolicy
+		p.Workloads = map[string]Workload{"batch": {MaxConcurrent: 1 << 10, MaxQueue: 1 << 10, QueueWait: time.Second}}
+		g := newGate(b, p)
+		ctx := WithWorkload(context.Background(), "batch")
+		b.ReportAllocs()
+		for b.Loop() {
+			var p permit
+			if err := g.acquire(ctx, KindExec, &p); err != nil {
+				b.Fatal(err)
+			}
+			g.release(&p)
+		}
+	})
+	b.Run("path=parallel", func(b *testing.B) {
+		g := newGate(b, benchPolicy)
+		ctx := context.Background()
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				var p permit
+				if err := g.acquire(ctx, KindExec, &p); err != nil {
+					panic(err)
+				}
+				g.release(&p)
+			}
+		})
+	})
+	b.Run("path=rejected", func(b *testing.B) {
+		g := newGate(b, Policy{MaxConcurrent: 1, QueueWait: time.Second})
+		ctx := context.Background()
+		var held permit
+		if err := g.acquire(ctx, KindExec, &held); err != nil {
+			b.Fatal(err)
+		}
+		defer g.release(&held)
+		b.ReportAllocs()
+		for b.Loop() {
+			var p permit
+			if err := g.acquire(ctx, KindExec, &p); err == nil {
+				b.Fatal("acquire succeeded with admission full")
+			}
+		}
+	})
+}
+
+// BenchmarkWaiterMemory parks waiters goroutines in the queue for an
+// execution permit (the only one, held by the benchmark) and reports the
+// memory they take, goroutine stacks included, as bytes/waiter:
+// (HeapInuse+StackInuse once they all wait − before they started) /
+// waiters, each read after a GC. sem=goroutine parks the same number on a
+// bare channel: the floor any design that blocks a goroutine per waiting
+// operation pays.
+func BenchmarkWaiterMemory(b *testing.B) {
+	const waiters = 2000
+	ctx := context.Background()
+	b.Run("sem=goroutine", func(b *testing.B) {
+		parked := make(chan struct{}, waiters)
+		var release chan struct{}
+		measureWaiters(b, waiters, waiterRig{
+			hold:   func() { release = make(chan struct{}) },
+			wait:   func() { parked <- struct{}{}; <-release },
+			parked: func() int { return len(parked) },
+			free: func() {
+				close(release)
+				for range waiters {
+					<-parked
+				}
+			},
+		})
+	})
+	b.Run("sem=bulkhead", func(b *testing.B) {
+		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: waiters, QueueWait: MaxQueueWait})
+		acquire := func() {
+			if _, err := l.acquire(ctx); err != nil {
+				panic(err)
+			}
+		}
+		measureWaiters(b, waiters, waiterRig{
+			hold: acquire,
+			wait: func() { acquire(); l.release() },
+			parked: func() int {
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				return l.waiting
+			},
+			free: l.release,
+		})
+	})
+}
+
+// waiterRig is what measureWaiters needs of a kind of waiter.
+type waiterRig struct {
+	hold   func()     // take the only permit
+	wait   func()     // one waiter: block until it gets a permit, then give it back
+	parked func() int // how many waiters are blocked now
+	free   func()     // give back the permit hold took
+}
+
+// measureWaiters runs, b.N times: hold the permit, start n goroutines
+// running wait, wait (yielding) until all n are parked, measure, then free
+// the permit and wait for the goroutines to end.
+func measureWaiters(b *testing.B, n int, r waiterRig) {
+	b.ReportAllocs()
+	var total float64
+	runs := 0
+	for b.Loop() {
+		r.hold()
+		before := inUse()
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(r.wait)
+		}
+		for limit := time.Now().Add(time.Minute); r.parked() < n; runtime.Gosched() {
+			if time.Now().After(limit) {
+				b.Fatalf("%d of %d waiters parked after a minute", r.parked(), n)
+			}
+		}
+		total += float64(inUse()-before) / float64(n)
+		runs++
+		r.free()
+		wg.Wait()
+	}
+	b.ReportMetric(total/float64(runs), "bytes/waiter")
+}
+
+// inUse is the heap and stack memory in use, after a GC.
+func inUse() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapInuse + m.StackInuse)
+}

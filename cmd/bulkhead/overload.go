@@ -1,0 +1,939 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dbbulkhead/bulkhead"
+)
+
+const overloadUsage = `Usage: bulkhead overload [--dsn URL] [--loads 1,3,6] [--duration D] [flags]
+
+The open-loop overload experiment. Requests arrive at random (Poisson
+arrivals) at a fixed rate, each in its own goroutine with its own deadline
+(--deadline), whatever happened to the ones before: unlike the clients of
+"bulkhead load", nobody slows down when the database does. Each request is
+a transaction running one CPU-bound query (--cpu-rows; on PostgreSQL
+SELECT sum(i) FROM generate_series(1, N) i).
+
+First it measures the unloaded service time S (one worker, transactions
+back to back) and the capacity C (transactions per second that
+--capacity-workers workers, back to back, get through). Then, for each load
+in --loads (multiples of C), it offers that rate for --warmup (not counted)
+plus --duration to each configuration in turn, with the same arrivals:
+
+  plain      database/sql, pool unlimited (MaxIdleConns B+Q)
+  semaphore  database/sql, MaxOpenConns B: the pool as a semaphore
+  gate       bulkhead B, Q and the queue wait, through g.OpenDB()
+
+B defaults to the number of CPUs. Unless given, the queue wait and Q follow
+from the deadline D and s = B/C, the time a transaction takes when B run
+at once (the rule BENCHMARKS.md measures):
+
+  wait = D − 3·s     a request that waited that long still commits in time
+  Q    = ⌊¾·C·wait⌋  the queue drains within ¾ of the wait at capacity
+
+For each load and configuration it reports the goodput (transactions
+committed within their deadline, per second), the p50 and p99 latency of
+successes, the p99 time for a failure to come back, failures by cause and,
+on PostgreSQL, the most transactions and connections the server showed for
+it (pg_stat_activity by application_name; transactions counted only if they
+began before the poll's statement did). Against a local server the
+client takes CPU from it: say so with the figures. The unlimited pool
+opens a connection for every request in flight and may reach the server's
+max_connections: use a server nobody else depends on. Ctrl-C stops the
+run and reports what was measured.
+`
+
+const overloadExamples = `  bulkhead overload --dsn postgres://postgres@127.0.0.1:5432/test --chart docs/overload.png
+  bulkhead overload --dsn postgres://postgres@127.0.0.1:5432/test --loads 3 --duration 3s \
+      --max-concurrent 2 --max-queue 20 --queue-wait 80ms --json -
+  bulkhead overload --capacity 200 --loads 1,2 --duration 1s --cpu-rows 2000
+`
+
+// The configurations of the experiment, in the order they run.
+const (
+	cfgPlain     = "plain"
+	cfgSemaphore = "semaphore"
+	cfgGate      = "gate"
+)
+
+var overloadConfigs = []string{cfgPlain, cfgSemaphore, cfgGate}
+
+// Limits of the overload flags.
+const (
+	maxOverloadRate  = 100_000 // requests per second
+	overloadPoll     = 20 * time.Millisecond
+	drainLimit       = 5 * time.Second // wait for the server to finish a phase's work
+	maxOverloadLoads = 20
+)
+
+// overloadConfig is a validated overload command line.
+type overloadConfig struct {
+	target      *target
+	loads       []float64 // multiples of C
+	configs     []string
+	duration    time.Duration // counted, per load and configuration
+	warmup      time.Duration // before it, not counted
+	deadline    time.Duration
+	cpuRows     int
+	capacity    float64 // 0: measure
+	capWorkers  int     // 0: B
+	capDuration time.Duration
+	b, q        int           // q < 0: by the rule
+	wait        time.Duration // < 0: by the rule
+	seed        uint64
+	chart       string
+	jsonOut     string
+}
+
+func (e *env) overload(ctx context.Context, args []string) int {
+	cfg, code, done := e.parseOverload(args)
+	if done {
+		return code
+	}
+	rep, err := e.runOverload(ctx, cfg)
+	if err != nil {
+		return e.fail(fmt.Errorf("overload: %w", err))
+	}
+	out := e.stdout
+	if cfg.jsonOut == "-" {
+		out = e.stderr
+	}
+	rep.printTable(out)
+	if cfg.chart != "" && len(rep.Phases) > 0 {
+		if err := writeOverloadChart(cfg.chart, rep); err != nil {
+			return e.fail(fmt.Errorf("overload: --chart %s: %w", cfg.chart, err))
+		}
+		fmt.Fprintf(out, "chart written to %s\n", cfg.chart)
+	}
+	if cfg.jsonOut != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err == nil {
+			b = append(b, '\n')
+			if cfg.jsonOut == "-" {
+				_, err = e.stdout.Write(b)
+			} else {
+				err = os.WriteFile(cfg.jsonOut, b, 0o644)
+			}
+		}
+		if err != nil {
+			return e.fail(fmt.Errorf("overload: --json %s: %w", cfg.jsonOut, err))
+		}
+	}
+	return exitOK
+}
+
+func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
+	fs := e.newFlagSet("overload", overloadUsage, overloadExamples)
+	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://... (default $DATABASE_URL, else embedded SQLite)")
+	loads := fs.String("loads", "1,3,6", "offered loads, as multiples of the capacity C, comma-separated")
+	configs := fs.String("configs", strings.Join(overloadConfigs, ","), "configurations to run, comma-separated: plain, semaphore, gate")
+	duration := fs.Duration("duration", 5*time.Second, "how long requests are counted, per load and configuration")
+	warmup := fs.Duration("warmup", time.Second, "how long requests arrive before they are counted")
+	deadline := fs.Duration("deadline", 100*time.Millisecond, "deadline of each request, from its start")
+	cpuRows := fs.Int("cpu-rows", 70000, "rows each request's query sums (generate_series on PostgreSQL)")
+	capacity := fs.Float64("capacity", 0, "capacity C in transactions per second (0: measure it)")
+	capWorkers := fs.Int("capacity-workers", 0, "workers, back to back, that measure C (0: B)")
+	capDuration := fs.Duration("capacity-duration", 3*time.Second, "how long C is measured (S: a third of it)")
+	b := fs.Int("max-concurrent", runtime.NumCPU(), "B of the gate and MaxOpenConns of the semaphore")
+	q := fs.Int("max-queue", -1, "Q of the gate (-1: ⌊¾·C·wait⌋)")
+	wait := fs.Duration("queue-wait", -1, "queue wait of the gate (negative: deadline − 3·B/C)")
+	seed := fs.Uint64("seed", 1, "seed of the arrival times: the same for every configuration")
+	chart := fs.String("chart", "", "write a chart of the results to this .png or .svg file")
+	jsonOut := fs.String("json", "", "write the results as JSON to this file (- for stdout; the table then goes to stderr)")
+	if code, done := e.parseFlags(fs, args); done {
+		return nil, code, true
+	}
+	set := flagsSet(fs)
+	bad := func(format string, a ...any) (*overloadConfig, int, bool) {
+		return nil, e.fail(fmt.Errorf("overload: "+format, a...)), true
+	}
+	cfg := &overloadConfig{
+		duration: *duration, warmup: *warmup, deadline: *deadline, cpuRows: *cpuRows,
+		capacity: *capacity, capWorkers: *capWorkers, capDuration: *capDuration,
+		b: *b, q: *q, wait: *wait, seed: *seed, chart: *chart, jsonOut: *jsonOut,
+	}
+	var err error
+	if cfg.loads, err = parseLoads(*loads); err != nil {
+		return bad("--loads %q: %v", *loads, err)
+	}
+	if cfg.configs, err = parseConfigs(*configs); err != nil {
+		return bad("--configs %q: %v", *configs, err)
+	}
+	switch {
+	case cfg.duration <= 0 || cfg.duration > time.Hour:
+		return bad("--duration is %v, want more than 0s and at most 1h0m0s", cfg.duration)
+	case cfg.warmup < 0 || cfg.warmup > time.Hour:
+		return bad("--warmup is %v, want 0s to 1h0m0s", cfg.warmup)
+	case cfg.deadline <= 0 || cfg.deadline > time.Hour:
+		return bad("--deadline is %v, want more than 0s and at most 1h0m0s", cfg.deadline)
+	case cfg.cpuRows < 1 || cfg.cpuRows > 1_000_000_000:
+		return bad("--cpu-rows is %d, want 1 to 1000000000", cfg.cpuRows)
+	case cfg.capacity < 0 || cfg.capacity > maxOverloadRate || math.IsNaN(cfg.capacity):
+		return bad("--capacity is %v, want 0 (measure) to %d per second", cfg.capacity, maxOverloadRate)
+	case cfg.capWorkers < 0 || cfg.capWorkers > maxClients:
+		return bad("--capacity-workers is %d, want 0 (B) to %d", cfg.capWorkers, maxClients)
+	case cfg.capDuration <= 0 || cfg.capDuration > time.Hour:
+		return bad("--capacity-duration is %v, want more than 0s and at most 1h0m0s", cfg.capDuration)
+	case cfg.b < 1 || cfg.b > maxClients:
+		return bad("--max-concurrent is %d, want 1 to %d", cfg.b, maxClients)
+	case cfg.q < -1 || cfg.q > maxClients:
+		return bad("--max-queue is %d, want -1 (by the rule) to %d", cfg.q, maxClients)
+	case cfg.wait > bulkhead.MaxQueueWait:
+		return bad("--queue-wait is %v, want at most %v (or negative: by the rule)", cfg.wait, bulkhead.MaxQueueWait)
+	}
+	if cfg.wait < 0 {
+		cfg.wait = -1
+	}
+	if cfg.capWorkers == 0 {
+		cfg.capWorkers = cfg.b
+	}
+	for _, path := range []string{cfg.chart, cfg.jsonOut} {
+		if path == "" || path == "-" {
+			continue
+		}
+		if err := checkDir(path); err != nil {
+			return bad("%q: %v", path, err)
+		}
+	}
+	if cfg.chart != "" {
+		if ext := strings.ToLower(filepath.Ext(cfg.chart)); ext != ".png" && ext != ".svg" {
+			return bad("--chart %q has extension %q, want .png or .svg", cfg.chart, ext)
+		}
+	}
+	t, err := e.resolveTarget(*dsn, set["dsn"])
+	if err != nil {
+		return bad("%w", err)
+	}
+	cfg.target = t
+	return cfg, exitOK, false
+}
+
+// parseLoads parses "1,3,6": each a multiple of the capacity, more than 0
+// and at most 1000.
+func parseLoads(s string) ([]float64, error) {
+	var loads []float64
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		v, err := strconv.ParseFloat(f, 64)
+		if err != nil || !(v > 0 && v <= 1000) {
+			return nil, fmt.Errorf("%q is not a load; want multiples of C from more than 0 to 1000, such as 1,3,6", f)
+		}
+		loads = append(loads, v)
+	}
+	if len(loads) > maxOverloadLoads {
+		return nil, fmt.Errorf("%d loads, want at most %d", len(loads), maxOverloadLoads)
+	}
+	return loads, nil
+}
+
+// parseConfigs parses "plain,gate": configurations, each once, run in the
+// experiment's order whatever the order given.
+func parseConfigs(s string) ([]string, error) {
+	seen := map[string]bool{}
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if !slices.Contains(overloadConfigs, f) {
+			return nil, fmt.Errorf("%q is not a configuration; want plain, semaphore or gate", f)
+		}
+		seen[f] = true
+	}
+	var out []string
+	for _, c := range overloadConfigs {
+		if seen[c] {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// queueRule returns the gate's queue wait and Q for a deadline D, B and a
+// capacity C (transactions per second). s = B/C is the time a transaction
+// takes when B run at once. A request that waited wait = D − 3s still
+// commits within D with a service time up to three times s. The queue is
+// sized to drain in three quarters of the wait at capacity,
+// Q = ⌊¾·C·wait⌋: under overload the clients take CPU from a server on
+// the same machine and the rate falls below C (by about a tenth here); a
+// queue that drained only in the whole wait would then time out at its
+// tail instead of rejecting at once.
+func queueRule(deadline time.Duration, b int, capacity float64) (wait time.Duration, q int) {
+	s := time.Duration(float64(b) / capacity * float64(time.Second))
+	wait = max(deadline-3*s, 0).Round(time.Millisecond)
+	return wait, queueFor(wait, capacity)
+}
+
+// queueFor is the rule's Q for a given wait: ⌊¾·C·wait⌋.
+func queueFor(wait time.Duration, capacity float64) int {
+	return int(math.Floor(0.75 * capacity * wait.Seconds()))
+}
+
+// arrivals returns the start offsets of a Poisson process of rate per
+// second over length, from a generator seeded with seed: the same
+// arrivals for every configuration.
+func arrivals(rate float64, length time.Duration, seed uint64) []time.Duration {
+	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	var out []time.Duration
+	t := 0.0
+	for {
+		t += rng.ExpFloat64() / rate
+		d := time.Duration(t * float64(time.Second))
+		if d >= length {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+// The results, as written by --json.
+type (
+	overloadReport struct {
+		cfg              *overloadConfig
+		Database         string           `json:"database"`
+		CPUs             int              `json:"cpus"`
+		GoVersion        string           `json:"go_version"`
+		ServerVersion    string           `json:"server_version,omitempty"`
+		Work             string           `json:"work"`
+		DeadlineMs       float64          `json:"deadline_ms"`
+		ServiceMs        *pct             `json:"unloaded_service_ms"` // S: one worker, back to back
+		Capacity         float64          `json:"capacity_per_s"`      // C
+		CapacityMeasured bool             `json:"capacity_measured"`
+		CapacityWorkers  int              `json:"capacity_workers"`
+		Policy           policyJSON       `json:"policy"`
+		Rule             bool             `json:"policy_by_rule"` // Q and the wait came from queueRule
+		WarmupS          float64          `json:"warmup_s"`
+		DurationS        float64          `json:"duration_s"`
+		Interrupted      bool             `json:"interrupted"`
+		Phases           []*overloadPhase `json:"phases"`
+	}
+	overloadPhase struct {
+		Load             float64        `json:"load"` // multiple of C
+		Config           string         `json:"config"`
+		Setup            string         `json:"setup"`
+		RatePerS         float64        `json:"rate_per_s"`    // offered: load × C
+		Arrived          int64          `json:"arrived"`       // counted: after the warm-up
+		ArrivedPerS      float64        `json:"arrived_per_s"` // Arrived / duration: the rate the arrivals drawn came to
+		Committed        int64          `json:"committed"`
+		WithinDeadline   int64          `json:"within_deadline"`
+		RejectedFull     int64          `json:"rejected_full"`
+		RejectedTimeout  int64          `json:"rejected_timeout"`
+		DeadlineExceeded int64          `json:"deadline_exceeded"`
+		InterruptedOps   int64          `json:"interrupted"`
+		OtherErrors      int64          `json:"other_errors"`
+		ErrorSamples     map[string]int `json:"error_samples,omitempty"`
+		GoodputPerS      float64        `json:"goodput_per_s"`
+		SuccessMs        *pct           `json:"success_ms,omitempty"`
+		FailureMs        *pct           `json:"failure_ms,omitempty"` // every failure
+		RejectFullMs     *pct           `json:"rejected_full_ms,omitempty"`
+		RejectTimeoutMs  *pct           `json:"rejected_timeout_ms,omitempty"`
+		LagMs            *pct           `json:"start_lag_ms,omitempty"` // request goroutine start behind its arrival time
+		ServerMaxTx      *int           `json:"server_max_transactions,omitempty"`
+		ServerMaxConns   *int           `json:"server_max_connections,omitempty"`
+		ServerError      string         `json:"server_monitor_error,omitempty"`
+		ServerDrainMs    float64        `json:"server_drain_ms,omitempty"` // after the last request returned, until the server showed none of its work
+		WarmupOutcomes   map[string]int `json:"warmup_outcomes,omitempty"` // of the requests not counted, by outcome
+	}
+)
+
+func (p *overloadPhase) failed() int64 {
+	return p.RejectedFull + p.RejectedTimeout + p.DeadlineExceeded + p.InterruptedOps + p.OtherErrors
+}
+
+func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadReport, error) {
+	rep := &overloadReport{
+		cfg: cfg, Database: cfg.target.display, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
+		Work:       fmt.Sprintf("each request a transaction running a CPU-bound query over %d rows", cfg.cpuRows),
+		DeadlineMs: ms(cfg.deadline), CapacityWorkers: cfg.capWorkers,
+		WarmupS: cfg.warmup.Seconds(), DurationS: cfg.duration.Seconds(),
+	}
+	op := (&loadConfig{target: cfg.target, work: "cpu", cpuRows: cfg.cpuRows}).operation()
+	id := fmt.Sprintf("bh-overload-%d-%d", os.Getpid(), loadSeq.Add(1))
+
+	// S and C, measured on plain database/sql, back to back.
+	fmt.Fprintf(e.stderr, "overload: measuring the unloaded service time (1 worker, %v)\n", cfg.capDuration/3)
+	lats, _, err := closedLoop(ctx, cfg, op, id+"-service", 1, cfg.capDuration/3)
+	if err != nil {
+		return nil, err
+	}
+	rep.ServiceMs = percentiles(lats)
+	rep.ServerVersion = serverVersion(ctx, cfg.target)
+	rep.Capacity, rep.CapacityMeasured = cfg.capacity, cfg.capacity == 0
+	if rep.CapacityMeasured {
+		fmt.Fprintf(e.stderr, "overload: measuring the capacity (%d workers, %v)\n", cfg.capWorkers, cfg.capDuration)
+		_, rate, err := closedLoop(ctx, cfg, op, id+"-capacity", cfg.capWorkers, cfg.capDuration)
+		if err != nil {
+			return nil, err
+		}
+		if rate <= 0 {
+			return nil, errors.New("no transaction committed while measuring the capacity; see --capacity")
+		}
+		rep.Capacity = rate
+	}
+	if ctx.Err() != nil {
+		rep.Interrupted = true
+		return rep, nil
+	}
+	wait, q := queueRule(cfg.deadline, cfg.b, rep.Capacity)
+	rep.Rule = cfg.wait < 0 && cfg.q < 0
+	if cfg.wait >= 0 {
+		wait = cfg.wait
+		if cfg.q < 0 {
+			q = queueFor(wait, rep.Capacity)
+		}
+	}
+	if cfg.q >= 0 {
+		q = cfg.q
+	}
+	policy := bulkhead.Policy{MaxConcurrent: cfg.b, MaxQueue: q, QueueWait: wait}
+	if err := policy.Validate(); err != nil {
+		return nil, err
+	}
+	rep.Policy = policyJSON{MaxConcurrent: policy.MaxConcurrent, MaxQueue: policy.MaxQueue, QueueWaitMs: ms(policy.QueueWait)}
+	fmt.Fprintf(e.stderr, "overload: S p50 %.1f ms, C %.0f/s; gate B=%d Q=%d wait=%v\n",
+		rep.ServiceMs.P50, rep.Capacity, policy.MaxConcurrent, policy.MaxQueue, policy.QueueWait)
+
+	for li, load := range cfg.loads {
+		rate := load * rep.Capacity
+		if rate > maxOverloadRate {
+			return nil, fmt.Errorf("load %v×C is %.0f requests per second, more than %d", load, rate, maxOverloadRate)
+		}
+		starts := arrivals(rate, cfg.warmup+cfg.duration, cfg.seed+uint64(li))
+		for _, name := range cfg.configs {
+			if ctx.Err() != nil {
+				rep.Interrupted = true
+				return rep, nil
+			}
+			ph, err := runOpenLoop(ctx, cfg, op, fmt.Sprintf("%s-%s-%d", id, name, li), name, policy, starts)
+			if err != nil {
+				return nil, err
+			}
+			ph.Load, ph.RatePerS = load, rate
+			rep.Phases = append(rep.Phases, ph)
+			fmt.Fprintf(e.stderr, "overload: %s×C %-9s goodput %.0f/s, %d of %d committed in time\n",
+				fmtLoad(load), name, ph.GoodputPerS, ph.WithinDeadline, ph.Arrived)
+		}
+	}
+	rep.Interrupted = ctx.Err() != nil
+	return rep, nil
+}
+
+func fmtLoad(v float64) string { return strconv.FormatFloat(v, 'g', 4, 64) }
+
+// serverVersion returns the PostgreSQL server's version, or "".
+func serverVersion(ctx context.Context, t *target) string {
+	if t.dialect != dialectPostgres {
+		return ""
+	}
+	db := sql.OpenDB(t.plainConnector("bulkhead-monitor"))
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	var v string
+	if err := db.QueryRowContext(ctx, "SHOW server_version").Scan(&v); err != nil {
+		return ""
+	}
+	return v
+}
+
+// closedLoop runs op back to back on workers goroutines for length on a
+// plain pool of workers connections, after a warm-up of one operation per
+// worker, and returns the latencies and the rate of committed operations.
+func closedLoop(ctx context.Context, cfg *overloadConfig, op func(context.Context, *sql.DB) error, app string, workers int, length time.Duration) ([]time.Duration, float64, error) {
+	inner, err := cfg.target.connector(app, false)
+	if err != nil {
+		return nil, 0, err
+	}
+	db := sql.OpenDB(inner)
+	defer db.Close()
+	db.SetMaxOpenConns(workers)
+	db.SetMaxIdleConns(workers)
+	opTimeout := max(10*cfg.deadline, 10*time.Second)
+	one := func() error {
+		c, cancel := context.WithTimeout(ctx, opTimeout)
+		defer cancel()
+		return op(c, db)
+	}
+	var (
+		mu    sync.Mutex
+		lats  []time.Duration
+		first error
+		wg    sync.WaitGroup
+	)
+	for range workers {
+		wg.Go(func() {
+			if err := one(); err != nil {
+				mu.Lock()
+				first = cmpOr(first, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if first != nil {
+		if ctx.Err() != nil {
+			return nil, 0, errors.New("interrupted before the run started")
+		}
+		return nil, 0, fmt.Errorf("cannot run the work on %s: %w", cfg.target.display, first)
+	}
+	stop, cancel := context.WithTimeout(ctx, length)
+	defer cancel()
+	start := time.Now()
+	for range workers {
+		wg.Go(func() {
+			for stop.Err() == nil {
+				t0 := time.Now()
+				err := one()
+				d := time.Since(t0)
+				mu.Lock()
+				if err == nil {
+					lats = append(lats, d)
+				} else if ctx.Err() == nil {
+					first = cmpOr(first, err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if first != nil {
+		return nil, 0, fmt.Errorf("measuring on %s: %w", cfg.target.display, first)
+	}
+	return lats, float64(len(lats)) / elapsed.Seconds(), nil
+}
+
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// openOverloadDB opens the *sql.DB of one configuration.
+func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*sql.DB, string, error) {
+	inner, err := cfg.target.connector(app, false)
+	if err != nil {
+		return nil, "", err
+	}
+	switch name {
+	case cfgPlain:
+		db := sql.OpenDB(inner)
+		db.SetMaxIdleConns(p.MaxConcurrent + p.MaxQueue)
+		return db, fmt.Sprintf("database/sql, MaxOpenConns unlimited, MaxIdleConns %d", p.MaxConcurrent+p.MaxQueue), nil
+	case cfgSemaphore:
+		db := sql.OpenDB(inner)
+		db.SetMaxOpenConns(p.MaxConcurrent)
+		db.SetMaxIdleConns(p.MaxConcurrent)
+		return db, fmt.Sprintf("database/sql, MaxOpenConns %d", p.MaxConcurrent), nil
+	}
+	g, err := bulkhead.New(inner, p)
+	if err != nil {
+		return nil, "", err
+	}
+	return g.OpenDB(), fmt.Sprintf("bulkhead B=%d Q=%d wait=%v", p.MaxConcurrent, p.MaxQueue, p.QueueWait), nil
+}
+
+// phaseRec collects one phase's outcomes. Only requests that arrived after
+// the warm-up are recorded.
+type phaseRec struct {
+	deadline time.Duration
+	mu       sync.Mutex
+	n        [numOutcomes]int64
+	good     int64
+	ok       []time.Duration
+	fail     []time.Duration
+	full     []time.Duration
+	timeout  []time.Duration
+	lag      []time.Duration
+	errs     map[string]int
+	warm     [numOutcomes]int // outcomes of the requests of the warm-up
+}
+
+// outcomeNames name the outcomes in the JSON.
+var outcomeNames = [numOutcomes]string{
+	outCompleted: "committed", outRejectedFull: "rejected_full", outRejectedTimeout: "rejected_timeout",
+	outDeadline: "deadline_exceeded", outInterrupted: "interrupted", outOther: "other",
+}
+
+func (r *phaseRec) addWarmup(o outcome) {
+	r.mu.Lock()
+	r.warm[o]++
+	r.mu.Unlock()
+}
+
+func (r *phaseRec) add(o outcome, lat, lag time.Duration, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n[o]++
+	r.lag = append(r.lag, lag)
+	switch o {
+	case outCompleted:
+		r.ok = append(r.ok, lat)
+		if lat <= r.deadline {
+			r.good++
+		}
+		return
+	case outRejectedFull:
+		r.full = append(r.full, lat)
+	case outRejectedTimeout:
+		r.timeout = append(r.timeout, lat)
+	case outOther:
+		msg := strings.Join(strings.Fields(err.Error()), " ")
+		if len(msg) > 200 {
+			msg = msg[:200] + "..."
+		}
+		if _, ok := r.errs[msg]; ok || len(r.errs) < maxErrSamples {
+			r.errs[msg]++
+		}
+	}
+	r.fail = append(r.fail, lat)
+}
+
+// runOpenLoop offers the arrivals starts to one configuration and returns
+// what it measured.
+func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Context, *sql.DB) error, app, name string, p bulkhead.Policy, starts []time.Duration) (*overloadPhase, error) {
+	db, setup, err := openOverloadDB(cfg, app, name, p)
+	if err != nil {
+		return nil, err
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			db.Close()
+		}
+	}()
+	// Every configuration starts with the connections its pool keeps
+	// idle already dialed: B+Q for plain and gate, B for semaphore.
+	idle := p.MaxConcurrent + p.MaxQueue
+	if name == cfgSemaphore {
+		idle = p.MaxConcurrent
+	}
+	if err := warmPool(ctx, db, idle); err != nil {
+		if ctx.Err() != nil {
+			return nil, errors.New("interrupted before the run started")
+		}
+		return nil, fmt.Errorf("cannot connect to %s: %w", cfg.target.display, err)
+	}
+	var mon *activityMonitor
+	if cfg.target.dialect == dialectPostgres {
+		if mon, err = startActivityMonitor(ctx, cfg.target, app); err != nil {
+			return nil, err
+		}
+		defer mon.close()
+	}
+
+	rec := &phaseRec{deadline: cfg.deadline, errs: map[string]int{}}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var wg sync.WaitGroup
+	begin := time.Now()
+	for _, at := range starts {
+		if d := time.Until(begin.Add(at)); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		counted := at >= cfg.warmup
+		arrival := begin.Add(at)
+		wg.Go(func() {
+			t0 := time.Now()
+			opCtx, cancel := context.WithTimeout(ctx, cfg.deadline)
+			err := op(opCtx, db)
+			lat := time.Since(t0)
+			o := classify(err, opCtx, ctx)
+			cancel()
+			if counted {
+				rec.add(o, lat, t0.Sub(arrival), err)
+			} else {
+				rec.addWarmup(o)
+			}
+		})
+	}
+	wg.Wait()
+	db.Close()
+	closed = true
+	ph := &overloadPhase{Config: name, Setup: setup}
+	if mon != nil {
+		t0 := time.Now()
+		mon.drain(drainLimit)
+		ph.ServerDrainMs = ms(time.Since(t0))
+		mon.stop()
+		if mon.seen {
+			tx, conns := mon.maxTx, mon.maxConns
+			ph.ServerMaxTx, ph.ServerMaxConns = &tx, &conns
+		}
+		if mon.err != nil {
+			ph.ServerError = oneLine(mon.err)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	ph.Committed = rec.n[outCompleted]
+	ph.WithinDeadline = rec.good
+	ph.RejectedFull = rec.n[outRejectedFull]
+	ph.RejectedTimeout = rec.n[outRejectedTimeout]
+	ph.DeadlineExceeded = rec.n[outDeadline]
+	ph.InterruptedOps = rec.n[outInterrupted]
+	ph.OtherErrors = rec.n[outOther]
+	ph.Arrived = ph.Committed + ph.failed()
+	ph.ArrivedPerS = float64(ph.Arrived) / cfg.duration.Seconds()
+	ph.GoodputPerS = float64(ph.WithinDeadline) / cfg.duration.Seconds()
+	ph.SuccessMs = percentiles(rec.ok)
+	ph.FailureMs = percentiles(rec.fail)
+	ph.RejectFullMs = percentiles(rec.full)
+	ph.RejectTimeoutMs = percentiles(rec.timeout)
+	ph.LagMs = percentiles(rec.lag)
+	if len(rec.errs) > 0 {
+		ph.ErrorSamples = rec.errs
+	}
+	for o, n := range rec.warm {
+		if n > 0 {
+			if ph.WarmupOutcomes == nil {
+				ph.WarmupOutcomes = map[string]int{}
+			}
+			ph.WarmupOutcomes[outcomeNames[o]] = n
+		}
+	}
+	return ph, nil
+}
+
+// warmPool dials n connections in db's pool and leaves them idle.
+func warmPool(ctx context.Context, db *sql.DB, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*connectTimeout)
+	defer cancel()
+	conns := make([]*sql.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range n {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		conns = append(conns, c)
+		if err := c.PingContext(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// activityMonitor polls pg_stat_activity every overloadPoll, on its own
+// connection, for the most transactions and connections of one
+// application_name.
+type activityMonitor struct {
+	db   *sql.DB
+	app  string
+	quit chan struct{}
+	done chan struct{}
+
+	// Written by the polling goroutine; read after stop.
+	maxTx, maxConns int
+	seen            bool
+	err             error
+}
+
+// activityQuery counts the transactions (those that began before this
+// statement did: pg_stat_activity is not an atomic snapshot, see
+// main_test.go's monitor) and the connections of an application_name,
+// leaving out pgx's session-reset ping, which runs without a permit.
+const activityQuery = `SELECT count(*) FILTER (WHERE xact_start < statement_timestamp()
+	    AND NOT (state = 'active' AND query = '-- ping')), count(*)
+	FROM pg_stat_activity
+	WHERE application_name = $1 AND backend_type = 'client backend' AND pid <> pg_backend_pid()`
+
+func startActivityMonitor(ctx context.Context, t *target, app string) (*activityMonitor, error) {
+	db := sql.OpenDB(t.plainConnector("bulkhead-monitor"))
+	db.SetMaxOpenConns(1)
+	pctx, cancel := context.WithTimeout(ctx, 2*connectTimeout)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("monitor connection to %s: %w", t.display, err)
+	}
+	m := &activityMonitor{db: db, app: app, quit: make(chan struct{}), done: make(chan struct{})}
+	go m.loop()
+	return m, nil
+}
+
+func (m *activityMonitor) count() (tx, conns int, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	err = m.db.QueryRowContext(ctx, activityQuery, m.app).Scan(&tx, &conns)
+	return tx, conns, err
+}
+
+func (m *activityMonitor) loop() {
+	defer close(m.done)
+	tick := time.NewTicker(overloadPoll)
+	defer tick.Stop()
+	for {
+		if m.err == nil {
+			tx, conns, err := m.count()
+			if err != nil {
+				m.err = err
+			} else {
+				m.seen = true
+				m.maxTx, m.maxConns = max(m.maxTx, tx), max(m.maxConns, conns)
+			}
+		}
+		select {
+		case <-m.quit:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// drain waits, at most limit, until the server shows no connection of the
+// application left: work cancelled by the client may still be running
+// there and would load the next phase.
+func (m *activityMonitor) drain(limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	tick := time.NewTicker(overloadPoll)
+	defer tick.Stop()
+	for time.Now().Before(deadline) {
+		_, conns, err := m.count()
+		if err != nil || conns == 0 {
+			return
+		}
+		<-tick.C
+	}
+}
+
+// stop ends the polling; the maxima may be read after it.
+func (m *activityMonitor) stop() {
+	select {
+	case <-m.quit:
+	default:
+		close(m.quit)
+	}
+	<-m.done
+}
+
+func (m *activityMonitor) close() {
+	m.stop()
+	m.db.Close()
+}
+
+// phase returns the result of one load and configuration, or nil.
+func (rep *overloadReport) phase(load float64, config string) *overloadPhase {
+	for _, p := range rep.Phases {
+		if p.Load == load && p.Config == config {
+			return p
+		}
+	}
+	return nil
+}
+
+func (rep *overloadReport) printTable(w io.Writer) {
+	cfg := rep.cfg
+	fmt.Fprintf(w, "\noverload on %s (%d CPUs, shared by this client and a local server), %s\n", rep.Database, rep.CPUs, rep.Work)
+	if rep.ServiceMs != nil {
+		fmt.Fprintf(w, "unloaded service time S: p50 %.1f ms, p99 %.1f ms; ", rep.ServiceMs.P50, rep.ServiceMs.P99)
+	}
+	how := "measured"
+	if !rep.CapacityMeasured {
+		how = "given"
+	}
+	fmt.Fprintf(w, "capacity C: %.0f/s (%s, %d workers)\n", rep.Capacity, how, rep.CapacityWorkers)
+	rule := ""
+	if rep.Rule {
+		rule = " (by the rule: wait = D − 3·B/C, Q = ⌊¾·C·wait⌋)"
+	}
+	fmt.Fprintf(w, "deadline %v; gate B=%d Q=%d wait=%vms%s; each load %v after %v of warm-up\n\n",
+		cfg.deadline, rep.Policy.MaxConcurrent, rep.Policy.MaxQueue, rep.Policy.QueueWaitMs, rule, cfg.duration, cfg.warmup)
+	if len(rep.Phases) == 0 {
+		fmt.Fprintln(w, "nothing measured: interrupted")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "load\tconfig\tarrived/s\tgoodput/s\tok p50\tok p99\tfail p99\tfull p99\tarrived\tcommitted\tfull\ttimeout\tdeadline\tother\tsrv tx\tsrv conns\t")
+	p := func(x *pct, f func(*pct) float64) string {
+		if x == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", f(x))
+	}
+	p50 := func(x *pct) float64 { return x.P50 }
+	p99 := func(x *pct) float64 { return x.P99 }
+	srv := func(v *int) string {
+		if v == nil {
+			return "-"
+		}
+		return strconv.Itoa(*v)
+	}
+	for _, ph := range rep.Phases {
+		fmt.Fprintf(tw, "%s×C\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n",
+			fmtLoad(ph.Load), ph.Config, ph.ArrivedPerS, ph.GoodputPerS, p(ph.SuccessMs, p50), p(ph.SuccessMs, p99),
+			p(ph.FailureMs, p99), p(ph.RejectFullMs, p99), ph.Arrived, ph.Committed, ph.RejectedFull,
+			ph.RejectedTimeout, ph.DeadlineExceeded, ph.OtherErrors+ph.InterruptedOps, srv(ph.ServerMaxTx), srv(ph.ServerMaxConns))
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "(latencies in ms; full = rejected at once, admission full; timeout = rejected after the queue wait; other includes interrupted)")
+	fmt.Fprintln(w)
+	for _, load := range cfg.loads {
+		g := rep.phase(load, cfgGate)
+		if g == nil {
+			continue
+		}
+		var parts []string
+		for _, other := range []string{cfgPlain, cfgSemaphore} {
+			if o := rep.phase(load, other); o != nil {
+				parts = append(parts, fmt.Sprintf("%s × %s", ratio(g.GoodputPerS, o.GoodputPerS), other))
+			}
+		}
+		if len(parts) > 0 {
+			fmt.Fprintf(w, "%s×C: gate goodput = %s\n", fmtLoad(load), strings.Join(parts, ", "))
+		}
+	}
+	for _, ph := range rep.Phases {
+		keys := make([]string, 0, len(ph.ErrorSamples))
+		for k := range ph.ErrorSamples {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, "%s×C %s: other error ×%d: %s\n", fmtLoad(ph.Load), ph.Config, ph.ErrorSamples[k], k)
+		}
+		if ph.ServerError != "" {
+			fmt.Fprintf(w, "%s×C %s: pg_stat_activity monitor stopped: %s\n", fmtLoad(ph.Load), ph.Config, ph.ServerError)
+		}
+	}
+	if rep.Interrupted {
+		fmt.Fprintln(w, "interrupted: the results above are those measured before")
+	}
+}
+
+// ratio formats a/b, or "∞" when b is 0 and a is not.
+func ratio(a, b float64) string {
+	switch {
+	case b > 0:
+		return fmt.Sprintf("%.2f", a/b)
+	case a > 0:
+		return "∞"
+	}
+	return "-"
+}

@@ -1,0 +1,319 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"image/png"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// readOverload reads an overload --json file.
+func readOverload(t *testing.T, path string) *overloadReport {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep overloadReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatalf("--json output: %v", err)
+	}
+	return &rep
+}
+
+// countedArrivals is how many of the arrivals of a load fall after the
+// warm-up: what each configuration must account for.
+func countedArrivals(rate float64, warmup, duration time.Duration, seed uint64) int64 {
+	var n int64
+	for _, at := range arrivals(rate, warmup+duration, seed) {
+		if at >= warmup {
+			n++
+		}
+	}
+	return n
+}
+
+// wantPhaseAddsUp checks that a phase accounts for every counted arrival
+// exactly once and that its figures are consistent.
+func wantPhaseAddsUp(t *testing.T, ph *overloadPhase, arrived int64) {
+	t.Helper()
+	if ph.Arrived != arrived {
+		t.Errorf("%v×C %s: %d arrivals counted, want the %d drawn after the warm-up", ph.Load, ph.Config, ph.Arrived, arrived)
+	}
+	if ph.Committed+ph.failed() != ph.Arrived {
+		t.Errorf("%v×C %s: committed %d + failed %d != arrived %d", ph.Load, ph.Config, ph.Committed, ph.failed(), ph.Arrived)
+	}
+	if ph.WithinDeadline > ph.Committed {
+		t.Errorf("%v×C %s: %d within the deadline of %d committed", ph.Load, ph.Config, ph.WithinDeadline, ph.Committed)
+	}
+	if ph.OtherErrors != 0 || ph.InterruptedOps != 0 {
+		t.Errorf("%v×C %s: %d other errors (%v), %d interrupted", ph.Load, ph.Config, ph.OtherErrors, ph.ErrorSamples, ph.InterruptedOps)
+	}
+	if ph.Committed > 0 && ph.SuccessMs == nil {
+		t.Errorf("%v×C %s: commits without latencies", ph.Load, ph.Config)
+	}
+}
+
+func TestOverloadOnSQLiteOffersTheSameArrivalsToEveryConfiguration(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath, chartPath := filepath.Join(dir, "overload.json"), filepath.Join(dir, "overload.png")
+	r := runCmd(t, nil, "overload", "--capacity", "100", "--loads", "1,2", "--duration", "300ms",
+		"--warmup", "100ms", "--capacity-duration", "150ms", "--cpu-rows", "200", "--max-concurrent", "2",
+		"--deadline", "10s", "--seed", "7", "--json", jsonPath, "--chart", chartPath)
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	rep := readOverload(t, jsonPath)
+	if rep.Capacity != 100 || rep.CapacityMeasured || rep.ServiceMs == nil {
+		t.Errorf("capacity %v (measured %v), service %+v: want 100 given and S measured", rep.Capacity, rep.CapacityMeasured, rep.ServiceMs)
+	}
+	// By the rule: s = B/C = 20ms, wait = 10s − 3s = 9940ms, Q = ⌊¾·100·wait⌋.
+	if !rep.Rule || rep.Policy != (policyJSON{MaxConcurrent: 2, MaxQueue: 745, QueueWaitMs: 9940}) {
+		t.Errorf("policy %+v (by rule %v), want B=2 Q=745 wait=9940ms by the rule", rep.Policy, rep.Rule)
+	}
+	var got []string
+	for _, ph := range rep.Phases {
+		got = append(got, fmtLoad(ph.Load)+" "+ph.Config)
+	}
+	want := []string{"1 plain", "1 semaphore", "1 gate", "2 plain", "2 semaphore", "2 gate"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("phases %v, want %v", got, want)
+	}
+	for i, ph := range rep.Phases {
+		load := float64(1 + i/3)
+		wantPhaseAddsUp(t, ph, countedArrivals(load*100, 100*time.Millisecond, 300*time.Millisecond, 7+uint64(i/3)))
+		// A deadline of seconds and a queue as long: nothing fails.
+		if ph.Committed != ph.Arrived || ph.WithinDeadline != ph.Committed {
+			t.Errorf("%v×C %s: %d of %d committed, %d in time", ph.Load, ph.Config, ph.Committed, ph.Arrived, ph.WithinDeadline)
+		}
+		if ph.ServerMaxTx != nil {
+			t.Errorf("%v×C %s: server counts on SQLite", ph.Load, ph.Config)
+		}
+	}
+	for _, want := range []string{"overload on embedded SQLite", "2 CPUs", "gate B=2 Q=745", "by the rule",
+		"1×C: gate goodput = ", "2×C: gate goodput = ", "chart written to"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("table lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	f, err := os.Open(chartPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("chart: %v", err)
+	}
+	if b := img.Bounds(); b.Dx() != 14*chartDPI || b.Dy() != 10*chartDPI {
+		t.Errorf("chart is %dx%d, want %dx%d", b.Dx(), b.Dy(), 14*chartDPI, 10*chartDPI)
+	}
+}
+
+func TestOverloadGivenPolicyAndConfigurationsAreUsedAsGiven(t *testing.T) {
+	r := runCmd(t, nil, "overload", "--capacity", "50", "--loads", "3", "--duration", "200ms",
+		"--warmup", "0s", "--capacity-duration", "150ms", "--cpu-rows", "100", "--max-concurrent", "1",
+		"--max-queue", "0", "--queue-wait", "0s", "--deadline", "10s", "--configs", "gate,semaphore", "--json", "-")
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	var rep overloadReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("stdout is not the JSON alone: %v\n%s", err, r.stdout)
+	}
+	if rep.Rule || rep.Policy != (policyJSON{MaxConcurrent: 1}) {
+		t.Errorf("policy %+v (by rule %v), want B=1 Q=0 wait=0 as given", rep.Policy, rep.Rule)
+	}
+	if len(rep.Phases) != 2 || rep.Phases[0].Config != cfgSemaphore || rep.Phases[1].Config != cfgGate {
+		t.Fatalf("phases %+v, want semaphore then gate", rep.Phases)
+	}
+	arrived := countedArrivals(150, 0, 200*time.Millisecond, 1)
+	for _, ph := range rep.Phases {
+		wantPhaseAddsUp(t, ph, arrived)
+	}
+	// The semaphore makes every request wait its turn; the gate with B=1
+	// and no queue rejects what finds the permit taken. Which ones it
+	// rejects depends on timing; that it rejects at once does not.
+	if sem := rep.Phases[0]; sem.RejectedFull+sem.RejectedTimeout != 0 {
+		t.Errorf("semaphore rejected %d", sem.RejectedFull+sem.RejectedTimeout)
+	}
+	if g := rep.Phases[1]; g.RejectedTimeout != 0 {
+		t.Errorf("gate with Q=0: %d queue timeouts, want rejections at admission only", g.RejectedTimeout)
+	}
+	if !strings.Contains(r.stderr, "gate goodput = ") {
+		t.Errorf("the table goes to stderr with --json -: %q", r.stderr)
+	}
+}
+
+func TestQueueRuleLeavesTheWorkTimeToFinishWithinTheDeadline(t *testing.T) {
+	for _, c := range []struct {
+		deadline time.Duration
+		b        int
+		capacity float64
+		wait     time.Duration
+		q        int
+	}{
+		// s = B/C = 15.3ms: wait = 100ms − 3s, Q = ⌊¾·C·wait⌋.
+		{100 * time.Millisecond, 2, 131, 54 * time.Millisecond, 5},
+		{100 * time.Millisecond, 2, 400, 85 * time.Millisecond, 25},
+		{time.Second, 10, 1000, 970 * time.Millisecond, 727},
+		// Work longer than a third of the deadline: no queue at all.
+		{100 * time.Millisecond, 4, 10, 0, 0},
+	} {
+		wait, q := queueRule(c.deadline, c.b, c.capacity)
+		if wait != c.wait || q != c.q {
+			t.Errorf("queueRule(%v, B=%d, C=%v) = wait %v, Q %d; want %v, %d", c.deadline, c.b, c.capacity, wait, q, c.wait, c.q)
+		}
+		s := time.Duration(float64(c.b) / c.capacity * float64(time.Second))
+		if wait > 0 && wait+3*s > c.deadline+time.Millisecond {
+			t.Errorf("queueRule(%v, B=%d, C=%v): wait %v + 3·s %v exceeds the deadline", c.deadline, c.b, c.capacity, wait, 3*s)
+		}
+		// The queue drains within the wait at capacity, with room to spare.
+		if drain := time.Duration(float64(q) / c.capacity * float64(time.Second)); drain > wait*3/4 {
+			t.Errorf("queueRule(%v, B=%d, C=%v): Q %d drains in %v, more than ¾ of the wait %v", c.deadline, c.b, c.capacity, q, drain, wait)
+		}
+	}
+}
+
+func TestArrivalsArePoissonAtTheRate(t *testing.T) {
+	const rate = 1000.0
+	length := 10 * time.Second
+	a := arrivals(rate, length, 3)
+	// 10 000 expected; the count of a Poisson process has σ = 100.
+	if n := float64(len(a)); math.Abs(n-rate*length.Seconds()) > 400 {
+		t.Errorf("%v arrivals in %v at %v/s", n, length, rate)
+	}
+	var sum, sq float64
+	prev := time.Duration(0)
+	for i, at := range a {
+		if at < prev || at >= length {
+			t.Fatalf("arrival %d at %v after %v, length %v", i, at, prev, length)
+		}
+		gap := (at - prev).Seconds()
+		sum += gap
+		sq += gap * gap
+		prev = at
+	}
+	mean := sum / float64(len(a))
+	cv := math.Sqrt(sq/float64(len(a))-mean*mean) / mean
+	// Exponential gaps: mean 1/rate, coefficient of variation 1.
+	if math.Abs(mean*rate-1) > 0.05 || math.Abs(cv-1) > 0.05 {
+		t.Errorf("gaps: mean %v s, coefficient of variation %v; want %v s and 1", mean, cv, 1/rate)
+	}
+	if !slices.Equal(a, arrivals(rate, length, 3)) {
+		t.Error("the same seed gave other arrivals")
+	}
+	if slices.Equal(a[:100], arrivals(rate, length, 4)[:100]) {
+		t.Error("another seed gave the same arrivals")
+	}
+}
+
+// cancelOnText cancels a context when text first appears in what is
+// written: a stand-in for Ctrl-C at that point of a run.
+type cancelOnText struct {
+	text   string
+	once   sync.Once
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnText) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), c.text) {
+		c.once.Do(c.cancel)
+	}
+	return len(p), nil
+}
+
+func TestOverloadInterruptedReportsThePhasesMeasured(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	jsonPath := filepath.Join(t.TempDir(), "overload.json")
+	// Interrupted as the first phase reports: later phases do not run.
+	r := runCmdCtx(t, ctx, nil, &cancelOnText{text: "goodput", cancel: cancel}, "overload",
+		"--capacity", "100", "--loads", "1,2", "--duration", "100ms", "--warmup", "0s",
+		"--capacity-duration", "150ms", "--cpu-rows", "100", "--deadline", "10s", "--json", jsonPath)
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	rep := readOverload(t, jsonPath)
+	if !rep.Interrupted || len(rep.Phases) != 1 || rep.Phases[0].Config != cfgPlain {
+		t.Fatalf("interrupted %v, phases %+v; want the first phase alone", rep.Interrupted, rep.Phases)
+	}
+	if !strings.Contains(r.stdout, "interrupted") {
+		t.Errorf("table does not say it was interrupted:\n%s", r.stdout)
+	}
+}
+
+func TestOverloadRejectsBadInput(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "no", "such", "dir")
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--loads", "0"}, []string{"--loads", `"0"`, "more than 0"}},
+		{[]string{"--loads", "1,,3"}, []string{"--loads", `""`}},
+		{[]string{"--loads", "x"}, []string{"--loads", `"x"`}},
+		{[]string{"--configs", "plain,pool"}, []string{"--configs", `"pool"`, "plain, semaphore or gate"}},
+		{[]string{"--duration", "0s"}, []string{"--duration", "0s"}},
+		{[]string{"--warmup", "-1s"}, []string{"--warmup", "-1s"}},
+		{[]string{"--deadline", "0s"}, []string{"--deadline", "0s"}},
+		{[]string{"--cpu-rows", "0"}, []string{"--cpu-rows", "0"}},
+		{[]string{"--capacity", "-1"}, []string{"--capacity", "-1"}},
+		{[]string{"--capacity-duration", "0s"}, []string{"--capacity-duration", "0s"}},
+		{[]string{"--max-concurrent", "0"}, []string{"--max-concurrent", "0"}},
+		{[]string{"--max-queue", "-2"}, []string{"--max-queue", "-2"}},
+		{[]string{"--queue-wait", "2h"}, []string{"--queue-wait", "2h0m0s"}},
+		{[]string{"--chart", filepath.Join(t.TempDir(), "c.gif")}, []string{"--chart", ".gif"}},
+		{[]string{"--json", filepath.Join(missing, "r.json")}, []string{"does not exist"}},
+		{[]string{"--dsn", "oracle://x"}, []string{"--dsn", `"oracle"`}},
+	} {
+		wantOneLineError(t, runCmd(t, nil, append([]string{"overload"}, c.args...)...), append([]string{"overload:"}, c.want...)...)
+	}
+}
+
+func TestOverloadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
+	dsn := postgresURL(t)
+	jsonPath := filepath.Join(t.TempDir(), "overload.json")
+	// A deadline far beyond any request: nothing is cancelled on the
+	// server, which then sees exactly what each configuration lets
+	// through. The unlimited pool is left out: it would open a connection
+	// per request in flight.
+	r := runCmd(t, nil, "overload", "--dsn", dsn, "--loads", "2", "--duration", "400ms", "--warmup", "100ms",
+		"--capacity-duration", "450ms", "--cpu-rows", "5000", "--max-concurrent", "2", "--max-queue", "2",
+		"--queue-wait", "5ms", "--deadline", "30s", "--configs", "semaphore,gate", "--json", jsonPath)
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	rep := readOverload(t, jsonPath)
+	if !rep.CapacityMeasured || rep.Capacity <= 0 || rep.ServerVersion == "" {
+		t.Errorf("capacity %v measured %v, server version %q", rep.Capacity, rep.CapacityMeasured, rep.ServerVersion)
+	}
+	if len(rep.Phases) != 2 {
+		t.Fatalf("%d phases, want semaphore and gate", len(rep.Phases))
+	}
+	arrived := countedArrivals(2*rep.Capacity, 100*time.Millisecond, 400*time.Millisecond, 1)
+	for _, ph := range rep.Phases {
+		wantPhaseAddsUp(t, ph, arrived)
+		if ph.ServerMaxTx == nil || ph.ServerMaxConns == nil {
+			t.Fatalf("%s: no server counts (monitor error %q)", ph.Config, ph.ServerError)
+		}
+		if *ph.ServerMaxTx < 1 {
+			t.Errorf("%s: the monitor never saw a transaction", ph.Config)
+		}
+		if *ph.ServerMaxTx > 2 {
+			t.Errorf("%s: %d transactions on the server at once, want at most B = 2", ph.Config, *ph.ServerMaxTx)
+		}
+	}
+	if g := rep.Phases[1]; *g.ServerMaxConns > 4 {
+		t.Errorf("gate: %d server connections, want at most B+Q = 4", *g.ServerMaxConns)
+	}
+	if !strings.Contains(r.stdout, "srv tx") {
+		t.Errorf("table lacks the server columns:\n%s", r.stdout)
+	}
+}
