@@ -50,9 +50,17 @@ type conn struct {
 	inner driver.Conn
 	tx    tx // the open transaction: a connection has at most one at a time
 
-	execer  driver.ExecerContext  // nil: use the legacy Execer
-	queryer driver.QueryerContext // nil: use the legacy Queryer
-	closed  atomic.Bool           // closed, or lost to a panic in the driver
+	// The inner conn's optional interfaces, asserted once: nil where it
+	// lacks one (the generated wrapper then lacks it too, or falls back to
+	// the legacy form as database/sql would).
+	execer    driver.ExecerContext  // nil: use the legacy Execer
+	queryer   driver.QueryerContext // nil: use the legacy Queryer
+	beginner  driver.ConnBeginTx
+	preparer  driver.ConnPrepareContext
+	pinger    driver.Pinger
+	resetter  driver.SessionResetter
+	validator driver.Validator
+	closed    atomic.Bool // closed, or lost to a panic in the driver
 }
 
 var (
@@ -66,6 +74,11 @@ func newConn(g *Gate, ci driver.Conn) driver.Conn {
 	c.tx.c = c
 	c.execer, _ = ci.(driver.ExecerContext)
 	c.queryer, _ = ci.(driver.QueryerContext)
+	c.beginner, _ = ci.(driver.ConnBeginTx)
+	c.preparer, _ = ci.(driver.ConnPrepareContext)
+	c.pinger, _ = ci.(driver.Pinger)
+	c.resetter, _ = ci.(driver.SessionResetter)
+	c.validator, _ = ci.(driver.Validator)
 	mask := connMask(ci)
 	if _, ok := ci.(driver.Execer); ok {
 		mask |= 1 << 0
@@ -118,8 +131,8 @@ func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 }
 
 func (c *conn) prepareInner(ctx context.Context, query string) (driver.Stmt, error) {
-	if p, ok := c.inner.(driver.ConnPrepareContext); ok {
-		return p.PrepareContext(ctx, query)
+	if c.preparer != nil {
+		return c.preparer.PrepareContext(ctx, query)
 	}
 	si, err := c.inner.Prepare(query)
 	if err == nil && ctx.Err() != nil {
@@ -204,8 +217,8 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 }
 
 func (c *conn) beginInner(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	if b, ok := c.inner.(driver.ConnBeginTx); ok {
-		return b.BeginTx(ctx, opts)
+	if c.beginner != nil {
+		return c.beginner.BeginTx(ctx, opts)
 	}
 	// As database/sql does for a driver without ConnBeginTx.
 	if opts.Isolation != 0 {
@@ -265,7 +278,7 @@ func (c *conn) execContext(ctx context.Context, query string, args []driver.Name
 // being admitted a second time.
 func (c *conn) execSkipping(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	r, err := c.execInner(ctx, query, args)
-	if !errors.Is(err, driver.ErrSkip) {
+	if err == nil || !errors.Is(err, driver.ErrSkip) {
 		return r, err
 	}
 	s, err := c.prepareFallback(ctx, query, len(args))
@@ -321,7 +334,7 @@ func (c *conn) queryContext(ctx context.Context, query string, args []driver.Nam
 	}
 	return c.g.holdRows(ctx, c, func() (driver.Rows, driver.Stmt, error) {
 		ri, err := c.queryInner(ctx, query, args)
-		if !errors.Is(err, driver.ErrSkip) {
+		if err == nil || !errors.Is(err, driver.ErrSkip) {
 			return ri, nil, err
 		}
 		// As in execContext: database/sql's fallback, under the permit
@@ -564,7 +577,7 @@ func (c *conn) ping(ctx context.Context) error {
 	if c.closed.Load() {
 		return driver.ErrBadConn
 	}
-	_, err := guarded(c, func() (struct{}, error) { return struct{}{}, c.inner.(driver.Pinger).Ping(ctx) })
+	_, err := guarded(c, func() (struct{}, error) { return struct{}{}, c.pinger.Ping(ctx) })
 	return err
 }
 
@@ -572,7 +585,7 @@ func (c *conn) resetSession(ctx context.Context) error {
 	if c.closed.Load() {
 		return driver.ErrBadConn
 	}
-	_, err := guarded(c, func() (struct{}, error) { return struct{}{}, c.inner.(driver.SessionResetter).ResetSession(ctx) })
+	_, err := guarded(c, func() (struct{}, error) { return struct{}{}, c.resetter.ResetSession(ctx) })
 	return err
 }
 
@@ -580,6 +593,6 @@ func (c *conn) isValid() bool {
 	if c.closed.Load() {
 		return false
 	}
-	ok, _ := guarded(c, func() (bool, error) { return c.inner.(driver.Validator).IsValid(), nil })
+	ok, _ := guarded(c, func() (bool, error) { return c.validator.IsValid(), nil })
 	return ok
 }
