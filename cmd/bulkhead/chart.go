@@ -119,7 +119,16 @@ func writeChart(path string, rep *loadReport) error {
 		}
 	}
 
-	w, h := vg.Length(cols)*9*vg.Inch, 12*vg.Inch
+	var captions []string
+	if rep.cfg != nil {
+		captions = []string{rep.describe()} // what the load was
+	}
+	return writeGrid(path, vg.Length(cols)*9*vg.Inch, 12*vg.Inch, grid, captions)
+}
+
+// writeGrid draws grid (rows of equally sized panels) with captions, one
+// line each, centred above it, to path: SVG for a .svg name, PNG otherwise.
+func writeGrid(path string, w, h vg.Length, grid [][]*plot.Plot, captions []string) error {
 	var canvas interface {
 		vg.CanvasSizer
 		io.WriterTo
@@ -130,28 +139,26 @@ func writeChart(path string, rep *loadReport) error {
 	default:
 		canvas = pngCanvas{vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(chartDPI))}
 	}
+	dc := draw.New(canvas)
 	tiles := draw.Tiles{
-		Rows: rows, Cols: cols,
-		PadTop: vg.Points(8), PadBottom: vg.Points(8), PadLeft: vg.Points(8), PadRight: vg.Points(12),
+		Rows: len(grid), Cols: len(grid[0]),
+		PadTop: vg.Points(8 + 20*float64(len(captions))), PadBottom: vg.Points(8), PadLeft: vg.Points(8), PadRight: vg.Points(12),
 		PadX: vg.Points(24), PadY: vg.Points(18),
 	}
-	dc := draw.New(canvas)
-	if rep.cfg != nil {
-		// A caption above the panels: what the load was.
-		tiles.PadTop = vg.Points(30)
-		sty := text.Style{
-			Color:   color.Black,
-			Font:    font.From(plot.DefaultFont, 14),
-			XAlign:  draw.XCenter,
-			YAlign:  draw.YTop,
-			Handler: plot.DefaultTextHandler,
-		}
-		dc.FillText(sty, vg.Point{X: w / 2, Y: h - vg.Points(8)}, rep.describe())
+	sty := text.Style{
+		Color:   color.Black,
+		Font:    font.From(plot.DefaultFont, 13),
+		XAlign:  draw.XCenter,
+		YAlign:  draw.YTop,
+		Handler: plot.DefaultTextHandler,
+	}
+	for i, c := range captions {
+		dc.FillText(sty, vg.Point{X: w / 2, Y: h - vg.Points(6+18*float64(i))}, c)
 	}
 	cvs := plot.Align(grid, tiles, dc)
-	for row := range grid {
-		for c := range grid[row] {
-			grid[row][c].Draw(cvs[row][c])
+	for r := range grid {
+		for c := range grid[r] {
+			grid[r][c].Draw(cvs[r][c])
 		}
 	}
 	f, err := os.Create(path)

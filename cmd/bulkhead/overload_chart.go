@@ -3,20 +3,13 @@ package main
 import (
 	"fmt"
 	"image/color"
-	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
 	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/font"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/text"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
-	"gonum.org/v1/plot/vg/vgsvg"
 )
 
 // Colors of the configurations.
@@ -113,47 +106,7 @@ func writeOverloadChart(path string, rep *overloadReport) error {
 		grid[i/cols][i%cols] = p
 	}
 
-	w, h := 14*vg.Inch, 10*vg.Inch
-	var canvas interface {
-		vg.CanvasSizer
-		io.WriterTo
-	}
-	switch strings.ToLower(filepath.Ext(path)) {
-	case ".svg":
-		canvas = vgsvg.New(w, h)
-	default:
-		canvas = pngCanvas{vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(chartDPI))}
-	}
-	dc := draw.New(canvas)
-	tiles := draw.Tiles{
-		Rows: rows, Cols: cols,
-		PadTop: vg.Points(48), PadBottom: vg.Points(8), PadLeft: vg.Points(8), PadRight: vg.Points(12),
-		PadX: vg.Points(24), PadY: vg.Points(18),
-	}
-	sty := text.Style{
-		Color:   color.Black,
-		Font:    font.From(plot.DefaultFont, 13),
-		XAlign:  draw.XCenter,
-		YAlign:  draw.YTop,
-		Handler: plot.DefaultTextHandler,
-	}
-	dc.FillText(sty, vg.Point{X: w / 2, Y: h - vg.Points(6)}, rep.caption(0))
-	dc.FillText(sty, vg.Point{X: w / 2, Y: h - vg.Points(24)}, rep.caption(1))
-	cvs := plot.Align(grid, tiles, dc)
-	for r := range grid {
-		for c := range grid[r] {
-			grid[r][c].Draw(cvs[r][c])
-		}
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := canvas.WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return writeGrid(path, 14*vg.Inch, 10*vg.Inch, grid, []string{rep.caption(0), rep.caption(1)})
 }
 
 // caption returns the chart's caption, line i of two.
