@@ -222,8 +222,7 @@ func (q *queueing) waited() time.Duration {
 // execution permits in order, waiting at most wait in all (a negative wait
 // means the first budget's own QueueWait), and never past the caller's
 // deadline minus reserve when reserve > 0. On failure nothing is held.
-// Outcomes are counted in the budget that decided and in the last (the
-// global) budget.
+// Outcomes are counted in every budget passed (see count).
 func (q *queueing) acquire(ctx context.Context, ls []*limiter, wait time.Duration, reserve time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		count(ls, func(l *limiter) { l.nCanceled.Add(1) })
