@@ -171,6 +171,7 @@ func guarded[T any](c *conn, f func() (T, error)) (T, error) {
 func (c *conn) lostUnless(returned *bool) {
 	if !*returned && c.closed.CompareAndSwap(false, true) {
 		defer c.g.connClosed()
+		defer c.tx.end() // a transaction open on a lost connection runs no more
 		c.inner.Close()
 	}
 }

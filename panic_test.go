@@ -114,3 +114,42 @@ func TestADriverPanicInResetSessionLosesNoConnectionSlot(t *testing.T) {
 		t.Errorf("Running %d, OpenConns %d; want 0, 1", s.Running, s.OpenConns)
 	}
 }
+
+// A driver panic inside a transaction loses the connection; a caller that
+// then abandons the transaction (its context never ends, so database/sql
+// never rolls it back) must not keep the transaction's permits for ever.
+func TestADriverPanicInsideATransactionGivesTheTransactionsPermitsBack(t *testing.T) {
+	fc := fakedb.New()
+	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc.PanicNext(fakedb.OpExec, 1, "driver bug")
+	func() {
+		defer func() {
+			if v := recover(); v == nil {
+				t.Error("the driver's panic did not propagate")
+			}
+		}()
+		tx.ExecContext(ctx, "UPDATE x")
+	}()
+	if s := g.Stats(); s.Running != 0 || s.OpenConns != 0 {
+		t.Errorf("after the panic: Running %d, OpenConns %d; want 0, 0", s.Running, s.OpenConns)
+	}
+	if _, err := db.ExecContext(ctx, "UPDATE x"); err != nil {
+		t.Fatalf("next operation: %v", err)
+	}
+	if err := tx.Rollback(); err == nil {
+		t.Log("rollback of the lost transaction reported no error")
+	}
+	if s := g.Stats(); s.Running != 0 || s.Admitted != 2 {
+		t.Errorf("at the end: Running %d, Admitted %d; want 0, 2", s.Running, s.Admitted)
+	}
+}
