@@ -3,87 +3,18 @@ package bulkhead
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// Sentinel errors. A rejection matches ErrRejected and exactly one of
-// ErrAdmissionFull or ErrQueueTimeout. None of them matches
-// driver.ErrBadConn, so database/sql never retries a rejection.
-var (
-	// ErrRejected is matched by every rejection: the database is busy,
-	// try later (HTTP 503 with Retry-After).
-	ErrRejected = errors.New("bulkhead: rejected")
-	// ErrAdmissionFull: all B+Q admission permits were taken; the operation
-	// was refused at once, before any wait, dial or SQL.
-	ErrAdmissionFull = errors.New("bulkhead: admission full")
-	// ErrQueueTimeout: the operation was admitted but no execution permit
-	// came within the queue wait (or before its deadline minus the reserve
-	// set by WithDeadlineReserve).
-	ErrQueueTimeout = errors.New("bulkhead: queue wait timed out")
-	// ErrClosed: the gate was closed (by db.Close) before or while the
-	// operation waited. It is not a rejection.
-	ErrClosed = errors.New("bulkhead: closed")
-)
-
-// RejectedError is the error of a rejection. It names the limits that
-// refused the operation and, for a queue timeout, how long it waited.
-// errors.Is matches it with ErrRejected and with its Cause. Treat it as
-// read-only: an admission-full rejection is one value shared by every
-// caller, so that rejecting allocates nothing.
-type RejectedError struct {
-	Cause         error         // ErrAdmissionFull or ErrQueueTimeout
-	Workload      string        // the workload whose budget refused it; "" for the global budget
-	MaxConcurrent int           // B of that budget
-	MaxQueue      int           // Q of that budget
-	Waited        time.Duration // time spent waiting for an execution permit; 0 for ErrAdmissionFull
-	Deadline      bool          // ErrQueueTimeout only: the wait ended at the caller's deadline minus the reserve
-}
-
-func (e *RejectedError) Error() string {
-	budget := ""
-	if e.Workload != "" {
-		budget = fmt.Sprintf(" for workload %q", e.Workload)
-	}
-	switch {
-	case e.Cause != ErrQueueTimeout:
-		return fmt.Sprintf("bulkhead: admission full%s (%d running, %d queued)", budget, e.MaxConcurrent, e.MaxQueue)
-	case e.Deadline:
-		return fmt.Sprintf("bulkhead: queue wait timed out%s after %v: too close to the deadline (%d running, %d queued)", budget, e.Waited, e.MaxConcurrent, e.MaxQueue)
-	default:
-		return fmt.Sprintf("bulkhead: queue wait timed out%s after %v (%d running, %d queued)", budget, e.Waited, e.MaxConcurrent, e.MaxQueue)
-	}
-}
-
-// Is reports whether target is ErrRejected or the error's Cause.
-func (e *RejectedError) Is(target error) bool { return target == ErrRejected || target == e.Cause }
-
-// Stats is a snapshot of a gate (or of one workload's budget), shaped like
-// sql.DBStats: the limits, then gauges, then cumulative counters.
-type Stats struct {
-	MaxConcurrent int           // B: execution permits
-	MaxQueue      int           // Q: admission permits beyond B
-	QueueWait     time.Duration // longest wait for an execution permit
-	MaxConns      int           // most physical connections the connector keeps open (B+Q); 0 for a workload
-	DryRun        bool          // rejections are counted and reported, not enforced
-
-	// Gauges.
-	Running   int // operations holding an execution permit (in dry-run, also those that would have waited)
-	Waiting   int // admitted operations waiting for an execution permit
-	OpenConns int // physical connections open through the connector; 0 for a workload
-
-	// Counters.
-	Admitted        int64         // operations that got an execution permit and ran
-	RejectedFull    int64         // refused at once: admission full (dry-run: would have been)
-	RejectedTimeout int64         // admitted, then rejected: no execution permit within the wait
-	Canceled        int64         // context ended (or gate closed) before an execution permit came
-	WaitCount       int64         // operations that had to wait for an execution permit
-	WaitDuration    time.Duration // total time spent waiting for execution permits
-	WouldWait       int64         // dry-run: operations that found no execution permit free and ran anyway
-	ConnectRefused  int64         // dials refused because B+Q connections were open or admission was full; 0 for a workload
-}
+// The permit protocol, whole: an operation takes an admission permit
+// without waiting (refused: ErrAdmissionFull), then an execution permit in
+// FIFO order for a bounded time (timed out: ErrQueueTimeout), first in its
+// workload's budget if it names one, then in the global budget. Only then
+// does it get a server connection (pool.go), so a refused or waiting
+// operation holds none. Its permits come back, exactly once, when the
+// driver has finished the operation: Gate.release.
 
 // limiter is one budget: a pair of semaphores. Admission is a counter
 // tried without waiting; execution is a FIFO semaphore waited on for a
@@ -95,8 +26,14 @@ type limiter struct {
 	admitted atomic.Int64 // admission permits held
 	maxAdmit atomic.Int64 // B+Q
 	dryRun   atomic.Bool
-	waitNs   atomic.Int64                  // wait, readable without mu
-	fullErr  atomic.Pointer[RejectedError] // preallocated: a rejection at admission allocates nothing
+	waitNs   atomic.Int64 // wait, readable without mu
+	// fullErr is the admission-full rejection for the usual case, B
+	// running and Q waiting, preallocated so that rejecting under steady
+	// overload allocates nothing.
+	fullErr atomic.Pointer[RejectedError]
+	// running and waitingN mirror maxConc-free and waiting, for the
+	// snapshot in a rejection, without taking mu.
+	running, waitingN atomic.Int64
 
 	mu       sync.Mutex
 	maxConc  int
@@ -112,7 +49,7 @@ type limiter struct {
 	closed  bool
 	done    chan struct{} // closed by close
 
-	nAdmitted, nFull, nTimeout, nCanceled, nWait, waitNanos, nWouldWait atomic.Int64
+	nAdmitted, nFull, nTimeout, nNoConn, nConnFailed, nCanceled, nWait, waitNanos, nWouldWait atomic.Int64
 }
 
 // waiter is one operation in the FIFO queue for an execution permit.
@@ -140,7 +77,7 @@ func (l *limiter) resize(p Policy) {
 	l.maxConc, l.maxQueue, l.wait = p.MaxConcurrent, p.MaxQueue, p.QueueWait
 	l.waitNs.Store(int64(p.QueueWait))
 	l.maxAdmit.Store(int64(p.MaxConcurrent) + int64(p.MaxQueue))
-	l.fullErr.Store(&RejectedError{Cause: ErrAdmissionFull, Workload: l.workload, MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue})
+	l.fullErr.Store(&RejectedError{Cause: ErrAdmissionFull, Workload: l.workload, MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, Running: p.MaxConcurrent, Waiting: p.MaxQueue})
 	l.dryRun.Store(p.DryRun)
 	if p.DryRun {
 		// Nobody waits in dry-run: let current waiters run.
@@ -153,17 +90,27 @@ func (l *limiter) resize(p Policy) {
 		l.free--
 		l.grantLocked()
 	}
+	l.mirrorLocked()
+}
+
+// mirrorLocked publishes the gauges read without mu.
+func (l *limiter) mirrorLocked() {
+	l.running.Store(int64(l.maxConc - l.free))
+	l.waitingN.Store(int64(l.waiting))
 }
 
 // acquire takes both permits of this budget alone, with its own queue
-// wait: the whole protocol for a gate without workloads.
-// On success both permits are held and must be given back with release;
-// waited is the time spent waiting (0 when a permit was free).
-// On failure nothing is held: the error is the preallocated admission-full
-// rejection, a *RejectedError for a queue timeout, ErrClosed, or ctx.Err().
+// wait: the whole protocol for a gate without workloads, and counts the
+// operation as admitted. On success both permits are held and must be
+// given back with release; waited is the time spent waiting (0 when a
+// permit was free). On failure nothing is held: the error is an
+// admission-full or queue-timeout *RejectedError, ErrClosed, or ctx.Err().
 func (l *limiter) acquire(ctx context.Context) (waited time.Duration, err error) {
 	var q queueing
 	err = q.acquire(ctx, []*limiter{l}, -1, 0)
+	if err == nil {
+		l.nAdmitted.Add(1)
+	}
 	return q.waited(), err
 }
 
@@ -175,7 +122,7 @@ func (l *limiter) release() {
 }
 
 // admit takes an admission permit if one is free, without waiting. In
-// dry-run it always does, and counts the rejection it would have made.
+// dry-run it always does, and reports the rejection it would have made.
 func (l *limiter) admit() (ok, over bool) {
 	max := l.maxAdmit.Load()
 	for {
@@ -195,8 +142,18 @@ func (l *limiter) unadmit() {
 	}
 }
 
-// admissionFull reports whether every admission permit is held now.
-func (l *limiter) admissionFull() bool { return l.admitted.Load() >= l.maxAdmit.Load() }
+// full returns the admission-full rejection with what the budget holds
+// now: the preallocated value when that is B running and Q waiting.
+func (l *limiter) full() error {
+	e := l.fullErr.Load()
+	r, w := int(l.running.Load()), int(l.waitingN.Load())
+	if r == e.Running && w == e.Waiting {
+		return e
+	}
+	c := *e
+	c.Running, c.Waiting = r, w
+	return &c
+}
 
 // queueing is one operation's passage through one or more budgets
 // (a workload's, then the global one): a single wait deadline and timer
@@ -209,6 +166,9 @@ type queueing struct {
 	deadline bool
 	// wouldReject: in dry-run, admission was full and the rejection not made.
 	wouldReject bool
+	// running and waiting: what the budget held when the wait failed,
+	// the operation itself included among the waiting.
+	running, waiting int
 }
 
 func (q *queueing) waited() time.Duration {
@@ -222,7 +182,8 @@ func (q *queueing) waited() time.Duration {
 // execution permits in order, waiting at most wait in all (a negative wait
 // means the first budget's own QueueWait), and never past the caller's
 // deadline minus reserve when reserve > 0. On failure nothing is held.
-// Outcomes are counted in every budget passed (see count).
+// Failures are counted in every budget passed (see count); success is
+// counted by the caller, once the operation has what else it needs.
 func (q *queueing) acquire(ctx context.Context, ls []*limiter, wait time.Duration, reserve time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		count(ls, func(l *limiter) { l.nCanceled.Add(1) })
@@ -235,7 +196,7 @@ func (q *queueing) acquire(ctx context.Context, ls []*limiter, wait time.Duratio
 				prev.unadmit()
 			}
 			count(ls, func(l *limiter) { l.nFull.Add(1) })
-			return l.fullErr.Load()
+			return l.full()
 		}
 		if over && !q.wouldReject {
 			q.wouldReject = true
@@ -273,9 +234,6 @@ func (q *queueing) acquire(ctx context.Context, ls []*limiter, wait time.Duratio
 		}
 	}
 	q.stop(ls)
-	for _, l := range ls {
-		l.nAdmitted.Add(1)
-	}
 	return nil
 }
 
@@ -313,7 +271,8 @@ func (q *queueing) fail(ls []*limiter, i int, err error) error {
 	count(ls, func(l *limiter) { l.nTimeout.Add(1) })
 	l := ls[i]
 	l.mu.Lock()
-	e := &RejectedError{Cause: ErrQueueTimeout, Workload: l.workload, MaxConcurrent: l.maxConc, MaxQueue: l.maxQueue, Waited: q.waited(), Deadline: q.deadline}
+	e := &RejectedError{Cause: ErrQueueTimeout, Workload: l.workload, MaxConcurrent: l.maxConc, MaxQueue: l.maxQueue,
+		Running: q.running, Waiting: q.waiting, Waited: q.waited(), Deadline: q.deadline}
 	l.mu.Unlock()
 	return e
 }
@@ -329,11 +288,13 @@ func (l *limiter) execute(ctx context.Context, q *queueing) error {
 	}
 	if l.free > 0 && l.head == nil {
 		l.free--
+		l.running.Add(1)
 		l.mu.Unlock()
 		return nil
 	}
 	if l.dryRun.Load() {
 		l.free-- // runs anyway; its release pays the debt
+		l.running.Add(1)
 		l.mu.Unlock()
 		if !q.wouldReject { // one refused at admission would never have waited
 			l.nWouldWait.Add(1)
@@ -344,6 +305,7 @@ func (l *limiter) execute(ctx context.Context, q *queueing) error {
 	if !q.start.IsZero() {
 		left -= time.Since(q.start)
 	}
+	q.running, q.waiting = l.maxConc-l.free, l.waiting
 	if left <= 0 {
 		l.mu.Unlock()
 		return ErrQueueTimeout
@@ -353,6 +315,7 @@ func (l *limiter) execute(ctx context.Context, q *queueing) error {
 	}
 	w := &waiter{ready: make(chan struct{})}
 	l.pushLocked(w)
+	l.mirrorLocked()
 	l.mu.Unlock()
 
 	if q.timer == nil {
@@ -370,11 +333,15 @@ func (l *limiter) execute(ctx context.Context, q *queueing) error {
 		err = ErrClosed
 	}
 	l.mu.Lock()
+	q.running, q.waiting = l.maxConc-l.free, l.waiting
 	if w.granted {
 		l.releaseLocked() // granted as the wait ended: hand it on
+		q.running--       // its permit counted among the running
+		q.waiting++
 	} else {
 		l.removeLocked(w)
 	}
+	l.mirrorLocked()
 	l.mu.Unlock()
 	return err
 }
@@ -384,6 +351,7 @@ func (l *limiter) execute(ctx context.Context, q *queueing) error {
 func (l *limiter) releaseExec() {
 	l.mu.Lock()
 	l.releaseLocked()
+	l.mirrorLocked()
 	l.mu.Unlock()
 }
 
@@ -464,8 +432,134 @@ func (l *limiter) stats(s *Stats) {
 	s.Admitted = l.nAdmitted.Load()
 	s.RejectedFull = l.nFull.Load()
 	s.RejectedTimeout = l.nTimeout.Load()
+	s.RejectedNoConn = l.nNoConn.Load()
+	s.ConnectFailed = l.nConnFailed.Load()
 	s.Canceled = l.nCanceled.Load()
 	s.WaitCount = l.nWait.Load()
 	s.WaitDuration = time.Duration(l.waitNanos.Load())
 	s.WouldWait = l.nWouldWait.Load()
+}
+
+// permit is the state of one gated operation while it holds its permits.
+type permit struct {
+	kind   Kind
+	wl     *limiter      // the workload's budget, nil for none
+	wait   time.Duration // the operation's queue wait: also its longest wait for a server connection
+	waited time.Duration
+	start  time.Time   // set only when something needs the hold time
+	timer  *time.Timer // the hold warning, if set
+}
+
+// acquire takes the permits of ctx's workload (if any) and the global
+// ones for an operation of kind k, recording in p what release needs.
+// Rejections are counted and reported here; an admission is counted by
+// admitted, once the operation has its server connection too.
+func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
+	o := fromContext(ctx)
+	var budgets [2]*limiter
+	ls := budgets[:0]
+	wl := g.workload(o.workload)
+	if wl != nil {
+		ls = append(ls, wl)
+	}
+	ls = append(ls, g.lim)
+	var q queueing
+	err := q.acquire(ctx, ls, o.wait, g.opt.reserve)
+	p.kind, p.wl, p.wait, p.waited = k, wl, q.wait, q.waited()
+	if err != nil {
+		if g.opt.events.OnReject != nil && errors.Is(err, ErrRejected) {
+			emit(g.opt.events.OnReject, Event{Kind: k, Workload: p.workloadName(), Reason: rejectReason(err), Waited: p.waited})
+		}
+		return err
+	}
+	if q.wouldReject && g.opt.events.OnReject != nil {
+		emit(g.opt.events.OnReject, Event{Kind: k, Workload: p.workloadName(), Reason: ErrAdmissionFull, DryRun: true})
+	}
+	return nil
+}
+
+// workloadName is the workload whose budget the operation passes: never a
+// name the policy does not list.
+func (p *permit) workloadName() string {
+	if p.wl == nil {
+		return ""
+	}
+	return p.wl.workload
+}
+
+// budgets calls f for each budget p passes.
+func (g *Gate) budgets(p *permit, f func(*limiter)) {
+	if p.wl != nil {
+		f(p.wl)
+	}
+	f(g.lim)
+}
+
+// admitted counts p's operation as admitted, now that it has its permits
+// and a server connection, and starts what watches it.
+func (g *Gate) admitted(p *permit) {
+	g.budgets(p, func(l *limiter) { l.nAdmitted.Add(1) })
+	if g.opt.events.OnRelease != nil {
+		p.start = time.Now()
+	}
+	if g.opt.holdLimit > 0 {
+		k, name, waited, limit, report := p.kind, p.workloadName(), p.waited, g.opt.holdLimit, g.opt.onHold
+		p.timer = time.AfterFunc(limit, func() { emit(report, Event{Kind: k, Workload: name, Waited: waited, Held: limit}) })
+	}
+	if g.opt.events.OnAdmit != nil {
+		emit(g.opt.events.OnAdmit, Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited})
+	}
+}
+
+// abort gives back the permits of an operation that got them but no
+// server connection, and counts and reports why: err is a *RejectedError
+// for ErrNoConnection, the context's error or ErrClosed, or the dial's
+// error.
+func (g *Gate) abort(p *permit, err error) {
+	g.lim.release()
+	if p.wl != nil {
+		p.wl.release()
+	}
+	switch {
+	case errors.Is(err, ErrNoConnection):
+		g.budgets(p, func(l *limiter) { l.nNoConn.Add(1) })
+		if g.opt.events.OnReject != nil {
+			emit(g.opt.events.OnReject, Event{Kind: p.kind, Workload: p.workloadName(), Reason: ErrNoConnection, Waited: p.waited})
+		}
+	case err == ErrClosed || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		g.budgets(p, func(l *limiter) { l.nCanceled.Add(1) })
+	default:
+		g.budgets(p, func(l *limiter) { l.nConnFailed.Add(1) })
+	}
+}
+
+// release gives back the permits of p, acquired by acquire and counted by
+// admitted.
+func (g *Gate) release(p *permit) {
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	// The reverse of acquire's order: while the workload's permit is
+	// still held, no other operation of the workload can take the global
+	// permit given back, so the workload never holds more than its B of
+	// global permits.
+	g.lim.release()
+	if p.wl != nil {
+		p.wl.release()
+	}
+	if g.opt.events.OnRelease != nil {
+		emit(g.opt.events.OnRelease, Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited, Held: time.Since(p.start)})
+	}
+}
+
+// rejectReason is the sentinel behind a rejection.
+func rejectReason(err error) error {
+	switch {
+	case errors.Is(err, ErrQueueTimeout):
+		return ErrQueueTimeout
+	case errors.Is(err, ErrNoConnection):
+		return ErrNoConnection
+	}
+	return ErrAdmissionFull
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -12,91 +13,137 @@ import (
 
 //go:generate go run ./internal/genwrap
 
-// What the wrappers present to database/sql.
+// What the logical connections present to database/sql.
 //
-// Each wrapped Conn, Stmt and Rows implements exactly the optional driver
-// interfaces its inner value implements (wrap_gen.go has one type per
-// combination), because database/sql changes behaviour on their presence:
-// Validator and SessionResetter decide whether a connection survives a
-// rolled-back transaction, NamedValueChecker whether pgx arrays pass,
-// RowsColumnType* what ColumnTypes reports.
+// database/sql keeps the logical connections of Gate.Connect in its pool.
+// A logical connection binds a server connection (a session, pool.go) when
+// an operation on it holds its permits, or when a Ping, a Prepare or Raw
+// needs one, and gives it back when database/sql takes the logical
+// connection back into its pool (IsValid) or closes it.
 //
-// The exceptions are the context forms that database/sql itself derives from
-// the legacy ones: a wrapped Conn always implements ConnBeginTx and
-// ConnPrepareContext, it implements ExecerContext (QueryerContext) when the
-// inner conn has ExecerContext or Execer (QueryerContext or Queryer), and a
-// wrapped Stmt always implements StmtExecContext and StmtQueryContext. For a
-// legacy inner value they convert arguments and check the context exactly
-// as database/sql would, so nothing changes for the caller.
-
-// ErrTxStillOpen is returned by BeginTx on a connection whose previous
-// transaction has not ended in the driver yet. database/sql lets this
-// happen on a *sql.Conn: after the transaction's context ended, Commit
-// returns the context's error at once and the driver's rollback runs a
-// moment later in database/sql's goroutine; a BeginTx on the same
-// *sql.Conn in between reaches the driver while the old transaction is
-// still open (plain pgx would then silently nest the two). It is not a
-// rejection: try again, or take a fresh *sql.Conn.
-var ErrTxStillOpen = errors.New("bulkhead: BeginTx on a connection whose previous transaction has not ended yet")
-
-// conn is one physical connection of the gate. database/sql calls a
-// driver.Conn under its driverConn mutex, one call at a time, also from its
-// own goroutine (the rollback after a cancellation), and starts that
-// goroutine only after BeginTx returned: that ordering is what makes the
-// plain fields of tx (inner, p) safe. The flags a wrapper checks on every
-// call (closed, tx.held) are atomic all the same.
+// Each logical connection implements the optional driver interfaces of
+// the driver's connections (wrap_gen.go has one type per combination;
+// they are learned from the first connection dialed), because
+// database/sql changes behaviour on their presence: NamedValueChecker
+// decides whether pgx arrays pass, Pinger whether Ping reaches the server.
+// The exceptions:
+//   - it always implements driver.SessionResetter and driver.Validator:
+//     they tell the gate when database/sql hands the connection out and
+//     takes it back. The driver's own ResetSession runs when a session
+//     passes to a new checkout, its IsValid when the session is given back,
+//     and a session whose transaction was rolled back after its context
+//     ended is closed unless the driver has both, exactly database/sql's
+//     rule for its own pool (keepConnOnRollback).
+//   - it always implements ConnBeginTx and ConnPrepareContext, and
+//     ExecerContext (QueryerContext) when the driver has ExecerContext or
+//     Execer (QueryerContext or Queryer): the context forms database/sql
+//     derives from the legacy ones. For a legacy driver they convert
+//     arguments and check the context exactly as database/sql would.
+//
+// Concurrency: database/sql calls a driver.Conn, and its Tx, Stmt and
+// Rows, under its driverConn mutex, one call at a time, also from its own
+// goroutines (the rollback after a cancellation, closing rows). That
+// makes the plain fields of conn safe. lost and the permit flags are
+// atomic all the same: hold warnings and tests read them.
 type conn struct {
-	g     *Gate
-	inner driver.Conn
-	tx    tx // the open transaction: a connection has at most one at a time
-
-	// The inner conn's optional interfaces, asserted once: nil where it
-	// lacks one (the generated wrapper then lacks it too, or falls back to
-	// the legacy form as database/sql would).
-	execer    driver.ExecerContext  // nil: use the legacy Execer
-	queryer   driver.QueryerContext // nil: use the legacy Queryer
-	beginner  driver.ConnBeginTx
-	preparer  driver.ConnPrepareContext
-	pinger    driver.Pinger
-	resetter  driver.SessionResetter
-	validator driver.Validator
-	closed    atomic.Bool // closed, or lost to a panic in the driver
+	g    *Gate
+	sess *session // the bound server connection, or nil
+	last *session // the session it had last: preferred when it binds again
+	tx   tx       // the open transaction: a connection has at most one
+	rows rows     // the rows of an autocommit query, reused while free
+	// lost: its session was lost to a panic in the driver. Every later
+	// call returns driver.ErrBadConn, so database/sql discards it.
+	lost atomic.Bool
 }
 
 var (
 	_ driver.Conn               = (*conn)(nil)
 	_ driver.ConnBeginTx        = (*conn)(nil)
 	_ driver.ConnPrepareContext = (*conn)(nil)
+	_ driver.SessionResetter    = (*conn)(nil)
+	_ driver.Validator          = (*conn)(nil)
 )
 
-func newConn(g *Gate, ci driver.Conn) driver.Conn {
-	c := &conn{g: g, inner: ci}
+func newConn(g *Gate, mask uint) driver.Conn {
+	c := &conn{g: g}
 	c.tx.c = c
-	c.execer, _ = ci.(driver.ExecerContext)
-	c.queryer, _ = ci.(driver.QueryerContext)
-	c.beginner, _ = ci.(driver.ConnBeginTx)
-	c.preparer, _ = ci.(driver.ConnPrepareContext)
-	c.pinger, _ = ci.(driver.Pinger)
-	c.resetter, _ = ci.(driver.SessionResetter)
-	c.validator, _ = ci.(driver.Validator)
-	mask := connMask(ci)
-	if _, ok := ci.(driver.Execer); ok {
-		mask |= 1 << 0
-	}
-	if _, ok := ci.(driver.Queryer); ok {
-		mask |= 1 << 1
-	}
+	c.rows.c = c
 	return wrapConn(c, mask)
 }
 
-// Unwrap returns the driver's own connection. (*sql.Conn).Raw hands its
-// function the wrapper; see the package function Unwrap.
-func (c *conn) Unwrap() driver.Conn { return c.inner }
+// bind gives c a session if it has none, waiting at most wait for one
+// when all MaxConns are in use.
+func (c *conn) bind(ctx context.Context, wait time.Duration) (*session, error) {
+	if c.sess != nil {
+		return c.sess, nil
+	}
+	s, err := c.g.pool.get(ctx, c.last, wait, c.g.lim.dryRun.Load())
+	if err != nil {
+		return nil, err
+	}
+	s.used = true
+	c.sess, c.last = s, s
+	return s, nil
+}
+
+// unbind gives c's session back to the pool.
+func (c *conn) unbind() {
+	if s := c.sess; s != nil {
+		c.sess = nil
+		c.g.pool.put(s)
+	}
+}
+
+// start takes the permits of an operation of kind k, then a session if c
+// has none. On success the operation is counted as admitted and must end
+// with c.g.release(p); on failure nothing is held.
+func (c *conn) start(ctx context.Context, k Kind, p *permit) error {
+	if err := c.g.acquire(ctx, k, p); err != nil {
+		return err
+	}
+	if c.sess == nil {
+		bound := false
+		defer func() {
+			if !bound { // a panic in the driver's ResetSession
+				c.g.abort(p, errPanicked)
+			}
+		}()
+		_, err := c.bind(ctx, p.wait)
+		bound = true
+		if err != nil {
+			err = c.g.connErr(err, p.wait)
+			c.g.abort(p, err)
+			return err
+		}
+	}
+	c.g.admitted(p)
+	return nil
+}
+
+var errPanicked = errors.New("bulkhead: the driver panicked")
+
+// Unwrap returns the driver's own connection, binding a server connection
+// to c if it has none (for (*sql.Conn).Raw; see the package function
+// Unwrap). It returns nil if no server connection could be had: all
+// MaxConns in use for longer than the queue wait, or the dial failed.
+func (c *conn) Unwrap() driver.Conn {
+	if c.lost.Load() {
+		return nil
+	}
+	s, err := c.bind(context.Background(), c.g.queueWait())
+	if err != nil {
+		return nil
+	}
+	return s.ci
+}
 
 // Unwrap returns the driver's own connection behind dc, the value that
 // (*sql.Conn).Raw passes to its function, peeling every layer that has an
 // Unwrap() driver.Conn method. A value that is not a wrapper is returned
-// as it is.
+// as it is. Behind a gate, the *sql.Conn keeps that server connection
+// until it is closed; Unwrap returns nil if the gate could not get one
+// (all MaxConns in use for longer than the queue wait, or the dial
+// failed).
 //
 //	err := sqlConn.Raw(func(dc any) error {
 //		pgxConn := bulkhead.Unwrap(dc).(*stdlib.Conn).Conn()
@@ -108,58 +155,55 @@ func Unwrap(dc any) any {
 		if !ok {
 			return dc
 		}
-		dc = u.Unwrap()
+		inner := u.Unwrap()
+		if inner == nil {
+			return nil
+		}
+		dc = inner
 	}
 }
 
-// Prepare is the legacy form of PrepareContext.
-func (c *conn) Prepare(query string) (driver.Stmt, error) {
-	return c.PrepareContext(context.Background(), query)
+// ResetSession is called by database/sql when it hands c out of its pool.
+// c holds no session then; the session it binds later is reset by the
+// driver at that moment, after the operation's permits: a rejection sends
+// nothing to the server.
+func (c *conn) ResetSession(context.Context) error {
+	if c.lost.Load() {
+		return driver.ErrBadConn
+	}
+	return nil
 }
 
-// PrepareContext prepares without a permit: preparing runs no user work.
-// The statement's executions outside a transaction are gated.
-func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	if c.closed.Load() {
-		return nil, driver.ErrBadConn
+// IsValid is called by database/sql when it takes c back into its pool:
+// c gives its session back.
+func (c *conn) IsValid() bool {
+	if c.lost.Load() {
+		return false
 	}
-	si, err := guarded(c, func() (driver.Stmt, error) { return c.prepareInner(ctx, query) })
-	if err != nil {
-		return nil, err
-	}
-	return wrapStmt(&stmt{c: c, inner: si}, stmtMask(si)), nil
+	c.unbind()
+	return true
 }
 
-func (c *conn) prepareInner(ctx context.Context, query string) (driver.Stmt, error) {
-	if c.preparer != nil {
-		return c.preparer.PrepareContext(ctx, query)
-	}
-	si, err := c.inner.Prepare(query)
-	if err == nil && ctx.Err() != nil {
-		si.Close()
-		return nil, ctx.Err()
-	}
-	return si, err
-}
-
-// Close closes the connection. A transaction still open on it (its
-// Commit or Rollback never returned) gives its permits back here.
+// Close closes the logical connection. A session still bound is closed
+// too: database/sql closes a connection it has not taken back into its
+// pool only when it found it bad. A transaction still open on it (its
+// Commit or Rollback never returned) gives its permits back.
 func (c *conn) Close() error {
 	defer c.tx.end()
-	if !c.closed.CompareAndSwap(false, true) {
-		return nil // lost to a panic: closed already
+	if s := c.sess; s != nil {
+		c.sess = nil
+		c.g.pool.closeSession(s)
 	}
-	defer c.g.connClosed()
-	return c.inner.Close()
+	return nil
 }
 
-// guarded runs f, a call into the driver. If the driver panics instead of
-// returning, the connection is lost: database/sql never closes a
-// connection whose driver call panicked (it even reuses it after a panic
-// in an autocommit Exec), so the gate closes the driver's connection and
-// stops counting it against B+Q, and later calls on it return
-// driver.ErrBadConn, which makes database/sql discard it. The panic goes
-// on up.
+// guarded runs f, a call into the driver on c's session. If the driver
+// panics instead of returning, the session is lost: database/sql never
+// closes a connection whose driver call panicked (it even reuses it after
+// a panic in an autocommit Exec), so the gate closes the session, frees
+// its place under MaxConns, ends a transaction open on it, and marks c
+// lost: later calls on it return driver.ErrBadConn, which makes
+// database/sql discard it. The panic goes on up.
 func guarded[T any](c *conn, f func() (T, error)) (T, error) {
 	returned := false
 	defer c.lostUnless(&returned)
@@ -169,11 +213,60 @@ func guarded[T any](c *conn, f func() (T, error)) (T, error) {
 }
 
 func (c *conn) lostUnless(returned *bool) {
-	if !*returned && c.closed.CompareAndSwap(false, true) {
-		defer c.g.connClosed()
-		defer c.tx.end() // a transaction open on a lost connection runs no more
-		c.inner.Close()
+	if !*returned && c.lost.CompareAndSwap(false, true) {
+		defer c.tx.end() // a transaction open on a lost session runs no more
+		if s := c.sess; s != nil {
+			c.sess = nil
+			c.g.pool.closeSession(s)
+		}
 	}
+}
+
+// Prepare is the legacy form of PrepareContext.
+func (c *conn) Prepare(query string) (driver.Stmt, error) {
+	return c.PrepareContext(context.Background(), query)
+}
+
+// PrepareContext prepares without a permit: preparing runs no user work.
+// A query prepared before, on a connection with no server connection,
+// is prepared on the server only when it runs (see stmt); otherwise it
+// needs a server connection, which c keeps until database/sql takes it
+// back. The statement's executions outside a transaction are gated.
+func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	if c.lost.Load() {
+		return nil, driver.ErrBadConn
+	}
+	if c.sess == nil {
+		if pr := c.g.stmtProtoFor(query); pr != nil {
+			return wrapStmt(&stmt{c: c, query: query, proto: pr}, pr.mask), nil
+		}
+	}
+	wait := c.g.queueWait()
+	s, err := c.bind(ctx, wait)
+	if err != nil {
+		return nil, c.g.connErr(err, wait)
+	}
+	si, err := guarded(c, func() (driver.Stmt, error) { return s.prepare(ctx, query) })
+	if err != nil {
+		return nil, ctxErr(ctx, err)
+	}
+	pr := c.g.addStmtProto(query, si)
+	st := &stmt{c: c, query: query, proto: pr}
+	st.keep(s, si)
+	return wrapStmt(st, pr.mask), nil
+}
+
+// prepare prepares query on s, as database/sql would on s alone.
+func (s *session) prepare(ctx context.Context, query string) (driver.Stmt, error) {
+	if s.preparer != nil {
+		return s.preparer.PrepareContext(ctx, query)
+	}
+	si, err := s.ci.Prepare(query)
+	if err == nil && ctx.Err() != nil {
+		si.Close()
+		return nil, ctx.Err()
+	}
+	return si, err
 }
 
 // Begin is the legacy form of BeginTx.
@@ -181,17 +274,18 @@ func (c *conn) Begin() (driver.Tx, error) {
 	return c.BeginTx(context.Background(), driver.TxOptions{})
 }
 
-// BeginTx acquires both permits, then begins the transaction. The permits
-// are held until the driver's Commit or Rollback returns.
+// BeginTx acquires both permits and a session, then begins the
+// transaction. The permits are held until the driver's Commit or Rollback
+// returns.
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	if c.closed.Load() {
+	if c.lost.Load() {
 		return nil, driver.ErrBadConn
 	}
 	if c.tx.held.Load() {
 		return nil, ErrTxStillOpen
 	}
 	var p permit
-	if err := c.g.acquire(ctx, KindTx, &p); err != nil {
+	if err := c.start(ctx, KindTx, &p); err != nil {
 		return nil, err
 	}
 	began := false
@@ -200,9 +294,10 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 			c.g.release(&p)
 		}
 	}()
-	ti, err := guarded(c, func() (driver.Tx, error) { return c.beginInner(ctx, opts) })
+	s := c.sess
+	ti, err := guarded(c, func() (driver.Tx, error) { return s.begin(ctx, opts) })
 	if err != nil {
-		return nil, err
+		return nil, ctxErr(ctx, err)
 	}
 	if dl := c.g.opt.pgDL; dl != nil {
 		if err := c.setServerDeadline(ctx, dl); err != nil {
@@ -210,16 +305,15 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 			return nil, err
 		}
 	}
-	c.tx.inner = ti
-	c.tx.p = p
+	c.tx.inner, c.tx.p, c.tx.ctx = ti, p, ctx
 	c.tx.held.Store(true)
 	began = true
 	return &c.tx, nil
 }
 
-func (c *conn) beginInner(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	if c.beginner != nil {
-		return c.beginner.BeginTx(ctx, opts)
+func (s *session) begin(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if s.beginner != nil {
+		return s.beginner.BeginTx(ctx, opts)
 	}
 	// As database/sql does for a driver without ConnBeginTx.
 	if opts.Isolation != 0 {
@@ -228,13 +322,17 @@ func (c *conn) beginInner(ctx context.Context, opts driver.TxOptions) (driver.Tx
 	if opts.ReadOnly {
 		return nil, errors.New("bulkhead: driver does not support read-only transactions")
 	}
-	ti, err := c.inner.Begin() // the legacy driver has nothing else
+	ti, err := s.ci.Begin() //lint:ignore SA1019 the legacy driver has nothing else
 	if err == nil && ctx.Err() != nil {
 		ti.Rollback()
 		return nil, ctx.Err()
 	}
 	return ti, err
 }
+
+// pgMaxTimeout is PostgreSQL's largest statement_timeout and lock_timeout,
+// in milliseconds (a 32-bit int).
+const pgMaxTimeout = math.MaxInt32
 
 // setServerDeadline starts the transaction with PostgreSQL timeouts set
 // from ctx's deadline (WithPostgresDeadline).
@@ -243,35 +341,54 @@ func (c *conn) setServerDeadline(ctx context.Context, dl *PostgresDeadline) erro
 	if !ok {
 		return nil
 	}
-	ms := strconv.FormatInt(max((time.Until(d)-dl.Reserve).Milliseconds(), 1), 10)
+	ms := strconv.FormatInt(min(max((time.Until(d)-dl.Reserve).Milliseconds(), 1), pgMaxTimeout), 10)
 	q := "SET LOCAL statement_timeout = " + ms
 	if dl.LockTimeout {
 		q += "; SET LOCAL lock_timeout = " + ms
 	}
 	if _, err := c.execSkipping(ctx, q, nil); err != nil {
-		return fmt.Errorf("bulkhead: setting the server-side deadline: %w", err)
+		return fmt.Errorf("bulkhead: setting the server-side deadline: %w", ctxErr(ctx, err))
 	}
 	return nil
+}
+
+// inTx reports whether a statement on c belongs to its open transaction
+// (and then takes no permit), or an error if that transaction is dying:
+// its context ended and database/sql has not rolled it back yet, so the
+// statement would run inside a transaction about to vanish.
+func (c *conn) inTx() (bool, error) {
+	if !c.tx.held.Load() {
+		return false, nil
+	}
+	if c.tx.ctx.Err() != nil {
+		return true, ErrTxStillOpen
+	}
+	return true, nil
 }
 
 // execContext runs an autocommit statement under both permits, or a
 // statement of the open transaction without taking any.
 func (c *conn) execContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	if c.closed.Load() {
+	if c.lost.Load() {
 		return nil, driver.ErrBadConn
 	}
-	if c.tx.held.Load() {
-		return c.execInner(ctx, query, args)
+	if in, err := c.inTx(); in {
+		if err != nil {
+			return nil, err
+		}
+		r, err := c.execInner(ctx, query, args)
+		return r, ctxErr(ctx, err)
 	}
 	var p permit
-	if err := c.g.acquire(ctx, KindExec, &p); err != nil {
+	if err := c.start(ctx, KindExec, &p); err != nil {
 		return nil, err
 	}
 	defer c.g.release(&p)
-	return c.execSkipping(ctx, query, args)
+	r, err := c.execSkipping(ctx, query, args)
+	return r, ctxErr(ctx, err)
 }
 
-// execSkipping runs query on the inner connection. If the driver answers
+// execSkipping runs query on c's session. If the driver answers
 // driver.ErrSkip (go-sql-driver/mysql does for every statement with
 // arguments unless interpolateParams is set), it runs database/sql's
 // fallback itself, preparing the statement and executing it, so that the
@@ -279,39 +396,49 @@ func (c *conn) execContext(ctx context.Context, query string, args []driver.Name
 // being admitted a second time.
 func (c *conn) execSkipping(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	r, err := c.execInner(ctx, query, args)
-	if err == nil || !errors.Is(err, driver.ErrSkip) {
+	if err != driver.ErrSkip {
 		return r, err
 	}
-	s, err := c.prepareFallback(ctx, query, len(args))
+	si, sargs, err := c.prepareFallback(ctx, query, args)
 	if err != nil {
 		return nil, err
 	}
-	defer s.Close()
-	return s.execInner(ctx, args)
+	defer c.closeFallback(si)
+	return guarded(c, func() (driver.Result, error) { return stmtExec(ctx, si, sargs) })
 }
 
-// prepareFallback prepares query on the inner connection as database/sql
-// does after a driver answered driver.ErrSkip, checking the argument
-// count as it does.
-func (c *conn) prepareFallback(ctx context.Context, query string, nargs int) (*stmt, error) {
-	si, err := c.prepareInner(ctx, query)
+// prepareFallback prepares query on c's session as database/sql does
+// after a driver answered driver.ErrSkip, and converts args for the
+// statement as database/sql converts the caller's arguments for it.
+func (c *conn) prepareFallback(ctx context.Context, query string, args []driver.NamedValue) (driver.Stmt, []driver.NamedValue, error) {
+	s := c.sess
+	si, err := guarded(c, func() (driver.Stmt, error) { return s.prepare(ctx, query) })
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if want := si.NumInput(); want >= 0 && want != nargs {
-		si.Close()
-		return nil, fmt.Errorf("bulkhead: expected %d arguments, got %d", want, nargs)
+	sargs, err := stmtArgs(si, s.checker, args)
+	if err != nil {
+		c.closeFallback(si)
+		return nil, nil, err
 	}
-	return &stmt{c: c, inner: si}, nil
+	return si, sargs, nil
+}
+
+func (c *conn) closeFallback(si driver.Stmt) {
+	guarded(c, func() (struct{}, error) { return struct{}{}, si.Close() })
 }
 
 func (c *conn) execInner(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return guarded(c, func() (driver.Result, error) { return c.execDriver(ctx, query, args) })
+	s := c.sess
+	return guarded(c, func() (driver.Result, error) { return s.exec(ctx, query, args) })
 }
 
-func (c *conn) execDriver(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	if c.execer != nil {
-		return c.execer.ExecContext(ctx, query, args)
+func (s *session) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if s.execer != nil {
+		return s.execer.ExecContext(ctx, query, args)
+	}
+	if s.legacyExecer == nil {
+		return nil, driver.ErrSkip // a driver whose connections differ: database/sql prepares instead
 	}
 	dargs, err := namedValueToValue(args)
 	if err != nil {
@@ -320,46 +447,54 @@ func (c *conn) execDriver(ctx context.Context, query string, args []driver.Named
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return c.inner.(driver.Execer).Exec(query, dargs) // the legacy driver has nothing else
+	return s.legacyExecer.Exec(query, dargs) //lint:ignore SA1019 the legacy driver has nothing else
 }
 
 // queryContext runs an autocommit query whose Rows hold both permits
 // until they are closed, or a query of the open transaction without
 // taking any (its rows are then the driver's own).
 func (c *conn) queryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	if c.closed.Load() {
+	if c.lost.Load() {
 		return nil, driver.ErrBadConn
 	}
-	if c.tx.held.Load() {
-		return c.queryInner(ctx, query, args)
-	}
-	return c.g.holdRows(ctx, c, func() (driver.Rows, driver.Stmt, error) {
+	if in, err := c.inTx(); in {
+		if err != nil {
+			return nil, err
+		}
 		ri, err := c.queryInner(ctx, query, args)
-		if err == nil || !errors.Is(err, driver.ErrSkip) {
+		return ri, ctxErr(ctx, err)
+	}
+	return c.holdRows(ctx, func() (driver.Rows, driver.Stmt, error) {
+		ri, err := c.queryInner(ctx, query, args)
+		if err != driver.ErrSkip {
 			return ri, nil, err
 		}
-		// As in execContext: database/sql's fallback, under the permit
+		// As in execSkipping: database/sql's fallback, under the permit
 		// held; the statement is closed with the rows.
-		s, err := c.prepareFallback(ctx, query, len(args))
+		si, sargs, err := c.prepareFallback(ctx, query, args)
 		if err != nil {
 			return nil, nil, err
 		}
-		ri, err = s.queryInner(ctx, args)
+		ri, err = guarded(c, func() (driver.Rows, error) { return stmtQuery(ctx, si, sargs) })
 		if err != nil {
-			s.Close()
+			c.closeFallback(si)
 			return nil, nil, err
 		}
-		return ri, s.inner, nil
+		return ri, si, nil
 	})
 }
 
 func (c *conn) queryInner(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return guarded(c, func() (driver.Rows, error) { return c.queryDriver(ctx, query, args) })
+	s := c.sess
+	return guarded(c, func() (driver.Rows, error) { return s.query(ctx, query, args) })
 }
 
-func (c *conn) queryDriver(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	if c.queryer != nil {
-		return c.queryer.QueryContext(ctx, query, args)
+func (s *session) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if s.queryer != nil {
+		return s.queryer.QueryContext(ctx, query, args)
+	}
+	if s.legacyQueryer == nil {
+		return nil, driver.ErrSkip // a driver whose connections differ: database/sql prepares instead
 	}
 	dargs, err := namedValueToValue(args)
 	if err != nil {
@@ -368,186 +503,71 @@ func (c *conn) queryDriver(ctx context.Context, query string, args []driver.Name
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return c.inner.(driver.Queryer).Query(query, dargs) // the legacy driver has nothing else
+	return s.legacyQueryer.Query(query, dargs) //lint:ignore SA1019 the legacy driver has nothing else
 }
 
-// holdRows acquires both permits and runs query. The permits pass to the
-// returned rows, released by their Close (which also closes the statement
-// query may return, an ErrSkip fallback's); on an error or a panic they
-// are released at once.
-func (g *Gate) holdRows(ctx context.Context, c *conn, query func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
+// holdRows takes both permits and a session and runs query. The permits
+// pass to the returned rows, released by their Close (which also closes
+// the statement query may return, an ErrSkip fallback's); on an error or a
+// panic they are released at once.
+func (c *conn) holdRows(ctx context.Context, query func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
 	var p permit
-	if err := g.acquire(ctx, KindQuery, &p); err != nil {
+	if err := c.start(ctx, KindQuery, &p); err != nil {
 		return nil, err
 	}
 	handed := false
 	defer func() {
 		if !handed {
-			g.release(&p)
+			c.g.release(&p)
 		}
 	}()
 	ri, si, err := query()
 	if err != nil {
-		return nil, err
+		return nil, ctxErr(ctx, err)
 	}
-	r := &rows{c: c, inner: ri, stmt: si, p: p}
+	r := &c.rows
+	if r.held.Load() { // the rows of another query on this *sql.Conn are still open
+		r = &rows{c: c}
+	}
+	r.inner, r.stmt, r.p = ri, si, p
 	r.held.Store(true)
 	handed = true
 	return wrapRows(r, rowsMask(ri)), nil
 }
 
-// tx is the open transaction of a conn. It holds both permits from a
-// successful BeginTx until the driver's Commit or Rollback returns, on
-// whatever goroutine calls it (database/sql rolls back from its own
-// goroutine when the transaction's context ends).
-type tx struct {
-	c     *conn
-	inner driver.Tx
-	p     permit
-	held  atomic.Bool
-}
-
-var _ driver.Tx = (*tx)(nil)
-
-func (t *tx) Commit() error {
-	defer t.end()
-	_, err := guarded(t.c, func() (struct{}, error) { return struct{}{}, t.inner.Commit() })
-	return err
-}
-
-func (t *tx) Rollback() error {
-	defer t.end()
-	_, err := guarded(t.c, func() (struct{}, error) { return struct{}{}, t.inner.Rollback() })
-	return err
-}
-
-// end releases the transaction's permits, once.
-func (t *tx) end() {
-	if t.held.CompareAndSwap(true, false) {
-		t.c.g.release(&t.p)
+// ping forwards the driver's Pinger: not gated (health checks must answer
+// under overload), but it needs a server connection, which c keeps until
+// database/sql takes it back. A driver whose connections differ (no
+// Pinger on this one) answers nil, as database/sql does without a Pinger.
+func (c *conn) ping(ctx context.Context) error {
+	if c.lost.Load() {
+		return driver.ErrBadConn
 	}
-}
-
-// stmt is a prepared statement. Its executions outside a transaction are
-// gated like the conn's; inside one (a statement prepared on the
-// transaction, or moved into it with Tx.Stmt) they take no permit.
-type stmt struct {
-	c     *conn
-	inner driver.Stmt
-}
-
-var (
-	_ driver.Stmt             = (*stmt)(nil)
-	_ driver.StmtExecContext  = (*stmt)(nil)
-	_ driver.StmtQueryContext = (*stmt)(nil)
-)
-
-func (s *stmt) Close() error  { return s.inner.Close() }
-func (s *stmt) NumInput() int { return s.inner.NumInput() }
-
-// Exec is the legacy form of ExecContext.
-func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
-	return s.ExecContext(context.Background(), valueToNamedValue(args))
-}
-
-// Query is the legacy form of QueryContext.
-func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
-	return s.QueryContext(context.Background(), valueToNamedValue(args))
-}
-
-func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	if s.c.closed.Load() {
-		return nil, driver.ErrBadConn
-	}
-	if s.c.tx.held.Load() {
-		return s.execInner(ctx, args)
-	}
-	var p permit
-	if err := s.c.g.acquire(ctx, KindExec, &p); err != nil {
-		return nil, err
-	}
-	defer s.c.g.release(&p)
-	return s.execInner(ctx, args)
-}
-
-func (s *stmt) execInner(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	return guarded(s.c, func() (driver.Result, error) { return s.execDriver(ctx, args) })
-}
-
-func (s *stmt) execDriver(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	if e, ok := s.inner.(driver.StmtExecContext); ok {
-		return e.ExecContext(ctx, args)
-	}
-	dargs, err := namedValueToValue(args)
+	wait := c.g.queueWait()
+	s, err := c.bind(ctx, wait)
 	if err != nil {
-		return nil, err
+		return c.g.connErr(err, wait)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
+	if s.pinger == nil {
+		return nil
 	}
-	return s.inner.Exec(dargs) // the legacy driver has nothing else
+	_, err = guarded(c, func() (struct{}, error) { return struct{}{}, s.pinger.Ping(ctx) })
+	return ctxErr(ctx, err)
 }
 
-func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	if s.c.closed.Load() {
-		return nil, driver.ErrBadConn
+// checkNamedValue forwards the driver's NamedValueChecker. database/sql
+// calls it before the operation, when c may have no session yet: then the
+// checker of the first connection dialed converts the value, which is
+// right for drivers whose conversion depends on the value alone (pgx and
+// go-sql-driver/mysql: every checker they have).
+func (c *conn) checkNamedValue(v *driver.NamedValue) error {
+	if s := c.sess; s != nil && s.checker != nil {
+		return s.checker.CheckNamedValue(v)
 	}
-	if s.c.tx.held.Load() {
-		return s.queryInner(ctx, args)
+	if pi := c.g.pool.proto.Load(); pi != nil && pi.checker != nil {
+		return pi.checker.CheckNamedValue(v)
 	}
-	return s.c.g.holdRows(ctx, s.c, func() (driver.Rows, driver.Stmt, error) {
-		ri, err := s.queryInner(ctx, args)
-		return ri, nil, err
-	})
-}
-
-func (s *stmt) queryInner(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	return guarded(s.c, func() (driver.Rows, error) { return s.queryDriver(ctx, args) })
-}
-
-func (s *stmt) queryDriver(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	if q, ok := s.inner.(driver.StmtQueryContext); ok {
-		return q.QueryContext(ctx, args)
-	}
-	dargs, err := namedValueToValue(args)
-	if err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return s.inner.Query(dargs) // the legacy driver has nothing else
-}
-
-// rows holds an autocommit query's permits until Close returns.
-// database/sql closes rows itself at the end of Next, in Row.Scan, and from
-// its own goroutine when the query's context ends.
-type rows struct {
-	c     *conn
-	inner driver.Rows
-	stmt  driver.Stmt // the ErrSkip fallback's statement, closed after the rows; or nil
-	p     permit
-	held  atomic.Bool
-}
-
-var _ driver.Rows = (*rows)(nil)
-
-func (r *rows) Columns() []string              { return r.inner.Columns() }
-func (r *rows) Next(dest []driver.Value) error { return r.inner.Next(dest) }
-
-func (r *rows) Close() error {
-	defer func() {
-		if r.held.CompareAndSwap(true, false) {
-			r.c.g.release(&r.p)
-		}
-	}()
-	_, err := guarded(r.c, func() (struct{}, error) { return struct{}{}, r.inner.Close() })
-	if r.stmt != nil {
-		if cerr := r.stmt.Close(); err == nil {
-			err = cerr
-		}
-	}
-	return err
+	return driver.ErrSkip
 }
 
 func namedValueToValue(named []driver.NamedValue) ([]driver.Value, error) {
@@ -567,33 +587,4 @@ func valueToNamedValue(args []driver.Value) []driver.NamedValue {
 		named[i] = driver.NamedValue{Ordinal: i + 1, Value: v}
 	}
 	return named
-}
-
-// ping, resetSession and isValid forward the optional Pinger,
-// SessionResetter and Validator under guarded: database/sql calls them
-// outside any gated operation, and a panic there would leave the
-// connection counted against B+Q while database/sql never returns it. A
-// lost connection answers as a bad one.
-func (c *conn) ping(ctx context.Context) error {
-	if c.closed.Load() {
-		return driver.ErrBadConn
-	}
-	_, err := guarded(c, func() (struct{}, error) { return struct{}{}, c.pinger.Ping(ctx) })
-	return err
-}
-
-func (c *conn) resetSession(ctx context.Context) error {
-	if c.closed.Load() {
-		return driver.ErrBadConn
-	}
-	_, err := guarded(c, func() (struct{}, error) { return struct{}{}, c.resetter.ResetSession(ctx) })
-	return err
-}
-
-func (c *conn) isValid() bool {
-	if c.closed.Load() {
-		return false
-	}
-	ok, _ := guarded(c, func() (bool, error) { return c.validator.IsValid(), nil })
-	return ok
 }

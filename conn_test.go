@@ -84,12 +84,15 @@ func (e *fkEnv) balanced(t *testing.T) {
 var fkB1 = bulkhead.Policy{MaxConcurrent: 1}
 
 // fkWrappedConn is what the wrapper of a conn implementing m must
-// implement: the same optional interfaces, except that ConnBeginTx and
-// ConnPrepareContext are always there, ExecerContext (QueryerContext)
-// replaces ExecerContext or Execer (QueryerContext or Queryer), and the
-// legacy Execer and Queryer never are.
+// implement: the same optional interfaces, except that ConnBeginTx,
+// ConnPrepareContext, SessionResetter and Validator are always there (the
+// last two tell the gate when database/sql hands a connection out and
+// takes it back), ExecerContext (QueryerContext) replaces ExecerContext or
+// Execer (QueryerContext or Queryer), and the legacy Execer and Queryer
+// never are.
 func fkWrappedConn(m fakedb.ConnIface) fakedb.ConnIface {
-	w := m&^(fakedb.ConnExecer|fakedb.ConnQueryer) | fakedb.ConnBeginTx | fakedb.ConnPrepareContext
+	w := m&^(fakedb.ConnExecer|fakedb.ConnQueryer) | fakedb.ConnBeginTx | fakedb.ConnPrepareContext |
+		fakedb.ConnSessionResetter | fakedb.ConnValidator
 	if m&(fakedb.ConnExecerContext|fakedb.ConnExecer) != 0 {
 		w |= fakedb.ConnExecerContext
 	}
@@ -348,11 +351,11 @@ func TestTheArticleDemoOnTheFakeDriverRejectsTheSecondOperationAndCommits42(t *t
 		t.Fatal(err)
 	}
 	s := e.g.Stats()
-	if s.Running != 0 || s.Admitted != 1 || s.RejectedFull != 1 || s.ConnectRefused != 1 {
-		t.Fatalf("after commit: %+v, want Running 0, Admitted 1, RejectedFull 1 (a refused dial)", s)
+	if s.Running != 0 || s.Admitted != 1 || s.RejectedFull != 1 || s.Dials != 1 {
+		t.Fatalf("after commit: %+v, want Running 0, Admitted 1, RejectedFull 1, Dials 1", s)
 	}
 	if n := e.fc.Count(fakedb.OpConnect); n != 1 {
-		t.Fatalf("the fake saw %d dials, want 1: the refused one never reached it", n)
+		t.Fatalf("the fake saw %d dials, want 1: the rejected operation never had a connection", n)
 	}
 	// The one execution permit is free again.
 	if _, err := e.db.ExecContext(ctx, "UPDATE t"); err != nil {
@@ -632,7 +635,10 @@ func TestErrBadConnRetriesFindThePermitsOfTheFailedAttemptBack(t *testing.T) {
 			var v int
 			return db.QueryRowContext(ctx, "SELECT 1").Scan(&v)
 		}},
-		{"ResetSession", fakedb.OpResetSession, 0, true, func(db *sql.DB) error {
+		// The driver's reset runs once the operation holds its permits
+		// (a rejection never reaches it); a bad session is closed and
+		// another one used, under the same permits.
+		{"ResetSession", fakedb.OpResetSession, 1, true, func(db *sql.DB) error {
 			_, err := db.ExecContext(ctx, "UPDATE t")
 			return err
 		}},
@@ -720,25 +726,56 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 		t.Fatalf("got %v, want a queue timeout", err)
 	}
 	errs = append(errs, err)
-	// Admission full, refused at Connect: the second conn pinned, the
-	// first in the transaction.
-	pinned, err := e.db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Admission full: the transaction runs, an operation waits.
+	waiter := make(chan error, 1)
+	go func() {
+		_, err := e.db.ExecContext(bulkhead.WithQueueWait(ctx, time.Hour), "UPDATE t")
+		waiter <- err
+	}()
+	awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
 	_, err = e.db.ExecContext(ctx, "UPDATE t")
 	if !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("got %v, want admission full", err)
 	}
 	errs = append(errs, err)
-	if n, c := e.fc.Count(fakedb.OpExec), e.fc.Count(fakedb.OpConnect); n != 0 || c != 2 {
-		t.Fatalf("the driver saw %d execs and %d dials, want 0 and 2: a rejection was retried", n, c)
+	if n, c := e.fc.Count(fakedb.OpExec), e.fc.Count(fakedb.OpConnect); n != 0 || c != 1 {
+		t.Fatalf("the driver saw %d execs and %d dials, want 0 and 1: a rejection was retried", n, c)
 	}
 	if s := e.g.Stats(); s.RejectedTimeout != 1 || s.RejectedFull != 1 {
 		t.Fatalf("%+v: want one rejection of each kind", s)
 	}
-	pinned.Close()
 	tx.Rollback()
+	if err := <-waiter; err != nil {
+		t.Fatal(err)
+	}
+
+	// No connection: with B=2 and MaxConns=2, a transaction holds one
+	// server connection and a *sql.Conn outside any operation the other.
+	e2 := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
+	tx2, err := e2.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned, err := e2.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pinned.ExecContext(ctx, "UPDATE t"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e2.db.ExecContext(ctx, "UPDATE t")
+	if !errors.Is(err, bulkhead.ErrNoConnection) || !errors.Is(err, bulkhead.ErrRejected) {
+		t.Fatalf("got %v, want ErrNoConnection", err)
+	}
+	errs = append(errs, err)
+	if n, c := e2.fc.Count(fakedb.OpExec), e2.fc.Count(fakedb.OpConnect); n != 1 || c != 2 {
+		t.Fatalf("the driver saw %d execs and %d dials, want 1 and 2: a rejection was retried", n, c)
+	}
+	if s := e2.g.Stats(); s.RejectedNoConn != 1 || s.RejectedFull != 0 || s.OpenConns != 2 {
+		t.Fatalf("%+v: want one rejection for want of a connection, 2 connections open", s)
+	}
+	pinned.Close()
+	tx2.Rollback()
 
 	// Admission full at the wrapper: a nested operation on a pinned conn.
 	e1 := fkOpen(t, nil, fkB1)
@@ -802,7 +839,7 @@ func TestAPanicInTheDriverPropagatesAndGivesThePermitsBack(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.op.String(), func(t *testing.T) {
-			e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 2})
+			e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Nanosecond})
 			e.fc.PanicNext(c.op, 1, "boom")
 			func() {
 				defer func() {
@@ -855,7 +892,7 @@ func TestClosingTheDBMakesAQueuedOperationReturnErrClosed(t *testing.T) {
 	e.balanced(t)
 }
 
-func TestTheDriverNeverSeesMoreThanBPlusQConnectionsAndRefusedDialsNeverReachIt(t *testing.T) {
+func TestWaitingAndRejectedOperationsHoldNoServerConnectionAndNeverReachTheDriver(t *testing.T) {
 	const extra = 20
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: bulkhead.MaxQueueWait})
 	b := e.fc.Block(fakedb.OpExec)
@@ -868,7 +905,9 @@ func TestTheDriverNeverSeesMoreThanBPlusQConnectionsAndRefusedDialsNeverReachIt(
 	}
 	b.Wait(1)
 	awaitState(t, "two execs wait for a permit", func() bool { return e.g.Stats().Waiting == 2 })
-	dials := e.fc.Count(fakedb.OpConnect)
+	if dials, open := e.fc.Count(fakedb.OpConnect), e.fc.Open(); dials != 1 || open != 1 {
+		t.Fatalf("the driver saw %d dials, %d connections open: want 1 and 1, the running exec's (the waiting two hold none)", dials, open)
+	}
 	refused := make(chan error, extra)
 	var wg sync.WaitGroup
 	for range extra {
@@ -884,11 +923,14 @@ func TestTheDriverNeverSeesMoreThanBPlusQConnectionsAndRefusedDialsNeverReachIt(
 			t.Fatalf("extra exec: %v, want admission full", err)
 		}
 	}
-	if got := e.fc.Count(fakedb.OpConnect); got != dials || dials != 3 {
-		t.Fatalf("the driver saw %d dials, then %d: want 3, unchanged by the refusals", dials, got)
+	if got := e.fc.Count(fakedb.OpConnect); got != 1 {
+		t.Fatalf("the driver saw %d dials, want 1: the rejections never reached it", got)
 	}
-	if s := e.g.Stats(); s.ConnectRefused != extra || s.RejectedFull != extra || s.OpenConns != 3 {
-		t.Fatalf("%+v: want %d refused dials counted as RejectedFull, 3 open conns", s, extra)
+	if n := e.fc.Count(fakedb.OpResetSession) + e.fc.Count(fakedb.OpExec); n != 1 {
+		t.Fatalf("the driver saw %d resets and execs, want 1 (the running exec): a rejection sends nothing", n)
+	}
+	if s := e.g.Stats(); s.RejectedFull != extra || s.OpenConns != 1 || s.Waiting != 2 {
+		t.Fatalf("%+v: want %d rejections, 1 server connection open, 2 waiting", s, extra)
 	}
 	b.Release()
 	for range 3 {
@@ -896,8 +938,8 @@ func TestTheDriverNeverSeesMoreThanBPlusQConnectionsAndRefusedDialsNeverReachIt(
 			t.Fatal(err)
 		}
 	}
-	if m := e.fc.MaxOpen(); m != 3 {
-		t.Fatalf("the driver had %d conns open at once, want 3", m)
+	if m := e.fc.MaxOpen(); m > 3 {
+		t.Fatalf("the driver had %d conns open at once, want at most MaxConns=3", m)
 	}
 	e.balanced(t)
 }
@@ -949,13 +991,29 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := e.db.Conn(ctx) // pins the second of B+Q=2 connections
+	c, err := e.db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	waiter := make(chan error, 1)
+	go func() {
+		_, err := e.db.ExecContext(bulkhead.WithQueueWait(ctx, time.Hour), "UPDATE t")
+		waiter <- err
+	}()
+	awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
 	if _, err := e.db.ExecContext(ctx, "UPDATE t"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-		t.Fatalf("exec with both conns busy: %v, want a refused dial", err)
+		t.Fatalf("exec with B running and Q waiting: %v, want admission full", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waiter; err != nil {
+		t.Fatal(err)
+	}
+	tx, err = e.db.BeginTx(ctx, nil) // holds the execution permit again
+	if err != nil {
+		t.Fatal(err)
 	}
 	if _, err := c.ExecContext(ctx, "UPDATE t"); !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("exec on the pinned conn: %v, want a queue timeout", err)
@@ -980,7 +1038,10 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 		"admit statement", "release statement",
 		"admit query", "release query",
 		"admit transaction",
-		"reject connect: bulkhead: admission full",
+		"reject statement: bulkhead: admission full",
+		"release transaction",
+		"admit statement", "release statement", // the operation that waited
+		"admit transaction",
 		"reject statement: bulkhead: queue wait timed out",
 		"release transaction",
 		"admit query",

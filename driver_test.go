@@ -55,6 +55,9 @@ func pgWarm(t *testing.T, ctx context.Context, db *sql.DB, n int) {
 	conns := make([]*sql.Conn, n)
 	for i := range conns {
 		c, err := db.Conn(ctx)
+		if err == nil {
+			err = c.PingContext(ctx) // behind a gate, a *sql.Conn gets a server connection when first used
+		}
 		if err != nil {
 			t.Fatalf("open connection %d of %d: %v", i+1, n, err)
 		}
@@ -263,10 +266,10 @@ func TestTheArticlesDemonstrationRejectsASecondOperationWhileTheFirstTransaction
 	if s.Running != 0 || s.MaxConcurrent != 1 {
 		t.Errorf("after the first: Running=%d MaxConcurrent=%d, want one execution permit available (0 of 1 running)", s.Running, s.MaxConcurrent)
 	}
-	// With B+Q=1 the second operation needed a second connection: the
-	// connector refused to dial it (the pool of 2 never waited).
-	if s.RejectedFull != 2 || s.ConnectRefused != 2 {
-		t.Errorf("RejectedFull=%d ConnectRefused=%d, want 2 and 2", s.RejectedFull, s.ConnectRefused)
+	// The two rejections were decided for the operations, which never
+	// had a server connection: the first transaction's is the only one.
+	if s.RejectedFull != 2 || s.Dials != 1 {
+		t.Errorf("RejectedFull=%d Dials=%d, want 2 and 1", s.RejectedFull, s.Dials)
 	}
 	var v int
 	if err := db.QueryRowContext(ctx, "SELECT 1").Scan(&v); err != nil || v != 1 {
@@ -355,8 +358,8 @@ func TestExcessAdmissionIsRejectedAtOnceWithoutReachingTheServer(t *testing.T) {
 		t.Errorf("rejection %+v, want MaxConcurrent 2, MaxQueue 1, Waited 0", *rej)
 	}
 	s := g.Stats()
-	if s.RejectedFull != 1 || s.ConnectRefused != 1 || s.OpenConns != 3 {
-		t.Errorf("RejectedFull=%d ConnectRefused=%d OpenConns=%d, want 1, 1 (refused at dial: all B+Q connections busy), 3", s.RejectedFull, s.ConnectRefused, s.OpenConns)
+	if s.RejectedFull != 1 || s.OpenConns != 2 {
+		t.Errorf("RejectedFull=%d OpenConns=%d, want 1 and 2 (the running transactions'; the waiting third holds none)", s.RejectedFull, s.OpenConns)
 	}
 	a, err := pgSnapshot(ctx, m)
 	if err != nil {
@@ -698,16 +701,16 @@ func TestPoolExhaustionEndsInSuccessOrRejectionAndTheStatsAddUp(t *testing.T) {
 	}
 	s := g.Stats()
 	attempts := int64(goroutines * each)
-	if sum := s.Admitted + s.RejectedFull + s.RejectedTimeout + s.Canceled; sum != attempts {
-		t.Errorf("Admitted+RejectedFull+RejectedTimeout+Canceled = %d+%d+%d+%d = %d, want %d attempts", s.Admitted, s.RejectedFull, s.RejectedTimeout, s.Canceled, sum, attempts)
+	if sum := s.Admitted + s.RejectedFull + s.RejectedTimeout + s.RejectedNoConn + s.ConnectFailed + s.Canceled; sum != attempts {
+		t.Errorf("Admitted+RejectedFull+RejectedTimeout+RejectedNoConn+ConnectFailed+Canceled = %d+%d+%d+%d+%d+%d = %d, want %d attempts", s.Admitted, s.RejectedFull, s.RejectedTimeout, s.RejectedNoConn, s.ConnectFailed, s.Canceled, sum, attempts)
 	}
-	if s.Admitted != ok.Load() || s.RejectedFull+s.RejectedTimeout != rejected.Load() {
+	if s.Admitted != ok.Load() || s.RejectedFull+s.RejectedTimeout+s.RejectedNoConn != rejected.Load() {
 		t.Errorf("stats %+v; callers saw %d successes and %d rejections", s, ok.Load(), rejected.Load())
 	}
 	if s.Running != 0 || s.Waiting != 0 || s.OpenConns > p.MaxConcurrent+p.MaxQueue {
 		t.Errorf("after the burst: Running=%d Waiting=%d OpenConns=%d, want 0, 0, at most %d", s.Running, s.Waiting, s.OpenConns, p.MaxConcurrent+p.MaxQueue)
 	}
-	t.Logf("%d attempts: %d ok, %d rejected (full %d of which %d at dial, timeout %d), %d waited", attempts, ok.Load(), rejected.Load(), s.RejectedFull, s.ConnectRefused, s.RejectedTimeout, s.WaitCount)
+	t.Logf("%d attempts: %d ok, %d rejected (full %d, timeout %d, no connection %d), %d waited", attempts, ok.Load(), rejected.Load(), s.RejectedFull, s.RejectedTimeout, s.RejectedNoConn, s.WaitCount)
 }
 
 // ---- 8. permits back after repeated failures ----
@@ -993,7 +996,7 @@ func TestWithMaxOpenConnsExcessWorkWaitsInThePoolInsteadOfBeingRejected(t *testi
 			t.Errorf("excess operation: got %v, want context.DeadlineExceeded (waited in the pool), not a rejection", err)
 		}
 		after := g.Stats()
-		if after.RejectedFull != before.RejectedFull || after.ConnectRefused != before.ConnectRefused {
+		if after.RejectedFull != before.RejectedFull {
 			t.Errorf("the gate rejected something (%+v -> %+v); the excess operation should never have reached it", before, after)
 		}
 		if ds := db.Stats(); ds.WaitCount == 0 {
@@ -1013,8 +1016,8 @@ func TestWithMaxOpenConnsExcessWorkWaitsInThePoolInsteadOfBeingRejected(t *testi
 		if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, bulkhead.ErrAdmissionFull) {
 			t.Errorf("excess operation: got %v, want a rejection matching ErrAdmissionFull", err)
 		}
-		if s := g.Stats(); s.ConnectRefused != 1 {
-			t.Errorf("ConnectRefused=%d, want 1", s.ConnectRefused)
+		if s := g.Stats(); s.RejectedFull != 1 {
+			t.Errorf("RejectedFull=%d, want 1", s.RejectedFull)
 		}
 		if ds := db.Stats(); ds.WaitCount != 0 {
 			t.Errorf("database/sql WaitCount=%d, want 0: nothing waits in the pool", ds.WaitCount)
@@ -1163,7 +1166,7 @@ func TestPreparedStatementExecutionsAreGated(t *testing.T) {
 	// B=1 and a second connection idle: a prepared statement's execution
 	// gets a connection from the pool and must be stopped by the gate's
 	// Stmt, not by the connector.
-	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1})
+	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
 	pgWarm(t, ctx, db, 2)
 
 	stmt, err := db.PrepareContext(ctx, "SELECT $1::int")
@@ -1187,8 +1190,8 @@ func TestPreparedStatementExecutionsAreGated(t *testing.T) {
 		t.Errorf("the statement inside the transaction: got %d, %v; want 3, nil", v, err)
 	}
 	s := g.Stats()
-	if s.RejectedTimeout != 2 || s.ConnectRefused != 0 {
-		t.Errorf("RejectedTimeout=%d ConnectRefused=%d, want 2 (the statement's executions) and 0", s.RejectedTimeout, s.ConnectRefused)
+	if s.RejectedTimeout != 2 || s.RejectedFull != 0 {
+		t.Errorf("RejectedTimeout=%d RejectedFull=%d, want 2 (the statement's executions) and 0", s.RejectedTimeout, s.RejectedFull)
 	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
@@ -1204,7 +1207,7 @@ func TestPreparedStatementExecutionsAreGated(t *testing.T) {
 func TestPingIsNotGated(t *testing.T) {
 	t.Run("an idle connection exists", func(t *testing.T) {
 		ctx := pgTestCtx(t)
-		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1})
+		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
 		pgWarm(t, ctx, db, 2)
 		tx := pgBegin(t, ctx, db) // B busy
 		before := g.Stats()
@@ -1219,17 +1222,18 @@ func TestPingIsNotGated(t *testing.T) {
 		}
 	})
 	t.Run("no idle connection", func(t *testing.T) {
-		// Documented: with all B+Q connections busy, Ping needs a new
-		// connection and the connector refuses to dial it.
+		// Documented: with all MaxConns server connections held, Ping
+		// finds none within the queue wait (0 here).
 		ctx := pgTestCtx(t)
 		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
 		tx := pgBegin(t, ctx, db)
+		before := g.Stats()
 		err := db.PingContext(ctx)
-		if !errors.Is(err, bulkhead.ErrAdmissionFull) {
-			t.Errorf("ping with every connection busy: got %v, want the connector's admission-full rejection", err)
+		if !errors.Is(err, bulkhead.ErrNoConnection) {
+			t.Errorf("ping with the only server connection held: got %v, want ErrNoConnection", err)
 		}
-		if s := g.Stats(); s.ConnectRefused != 1 {
-			t.Errorf("ConnectRefused=%d, want 1", s.ConnectRefused)
+		if after := g.Stats(); after.RejectedNoConn != before.RejectedNoConn || after.Dials != before.Dials {
+			t.Errorf("ping changed the gate's operation counts or dialed: %+v -> %+v", before, after)
 		}
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)

@@ -67,8 +67,8 @@ func TestDryRunNeitherRejectsNorWaitsNorRefusesDialsButCountsWhatWouldHaveBeen(t
 	if !s.DryRun || s.Running != 3 || s.Waiting != 0 || s.Admitted != 3 || s.RejectedFull != 1 || s.RejectedTimeout != 0 || s.WouldWait < 1 {
 		t.Fatalf("dry-run stats with 3 running, B=1, Q=1: %+v; want Running 3, Admitted 3, RejectedFull 1, WouldWait ≥ 1", s)
 	}
-	// The connector dialed a third connection beyond B+Q, and counted no refusal.
-	if s.OpenConns != 3 || s.MaxConns != 2 || s.ConnectRefused != 0 || r.fc.Open() != 3 {
+	// The gate dialed a third connection beyond MaxConns, and rejected nothing.
+	if s.OpenConns != 3 || s.MaxConns != 2 || s.RejectedNoConn != 0 || r.fc.Open() != 3 {
 		t.Fatalf("dry-run connections: %+v, driver has %d open; want 3 open beyond MaxConns 2, none refused", s, r.fc.Open())
 	}
 	evs := ev.list()

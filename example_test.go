@@ -121,7 +121,7 @@ func ExampleRejectedError() {
 		fmt.Println("failed:", err)
 	}
 	// Output:
-	// rejected: bulkhead: admission full (1 running, 0 queued)
+	// rejected: bulkhead: admission full: 1 running + 0 waiting of B=1, Q=0
 	// full: true timeout: false B: 1
 }
 
@@ -147,7 +147,7 @@ func ExampleWithEvents() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	db.ExecContext(ctx, "UPDATE accounts SET balance = 0") // refused: the one connection is busy
+	db.ExecContext(ctx, "UPDATE accounts SET balance = 0") // refused: the transaction holds the one permit
 	if err := tx.Commit(); err != nil {
 		log.Fatal(err)
 	}
@@ -155,6 +155,6 @@ func ExampleWithEvents() {
 	// admit query
 	// release query
 	// admit transaction
-	// reject connect - bulkhead: admission full
+	// reject statement - bulkhead: admission full
 	// release transaction
 }

@@ -161,7 +161,7 @@ func ExampleSlogEvents() {
 	tx.Commit()
 	// Output:
 	// level=DEBUG msg="bulkhead: admitted" kind=transaction
-	// level=WARN msg="bulkhead: rejected" kind=connect reason=admission_full
+	// level=WARN msg="bulkhead: rejected" kind=statement reason=admission_full
 	// true
 	// level=DEBUG msg="bulkhead: released" kind=transaction
 }
@@ -179,7 +179,7 @@ func ExampleJoinEvents() {
 			return a
 		},
 	}))
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1},
+	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond},
 		bulkhead.WithEvents(bulkhead.JoinEvents(count, bulkhead.SlogEvents(logger))))
 	if err != nil {
 		log.Fatal(err)
@@ -188,7 +188,7 @@ func ExampleJoinEvents() {
 	defer db.Close()
 
 	tx, _ := db.Begin()
-	_, err = db.Exec("UPDATE stock SET qty = 0") // Q=1 but no queue wait
+	_, err = db.Exec("UPDATE stock SET qty = 0") // Q=1 and a 1ns queue wait
 	fmt.Println(errors.Is(err, bulkhead.ErrQueueTimeout), rejected)
 	tx.Rollback()
 	// Output:

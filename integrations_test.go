@@ -795,9 +795,9 @@ func TestGORMWithPreparedStatementsGatesEachExecutionNotThePreparation(t *testin
 func TestErrSkipFallbackIsOneGatedOperation(t *testing.T) {
 	fc := fakedb.New()
 	k := &igTracker{}
-	// B=1, Q=1 and no queue wait: an operation that finds the permit taken
+	// B=1, Q=1 and a 1ns queue wait: an operation that finds the permit taken
 	// is rejected at once.
-	g, db := igGated(t, fc, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1}, k)
+	g, db := igGated(t, fc, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond}, k)
 	ctx := igCtx(t)
 
 	fc.FailNext(fakedb.OpExec, 1, driver.ErrSkip)

@@ -1,10 +1,7 @@
 package bulkhead
 
 import (
-	"context"
-	"errors"
 	"log/slog"
-	"runtime/debug"
 	"time"
 )
 
@@ -12,55 +9,25 @@ import (
 type Option func(*options)
 
 type options struct {
-	events    Events
-	holdLimit time.Duration
-	onHold    func(Event)
-	reserve   time.Duration
-	pgDL      *PostgresDeadline
+	events      Events
+	holdLimit   time.Duration
+	onHold      func(Event)
+	reserve     time.Duration
+	pgDL        *PostgresDeadline
+	maxLifetime time.Duration
+	maxIdleTime time.Duration
+	dialTimeout time.Duration
+	err         error // the first invalid option: New returns it
 }
 
-// Kind says what a gated operation is.
-type Kind uint8
+// defaultDialTimeout bounds a dial that goes on after the operation that
+// asked for it gave up (see WithDialTimeout).
+const defaultDialTimeout = 30 * time.Second
 
-const (
-	KindTx      Kind = iota + 1 // a transaction, from BeginTx until the driver's Commit or Rollback returned
-	KindExec                    // an autocommit statement (Exec, or a prepared statement's Exec)
-	KindQuery                   // an autocommit query, until its Rows are closed
-	KindConnect                 // a dial refused by the connector (rejections only)
-)
-
-func (k Kind) String() string {
-	switch k {
-	case KindTx:
-		return "transaction"
-	case KindExec:
-		return "statement"
-	case KindQuery:
-		return "query"
-	case KindConnect:
-		return "connect"
+func (o *options) invalid(format string, args ...any) {
+	if o.err == nil {
+		o.err = invalid(format, args...)
 	}
-	return "unknown"
-}
-
-// Event describes one step of a gated operation.
-type Event struct {
-	Kind     Kind
-	Workload string        // the operation's workload, "" for none
-	Reason   error         // OnReject: ErrAdmissionFull or ErrQueueTimeout
-	DryRun   bool          // OnReject: the rejection was not made (Policy.DryRun)
-	Waited   time.Duration // time spent waiting for the execution permits
-	Held     time.Duration // OnRelease and hold warnings: time the permits were held
-}
-
-// Events are callbacks on the gate's decisions. Each is called
-// synchronously, on the goroutine of the operation (OnRelease: on the
-// goroutine that ended it, possibly database/sql's own), so it must be
-// fast and must not block or call the gate. Nil callbacks are skipped.
-type Events struct {
-	OnAdmit   func(Event) // both permits acquired; Waited set
-	OnReject  func(Event) // rejected (or, with DryRun set, would have been); Reason and Waited set. Cancellations are not rejections.
-	OnRelease func(Event) // both permits given back; Waited and Held set
 }
 
 // WithEvents sets callbacks on admit, reject and release. Default: none.
@@ -90,8 +57,16 @@ func WithHoldWarning(limit time.Duration, report func(Event)) Option {
 // instead of being started. reserve is the time the work needs once
 // started; 0 (the default) lets the wait run to the deadline itself, which
 // then ends it with context.DeadlineExceeded.
+// The reserve must be from 0 to MaxQueueWait: New reports any other value
+// as an error matching ErrInvalidPolicy.
 func WithDeadlineReserve(reserve time.Duration) Option {
-	return func(o *options) { o.reserve = max(reserve, 0) }
+	return func(o *options) {
+		if reserve < 0 || reserve > MaxQueueWait {
+			o.invalid("WithDeadlineReserve(%v), want 0s to %v", reserve, MaxQueueWait)
+			return
+		}
+		o.reserve = reserve
+	}
 }
 
 // PostgresDeadline configures WithPostgresDeadline.
@@ -114,104 +89,57 @@ type PostgresDeadline struct {
 // deadline, sent on the transaction before BeginTx returns. PostgreSQL
 // only; autocommit statements are not affected. The timeout is at least
 // 1ms: a transaction started with less time left fails at its first
-// statement.
+// statement. A deadline farther than PostgreSQL's largest timeout
+// (2147483647 ms, about 24.8 days) sets that largest timeout. Reserve must
+// be from 0 to MaxQueueWait: New reports any other value as an error
+// matching ErrInvalidPolicy.
 func WithPostgresDeadline(d PostgresDeadline) Option {
-	return func(o *options) { o.pgDL = &d }
+	return func(o *options) {
+		if d.Reserve < 0 || d.Reserve > MaxQueueWait {
+			o.invalid("WithPostgresDeadline: Reserve is %v, want 0s to %v", d.Reserve, MaxQueueWait)
+			return
+		}
+		o.pgDL = &d
+	}
+}
+
+// WithConnMaxLifetime closes a server connection once it is older than d,
+// when it is next given back or looked for idle, as
+// sql.DB.SetConnMaxLifetime does for database/sql's own pool (which, in
+// front of a gate, holds only logical connections: see Gate.OpenDB). d ≤ 0
+// (the default) keeps connections regardless of age.
+func WithConnMaxLifetime(d time.Duration) Option {
+	return func(o *options) { o.maxLifetime = max(d, 0) }
+}
+
+// WithConnMaxIdleTime closes a server connection that stayed idle longer
+// than d, when the gate next looks for an idle one, as
+// sql.DB.SetConnMaxIdleTime does for database/sql's own pool. d ≤ 0 (the
+// default) keeps idle connections until MaxConns is lowered or the gate
+// closes. The gate starts no goroutine to close them: with no traffic at
+// all, idle connections stay open.
+func WithConnMaxIdleTime(d time.Duration) Option {
+	return func(o *options) { o.maxIdleTime = max(d, 0) }
+}
+
+// WithDialTimeout bounds each dial of a server connection (default 30s).
+// A dial runs on its own goroutine, so that an operation whose context
+// ends while it dials returns at once, while the dial goes on and its
+// connection is kept for the next operation instead of being thrown away;
+// d bounds how long such a dial may go on, on top of the driver's own
+// connect timeout. d must be above 0: New reports any other value as an
+// error matching ErrInvalidPolicy.
+func WithDialTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d <= 0 {
+			o.invalid("WithDialTimeout(%v), want above 0s", d)
+			return
+		}
+		o.dialTimeout = d
+	}
 }
 
 func logHold(e Event) {
 	slog.Default().Warn("bulkhead: operation holds its permits longer than the hold warning",
 		"kind", e.Kind.String(), "workload", e.Workload, "held", e.Held, "waited", e.Waited)
-}
-
-// permit is the state of one gated operation while it holds its permits.
-type permit struct {
-	kind   Kind
-	wl     *limiter // the workload's budget, nil for none
-	waited time.Duration
-	start  time.Time   // set only when something needs the hold time
-	timer  *time.Timer // the hold warning, if set
-}
-
-// acquire takes the permits of ctx's workload (if any) and the global
-// ones for an operation of kind k, recording in p what release needs.
-func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
-	o := fromContext(ctx)
-	var budgets [2]*limiter
-	ls := budgets[:0]
-	wl := g.workload(o.workload)
-	name := "" // the workload whose budget the operation passes: never a name the policy does not list
-	if wl != nil {
-		ls = append(ls, wl)
-		name = wl.workload
-	}
-	ls = append(ls, g.lim)
-	var q queueing
-	err := q.acquire(ctx, ls, o.wait, g.opt.reserve)
-	waited := q.waited()
-	if err != nil {
-		if g.opt.events.OnReject != nil && errors.Is(err, ErrRejected) {
-			emit(g.opt.events.OnReject, Event{Kind: k, Workload: name, Reason: rejectReason(err), Waited: waited})
-		}
-		return err
-	}
-	if q.wouldReject && g.opt.events.OnReject != nil {
-		emit(g.opt.events.OnReject, Event{Kind: k, Workload: name, Reason: ErrAdmissionFull, DryRun: true})
-	}
-	p.kind, p.wl, p.waited = k, wl, waited
-	if g.opt.events.OnRelease != nil {
-		p.start = time.Now()
-	}
-	if g.opt.holdLimit > 0 {
-		limit, report := g.opt.holdLimit, g.opt.onHold
-		p.timer = time.AfterFunc(limit, func() { emit(report, Event{Kind: k, Workload: name, Waited: waited, Held: limit}) })
-	}
-	if g.opt.events.OnAdmit != nil {
-		emit(g.opt.events.OnAdmit, Event{Kind: k, Workload: name, Waited: waited})
-	}
-	return nil
-}
-
-// release gives back the permits of p, acquired by acquire.
-func (g *Gate) release(p *permit) {
-	if p.timer != nil {
-		p.timer.Stop()
-		p.timer = nil
-	}
-	// The reverse of acquire's order: while the workload's permit is
-	// still held, no other operation of the workload can take the global
-	// permit given back, so the workload never holds more than its B of
-	// global permits.
-	g.lim.release()
-	if p.wl != nil {
-		p.wl.release()
-	}
-	if g.opt.events.OnRelease != nil {
-		e := Event{Kind: p.kind, Waited: p.waited, Held: time.Since(p.start)}
-		if p.wl != nil {
-			e.Workload = p.wl.workload
-		}
-		emit(g.opt.events.OnRelease, e)
-	}
-}
-
-// rejectReason is the sentinel behind a rejection.
-func rejectReason(err error) error {
-	if errors.Is(err, ErrQueueTimeout) {
-		return ErrQueueTimeout
-	}
-	return ErrAdmissionFull
-}
-
-// emit calls an event callback. A panic in it is logged and recovered: it
-// would otherwise escape through database/sql between taking permits and
-// registering their release, or before database/sql returns the connection
-// to its pool, losing permits or a connection slot for good.
-func emit(f func(Event), e Event) {
-	defer func() {
-		if v := recover(); v != nil {
-			slog.Default().Error("bulkhead: event callback panicked", "kind", e.Kind.String(), "panic", v, "stack", string(debug.Stack()))
-		}
-	}()
-	f(e)
 }

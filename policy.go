@@ -90,6 +90,8 @@ func (p Policy) Validate() error {
 		return invalid("QueueWait is %v, want at least 0", p.QueueWait)
 	case p.QueueWait > MaxQueueWait:
 		return invalid("QueueWait is %v, want at most %v", p.QueueWait, MaxQueueWait)
+	case p.MaxQueue > 0 && p.QueueWait == 0:
+		return invalid("MaxQueue is %d with QueueWait 0s: a queue nobody may wait in, want QueueWait above 0s or MaxQueue 0", p.MaxQueue)
 	}
 	for _, name := range sortedNames(p.Workloads) {
 		if err := p.Workloads[name].validate(name, p); err != nil {
@@ -110,6 +112,8 @@ func (w Workload) validate(name string, p Policy) error {
 		return invalid("workload %q: MaxQueue is %d, want 0 to %d (its B+Q within the policy's %d)", name, w.MaxQueue, p.MaxConcurrent+p.MaxQueue-w.MaxConcurrent, p.MaxConcurrent+p.MaxQueue)
 	case w.QueueWait < 0 || w.QueueWait > MaxQueueWait:
 		return invalid("workload %q: QueueWait is %v, want 0s to %v", name, w.QueueWait, MaxQueueWait)
+	case w.MaxQueue > 0 && w.QueueWait == 0:
+		return invalid("workload %q: MaxQueue is %d with QueueWait 0s: a queue nobody may wait in, want QueueWait above 0s or MaxQueue 0", name, w.MaxQueue)
 	}
 	return nil
 }
@@ -197,7 +201,7 @@ func PolicyFromLookup(base Policy, lookup func(string) (string, bool)) (Policy, 
 		p.Workloads = w
 	}
 	if err := p.Validate(); err != nil {
-		from := envShow(lookup, EnvMaxConcurrent) + ", " + envShow(lookup, EnvMaxQueue)
+		from := envShow(lookup, EnvMaxConcurrent) + ", " + envShow(lookup, EnvMaxQueue) + ", " + envShow(lookup, EnvQueueWait)
 		if _, ok := lookup(EnvWorkloads); ok {
 			from += ", " + envShow(lookup, EnvWorkloads)
 		}

@@ -28,6 +28,7 @@ func TestPolicyValidateNamesTheInvalidFieldAndItsValue(t *testing.T) {
 		{"B and Q at the int maximum", Policy{MaxConcurrent: math.MaxInt, MaxQueue: math.MaxInt}, []string{"MaxConcurrent+MaxQueue is " + strconv.Itoa(math.MaxInt) + "+" + strconv.Itoa(math.MaxInt)}},
 		{"negative QueueWait", Policy{MaxConcurrent: 1, QueueWait: -time.Millisecond}, []string{"QueueWait is -1ms", "at least 0"}},
 		{"QueueWait over the maximum", Policy{MaxConcurrent: 1, QueueWait: MaxQueueWait + time.Nanosecond}, []string{"QueueWait is 1h0m0.000000001s", "at most 1h0m0s"}},
+		{"a queue nobody may wait in", Policy{MaxConcurrent: 1, MaxQueue: 4}, []string{"MaxQueue is 4 with QueueWait 0s", "want QueueWait above 0s or MaxQueue 0"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -43,7 +44,7 @@ func TestPolicyValidateNamesTheInvalidFieldAndItsValue(t *testing.T) {
 		{MaxConcurrent: 1},
 		DefaultPolicy,
 		{MaxConcurrent: math.MaxInt32},
-		{MaxConcurrent: 1, MaxQueue: math.MaxInt32 - 1},
+		{MaxConcurrent: 1, MaxQueue: math.MaxInt32 - 1, QueueWait: time.Nanosecond},
 		{MaxConcurrent: 1000, MaxQueue: math.MaxInt32 - 1000, QueueWait: MaxQueueWait},
 		{MaxConcurrent: 2, MaxQueue: 0, QueueWait: 0},
 	}
@@ -151,8 +152,8 @@ func TestPolicyFromLookupParsesValidValues(t *testing.T) {
 		{map[string]string{EnvMaxConcurrent: "0004"}, Policy{MaxConcurrent: 4, MaxQueue: 3, QueueWait: 42 * time.Millisecond}},
 		{map[string]string{EnvMaxQueue: "0"}, Policy{MaxConcurrent: 7, MaxQueue: 0, QueueWait: 42 * time.Millisecond}},
 		{map[string]string{EnvMaxQueue: "00"}, Policy{MaxConcurrent: 7, MaxQueue: 0, QueueWait: 42 * time.Millisecond}},
-		{map[string]string{EnvQueueWait: "0"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: 0}},
-		{map[string]string{EnvQueueWait: "0s"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: 0}},
+		{map[string]string{EnvQueueWait: "0", EnvMaxQueue: "0"}, Policy{MaxConcurrent: 7, MaxQueue: 0, QueueWait: 0}},
+		{map[string]string{EnvQueueWait: "0s", EnvMaxQueue: "0"}, Policy{MaxConcurrent: 7, MaxQueue: 0, QueueWait: 0}},
 		{map[string]string{EnvQueueWait: "1h"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: time.Hour}},
 		{map[string]string{EnvQueueWait: "59m59.999999999s"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: time.Hour - time.Nanosecond}},
 		{map[string]string{EnvQueueWait: "1.5s"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: 1500 * time.Millisecond}},
@@ -193,16 +194,27 @@ func TestPolicyFromLookupRejectsLimitsThatOverflowTogether(t *testing.T) {
 }
 
 func TestPolicyFromLookupRejectsAnInvalidBasePolicy(t *testing.T) {
-	p, err := PolicyFromLookup(Policy{MaxConcurrent: 0, MaxQueue: 1}, polLookup(nil))
+	base := Policy{MaxConcurrent: 0, MaxQueue: 1, QueueWait: time.Second}
+	p, err := PolicyFromLookup(base, polLookup(nil))
 	if err == nil {
 		t.Fatalf("got %+v, want an error", p)
 	}
 	polCheckMessage(t, err, "MaxConcurrent is 0")
 	// A valid variable repairs it.
-	p, err = PolicyFromLookup(Policy{MaxConcurrent: 0, MaxQueue: 1}, polLookup(map[string]string{EnvMaxConcurrent: "3"}))
-	if err != nil || !samePolicy(p, Policy{MaxConcurrent: 3, MaxQueue: 1}) {
+	p, err = PolicyFromLookup(base, polLookup(map[string]string{EnvMaxConcurrent: "3"}))
+	if err != nil || !samePolicy(p, Policy{MaxConcurrent: 3, MaxQueue: 1, QueueWait: time.Second}) {
 		t.Fatalf("got %+v, %v; want B=3 Q=1", p, err)
 	}
+}
+
+// BULKHEAD_QUEUE_WAIT=0 alone leaves the default queue of 10 that nobody
+// may wait in: an error naming the three variables, not a silent queue.
+func TestPolicyFromLookupRejectsAQueueWaitOfZeroWithAQueue(t *testing.T) {
+	p, err := PolicyFromLookup(DefaultPolicy, polLookup(map[string]string{EnvQueueWait: "0"}))
+	if err == nil {
+		t.Fatalf("got %+v, want an error", p)
+	}
+	polCheckMessage(t, err, "MaxQueue is 10 with QueueWait 0s", `BULKHEAD_QUEUE_WAIT="0"`, "BULKHEAD_MAX_QUEUE unset")
 }
 
 func TestPolicyFromEnvReadsTheProcessEnvironment(t *testing.T) {

@@ -56,9 +56,11 @@ const relBound = 20 * time.Second
 // they implement exactly pgx's optional interfaces and the gate sees the
 // same driver it would see without the spy.
 type relSpyConnector struct {
-	inner driver.Connector
-	dials atomic.Int64
-	stmts atomic.Int64
+	inner  driver.Connector
+	dials  atomic.Int64 // Connect calls
+	opened atomic.Int64 // connections they returned
+	closes atomic.Int64
+	stmts  atomic.Int64
 }
 
 func (s *relSpyConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -67,6 +69,7 @@ func (s *relSpyConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.opened.Add(1)
 	return &relSpyConn{Conn: c.(*stdlib.Conn), spy: s}, nil
 }
 
@@ -75,6 +78,11 @@ func (s *relSpyConnector) Driver() driver.Driver { return s.inner.Driver() }
 type relSpyConn struct {
 	*stdlib.Conn
 	spy *relSpyConnector
+}
+
+func (c *relSpyConn) Close() error {
+	c.spy.closes.Add(1)
+	return c.Conn.Close()
 }
 
 func (c *relSpyConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -310,7 +318,8 @@ func (r *relRig) assertIdle() {
 	t.Helper()
 	idle := r.waitFor(func() bool {
 		s := r.g.Stats()
-		return s.Running == 0 && s.Waiting == 0 && r.db.Stats().InUse == 0 && r.admits.Load() == r.releases.Load()
+		return s.Running == 0 && s.Waiting == 0 && r.db.Stats().InUse == 0 && r.admits.Load() == r.releases.Load() &&
+			s.OpenConns == s.IdleConns
 	})
 	s, ds := r.g.Stats(), r.db.Stats()
 	if !idle {
@@ -320,14 +329,17 @@ func (r *relRig) assertIdle() {
 	if s.Admitted != r.admits.Load() {
 		t.Errorf("P: Stats.Admitted=%d, but %d OnAdmit events", s.Admitted, r.admits.Load())
 	}
-	if got := s.RejectedFull + s.RejectedTimeout; got != r.rejects.Load() {
-		t.Errorf("P: RejectedFull+RejectedTimeout=%d, but %d OnReject events", got, r.rejects.Load())
+	if got := s.RejectedFull + s.RejectedTimeout + s.RejectedNoConn; got != r.rejects.Load() {
+		t.Errorf("P: RejectedFull+RejectedTimeout+RejectedNoConn=%d, but %d OnReject events", got, r.rejects.Load())
 	}
 	if s.OpenConns > s.MaxConns || s.OpenConns < 0 {
 		t.Errorf("P: the gate counts %d open connections, bound %d", s.OpenConns, s.MaxConns)
 	}
-	if s.OpenConns != ds.OpenConnections {
-		t.Errorf("P: the gate counts %d open connections, database/sql %d", s.OpenConns, ds.OpenConnections)
+	// The gate's count is the driver's: every connection dialed and not
+	// closed, all idle once nothing runs. database/sql's own count is of
+	// logical connections, which hold none while idle.
+	if open := r.spy.opened.Load() - r.spy.closes.Load(); int64(s.OpenConns) != open || s.IdleConns != s.OpenConns {
+		t.Errorf("P: the gate counts %d open connections (%d idle), the driver %d", s.OpenConns, s.IdleConns, open)
 	}
 }
 
@@ -692,11 +704,15 @@ func TestOneMoreCallerIsRejectedAtOnceWhileBRunAndQWait(t *testing.T) {
 		_, err := stmt.ExecContext(ctx, 1)
 		return err
 	})
+	// A *sql.Conn holds no server connection until it is used: taking
+	// one succeeds, its first operation is rejected.
 	relRejectedAtOnce(r, "Conn", func(ctx context.Context) error {
 		c, err := r.db.Conn(ctx)
-		if err == nil {
-			c.Close()
+		if err != nil {
+			return fmt.Errorf("db.Conn: %w (want success: it takes no permit and no server connection)", err)
 		}
+		defer c.Close()
+		_, err = c.ExecContext(ctx, "SELECT 1")
 		return err
 	})
 	if got := r.count(""); got != conns {

@@ -17,8 +17,7 @@ import (
 // Each record's message says what happened: "bulkhead: admitted",
 // "bulkhead: released", "bulkhead: rejected", or, under Policy.DryRun,
 // "bulkhead: would reject (dry run)" for a rejection counted but not made.
-// Its attributes are kind ("transaction", "statement", "query" or
-// "connect"), workload (only when the operation names one), reason (on a
+// Its attributes are kind ("transaction", "statement" or "query"), workload (only when the operation names one), reason (on a
 // rejection: "admission_full" or "queue_timeout"), waited, and held (on
 // release). Records are built only when the logger is enabled at their
 // level, so a logger above Debug costs one Enabled call per admission and
@@ -64,8 +63,9 @@ func SlogEvents(logger *slog.Logger) Events {
 
 // ReasonLabel names the cause of a rejection for logs and metric labels:
 // "admission_full" for ErrAdmissionFull, "queue_timeout" for
-// ErrQueueTimeout, checked with errors.Is so a rejection error or an
-// Event.Reason both work; "" for anything else.
+// ErrQueueTimeout, "no_connection" for ErrNoConnection, checked with
+// errors.Is so a rejection error or an Event.Reason both work; "" for
+// anything else.
 func ReasonLabel(err error) string {
 	switch {
 	case err == nil:
@@ -74,6 +74,8 @@ func ReasonLabel(err error) string {
 		return "admission_full"
 	case errors.Is(err, ErrQueueTimeout):
 		return "queue_timeout"
+	case errors.Is(err, ErrNoConnection):
+		return "no_connection"
 	}
 	return ""
 }

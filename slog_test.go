@@ -56,9 +56,9 @@ func (h *recordLog) got() (lines, durs []string) {
 
 func TestSlogEventsLogsAdmitAndReleaseAtDebugAndRejectAtWarn(t *testing.T) {
 	h := &recordLog{min: slog.LevelDebug}
-	// B=1, Q=1 and no queue wait: a second operation while the first holds
+	// B=1, Q=1 and a 1ns queue wait: a second operation while the first holds
 	// its permit is admitted, then rejected at once with a queue timeout.
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1},
+	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond},
 		bulkhead.WithEvents(bulkhead.SlogEvents(slog.New(h))))
 	if err != nil {
 		t.Fatal(err)
@@ -98,10 +98,10 @@ func TestSlogEventsLogsAdmitAndReleaseAtDebugAndRejectAtWarn(t *testing.T) {
 	}
 }
 
-func TestSlogEventsLogsARefusedDialAsAnAdmissionFullRejection(t *testing.T) {
+func TestSlogEventsLogsARejectionWithTheOperationsKind(t *testing.T) {
 	h := &recordLog{min: slog.LevelDebug}
-	// B=1, Q=0: the one connection is busy, so the second operation's dial
-	// is refused by the connector.
+	// B=1, Q=0: the transaction holds the one permit, so the statement
+	// is refused at admission.
 	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0},
 		bulkhead.WithEvents(bulkhead.SlogEvents(slog.New(h))))
 	if err != nil {
@@ -118,7 +118,7 @@ func TestSlogEventsLogsARefusedDialAsAnAdmissionFullRejection(t *testing.T) {
 		t.Fatalf("exec while the transaction holds the permit: %v, want ErrAdmissionFull", err)
 	}
 	lines, _ := h.got()
-	if want := "WARN bulkhead: rejected kind=connect reason=admission_full"; !slices.Contains(lines, want) {
+	if want := "WARN bulkhead: rejected kind=statement reason=admission_full"; !slices.Contains(lines, want) {
 		t.Errorf("records %q lack %q", lines, want)
 	}
 }
@@ -176,7 +176,7 @@ func TestJoinEventsCallsEachSetCallbackInOrderAndLeavesUnsetOnesNil(t *testing.T
 }
 
 func TestReasonLabelNamesBothRejectionCausesAndNothingElse(t *testing.T) {
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1})
+	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -126,29 +126,34 @@ func (c sqlmwConnector) Driver() driver.Driver                        { return c
 // the conn has SessionResetter and Validator: pgx has no Validator, so a
 // cancelled transaction's (dead) pgx connection is discarded; behind sqlmw
 // it is kept in the pool, dead, until its next use fails ResetSession.
-// The gate mirrors pgx and changes nothing.
+// The gate claims Validator too (it must see connections come back), but
+// keeps database/sql's rule for the driver's own connections: behind it,
+// the logical connection is kept and the dead pgx connection closed.
 func TestSqlmwClaimsValidatorSoDatabaseSQLKeepsACancelledTransactionsDeadConnection(t *testing.T) {
 	cases := []struct {
 		name          string
-		open          func(t *testing.T) *sql.DB
+		open          func(t *testing.T) (*sql.DB, func() int) // the DB, and its server connections now
 		validator     bool
 		openAfterward int
 	}{
-		{"pgx", func(t *testing.T) *sql.DB {
+		{"pgx", func(t *testing.T) (*sql.DB, func() int) {
 			db := stdlib.OpenDB(*pgConfig(t))
 			t.Cleanup(func() { db.Close() })
-			return db
+			return db, func() int { return db.Stats().OpenConnections }
 		}, false, 0},
-		{"gate over pgx", func(t *testing.T) *sql.DB {
-			_, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
-			return db
-		}, false, 0},
-		{"sqlmw over pgx", func(t *testing.T) *sql.DB { return sqlmwOpen(t, sqlmw.NullInterceptor{}) }, true, 1},
+		{"gate over pgx", func(t *testing.T) (*sql.DB, func() int) {
+			g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
+			return db, func() int { return g.Stats().OpenConns }
+		}, true, 0},
+		{"sqlmw over pgx", func(t *testing.T) (*sql.DB, func() int) {
+			db := sqlmwOpen(t, sqlmw.NullInterceptor{})
+			return db, func() int { return db.Stats().OpenConnections }
+		}, true, 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := pgTestCtx(t)
-			db := c.open(t)
+			db, serverConns := c.open(t)
 			conn, err := db.Conn(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -173,8 +178,8 @@ func TestSqlmwClaimsValidatorSoDatabaseSQLKeepsACancelledTransactionsDeadConnect
 			}
 			// database/sql rolls back in its own goroutine; wait for it.
 			awaitState(t, "the cancelled transaction's connection is released", func() bool { return db.Stats().InUse == 0 })
-			if n := db.Stats().OpenConnections; n != c.openAfterward {
-				t.Errorf("connections kept after the cancelled transaction: %d, want %d", n, c.openAfterward)
+			if n := serverConns(); n != c.openAfterward {
+				t.Errorf("server connections kept after the cancelled transaction: %d, want %d", n, c.openAfterward)
 			}
 			// A kept dead connection fails ResetSession at its next use and
 			// is replaced: the caller does not see it.
@@ -261,13 +266,12 @@ func TestSqlmwWrapsADriverAndADSNSoAConnectorsSettingsAreLost(t *testing.T) {
 // sqlmw -> pgx). The gate wraps a connector made of sqlmw's driver and a
 // DSN; the interceptor sees every statement that ran, and nothing of an
 // operation the gate rejected, neither a rejection at the connector (no
-// dial) nor one at the execution permit (the connection existed but sqlmw
-// was never called).
+// server connection) nor one at the execution permit.
 func TestTheGateOutsideSqlmwRejectsBeforeTheInterceptorSeesAnything(t *testing.T) {
 	ctx := pgTestCtx(t)
 	var l sqlmwLog
 	g, err := bulkhead.New(sqlmwConnector{sqlmw.Driver(stdlib.GetDefaultDriver(), &l), sqlmwDSN(t)},
-		bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1})
+		bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,49 +294,52 @@ func TestTheGateOutsideSqlmwRejectsBeforeTheInterceptorSeesAnything(t *testing.T
 	if _, err := db.ExecContext(ctx, "SELECT 'rejected at the permit'"); !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("operation while B is busy: got %v, want ErrQueueTimeout", err)
 	}
-	// Both connections are busy now: rejected at the connector, no dial.
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
+	// B runs and Q waits: rejected at admission.
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := db.ExecContext(bulkhead.WithQueueWait(ctx, time.Minute), "SELECT 'waits, then runs'")
+		waiting <- err
+	}()
+	awaitState(t, "an operation waits for the execution permit", func() bool { return g.Stats().Waiting == 1 })
+	if _, err := db.ExecContext(ctx, "SELECT 'rejected at admission'"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("operation while B runs and Q waits: got %v, want ErrAdmissionFull", err)
 	}
-	if _, err := db.ExecContext(ctx, "SELECT 'rejected at the connector'"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-		t.Fatalf("operation with every connection busy: got %v, want ErrAdmissionFull", err)
-	}
-	c.Close()
 	if got := l.log(); len(got) != seen {
 		t.Errorf("the interceptor saw rejected operations: %q", got[seen:])
 	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
+	if err := <-waiting; err != nil {
+		t.Fatal(err)
+	}
 	if _, err := db.ExecContext(ctx, "SELECT 3"); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"query SELECT 1", "begin", "exec SELECT 2", "exec SELECT 3"}
+	want := []string{"query SELECT 1", "begin", "exec SELECT 2", "exec SELECT 'waits, then runs'", "exec SELECT 3"}
 	if got := l.log(); !slices.Equal(got, want) {
 		t.Errorf("the interceptor saw %q, want %q", got, want)
 	}
 	s := g.Stats()
-	if s.RejectedTimeout != 1 || s.ConnectRefused != 1 {
-		t.Errorf("RejectedTimeout=%d ConnectRefused=%d, want 1 and 1", s.RejectedTimeout, s.ConnectRefused)
+	if s.RejectedTimeout != 1 || s.RejectedFull != 1 {
+		t.Errorf("RejectedTimeout=%d RejectedFull=%d, want 1 and 1", s.RejectedTimeout, s.RejectedFull)
 	}
 }
 
 // The other order, sqlmw outside the gate (db -> sqlmw -> gate -> pgx), runs
-// too, through the gate's Driver() and a DSN, but: the interceptor sees
-// rejected operations (as errors), the pool settings of OpenDB must be set
-// by hand, db.Close does not reach Gate.Close (sqlmw's connector is no
-// io.Closer), the connector's settings are lost (the gate's Driver opens the
-// DSN with pgx's global driver), sqlmw claims Validator, and Raw ends at
-// sqlmw's wrapper. The gate outside is the order to use.
+// too, through the gate's Driver() (whose OpenConnector returns the gate,
+// keeping the connector's settings), but: the interceptor sees rejected
+// operations (as errors), the pool settings of OpenDB must be set by hand,
+// db.Close does not reach Gate.Close (sqlmw's connector is no io.Closer),
+// and Raw ends at sqlmw's wrapper. The gate outside is the order to use.
 func TestSqlmwOutsideTheGateSeesRejectionsAsErrors(t *testing.T) {
 	ctx := pgTestCtx(t)
 	var l sqlmwLog
-	g, err := bulkhead.New(stdlib.GetConnector(*pgConfig(t)), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1})
+	g, err := bulkhead.New(stdlib.GetConnector(*pgConfig(t)), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := sqlmw.Driver(g.Driver(), &l).(driver.DriverContext).OpenConnector(sqlmwDSN(t))
+	c, err := sqlmw.Driver(g.Driver(), &l).(driver.DriverContext).OpenConnector("") // the gate's driver opens the gate itself
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,9 +27,9 @@ func TestWorkloadsAndDryRunFromTheEnvironmentParseValidValues(t *testing.T) {
 		{"two workloads", DefaultPolicy, map[string]string{EnvWorkloads: "batch:2:4:50ms,report:1:0:0s"},
 			Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond, Workloads: map[string]Workload{
 				"batch": {MaxConcurrent: 2, MaxQueue: 4, QueueWait: 50 * time.Millisecond}, "report": {MaxConcurrent: 1}}}},
-		{"names of digits, _ and -, 64 long", DefaultPolicy, map[string]string{EnvWorkloads: "a-1_b:1:0:1h," + name64 + ":10:10:0s"},
+		{"names of digits, _ and -, 64 long", DefaultPolicy, map[string]string{EnvWorkloads: "a-1_b:1:0:1h," + name64 + ":10:10:1s"},
 			Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond, Workloads: map[string]Workload{
-				"a-1_b": {MaxConcurrent: 1, QueueWait: time.Hour}, name64: {MaxConcurrent: 10, MaxQueue: 10}}}},
+				"a-1_b": {MaxConcurrent: 1, QueueWait: time.Hour}, name64: {MaxConcurrent: 10, MaxQueue: 10, QueueWait: time.Second}}}},
 		{"a workload checked against B from the environment", DefaultPolicy,
 			map[string]string{EnvWorkloads: "big:15:0:0s", EnvMaxConcurrent: "20"},
 			Policy{MaxConcurrent: 20, MaxQueue: 10, QueueWait: 100 * time.Millisecond, Workloads: map[string]Workload{"big": {MaxConcurrent: 15}}}},

@@ -422,10 +422,10 @@ func TestEventsNameTheBudgetsWorkloadConsistentlyForAnUnknownName(t *testing.T) 
 // decided (its own rejections, and those of the global budget met by its
 // operations)".
 func TestARejectionByTheGlobalBudgetCountsInTheWorkloadsStats(t *testing.T) {
-	// Q=1 with no wait: the batch op gets a connection and an admission
+	// Q=1 with a 1ns wait: the batch op gets a connection and an admission
 	// permit, then no execution permit (a full admission would be refused
 	// at the dial, before any budget sees the operation).
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
+	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
 	r := wlOpen(t, p)
 	bg := context.Background()
 	u1 := r.exec(bg, "u1") // the only global execution permit

@@ -8,32 +8,8 @@ import (
 	"reflect"
 )
 
-// connMask reports which optional interfaces of driver.Conn v implements, as bits in the order of connOptional.
-func connMask(v any) uint {
-	var m uint
-	if _, ok := v.(driver.ExecerContext); ok {
-		m |= 1 << 0
-	}
-	if _, ok := v.(driver.QueryerContext); ok {
-		m |= 1 << 1
-	}
-	if _, ok := v.(driver.Pinger); ok {
-		m |= 1 << 2
-	}
-	if _, ok := v.(driver.SessionResetter); ok {
-		m |= 1 << 3
-	}
-	if _, ok := v.(driver.Validator); ok {
-		m |= 1 << 4
-	}
-	if _, ok := v.(driver.NamedValueChecker); ok {
-		m |= 1 << 5
-	}
-	return m
-}
-
 // connOptional names the optional interfaces a wrapped conn mirrors, bit i for entry i.
-var connOptional = []string{"driver.ExecerContext", "driver.QueryerContext", "driver.Pinger", "driver.SessionResetter", "driver.Validator", "driver.NamedValueChecker"}
+var connOptional = []string{"driver.ExecerContext", "driver.QueryerContext", "driver.Pinger", "driver.NamedValueChecker"}
 
 // wrapConn presents conn as a driver.Conn implementing the optional interfaces selected by mask.
 func wrapConn(c *conn, mask uint) driver.Conn {
@@ -70,102 +46,6 @@ func wrapConn(c *conn, mask uint) driver.Conn {
 		return conn14{c}
 	case 15:
 		return conn15{c}
-	case 16:
-		return conn16{c}
-	case 17:
-		return conn17{c}
-	case 18:
-		return conn18{c}
-	case 19:
-		return conn19{c}
-	case 20:
-		return conn20{c}
-	case 21:
-		return conn21{c}
-	case 22:
-		return conn22{c}
-	case 23:
-		return conn23{c}
-	case 24:
-		return conn24{c}
-	case 25:
-		return conn25{c}
-	case 26:
-		return conn26{c}
-	case 27:
-		return conn27{c}
-	case 28:
-		return conn28{c}
-	case 29:
-		return conn29{c}
-	case 30:
-		return conn30{c}
-	case 31:
-		return conn31{c}
-	case 32:
-		return conn32{c}
-	case 33:
-		return conn33{c}
-	case 34:
-		return conn34{c}
-	case 35:
-		return conn35{c}
-	case 36:
-		return conn36{c}
-	case 37:
-		return conn37{c}
-	case 38:
-		return conn38{c}
-	case 39:
-		return conn39{c}
-	case 40:
-		return conn40{c}
-	case 41:
-		return conn41{c}
-	case 42:
-		return conn42{c}
-	case 43:
-		return conn43{c}
-	case 44:
-		return conn44{c}
-	case 45:
-		return conn45{c}
-	case 46:
-		return conn46{c}
-	case 47:
-		return conn47{c}
-	case 48:
-		return conn48{c}
-	case 49:
-		return conn49{c}
-	case 50:
-		return conn50{c}
-	case 51:
-		return conn51{c}
-	case 52:
-		return conn52{c}
-	case 53:
-		return conn53{c}
-	case 54:
-		return conn54{c}
-	case 55:
-		return conn55{c}
-	case 56:
-		return conn56{c}
-	case 57:
-		return conn57{c}
-	case 58:
-		return conn58{c}
-	case 59:
-		return conn59{c}
-	case 60:
-		return conn60{c}
-	case 61:
-		return conn61{c}
-	case 62:
-		return conn62{c}
-	case 63:
-		return conn63{c}
 	}
 	panic("bulkhead: bug: conn mask out of range")
 }
@@ -229,28 +109,28 @@ func (c conn7) QueryContext(ctx context.Context, query string, args []driver.Nam
 }
 func (c conn7) Ping(ctx context.Context) error { return c.ping(ctx) }
 
-// conn8: driver.SessionResetter.
+// conn8: driver.NamedValueChecker.
 type conn8 struct{ *conn }
 
-func (c conn8) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn8) CheckNamedValue(v *driver.NamedValue) error { return c.checkNamedValue(v) }
 
-// conn9: driver.ExecerContext, driver.SessionResetter.
+// conn9: driver.ExecerContext, driver.NamedValueChecker.
 type conn9 struct{ *conn }
 
 func (c conn9) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn9) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn9) CheckNamedValue(v *driver.NamedValue) error { return c.checkNamedValue(v) }
 
-// conn10: driver.QueryerContext, driver.SessionResetter.
+// conn10: driver.QueryerContext, driver.NamedValueChecker.
 type conn10 struct{ *conn }
 
 func (c conn10) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn10) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn10) CheckNamedValue(v *driver.NamedValue) error { return c.checkNamedValue(v) }
 
-// conn11: driver.ExecerContext, driver.QueryerContext, driver.SessionResetter.
+// conn11: driver.ExecerContext, driver.QueryerContext, driver.NamedValueChecker.
 type conn11 struct{ *conn }
 
 func (c conn11) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
@@ -259,33 +139,33 @@ func (c conn11) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn11) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn11) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn11) CheckNamedValue(v *driver.NamedValue) error { return c.checkNamedValue(v) }
 
-// conn12: driver.Pinger, driver.SessionResetter.
+// conn12: driver.Pinger, driver.NamedValueChecker.
 type conn12 struct{ *conn }
 
-func (c conn12) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn12) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn12) Ping(ctx context.Context) error             { return c.ping(ctx) }
+func (c conn12) CheckNamedValue(v *driver.NamedValue) error { return c.checkNamedValue(v) }
 
-// conn13: driver.ExecerContext, driver.Pinger, driver.SessionResetter.
+// conn13: driver.ExecerContext, driver.Pinger, driver.NamedValueChecker.
 type conn13 struct{ *conn }
 
 func (c conn13) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	return c.execContext(ctx, query, args)
 }
-func (c conn13) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn13) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn13) Ping(ctx context.Context) error             { return c.ping(ctx) }
+func (c conn13) CheckNamedValue(v *driver.NamedValue) error { return c.checkNamedValue(v) }
 
-// conn14: driver.QueryerContext, driver.Pinger, driver.SessionResetter.
+// conn14: driver.QueryerContext, driver.Pinger, driver.NamedValueChecker.
 type conn14 struct{ *conn }
 
 func (c conn14) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn14) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn14) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
+func (c conn14) Ping(ctx context.Context) error             { return c.ping(ctx) }
+func (c conn14) CheckNamedValue(v *driver.NamedValue) error { return c.checkNamedValue(v) }
 
-// conn15: driver.ExecerContext, driver.QueryerContext, driver.Pinger, driver.SessionResetter.
+// conn15: driver.ExecerContext, driver.QueryerContext, driver.Pinger, driver.NamedValueChecker.
 type conn15 struct{ *conn }
 
 func (c conn15) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
@@ -294,520 +174,8 @@ func (c conn15) ExecContext(ctx context.Context, query string, args []driver.Nam
 func (c conn15) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.queryContext(ctx, query, args)
 }
-func (c conn15) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn15) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-
-// conn16: driver.Validator.
-type conn16 struct{ *conn }
-
-func (c conn16) IsValid() bool { return c.isValid() }
-
-// conn17: driver.ExecerContext, driver.Validator.
-type conn17 struct{ *conn }
-
-func (c conn17) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn17) IsValid() bool { return c.isValid() }
-
-// conn18: driver.QueryerContext, driver.Validator.
-type conn18 struct{ *conn }
-
-func (c conn18) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn18) IsValid() bool { return c.isValid() }
-
-// conn19: driver.ExecerContext, driver.QueryerContext, driver.Validator.
-type conn19 struct{ *conn }
-
-func (c conn19) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn19) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn19) IsValid() bool { return c.isValid() }
-
-// conn20: driver.Pinger, driver.Validator.
-type conn20 struct{ *conn }
-
-func (c conn20) Ping(ctx context.Context) error { return c.ping(ctx) }
-func (c conn20) IsValid() bool                  { return c.isValid() }
-
-// conn21: driver.ExecerContext, driver.Pinger, driver.Validator.
-type conn21 struct{ *conn }
-
-func (c conn21) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn21) Ping(ctx context.Context) error { return c.ping(ctx) }
-func (c conn21) IsValid() bool                  { return c.isValid() }
-
-// conn22: driver.QueryerContext, driver.Pinger, driver.Validator.
-type conn22 struct{ *conn }
-
-func (c conn22) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn22) Ping(ctx context.Context) error { return c.ping(ctx) }
-func (c conn22) IsValid() bool                  { return c.isValid() }
-
-// conn23: driver.ExecerContext, driver.QueryerContext, driver.Pinger, driver.Validator.
-type conn23 struct{ *conn }
-
-func (c conn23) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn23) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn23) Ping(ctx context.Context) error { return c.ping(ctx) }
-func (c conn23) IsValid() bool                  { return c.isValid() }
-
-// conn24: driver.SessionResetter, driver.Validator.
-type conn24 struct{ *conn }
-
-func (c conn24) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn24) IsValid() bool                          { return c.isValid() }
-
-// conn25: driver.ExecerContext, driver.SessionResetter, driver.Validator.
-type conn25 struct{ *conn }
-
-func (c conn25) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn25) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn25) IsValid() bool                          { return c.isValid() }
-
-// conn26: driver.QueryerContext, driver.SessionResetter, driver.Validator.
-type conn26 struct{ *conn }
-
-func (c conn26) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn26) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn26) IsValid() bool                          { return c.isValid() }
-
-// conn27: driver.ExecerContext, driver.QueryerContext, driver.SessionResetter, driver.Validator.
-type conn27 struct{ *conn }
-
-func (c conn27) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn27) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn27) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn27) IsValid() bool                          { return c.isValid() }
-
-// conn28: driver.Pinger, driver.SessionResetter, driver.Validator.
-type conn28 struct{ *conn }
-
-func (c conn28) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn28) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn28) IsValid() bool                          { return c.isValid() }
-
-// conn29: driver.ExecerContext, driver.Pinger, driver.SessionResetter, driver.Validator.
-type conn29 struct{ *conn }
-
-func (c conn29) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn29) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn29) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn29) IsValid() bool                          { return c.isValid() }
-
-// conn30: driver.QueryerContext, driver.Pinger, driver.SessionResetter, driver.Validator.
-type conn30 struct{ *conn }
-
-func (c conn30) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn30) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn30) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn30) IsValid() bool                          { return c.isValid() }
-
-// conn31: driver.ExecerContext, driver.QueryerContext, driver.Pinger, driver.SessionResetter, driver.Validator.
-type conn31 struct{ *conn }
-
-func (c conn31) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn31) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn31) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn31) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn31) IsValid() bool                          { return c.isValid() }
-
-// conn32: driver.NamedValueChecker.
-type conn32 struct{ *conn }
-
-func (c conn32) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn33: driver.ExecerContext, driver.NamedValueChecker.
-type conn33 struct{ *conn }
-
-func (c conn33) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn33) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn34: driver.QueryerContext, driver.NamedValueChecker.
-type conn34 struct{ *conn }
-
-func (c conn34) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn34) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn35: driver.ExecerContext, driver.QueryerContext, driver.NamedValueChecker.
-type conn35 struct{ *conn }
-
-func (c conn35) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn35) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn35) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn36: driver.Pinger, driver.NamedValueChecker.
-type conn36 struct{ *conn }
-
-func (c conn36) Ping(ctx context.Context) error { return c.ping(ctx) }
-func (c conn36) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn37: driver.ExecerContext, driver.Pinger, driver.NamedValueChecker.
-type conn37 struct{ *conn }
-
-func (c conn37) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn37) Ping(ctx context.Context) error { return c.ping(ctx) }
-func (c conn37) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn38: driver.QueryerContext, driver.Pinger, driver.NamedValueChecker.
-type conn38 struct{ *conn }
-
-func (c conn38) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn38) Ping(ctx context.Context) error { return c.ping(ctx) }
-func (c conn38) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn39: driver.ExecerContext, driver.QueryerContext, driver.Pinger, driver.NamedValueChecker.
-type conn39 struct{ *conn }
-
-func (c conn39) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn39) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn39) Ping(ctx context.Context) error { return c.ping(ctx) }
-func (c conn39) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn40: driver.SessionResetter, driver.NamedValueChecker.
-type conn40 struct{ *conn }
-
-func (c conn40) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn40) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn41: driver.ExecerContext, driver.SessionResetter, driver.NamedValueChecker.
-type conn41 struct{ *conn }
-
-func (c conn41) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn41) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn41) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn42: driver.QueryerContext, driver.SessionResetter, driver.NamedValueChecker.
-type conn42 struct{ *conn }
-
-func (c conn42) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn42) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn42) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn43: driver.ExecerContext, driver.QueryerContext, driver.SessionResetter, driver.NamedValueChecker.
-type conn43 struct{ *conn }
-
-func (c conn43) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn43) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn43) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn43) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn44: driver.Pinger, driver.SessionResetter, driver.NamedValueChecker.
-type conn44 struct{ *conn }
-
-func (c conn44) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn44) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn44) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn45: driver.ExecerContext, driver.Pinger, driver.SessionResetter, driver.NamedValueChecker.
-type conn45 struct{ *conn }
-
-func (c conn45) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn45) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn45) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn45) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn46: driver.QueryerContext, driver.Pinger, driver.SessionResetter, driver.NamedValueChecker.
-type conn46 struct{ *conn }
-
-func (c conn46) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn46) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn46) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn46) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn47: driver.ExecerContext, driver.QueryerContext, driver.Pinger, driver.SessionResetter, driver.NamedValueChecker.
-type conn47 struct{ *conn }
-
-func (c conn47) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn47) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn47) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn47) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn47) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn48: driver.Validator, driver.NamedValueChecker.
-type conn48 struct{ *conn }
-
-func (c conn48) IsValid() bool { return c.isValid() }
-func (c conn48) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn49: driver.ExecerContext, driver.Validator, driver.NamedValueChecker.
-type conn49 struct{ *conn }
-
-func (c conn49) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn49) IsValid() bool { return c.isValid() }
-func (c conn49) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn50: driver.QueryerContext, driver.Validator, driver.NamedValueChecker.
-type conn50 struct{ *conn }
-
-func (c conn50) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn50) IsValid() bool { return c.isValid() }
-func (c conn50) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn51: driver.ExecerContext, driver.QueryerContext, driver.Validator, driver.NamedValueChecker.
-type conn51 struct{ *conn }
-
-func (c conn51) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn51) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn51) IsValid() bool { return c.isValid() }
-func (c conn51) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn52: driver.Pinger, driver.Validator, driver.NamedValueChecker.
-type conn52 struct{ *conn }
-
-func (c conn52) Ping(ctx context.Context) error { return c.ping(ctx) }
-func (c conn52) IsValid() bool                  { return c.isValid() }
-func (c conn52) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn53: driver.ExecerContext, driver.Pinger, driver.Validator, driver.NamedValueChecker.
-type conn53 struct{ *conn }
-
-func (c conn53) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn53) Ping(ctx context.Context) error { return c.ping(ctx) }
-func (c conn53) IsValid() bool                  { return c.isValid() }
-func (c conn53) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn54: driver.QueryerContext, driver.Pinger, driver.Validator, driver.NamedValueChecker.
-type conn54 struct{ *conn }
-
-func (c conn54) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn54) Ping(ctx context.Context) error { return c.ping(ctx) }
-func (c conn54) IsValid() bool                  { return c.isValid() }
-func (c conn54) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn55: driver.ExecerContext, driver.QueryerContext, driver.Pinger, driver.Validator, driver.NamedValueChecker.
-type conn55 struct{ *conn }
-
-func (c conn55) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn55) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn55) Ping(ctx context.Context) error { return c.ping(ctx) }
-func (c conn55) IsValid() bool                  { return c.isValid() }
-func (c conn55) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn56: driver.SessionResetter, driver.Validator, driver.NamedValueChecker.
-type conn56 struct{ *conn }
-
-func (c conn56) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn56) IsValid() bool                          { return c.isValid() }
-func (c conn56) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn57: driver.ExecerContext, driver.SessionResetter, driver.Validator, driver.NamedValueChecker.
-type conn57 struct{ *conn }
-
-func (c conn57) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn57) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn57) IsValid() bool                          { return c.isValid() }
-func (c conn57) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn58: driver.QueryerContext, driver.SessionResetter, driver.Validator, driver.NamedValueChecker.
-type conn58 struct{ *conn }
-
-func (c conn58) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn58) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn58) IsValid() bool                          { return c.isValid() }
-func (c conn58) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn59: driver.ExecerContext, driver.QueryerContext, driver.SessionResetter, driver.Validator, driver.NamedValueChecker.
-type conn59 struct{ *conn }
-
-func (c conn59) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn59) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn59) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn59) IsValid() bool                          { return c.isValid() }
-func (c conn59) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn60: driver.Pinger, driver.SessionResetter, driver.Validator, driver.NamedValueChecker.
-type conn60 struct{ *conn }
-
-func (c conn60) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn60) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn60) IsValid() bool                          { return c.isValid() }
-func (c conn60) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn61: driver.ExecerContext, driver.Pinger, driver.SessionResetter, driver.Validator, driver.NamedValueChecker.
-type conn61 struct{ *conn }
-
-func (c conn61) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn61) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn61) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn61) IsValid() bool                          { return c.isValid() }
-func (c conn61) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn62: driver.QueryerContext, driver.Pinger, driver.SessionResetter, driver.Validator, driver.NamedValueChecker.
-type conn62 struct{ *conn }
-
-func (c conn62) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn62) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn62) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn62) IsValid() bool                          { return c.isValid() }
-func (c conn62) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
-
-// conn63: driver.ExecerContext, driver.QueryerContext, driver.Pinger, driver.SessionResetter, driver.Validator, driver.NamedValueChecker.
-type conn63 struct{ *conn }
-
-func (c conn63) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.execContext(ctx, query, args)
-}
-func (c conn63) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.queryContext(ctx, query, args)
-}
-func (c conn63) Ping(ctx context.Context) error         { return c.ping(ctx) }
-func (c conn63) ResetSession(ctx context.Context) error { return c.resetSession(ctx) }
-func (c conn63) IsValid() bool                          { return c.isValid() }
-func (c conn63) CheckNamedValue(v *driver.NamedValue) error {
-	return c.inner.(driver.NamedValueChecker).CheckNamedValue(v)
-}
+func (c conn15) Ping(ctx context.Context) error             { return c.ping(ctx) }
+func (c conn15) CheckNamedValue(v *driver.NamedValue) error { return c.checkNamedValue(v) }
 
 // stmtMask reports which optional interfaces of driver.Stmt v implements, as bits in the order of stmtOptional.
 func stmtMask(v any) uint {
@@ -846,24 +214,24 @@ type stmt0 struct{ *stmt }
 type stmt1 struct{ *stmt }
 
 func (s stmt1) CheckNamedValue(v *driver.NamedValue) error {
-	return s.inner.(driver.NamedValueChecker).CheckNamedValue(v)
+	return s.proto.si.(driver.NamedValueChecker).CheckNamedValue(v)
 }
 
 // stmt2: driver.ColumnConverter.
 type stmt2 struct{ *stmt }
 
 func (s stmt2) ColumnConverter(idx int) driver.ValueConverter {
-	return s.inner.(driver.ColumnConverter).ColumnConverter(idx)
+	return s.proto.si.(driver.ColumnConverter).ColumnConverter(idx)
 }
 
 // stmt3: driver.NamedValueChecker, driver.ColumnConverter.
 type stmt3 struct{ *stmt }
 
 func (s stmt3) CheckNamedValue(v *driver.NamedValue) error {
-	return s.inner.(driver.NamedValueChecker).CheckNamedValue(v)
+	return s.proto.si.(driver.NamedValueChecker).CheckNamedValue(v)
 }
 func (s stmt3) ColumnConverter(idx int) driver.ValueConverter {
-	return s.inner.(driver.ColumnConverter).ColumnConverter(idx)
+	return s.proto.si.(driver.ColumnConverter).ColumnConverter(idx)
 }
 
 // rowsMask reports which optional interfaces of driver.Rows v implements, as bits in the order of rowsOptional.

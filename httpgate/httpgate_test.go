@@ -20,13 +20,13 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// busyDB opens a gate on the fake driver with B=1, Q=1 and no queue wait,
+// busyDB opens a gate on the fake driver with B=1, Q=1 and a 1ns queue wait,
 // and holds its one execution permit with an open transaction for the
 // rest of the test: the next operation is rejected at once with a queue
 // timeout, the one after (while it still waits) with admission full.
 func busyDB(t *testing.T) *sql.DB {
 	t.Helper()
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1})
+	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}

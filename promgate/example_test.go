@@ -1,6 +1,7 @@
 package promgate_test
 
 import (
+	"context"
 	"fmt"
 	"log"
 	"net/http"
@@ -45,7 +46,7 @@ func Example() {
 // A rejection as the collector reports it.
 func ExampleCollector() {
 	metrics := promgate.New(promgate.Opts{})
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1},
+	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 50 * time.Millisecond},
 		bulkhead.WithEvents(metrics.Events()))
 	if err != nil {
 		log.Fatal(err)
@@ -55,16 +56,18 @@ func ExampleCollector() {
 	defer db.Close()
 
 	tx, _ := db.Begin()
-	_, err = db.Exec("UPDATE stock SET qty = 0") // Q=1 but no queue wait: rejected
+	ctx := bulkhead.WithQueueWait(context.Background(), 0) // this operation waits for nobody
+	_, err = db.ExecContext(ctx, "UPDATE stock SET qty = 0")
 	fmt.Println(err)
 	out, _ := testutil.CollectAndFormat(metrics, expfmt.TypeTextPlain, "bulkhead_running", "bulkhead_rejections_total")
 	fmt.Print(string(out))
 	tx.Rollback()
 	// Output:
-	// bulkhead: queue wait timed out after 0s (1 running, 1 queued)
-	// # HELP bulkhead_rejections_total Operations rejected, by reason: admission_full (refused at once) or queue_timeout (no execution permit within the queue wait); in a dry run, those that would have been.
+	// bulkhead: queue wait timed out after 0s: 1 running + 0 waiting of B=1, Q=1
+	// # HELP bulkhead_rejections_total Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait) or no_connection (no server connection within the queue wait, all MaxConns in use); in a dry run, those that would have been.
 	// # TYPE bulkhead_rejections_total counter
 	// bulkhead_rejections_total{reason="admission_full"} 0
+	// bulkhead_rejections_total{reason="no_connection"} 0
 	// bulkhead_rejections_total{reason="queue_timeout"} 1
 	// # HELP bulkhead_running Operations holding an execution permit.
 	// # TYPE bulkhead_running gauge

@@ -20,15 +20,20 @@
 //
 //	bulkhead_running                       gauge      operations holding an execution permit
 //	bulkhead_waiting                       gauge      admitted operations waiting for an execution permit
-//	bulkhead_open_connections              gauge      physical connections open through the gate
+//	bulkhead_open_connections              gauge      server connections open (or being dialed) by the gate
+//	bulkhead_idle_connections              gauge      server connections idle in the gate
+//	bulkhead_waiting_for_connection        gauge      callers waiting for a server connection, all MaxConns in use
 //	bulkhead_max_concurrent                gauge      B, the execution permits
 //	bulkhead_max_queue                     gauge      Q, the admission permits beyond B
-//	bulkhead_max_open_connections          gauge      B+Q, the most connections the gate keeps open
+//	bulkhead_max_open_connections          gauge      MaxConns (B+Q), the most server connections the gate opens
 //	bulkhead_max_queue_wait_seconds        gauge      the policy's QueueWait
-//	bulkhead_admitted_total                counter    operations that got an execution permit
-//	bulkhead_rejections_total{reason}      counter    reason="admission_full" or "queue_timeout"
-//	bulkhead_canceled_total                counter    operations whose context ended (or gate closed) while waiting
-//	bulkhead_connect_refused_total         counter    dials refused, also in rejections_total{reason="admission_full"}
+//	bulkhead_admitted_total                counter    operations that got their permits and a server connection
+//	bulkhead_rejections_total{reason}      counter    reason="admission_full", "queue_timeout" or "no_connection"
+//	bulkhead_connect_failed_total          counter    operations whose server connection could not be dialed
+//	bulkhead_canceled_total                counter    operations whose context ended (or gate closed) before they ran
+//	bulkhead_dials_total                   counter    server connections dialed
+//	bulkhead_dials_kept_total              counter    dials that went on after their operation gave up, the connection kept
+//	bulkhead_bad_connections_total         counter    server connections closed because the driver found them bad
 //	bulkhead_dry_run                       gauge      1 while the policy is a dry run (rejections counted, not made)
 //	bulkhead_would_wait_total              counter    dry run: operations that found no execution permit free and ran anyway
 //	bulkhead_queue_wait_seconds{workload}  histogram  wait for the permits of each admitted operation (0 if none)
@@ -41,7 +46,7 @@
 //
 //	bulkhead_workload_running{workload}, _waiting, _max_concurrent, _max_queue,
 //	_max_queue_wait_seconds, _admitted_total, _rejections_total{workload,reason},
-//	_canceled_total, _would_wait_total
+//	_connect_failed_total, _canceled_total, _would_wait_total
 //
 // The histograms' workload label is "" (absent) for untagged operations.
 // The gauges and counters are read from Gate.Stats and Gate.WorkloadStats
@@ -87,9 +92,10 @@ type Opts struct {
 type Collector struct {
 	gate atomic.Pointer[bulkhead.Gate]
 
-	global                          budgetDescs // the gate's global budget
-	wl                              budgetDescs // each workload's, with a workload label
-	open, maxConns, refused, dryRun *prometheus.Desc
+	global budgetDescs // the gate's global budget
+	wl     budgetDescs // each workload's, with a workload label
+	// the gate's server connections
+	open, idle, waitingConn, maxConns, dials, kept, bad, dryRun *prometheus.Desc
 
 	wait *prometheus.HistogramVec
 	hold *prometheus.HistogramVec
@@ -101,8 +107,8 @@ type Collector struct {
 
 // budgetDescs are the metrics of one budget, global or of a workload.
 type budgetDescs struct {
-	running, waiting, maxConc, maxQueue, maxWait *prometheus.Desc
-	admitted, rejections, canceled, wouldWait    *prometheus.Desc
+	running, waiting, maxConc, maxQueue, maxWait             *prometheus.Desc
+	admitted, rejections, connectFailed, canceled, wouldWait *prometheus.Desc
 }
 
 func newBudgetDescs(desc func(name, help string, labels ...string) *prometheus.Desc, prefix string, labels ...string) budgetDescs {
@@ -110,20 +116,21 @@ func newBudgetDescs(desc func(name, help string, labels ...string) *prometheus.D
 		return desc(prefix+name, help, append(labels[:len(labels):len(labels)], more...)...)
 	}
 	return budgetDescs{
-		running:    d("running", "Operations holding an execution permit."),
-		waiting:    d("waiting", "Admitted operations waiting for an execution permit."),
-		maxConc:    d("max_concurrent", "Execution permits (B): operations that may run at once."),
-		maxQueue:   d("max_queue", "Admission permits beyond max_concurrent (Q): operations that may wait for an execution permit."),
-		maxWait:    d("max_queue_wait_seconds", "Longest an admitted operation waits for an execution permit before it is rejected."),
-		admitted:   d("admitted_total", "Operations that got an execution permit."),
-		rejections: d("rejections_total", "Operations rejected, by reason: admission_full (refused at once) or queue_timeout (no execution permit within the queue wait); in a dry run, those that would have been.", "reason"),
-		canceled:   d("canceled_total", "Operations whose context ended, or whose gate closed, before an execution permit came."),
-		wouldWait:  d("would_wait_total", "Dry run: operations that found no execution permit free and ran anyway."),
+		running:       d("running", "Operations holding an execution permit."),
+		waiting:       d("waiting", "Admitted operations waiting for an execution permit."),
+		maxConc:       d("max_concurrent", "Execution permits (B): operations that may run at once."),
+		maxQueue:      d("max_queue", "Admission permits beyond max_concurrent (Q): operations that may wait for an execution permit."),
+		maxWait:       d("max_queue_wait_seconds", "Longest an admitted operation waits for an execution permit before it is rejected."),
+		admitted:      d("admitted_total", "Operations that got their permits and a server connection, and ran."),
+		rejections:    d("rejections_total", "Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait) or no_connection (no server connection within the queue wait, all MaxConns in use); in a dry run, those that would have been.", "reason"),
+		connectFailed: d("connect_failed_total", "Operations that had their permits but whose server connection could not be dialed."),
+		canceled:      d("canceled_total", "Operations whose context ended, or whose gate closed, before they ran."),
+		wouldWait:     d("would_wait_total", "Dry run: operations that found no execution permit free and ran anyway."),
 	}
 }
 
 func (b *budgetDescs) all() []*prometheus.Desc {
-	return []*prometheus.Desc{b.running, b.waiting, b.maxConc, b.maxQueue, b.maxWait, b.admitted, b.rejections, b.canceled, b.wouldWait}
+	return []*prometheus.Desc{b.running, b.waiting, b.maxConc, b.maxQueue, b.maxWait, b.admitted, b.rejections, b.connectFailed, b.canceled, b.wouldWait}
 }
 
 // collect sends s as b's metrics, with the given label values first.
@@ -142,6 +149,8 @@ func (b *budgetDescs) collect(ch chan<- prometheus.Metric, s bulkhead.Stats, lab
 	counter(b.admitted, s.Admitted)
 	counter(b.rejections, s.RejectedFull, "admission_full")
 	counter(b.rejections, s.RejectedTimeout, "queue_timeout")
+	counter(b.rejections, s.RejectedNoConn, "no_connection")
+	counter(b.connectFailed, s.ConnectFailed)
 	counter(b.canceled, s.Canceled)
 	counter(b.wouldWait, s.WouldWait)
 }
@@ -162,12 +171,16 @@ func New(o Opts) *Collector {
 		o.HoldBuckets = DefaultHoldBuckets
 	}
 	c := &Collector{
-		global:   newBudgetDescs(desc, ""),
-		wl:       newBudgetDescs(desc, "workload_", "workload"),
-		open:     desc("open_connections", "Physical connections open through the gate's connector."),
-		maxConns: desc("max_open_connections", "Most physical connections the gate keeps open (B+Q)."),
-		refused:  desc("connect_refused_total", "Dials refused because all connections were open or admission was full (also counted in rejections_total{reason=\"admission_full\"})."),
-		dryRun:   desc("dry_run", "1 while the policy is a dry run: rejections are counted and reported, not made."),
+		global:      newBudgetDescs(desc, ""),
+		wl:          newBudgetDescs(desc, "workload_", "workload"),
+		open:        desc("open_connections", "Server connections open, or being dialed, by the gate."),
+		idle:        desc("idle_connections", "Server connections idle in the gate."),
+		waitingConn: desc("waiting_for_connection", "Callers waiting for a server connection because all MaxConns are in use."),
+		maxConns:    desc("max_open_connections", "Most server connections the gate opens (MaxConns, B+Q)."),
+		dials:       desc("dials_total", "Server connections dialed."),
+		kept:        desc("dials_kept_total", "Dials that went on after the operation that asked for them gave up, their connection kept for the next one."),
+		bad:         desc("bad_connections_total", "Server connections closed because the driver found them bad when reset or given back."),
+		dryRun:      desc("dry_run", "1 while the policy is a dry run: rejections are counted and reported, not made."),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: o.Namespace, Subsystem: "bulkhead", Name: "queue_wait_seconds",
 			Help:        "Time each admitted operation waited for its permits (0 when they were free), by workload (\"\" for none).",
@@ -230,7 +243,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.wl.all() {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{c.open, c.maxConns, c.refused, c.dryRun} {
+	for _, d := range []*prometheus.Desc{c.open, c.idle, c.waitingConn, c.maxConns, c.dials, c.kept, c.bad, c.dryRun} {
 		ch <- d
 	}
 	c.wait.Describe(ch)
@@ -244,8 +257,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		s := g.Stats()
 		c.global.collect(ch, s)
 		ch <- prometheus.MustNewConstMetric(c.open, prometheus.GaugeValue, float64(s.OpenConns))
+		ch <- prometheus.MustNewConstMetric(c.idle, prometheus.GaugeValue, float64(s.IdleConns))
+		ch <- prometheus.MustNewConstMetric(c.waitingConn, prometheus.GaugeValue, float64(s.WaitingConn))
 		ch <- prometheus.MustNewConstMetric(c.maxConns, prometheus.GaugeValue, float64(s.MaxConns))
-		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(s.ConnectRefused))
+		ch <- prometheus.MustNewConstMetric(c.dials, prometheus.CounterValue, float64(s.Dials))
+		ch <- prometheus.MustNewConstMetric(c.kept, prometheus.CounterValue, float64(s.DialsKept))
+		ch <- prometheus.MustNewConstMetric(c.bad, prometheus.CounterValue, float64(s.BadConns))
 		dry := 0.0
 		if s.DryRun {
 			dry = 1

@@ -58,36 +58,40 @@ bulkhead_running %d
 # HELP bulkhead_waiting Admitted operations waiting for an execution permit.
 # TYPE bulkhead_waiting gauge
 bulkhead_waiting %d
-# HELP bulkhead_open_connections Physical connections open through the gate's connector.
+# HELP bulkhead_open_connections Server connections open, or being dialed, by the gate.
 # TYPE bulkhead_open_connections gauge
 bulkhead_open_connections %d
-# HELP bulkhead_admitted_total Operations that got an execution permit.
+# HELP bulkhead_idle_connections Server connections idle in the gate.
+# TYPE bulkhead_idle_connections gauge
+bulkhead_idle_connections %d
+# HELP bulkhead_admitted_total Operations that got their permits and a server connection, and ran.
 # TYPE bulkhead_admitted_total counter
 bulkhead_admitted_total %d
-# HELP bulkhead_rejections_total Operations rejected, by reason: admission_full (refused at once) or queue_timeout (no execution permit within the queue wait); in a dry run, those that would have been.
+# HELP bulkhead_rejections_total Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait) or no_connection (no server connection within the queue wait, all MaxConns in use); in a dry run, those that would have been.
 # TYPE bulkhead_rejections_total counter
 bulkhead_rejections_total{reason="admission_full"} %d
 bulkhead_rejections_total{reason="queue_timeout"} %d
-# HELP bulkhead_canceled_total Operations whose context ended, or whose gate closed, before an execution permit came.
+bulkhead_rejections_total{reason="no_connection"} %d
+# HELP bulkhead_canceled_total Operations whose context ended, or whose gate closed, before they ran.
 # TYPE bulkhead_canceled_total counter
 bulkhead_canceled_total %d
-# HELP bulkhead_connect_refused_total Dials refused because all connections were open or admission was full (also counted in rejections_total{reason="admission_full"}).
-# TYPE bulkhead_connect_refused_total counter
-bulkhead_connect_refused_total %d
+# HELP bulkhead_dials_total Server connections dialed.
+# TYPE bulkhead_dials_total counter
+bulkhead_dials_total %d
 `
 
 var statsNames = []string{
-	"bulkhead_running", "bulkhead_waiting", "bulkhead_open_connections", "bulkhead_admitted_total",
-	"bulkhead_rejections_total", "bulkhead_canceled_total", "bulkhead_connect_refused_total",
+	"bulkhead_running", "bulkhead_waiting", "bulkhead_open_connections", "bulkhead_idle_connections", "bulkhead_admitted_total",
+	"bulkhead_rejections_total", "bulkhead_canceled_total", "bulkhead_dials_total",
 }
 
 type statsWant struct {
-	running, waiting, open, admitted, full, timeout, canceled, refused int
+	running, waiting, open, idle, admitted, full, timeout, noConn, canceled, dials int
 }
 
 func compareStats(t *testing.T, c prometheus.Collector, w statsWant) {
 	t.Helper()
-	text := fmt.Sprintf(statsHelp, w.running, w.waiting, w.open, w.admitted, w.full, w.timeout, w.canceled, w.refused)
+	text := fmt.Sprintf(statsHelp, w.running, w.waiting, w.open, w.idle, w.admitted, w.full, w.timeout, w.noConn, w.canceled, w.dials)
 	if err := testutil.CollectAndCompare(c, strings.NewReader(text), statsNames...); err != nil {
 		t.Error(err)
 	}
@@ -107,7 +111,7 @@ bulkhead_max_concurrent 1
 # HELP bulkhead_max_queue Admission permits beyond max_concurrent (Q): operations that may wait for an execution permit.
 # TYPE bulkhead_max_queue gauge
 bulkhead_max_queue 1
-# HELP bulkhead_max_open_connections Most physical connections the gate keeps open (B+Q).
+# HELP bulkhead_max_open_connections Most server connections the gate opens (MaxConns, B+Q).
 # TYPE bulkhead_max_open_connections gauge
 bulkhead_max_open_connections 2
 # HELP bulkhead_max_queue_wait_seconds Longest an admitted operation waits for an execution permit before it is rejected.
@@ -135,8 +139,9 @@ bulkhead_max_queue_wait_seconds 3600
 	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 2"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("third operation: %v, want ErrAdmissionFull", err)
 	}
-	// Both connections are busy: the third operation's dial was refused.
-	compareStats(t, c, statsWant{running: 1, waiting: 1, open: 2, admitted: 1, full: 1, refused: 1})
+	// One server connection, the transaction's: the waiting and the
+	// refused operations hold none.
+	compareStats(t, c, statsWant{running: 1, waiting: 1, open: 1, admitted: 1, full: 1, dials: 1})
 
 	cancel()
 	if err := <-waited; !errors.Is(err, context.Canceled) {
@@ -145,7 +150,7 @@ bulkhead_max_queue_wait_seconds 3600
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	compareStats(t, c, statsWant{open: 2, admitted: 1, full: 1, canceled: 1, refused: 1})
+	compareStats(t, c, statsWant{open: 1, idle: 1, admitted: 1, full: 1, canceled: 1, dials: 1})
 
 	// Only the transaction was admitted, and it did not wait. An untagged
 	// operation's workload label is empty, which Prometheus reads as absent.
@@ -176,9 +181,9 @@ bulkhead_queue_wait_seconds_count{workload=""} 1
 
 func TestCollectorCountsQueueTimeoutsApartFromAdmissionFull(t *testing.T) {
 	c := promgate.New(promgate.Opts{})
-	// B=1, Q=1 and no queue wait: the second operation is admitted, then
+	// B=1, Q=1 and a 1ns queue wait: the second operation is admitted, then
 	// rejected at once because no execution permit is free.
-	_, db := gated(t, c, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1})
+	_, db := gated(t, c, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
 	tx, err := db.BeginTx(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -187,7 +192,7 @@ func TestCollectorCountsQueueTimeoutsApartFromAdmissionFull(t *testing.T) {
 	if _, err := db.ExecContext(t.Context(), "UPDATE t SET v = 1"); !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("second operation: %v, want ErrQueueTimeout", err)
 	}
-	compareStats(t, c, statsWant{running: 1, open: 2, admitted: 1, timeout: 1})
+	compareStats(t, c, statsWant{running: 1, open: 1, admitted: 1, timeout: 1, dials: 1})
 	// The rejected statement was never admitted nor released: the
 	// histograms saw the transaction's admission alone.
 	got := histograms(t, c)
@@ -289,7 +294,7 @@ func TestCollectorsOfTwoGatesShareARegistryAndPassLint(t *testing.T) {
 		t.Errorf("lint: %s: %s", p.Metric, p.Text)
 	}
 	want := `
-# HELP bulkhead_admitted_total Operations that got an execution permit.
+# HELP bulkhead_admitted_total Operations that got their permits and a server connection, and ran.
 # TYPE bulkhead_admitted_total counter
 bulkhead_admitted_total{db="orders"} 1
 bulkhead_admitted_total{db="users"} 1
@@ -297,9 +302,9 @@ bulkhead_admitted_total{db="users"} 1
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "bulkhead_admitted_total"); err != nil {
 		t.Error(err)
 	}
-	// 8 gauges + 6 counter series + 1 wait histogram + 3 hold histograms, per gate.
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 2*18 {
-		t.Errorf("gathered %d series (%v), want %d", n, err, 2*18)
+	// 10 gauges + 11 counter series + 1 wait histogram + 3 hold histograms, per gate.
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 2*24 {
+		t.Errorf("gathered %d series (%v), want %d", n, err, 2*24)
 	}
 }
 
@@ -313,8 +318,8 @@ func TestNamespacePrefixesEveryMetricName(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Without workloads, the bulkhead_workload_ families are empty: not gathered.
-	if len(mfs) != 15 {
-		t.Errorf("%d metric families, want 15", len(mfs))
+	if len(mfs) != 20 {
+		t.Errorf("%d metric families, want 20", len(mfs))
 	}
 	for _, mf := range mfs {
 		if !strings.HasPrefix(mf.GetName(), "shop_bulkhead_") {
@@ -367,7 +372,7 @@ func TestCollectorReportsEachWorkloadInItsOwnFamilies(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `
-# HELP bulkhead_workload_admitted_total Operations that got an execution permit.
+# HELP bulkhead_workload_admitted_total Operations that got their permits and a server connection, and ran.
 # TYPE bulkhead_workload_admitted_total counter
 bulkhead_workload_admitted_total{workload="api"} 0
 bulkhead_workload_admitted_total{workload="reports"} 1
@@ -375,13 +380,15 @@ bulkhead_workload_admitted_total{workload="reports"} 1
 # TYPE bulkhead_workload_max_concurrent gauge
 bulkhead_workload_max_concurrent{workload="api"} 2
 bulkhead_workload_max_concurrent{workload="reports"} 1
-# HELP bulkhead_workload_rejections_total Operations rejected, by reason: admission_full (refused at once) or queue_timeout (no execution permit within the queue wait); in a dry run, those that would have been.
+# HELP bulkhead_workload_rejections_total Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait) or no_connection (no server connection within the queue wait, all MaxConns in use); in a dry run, those that would have been.
 # TYPE bulkhead_workload_rejections_total counter
 bulkhead_workload_rejections_total{reason="admission_full",workload="api"} 0
 bulkhead_workload_rejections_total{reason="admission_full",workload="reports"} 1
+bulkhead_workload_rejections_total{reason="no_connection",workload="api"} 0
+bulkhead_workload_rejections_total{reason="no_connection",workload="reports"} 0
 bulkhead_workload_rejections_total{reason="queue_timeout",workload="api"} 0
 bulkhead_workload_rejections_total{reason="queue_timeout",workload="reports"} 0
-# HELP bulkhead_admitted_total Operations that got an execution permit.
+# HELP bulkhead_admitted_total Operations that got their permits and a server connection, and ran.
 # TYPE bulkhead_admitted_total counter
 bulkhead_admitted_total 2
 `

@@ -734,7 +734,7 @@ func (r *recorder) result(run *loadRun, cfg *loadConfig, interrupted bool, mon *
 		st := run.gate.Stats()
 		res.Gate = &gateJSON{
 			Admitted: st.Admitted, RejectedFull: st.RejectedFull, RejectedTimeout: st.RejectedTimeout,
-			Canceled: st.Canceled, ConnectRefused: st.ConnectRefused, WaitCount: st.WaitCount,
+			RejectedNoConn: st.RejectedNoConn, Canceled: st.Canceled, WaitCount: st.WaitCount,
 			MaxConns: st.MaxConns,
 		}
 	} else {
@@ -893,7 +893,7 @@ type (
 		RejectedFull    int64 `json:"rejected_full"`
 		RejectedTimeout int64 `json:"rejected_timeout"`
 		Canceled        int64 `json:"canceled"`
-		ConnectRefused  int64 `json:"connect_refused"`
+		RejectedNoConn  int64 `json:"rejected_no_connection"`
 		WaitCount       int64 `json:"wait_count"`
 		MaxConns        int   `json:"max_conns"`
 	}

@@ -1,7 +1,8 @@
 // Command genwrap writes wrap_gen.go: one small type for each combination
 // of optional driver interfaces that the wrapped Conn, Stmt and Rows may
 // implement, so that each wrapper implements exactly the optional
-// interfaces of the value it wraps (see conn.go).
+// interfaces of the value it wraps or, for a conn, of the driver's
+// connections (see conn.go).
 //
 // Run it with go generate from the repository root.
 package main
@@ -29,23 +30,24 @@ type iface struct {
 
 type kind struct {
 	base   string // the pointer type holding all logic, e.g. "conn"
+	noMask bool   // the mask is computed elsewhere (conn: from the session, see pool.go)
 	recv   string // receiver name
 	ret    string // the driver interface the constructor returns
 	ifaces []iface
 }
 
 var kinds = []kind{
-	{base: "conn", recv: "c", ret: "driver.Conn", ifaces: []iface{
+	// driver.SessionResetter and driver.Validator are methods of *conn
+	// itself: every logical connection has them (see conn.go).
+	{base: "conn", recv: "c", ret: "driver.Conn", noMask: true, ifaces: []iface{
 		{"driver.ExecerContext", []method{{"ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error)", "c.execContext(ctx, query, args)"}}},
 		{"driver.QueryerContext", []method{{"QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error)", "c.queryContext(ctx, query, args)"}}},
 		{"driver.Pinger", []method{{"Ping(ctx context.Context) error", "c.ping(ctx)"}}},
-		{"driver.SessionResetter", []method{{"ResetSession(ctx context.Context) error", "c.resetSession(ctx)"}}},
-		{"driver.Validator", []method{{"IsValid() bool", "c.isValid()"}}},
-		{"driver.NamedValueChecker", []method{{"CheckNamedValue(v *driver.NamedValue) error", "c.inner.(driver.NamedValueChecker).CheckNamedValue(v)"}}},
+		{"driver.NamedValueChecker", []method{{"CheckNamedValue(v *driver.NamedValue) error", "c.checkNamedValue(v)"}}},
 	}},
 	{base: "stmt", recv: "s", ret: "driver.Stmt", ifaces: []iface{
-		{"driver.NamedValueChecker", []method{{"CheckNamedValue(v *driver.NamedValue) error", "s.inner.(driver.NamedValueChecker).CheckNamedValue(v)"}}},
-		{"driver.ColumnConverter", []method{{"ColumnConverter(idx int) driver.ValueConverter", "s.inner.(driver.ColumnConverter).ColumnConverter(idx)"}}},
+		{"driver.NamedValueChecker", []method{{"CheckNamedValue(v *driver.NamedValue) error", "s.proto.si.(driver.NamedValueChecker).CheckNamedValue(v)"}}},
+		{"driver.ColumnConverter", []method{{"ColumnConverter(idx int) driver.ValueConverter", "s.proto.si.(driver.ColumnConverter).ColumnConverter(idx)"}}},
 	}},
 	{base: "rows", recv: "r", ret: "driver.Rows", ifaces: []iface{
 		{"driver.RowsNextResultSet", []method{
@@ -78,19 +80,33 @@ func main() {
 
 func writeKind(b *bytes.Buffer, k kind) {
 	n := len(k.ifaces)
-	// The mask: which optional interfaces the inner value implements.
-	fmt.Fprintf(b, "// %sMask reports which optional interfaces of %s v implements, as bits in the order of %sOptional.\n", k.base, k.ret, k.base)
-	fmt.Fprintf(b, "func %sMask(v any) uint {\nvar m uint\n", k.base)
-	for i, f := range k.ifaces {
-		fmt.Fprintf(b, "if _, ok := v.(%s); ok { m |= 1 << %d }\n", f.name, i)
+	if !k.noMask {
+		writeMask(b, k)
 	}
-	b.WriteString("return m\n}\n\n")
 	names := make([]string, n)
 	for i, f := range k.ifaces {
 		names[i] = fmt.Sprintf("%q", f.name)
 	}
 	fmt.Fprintf(b, "// %sOptional names the optional interfaces a wrapped %s mirrors, bit i for entry i.\n", k.base, k.base)
 	fmt.Fprintf(b, "var %sOptional = []string{%s}\n\n", k.base, strings.Join(names, ", "))
+	writeTypes(b, k)
+}
+
+// writeMask writes the function telling which optional interfaces of the
+// kind a value implements.
+func writeMask(b *bytes.Buffer, k kind) {
+	fmt.Fprintf(b, "// %sMask reports which optional interfaces of %s v implements, as bits in the order of %sOptional.\n", k.base, k.ret, k.base)
+	fmt.Fprintf(b, "func %sMask(v any) uint {\nvar m uint\n", k.base)
+	for i, f := range k.ifaces {
+		fmt.Fprintf(b, "if _, ok := v.(%s); ok { m |= 1 << %d }\n", f.name, i)
+	}
+	b.WriteString("return m\n}\n\n")
+}
+
+// writeTypes writes one type per combination of the kind's optional
+// interfaces, and the constructor choosing among them.
+func writeTypes(b *bytes.Buffer, k kind) {
+	n := len(k.ifaces)
 
 	fmt.Fprintf(b, "// %s presents %s as a %s implementing the optional interfaces selected by mask.\n", "wrap"+title(k.base), k.base, k.ret)
 	fmt.Fprintf(b, "func wrap%s(%s *%s, mask uint) %s {\nswitch mask {\n", title(k.base), k.recv, k.base, k.ret)
