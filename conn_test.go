@@ -816,30 +816,40 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 func TestAPanicInTheDriverPropagatesAndGivesThePermitsBack(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
-		op fakedb.Op
-		do func(db *sql.DB)
+		op   fakedb.Op
+		do   func(db *sql.DB)
+		skip bool // the driver answers the Exec with ErrSkip first: the panic is in the gate's fallback
 	}{
-		{fakedb.OpExec, func(db *sql.DB) { db.ExecContext(ctx, "UPDATE t") }},
-		{fakedb.OpQuery, func(db *sql.DB) { db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)) }},
-		{fakedb.OpRowsClose, func(db *sql.DB) { db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)) }},
+		{op: fakedb.OpPrepare, skip: true, do: func(db *sql.DB) { db.ExecContext(ctx, "UPDATE t SET v = ?", 1) }},
+		{op: fakedb.OpStmtExec, skip: true, do: func(db *sql.DB) { db.ExecContext(ctx, "UPDATE t SET v = ?", 1) }},
+		{fakedb.OpExec, func(db *sql.DB) { db.ExecContext(ctx, "UPDATE t") }, false},
+		{fakedb.OpQuery, func(db *sql.DB) { db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)) }, false},
+		{fakedb.OpRowsClose, func(db *sql.DB) { db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)) }, false},
 		{fakedb.OpStmtExec, func(db *sql.DB) {
 			st, _ := db.PrepareContext(ctx, "UPDATE t")
 			defer st.Close()
 			st.ExecContext(ctx)
-		}},
-		{fakedb.OpBegin, func(db *sql.DB) { db.BeginTx(ctx, nil) }},
+		}, false},
+		{fakedb.OpBegin, func(db *sql.DB) { db.BeginTx(ctx, nil) }, false},
 		{fakedb.OpCommit, func(db *sql.DB) {
 			tx, _ := db.BeginTx(ctx, nil)
 			tx.Commit()
-		}},
+		}, false},
 		{fakedb.OpRollback, func(db *sql.DB) {
 			tx, _ := db.BeginTx(ctx, nil)
 			tx.Rollback()
-		}},
+		}, false},
 	}
 	for _, c := range cases {
-		t.Run(c.op.String(), func(t *testing.T) {
+		name := c.op.String()
+		if c.skip {
+			name += " in the ErrSkip fallback"
+		}
+		t.Run(name, func(t *testing.T) {
 			e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Nanosecond})
+			if c.skip {
+				e.fc.FailNext(fakedb.OpExec, 1, driver.ErrSkip)
+			}
 			e.fc.PanicNext(c.op, 1, "boom")
 			func() {
 				defer func() {
@@ -850,12 +860,48 @@ func TestAPanicInTheDriverPropagatesAndGivesThePermitsBack(t *testing.T) {
 				c.do(e.db)
 			}()
 			e.balanced(t)
+			// The server connection the panic lost is closed, and no
+			// longer counted against MaxConns.
+			if s := e.g.Stats(); s.OpenConns != e.fc.Open() {
+				t.Fatalf("after the panic the gate counts %d server connections, the driver has %d open", s.OpenConns, e.fc.Open())
+			}
 			// The next operation runs: nothing is held or deadlocked.
 			if _, err := e.db.ExecContext(ctx, "UPDATE t"); err != nil {
 				t.Fatalf("after the panic: %v", err)
 			}
 			e.balanced(t)
 		})
+	}
+}
+
+// The fallback after driver.ErrSkip converts the caller's arguments for
+// the prepared statement as database/sql does: with the statement's
+// NamedValueChecker, not only the connection's.
+func TestTheErrSkipFallbackChecksArgumentsWithTheStatementsCheckerAsDatabaseSQLDoes(t *testing.T) {
+	errStmtRefuses := errors.New("the statement's checker refuses the argument")
+	for _, gated := range []bool{false, true} {
+		fc := fakedb.New()
+		fc.SetHook(func(_ context.Context, op fakedb.Op, query string) error {
+			if op == fakedb.OpCheckNamedValue && query != "" { // the statement's, not the connection's
+				return errStmtRefuses
+			}
+			return nil
+		})
+		fc.FailNext(fakedb.OpExec, 1, driver.ErrSkip)
+		var db *sql.DB
+		if gated {
+			db = fkOpen(t, fc, fkB1).db
+		} else {
+			db = sql.OpenDB(fc)
+			defer db.Close()
+		}
+		_, err := db.ExecContext(context.Background(), "UPDATE t SET v = ?", 1)
+		if !errors.Is(err, errStmtRefuses) {
+			t.Errorf("gated=%v: exec answered with ErrSkip: %v, want the statement checker's error", gated, err)
+		}
+		if n := fc.Count(fakedb.OpStmtExec); n != 0 {
+			t.Errorf("gated=%v: the statement ran %d times with arguments its checker refused", gated, n)
+		}
 	}
 }
 
@@ -942,6 +988,29 @@ func TestWaitingAndRejectedOperationsHoldNoServerConnectionAndNeverReachTheDrive
 		t.Fatalf("the driver had %d conns open at once, want at most MaxConns=3", m)
 	}
 	e.balanced(t)
+}
+
+func TestInvalidOptionsAreErrorsNamingTheOptionAndItsValue(t *testing.T) {
+	for _, c := range []struct {
+		opt  bulkhead.Option
+		want string
+	}{
+		{bulkhead.WithDeadlineReserve(-time.Millisecond), "WithDeadlineReserve(-1ms), want 0s to 1h0m0s"},
+		{bulkhead.WithDeadlineReserve(bulkhead.MaxQueueWait + 1), "WithDeadlineReserve(1h0m0.000000001s), want 0s to 1h0m0s"},
+		{bulkhead.WithPostgresDeadline(bulkhead.PostgresDeadline{Reserve: -time.Second}), "WithPostgresDeadline: Reserve is -1s, want 0s to 1h0m0s"},
+		{bulkhead.WithPostgresDeadline(bulkhead.PostgresDeadline{Reserve: 2 * time.Hour}), "WithPostgresDeadline: Reserve is 2h0m0s, want 0s to 1h0m0s"},
+		{bulkhead.WithDialTimeout(0), "WithDialTimeout(0s), want above 0s"},
+	} {
+		_, err := bulkhead.New(fakedb.New(), fkB1, c.opt)
+		if !errors.Is(err, bulkhead.ErrInvalidPolicy) || err.Error() != "bulkhead: "+c.want {
+			t.Errorf("New with an invalid option: %v, want an ErrInvalidPolicy %q", err, c.want)
+		}
+		db := sql.OpenDB(bulkhead.Connector(fakedb.New(), fkB1, c.opt))
+		if err := db.Ping(); !errors.Is(err, bulkhead.ErrInvalidPolicy) {
+			t.Errorf("Connector with an invalid option: ping %v, want the option's error", err)
+		}
+		db.Close()
+	}
 }
 
 func TestAnInvalidPolicyThroughConnectorFailsPingWithoutDialing(t *testing.T) {
@@ -1138,8 +1207,9 @@ func TestADriverPanicThatDatabaseSQLSurvivesLeaksNoConnectionSlot(t *testing.T) 
 	// database/sql returns the conn to its pool after a panic in an
 	// autocommit Exec only (execDC releases in a defer); after a panic in
 	// Query, Rows.Close, Stmt.Exec, BeginTx, Commit or Rollback it never
-	// releases or closes it. The gate counts that conn open forever: with
-	// B+Q=1 every later operation is refused as admission full.
+	// releases or closes it. A gate that counted its server connection
+	// as held would count it forever: with MaxConns=1 every later
+	// operation would find none.
 	ctx := context.Background()
 	cases := []struct {
 		op fakedb.Op

@@ -240,6 +240,8 @@ func TestPostgresDeadlineStartsEachTransactionWithTheTimeLeft(t *testing.T) {
 			{"lock timeout too", bulkhead.PostgresDeadline{LockTimeout: true}, 1500 * time.Millisecond, []string{"SET LOCAL statement_timeout = 1500; SET LOCAL lock_timeout = 1500"}},
 			{"less left than the reserve: 1ms", bulkhead.PostgresDeadline{Reserve: time.Second}, 200 * time.Millisecond, []string{"SET LOCAL statement_timeout = 1"}},
 			{"no deadline: nothing", bulkhead.PostgresDeadline{LockTimeout: true}, 0, nil},
+			{"30 days left: PostgreSQL's largest timeout", bulkhead.PostgresDeadline{LockTimeout: true}, 30 * 24 * time.Hour,
+				[]string{"SET LOCAL statement_timeout = 2147483647; SET LOCAL lock_timeout = 2147483647"}},
 		} {
 			e, queries := dlQueries(t, bulkhead.WithPostgresDeadline(c.dl))
 			ctx := context.Background()
@@ -334,6 +336,28 @@ func dlShowMillis(t *testing.T, v string) int64 {
 	}
 	t.Fatalf("cannot read the setting %q", v)
 	return 0
+}
+
+// statement_timeout and lock_timeout are 32-bit milliseconds on the
+// server: a deadline more than about 24.8 days away sets the largest, and
+// BeginTx succeeds.
+func TestPostgresDeadlineFartherThanTheServersLargestTimeoutSetsTheLargest(t *testing.T) {
+	_, db := openGatedWith(t, bulkhead.Policy{MaxConcurrent: 1},
+		bulkhead.WithPostgresDeadline(bulkhead.PostgresDeadline{LockTimeout: true}))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*24*time.Hour)
+	defer cancel()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatalf("BeginTx with 30 days left: %v", err)
+	}
+	defer tx.Rollback()
+	var st, lt string
+	if err := tx.QueryRowContext(ctx, "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')").Scan(&st, &lt); err != nil {
+		t.Fatal(err)
+	}
+	if ms := dlShowMillis(t, st); ms != 2147483647 || dlShowMillis(t, lt) != ms {
+		t.Fatalf("statement_timeout %q, lock_timeout %q; want 2147483647ms for both", st, lt)
+	}
 }
 
 func TestPostgresDeadlineMakesTheServerStopAStatementNobodyWaitsFor(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1242,4 +1243,43 @@ func TestPingIsNotGated(t *testing.T) {
 			t.Errorf("ping once the connection is idle again: %v", err)
 		}
 	})
+}
+
+// gate.Driver(), registered by name, opens the gate itself: the inner
+// connector's settings (here pgx's AfterConnect) hold, and a DSN, which
+// would be ignored, is an error.
+func TestTheGatesDriverOpensTheGateWithItsConnectorsSettings(t *testing.T) {
+	ctx := pgTestCtx(t)
+	var afterConnect atomic.Int64
+	inner := stdlib.GetConnector(*pgConfig(t), stdlib.OptionAfterConnect(func(context.Context, *pgx.Conn) error {
+		afterConnect.Add(1)
+		return nil
+	}))
+	g, err := bulkhead.New(inner, bulkhead.Policy{MaxConcurrent: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("bulkhead-test-%d", time.Now().UnixNano())
+	sql.Register(name, g.Driver())
+	db, err := sql.Open(name, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var app string
+	if err := db.QueryRowContext(ctx, "SELECT current_setting('application_name')").Scan(&app); err != nil {
+		t.Fatal(err)
+	}
+	if app != appName(t) || afterConnect.Load() != 1 {
+		t.Errorf("through the registered driver: application_name %q, %d AfterConnect calls; want %q and 1", app, afterConnect.Load(), appName(t))
+	}
+	if s := g.Stats(); s.Admitted != 1 {
+		t.Errorf("the query did not pass the gate: %+v", s)
+	}
+	if _, err := sql.Open(name, "postgres://u:secret@host/db"); err == nil || strings.Contains(err.Error(), "secret") || !strings.Contains(err.Error(), `want ""`) {
+		t.Errorf("sql.Open with a DSN: %v, want an error that says the DSN must be empty and does not show it", err)
+	}
+	if _, err := g.Driver().Open("x"); err == nil {
+		t.Error("Driver().Open with a DSN succeeded")
+	}
 }

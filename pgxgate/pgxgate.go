@@ -1,22 +1,48 @@
 // Package pgxgate opens a bulkhead gate on PostgreSQL through pgx with the
 // settings that make the gate's bound hold on the server, not only in the
-// process.
+// process: when an operation's permits come back, the server no longer
+// runs it.
 //
-// With pgx's default context handling a cancelled operation returns at
-// once while PostgreSQL is still running it (pgx closes the connection in
-// the background), so its permits come back early and the server can run
-// more than B transactions for a moment (measured: up to 8 with B=2 under
-// a storm of cancellations). pgxgate installs pgconn's
-// CancelRequestContextWatcherHandler instead: a cancelled operation sends
-// a cancel request and returns only once the server answered (at most
-// DeadlineDelay: then pgx closes the connection, and the server may still
-// be running the statement), and the connection stays usable. The cost: pgx waits 100ms after each cancel
-// request before it reuses the connection, so a cancelled operation holds
-// its permits that much longer.
+// Two things of pgx's database/sql driver break that bound, and pgxgate
+// changes both:
+//
+//   - A cancelled statement: with pgx's default context handling it returns
+//     at once while PostgreSQL is still running it (pgx closes the
+//     connection in the background), so its permits come back early and
+//     the server can run more than B transactions for a moment (measured:
+//     up to 8 with B=2 under a storm of cancellations). pgxgate installs
+//     pgconn's CancelRequestContextWatcherHandler instead: a cancelled
+//     statement sends a cancel request and returns only once the server
+//     answered (at most DeadlineDelay: then pgx closes the connection),
+//     and the connection stays usable. The cost: pgx waits 100ms after
+//     each cancel request before it reuses the connection, so a cancelled
+//     operation holds its permits that much longer.
+//   - The end of a transaction: pgx's Commit and Rollback run with the
+//     context BeginTx was given. When that context ended (database/sql
+//     then rolls the transaction back from its own goroutine), pgx sends
+//     no ROLLBACK: it closes the connection, the permits come back at
+//     once, and PostgreSQL still holds the transaction and its locks until
+//     its backend notices the closed socket. A Commit interrupted by the
+//     caller's context reports the context's error although the server
+//     may have committed. pgxgate's connections send COMMIT and ROLLBACK
+//     with a context of their own, which keeps the caller's values but
+//     not its cancellation, bounded by EndGrace: the transaction has ended
+//     on the server when Commit or Rollback returns, and Commit reports
+//     what the server did. A COMMIT or ROLLBACK that gets no answer within
+//     EndGrace (plus DeadlineDelay for the cancel request) closes the
+//     connection; then, and only then, the outcome is unknown and the
+//     server may keep the transaction until it notices the closed socket.
+//
+// Everything else is pgx's: the connections are *stdlib.Conn values
+// (bulkhead.Unwrap reaches them in (*sql.Conn).Raw), with the same optional
+// driver interfaces, plus driver.Validator (a connection is valid when it
+// is open and not in a transaction).
 package pgxgate
 
 import (
+	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"reflect"
@@ -37,6 +63,11 @@ import (
 // server to answer the cancel request before it closes the connection.
 const DeadlineDelay = time.Second
 
+// EndGrace bounds a COMMIT or ROLLBACK sent by pgxgate's connections: past
+// it, pgx sends a cancel request and, DeadlineDelay later, closes the
+// connection.
+const EndGrace = 5 * time.Second
+
 // WaitForServer sets cfg's context handling so that a cancelled operation
 // returns only after PostgreSQL stopped it (see the package doc). It
 // replaces any BuildContextWatcherHandler already set.
@@ -46,15 +77,126 @@ func WaitForServer(cfg *pgx.ConnConfig) {
 	}
 }
 
-// New returns a gate in front of pgx with cfg and policy p. Unless cfg
-// already sets BuildContextWatcherHandler, it applies WaitForServer to a
-// copy of cfg. Errors are bulkhead.New's.
+// New returns a gate in front of Connector(cfg) with policy p. Errors are
+// bulkhead.New's.
 func New(cfg *pgx.ConnConfig, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, error) {
+	return bulkhead.New(Connector(cfg), p, opts...)
+}
+
+// Connector returns pgx's database/sql connector for cfg
+// (stdlib.GetConnector, with stdlibOpts) with the two changes of the
+// package doc: unless cfg already sets BuildContextWatcherHandler, it
+// applies WaitForServer to a copy of cfg; and its connections end
+// transactions on the server whatever happened to the caller's context.
+// Pass it to bulkhead.New with options of your own, or use New.
+func Connector(cfg *pgx.ConnConfig, stdlibOpts ...stdlib.OptionOpenDB) driver.Connector {
 	c := cfg.Copy()
 	if !ownHandler(c) {
 		WaitForServer(c)
 	}
-	return bulkhead.New(stdlib.GetConnector(*c), p, opts...)
+	return connector{stdlib.GetConnector(*c, stdlibOpts...)}
+}
+
+type connector struct{ inner driver.Connector }
+
+func (c connector) Connect(ctx context.Context) (driver.Conn, error) {
+	ci, err := c.inner.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sc, ok := ci.(*stdlib.Conn)
+	if !ok {
+		ci.Close()
+		return nil, fmt.Errorf("bulkhead: pgxgate: pgx's connector returned a %T, want *stdlib.Conn", ci)
+	}
+	return &conn{Conn: sc}, nil
+}
+
+func (c connector) Driver() driver.Driver { return c.inner.Driver() }
+
+// conn is pgx's connection with transactions that end on the server. It
+// embeds *stdlib.Conn, so it has exactly its methods, and adds Unwrap,
+// IsValid, and BeginTx.
+type conn struct{ *stdlib.Conn }
+
+var (
+	_ driver.Validator   = (*conn)(nil)
+	_ driver.ConnBeginTx = (*conn)(nil)
+)
+
+// Unwrap returns pgx's own connection, for bulkhead.Unwrap.
+func (c *conn) Unwrap() driver.Conn { return c.Conn }
+
+// IsValid reports whether the connection can serve another checkout: open
+// and not in a transaction.
+func (c *conn) IsValid() bool {
+	pc := c.Conn.Conn()
+	return !pc.IsClosed() && pc.PgConn().TxStatus() == 'I'
+}
+
+func (c *conn) Begin() (driver.Tx, error) {
+	return c.BeginTx(context.Background(), driver.TxOptions{})
+}
+
+// BeginTx begins as pgx does, and returns a transaction whose Commit and
+// Rollback reach the server whatever happened to ctx.
+func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if _, err := c.Conn.BeginTx(ctx, opts); err != nil {
+		return nil, err
+	}
+	// pgx's own transaction value holds nothing but the connection and
+	// ctx: it is dropped, and the transaction ended here.
+	return &tx{c: c.Conn.Conn(), ctx: ctx}, nil
+}
+
+type tx struct {
+	c   *pgx.Conn
+	ctx context.Context // BeginTx's: its values, not its cancellation
+}
+
+// endContext is the context of a COMMIT or ROLLBACK: the values of the
+// transaction's context, not its cancellation, and EndGrace.
+func (t *tx) endContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(t.ctx), EndGrace)
+}
+
+// Commit sends COMMIT and reports what the server did: nil, or
+// pgx.ErrTxCommitRollback when the transaction had failed and the server
+// rolled it back, or the error that left the outcome unknown (then the
+// connection is closed).
+func (t *tx) Commit() error {
+	ctx, cancel := t.endContext()
+	defer cancel()
+	tag, err := t.c.Exec(ctx, "commit")
+	if err != nil {
+		if t.c.PgConn().TxStatus() != 'I' {
+			closeNow(t.c)
+		}
+		return err
+	}
+	if tag.String() == "ROLLBACK" {
+		return pgx.ErrTxCommitRollback
+	}
+	return nil
+}
+
+// Rollback sends ROLLBACK; if it fails, the connection is closed, as pgx
+// does (its state is unknown).
+func (t *tx) Rollback() error {
+	ctx, cancel := t.endContext()
+	defer cancel()
+	if _, err := t.c.Exec(ctx, "rollback"); err != nil {
+		closeNow(t.c)
+		return err
+	}
+	return nil
+}
+
+// closeNow closes c at once, without a goodbye to the server.
+func closeNow(c *pgx.Conn) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c.Close(ctx)
 }
 
 // pgxDefaultHandler is the code of the BuildContextWatcherHandler that
@@ -75,9 +217,8 @@ func ownHandler(cfg *pgx.ConnConfig) bool {
 	return f != nil && reflect.ValueOf(f).Pointer() != pgxDefaultHandler()
 }
 
-// OpenDB parses dsn (a postgres:// URL or key=value string), gates it with
-// p and opens a *sql.DB with the pool settings the gate relies on
-// (Gate.OpenDB).
+// OpenDB parses dsn (a postgres:// URL or key=value string), gates
+// Connector(cfg) with p and opens the gate's *sql.DB (Gate.OpenDB).
 func OpenDB(dsn string, p bulkhead.Policy, opts ...bulkhead.Option) (*sql.DB, *bulkhead.Gate, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {

@@ -1,0 +1,102 @@
+package bulkhead_test
+
+// An autocommit statement on a *sql.Conn whose transaction's context
+// ended: database/sql's Commit returns the context's error at once and
+// rolls the transaction back a moment later from its own goroutine. A
+// statement sent in between would run inside the dying transaction and
+// vanish with its rollback while reporting success. The gate refuses it
+// (ErrTxStillOpen); plain database/sql runs it.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dbbulkhead/bulkhead"
+)
+
+// dyingTxRounds runs rounds of: a transaction on a *sql.Conn, its context
+// cancelled, Commit, then an autocommit INSERT of the round's number on
+// the same *sql.Conn. It returns how many INSERTs reported success, how
+// many of those rows are missing afterwards (lost writes), and how many
+// were refused with ErrTxStillOpen.
+func dyingTxRounds(t *testing.T, db *sql.DB, setup *sql.DB, table string, ph func(int) string, rounds int) (ok, lost, refused int) {
+	t.Helper()
+	bg := t.Context()
+	var reported []int
+	for i := range rounds {
+		c, err := db.Conn(bg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(bg)
+		tx, err := c.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" (v) VALUES (-1)"); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		if err := tx.Commit(); err == nil {
+			t.Fatalf("round %d: Commit after the context ended succeeded", i)
+		}
+		_, err = c.ExecContext(bg, "INSERT INTO "+table+" (v) VALUES ("+ph(1)+")", i)
+		switch {
+		case err == nil:
+			ok++
+			reported = append(reported, i)
+		case errors.Is(err, bulkhead.ErrTxStillOpen):
+			refused++
+		}
+		c.Close()
+	}
+	for _, i := range reported {
+		var n int
+		if err := setup.QueryRowContext(bg, "SELECT count(*) FROM "+table+" WHERE v = "+ph(1), i).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			lost++
+		}
+	}
+	var stray int
+	if err := setup.QueryRowContext(bg, "SELECT count(*) FROM "+table+" WHERE v = -1").Scan(&stray); err != nil || stray != 0 {
+		t.Fatalf("%d rows of the cancelled transactions committed (%v), want none", stray, err)
+	}
+	return ok, lost, refused
+}
+
+func TestAnAutocommitStatementIsRefusedWhileTheConnectionsTransactionIsDying(t *testing.T) {
+	const rounds = 50
+	for _, d := range igDrivers() {
+		if d.name == "sqlite-modernc" || d.name == "mariadb-interpolateParams" {
+			continue // one PostgreSQL and one MariaDB driver say it
+		}
+		t.Run(d.name, func(t *testing.T) {
+			inner, setup := d.open(t)
+			plainTable, gatedTable := igTable(t, setup), igTable(t, setup)
+
+			ok, lost, _ := dyingTxRounds(t, setup, setup, plainTable, d.ph, rounds)
+			t.Logf("figures: plain database/sql: %d of %d INSERTs reported success, %d of them lost with the dying transaction", ok, rounds, lost)
+
+			g, err := bulkhead.New(inner, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			db := g.OpenDB()
+			defer db.Close()
+			ok, lost, refused := dyingTxRounds(t, db, setup, gatedTable, d.ph, rounds)
+			t.Logf("figures: gated: %d of %d INSERTs reported success, %d lost, %d refused with ErrTxStillOpen", ok, rounds, lost, refused)
+			if lost != 0 {
+				t.Errorf("through the gate, %d INSERTs reported success and were lost", lost)
+			}
+			if refused == 0 {
+				t.Errorf("through the gate, no INSERT met the dying transaction (%d of %d succeeded): the rounds show nothing", ok, rounds)
+			}
+			awaitState(t, "permits back", func() bool { return g.Stats().Running == 0 })
+		})
+	}
+}

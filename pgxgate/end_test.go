@@ -1,0 +1,316 @@
+package pgxgate_test
+
+// The server bound after every ending of a transaction (issue 10, point
+// 3): when an operation's permits come back, the server no longer runs its
+// transaction. Proven with a lock probe, the operation that gets the
+// permit next taking the same row lock with NOWAIT, and with
+// pg_stat_activity read by that operation, over hundreds of rounds; and
+// compared with stdlib.GetConnector, where it does not hold.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/httpgate"
+	"github.com/dbbulkhead/bulkhead/pgxgate"
+)
+
+// endRig is a gate with B=1 on a table of one row, and the probe that the
+// next operation runs.
+type endRig struct {
+	t     *testing.T
+	g     *bulkhead.Gate
+	db    *sql.DB
+	ctl   *monitor // ungated
+	app   string
+	table string
+	// atRelease counts the transactions whose release found the
+	// application's transaction still open on the server, read by the
+	// OnRelease event, synchronously, as the permit comes back.
+	atRelease  atomic.Int64
+	checkAtRel *monitor
+	pid        atomic.Int64 // the backend of the round's transaction
+}
+
+func newEndRig(t *testing.T, variant string, viaPgxgate bool) *endRig {
+	t.Helper()
+	cfg, app := pgConfig(t, variant)
+	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 20 * time.Second}
+	r := &endRig{t: t, ctl: newMonitor(t), checkAtRel: newMonitor(t), app: app, table: fmt.Sprintf("pgxgate_end_%d_%s", os.Getpid(), variant)}
+	ev := bulkhead.WithEvents(bulkhead.Events{OnRelease: func(e bulkhead.Event) {
+		if e.Kind != bulkhead.KindTx {
+			return
+		}
+		var n int
+		err := r.checkAtRel.db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE pid = $1
+			AND xact_start IS NOT NULL`, r.pid.Load()).Scan(&n)
+		if err != nil || n > 0 {
+			r.atRelease.Add(1)
+		}
+	}})
+	var g *bulkhead.Gate
+	var err error
+	if viaPgxgate {
+		g, err = pgxgate.New(cfg, p, ev)
+	} else {
+		g, err = bulkhead.New(stdlib.GetConnector(*cfg), p, ev)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.g, r.db = g, g.OpenDB()
+	t.Cleanup(func() { r.db.Close() })
+	if _, err := r.ctl.db.Exec("CREATE TABLE " + r.table + " (id int PRIMARY KEY, v int)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.ctl.db.Exec("DROP TABLE IF EXISTS " + r.table) })
+	if _, err := r.ctl.db.Exec("INSERT INTO " + r.table + " VALUES (0, 0)"); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// probe is the next operation: one statement, so one round trip, that
+// takes the row lock with NOWAIT and counts the application's other
+// transactions open on the server. It waits for the one permit, so it
+// runs right after the previous holder gave it back.
+func (r *endRig) probe(ctx context.Context) (locked bool, others int, err error) {
+	err = r.db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM pg_stat_activity WHERE application_name = $1
+		AND pid <> pg_backend_pid() AND xact_start IS NOT NULL) FROM `+r.table+` WHERE id = 0 FOR UPDATE NOWAIT`, r.app).Scan(&others)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "55P03" {
+		return true, 0, nil // lock_not_available: the previous transaction still holds it
+	}
+	return false, others, err
+}
+
+// endTally counts what the probes found.
+type endTally struct {
+	rounds, atRelease, locked, others int
+	canceledCommitted, wrongResult    int
+}
+
+func (e endTally) String() string {
+	return fmt.Sprintf("%d rounds: the transaction still open on the server as its permit came back in %d, the row still locked for the next operation in %d, another transaction of the application open for the next operation in %d; commits reported as failed that committed: %d",
+		e.rounds, e.atRelease, e.locked, e.others, e.canceledCommitted)
+}
+
+// round holds the row lock in a transaction, queues the probe behind it,
+// then ends the transaction's context the way end says, and records what
+// the probe found.
+func (r *endRig) round(i int, tally *endTally, end func(ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error) {
+	t := r.t
+	t.Helper()
+	base := t.Context()
+	ctx, cancel := context.WithCancel(base)
+	defer cancel()
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatalf("round %d: %v", i, err)
+	}
+	var pid int64
+	if err := tx.QueryRowContext(ctx, "UPDATE "+r.table+" SET v = $1 WHERE id = 0 RETURNING pg_backend_pid()", i).Scan(&pid); err != nil {
+		t.Fatalf("round %d: %v", i, err)
+	}
+	r.pid.Store(pid)
+	type probed struct {
+		locked bool
+		others int
+		err    error
+	}
+	next := make(chan probed, 1)
+	go func() {
+		l, o, err := r.probe(base)
+		next <- probed{l, o, err}
+	}()
+	await(t, "the probe waits for the permit", func() bool { return r.g.Stats().Waiting == 1 })
+	if err := end(ctx, cancel, tx); err != nil {
+		t.Fatalf("round %d: %v", i, err)
+	}
+	p := <-next
+	if p.err != nil {
+		t.Fatalf("round %d: probe: %v", i, p.err)
+	}
+	tally.rounds++
+	if p.locked {
+		tally.locked++
+	}
+	if p.others > 0 {
+		tally.others++
+	}
+}
+
+// The three endings of the issue, each with the lock held.
+var endings = []struct {
+	name   string
+	rounds int
+	end    func(r *endRig, tally *endTally, i int) func(ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error
+}{
+	{"context ends while idle in transaction", 300, func(*endRig, *endTally, int) func(context.Context, context.CancelFunc, *sql.Tx) error {
+		return func(_ context.Context, cancel context.CancelFunc, _ *sql.Tx) error {
+			cancel() // database/sql rolls back from its own goroutine
+			return nil
+		}
+	}},
+	{"context ends while a statement runs", 20, func(r *endRig, _ *endTally, _ int) func(context.Context, context.CancelFunc, *sql.Tx) error {
+		return func(ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error {
+			done := make(chan error, 1)
+			go func() {
+				_, err := tx.ExecContext(ctx, "SELECT pg_sleep(60)")
+				done <- err
+			}()
+			await(r.t, "the server runs the statement", func() bool { return r.ctl.active(r.t, r.app) == 1 })
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				return fmt.Errorf("the cancelled statement returned %v, want an error matching context.Canceled", err)
+			}
+			return nil
+		}
+	}},
+	{"context ends during Commit", 300, func(r *endRig, tally *endTally, i int) func(context.Context, context.CancelFunc, *sql.Tx) error {
+		return func(ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error {
+			id := 1000 + i
+			if _, err := tx.ExecContext(ctx, "INSERT INTO "+r.table+" VALUES ($1, 0)", id); err != nil {
+				return err
+			}
+			go cancel() // races the commit: before it, during it, after it
+			err := tx.Commit()
+			if errors.Is(err, bulkhead.ErrRejected) {
+				return fmt.Errorf("commit rejected: %w", err)
+			}
+			var n int
+			if qerr := r.ctl.db.QueryRow("SELECT count(*) FROM "+r.table+" WHERE id = $1", id).Scan(&n); qerr != nil {
+				return qerr
+			}
+			if err != nil && n == 1 {
+				tally.canceledCommitted++
+			}
+			if err == nil && n == 0 {
+				tally.wrongResult++
+			}
+			return nil
+		}
+	}},
+}
+
+func TestTheServerHasEndedTheTransactionWhenItsPermitComesBack(t *testing.T) {
+	for i, e := range endings {
+		t.Run(e.name, func(t *testing.T) {
+			r := newEndRig(t, fmt.Sprintf("e%d", i), true)
+			var tally endTally
+			for round := range e.rounds {
+				r.round(round, &tally, e.end(r, &tally, round))
+			}
+			tally.atRelease = int(r.atRelease.Load())
+			t.Logf("figures: pgxgate: %v", tally)
+			if tally.atRelease != 0 || tally.locked != 0 || tally.others != 0 {
+				t.Errorf("the server still held a transaction whose permit came back: %v", tally)
+			}
+			if tally.canceledCommitted != 0 || tally.wrongResult != 0 {
+				t.Errorf("Commit reported a failure for a transaction that committed (%d) or success for one that did not (%d)", tally.canceledCommitted, tally.wrongResult)
+			}
+			if s := r.g.Stats(); s.Admitted != int64(2*tally.rounds) || s.Running != 0 { // the transaction and the probe, each round
+				t.Errorf("stats %+v, want %d admitted, nothing running", s, 2*tally.rounds)
+			}
+		})
+	}
+}
+
+// What the same rounds show through stdlib.GetConnector (the gate alone):
+// figures, not assertions; RELIABILITY.md reports them.
+func TestWithPlainPgxTheServerMayOutliveThePermit(t *testing.T) {
+	for i, e := range endings {
+		t.Run(e.name, func(t *testing.T) {
+			r := newEndRig(t, fmt.Sprintf("s%d", i), false)
+			var tally endTally
+			for round := range min(e.rounds, 100) {
+				r.round(round, &tally, e.end(r, &tally, round))
+			}
+			tally.atRelease = int(r.atRelease.Load())
+			t.Logf("figures: stdlib.GetConnector: %v", tally)
+		})
+	}
+}
+
+// Point 5: through pgxgate, a statement cut off by the caller's deadline
+// returns an error matching context.DeadlineExceeded (and a cancellation
+// one matching context.Canceled), with the server's SQLSTATE 57014 still
+// reachable with errors.As; httpgate then answers 504 and 499.
+func TestACallerCutOffByItsContextGetsTheContextsErrorWithTheServersCode(t *testing.T) {
+	cfg, app := pgConfig(t, "ctxerr")
+	g, err := pgxgate.New(cfg, bulkhead.Policy{MaxConcurrent: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	m := newMonitor(t)
+	for _, c := range []struct {
+		name   string
+		want   error
+		status int
+		ctx    func() (context.Context, context.CancelFunc)
+	}{
+		{"deadline", context.DeadlineExceeded, 504, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(t.Context(), 200*time.Millisecond)
+		}},
+		{"cancel", context.Canceled, httpgate.StatusClientClosedRequest, func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(t.Context())
+			go func() {
+				await(t, "the server runs the statement", func() bool { return m.active(t, app) == 1 })
+				cancel()
+			}()
+			return ctx, cancel
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, op := range []struct {
+				name string
+				run  func(ctx context.Context) error
+			}{
+				{"Exec", func(ctx context.Context) error {
+					_, err := db.ExecContext(ctx, "SELECT pg_sleep(60)")
+					return err
+				}},
+				{"QueryRow", func(ctx context.Context) error {
+					var v string
+					return db.QueryRowContext(ctx, "SELECT pg_sleep(60)::text").Scan(&v)
+				}},
+				{"statement in a transaction", func(ctx context.Context) error {
+					tx, err := db.BeginTx(context.Background(), nil)
+					if err != nil {
+						return err
+					}
+					defer tx.Rollback()
+					_, err = tx.ExecContext(ctx, "SELECT pg_sleep(60)")
+					return err
+				}},
+			} {
+				ctx, cancel := c.ctx()
+				err := op.run(ctx)
+				cancel()
+				var pe *pgconn.PgError
+				if !errors.Is(err, c.want) {
+					t.Errorf("%s: %v, want an error matching %v", op.name, err, c.want)
+				}
+				if errors.As(err, &pe) && pe.Code != "57014" {
+					t.Errorf("%s: SQLSTATE %s, want 57014 if any", op.name, pe.Code)
+				}
+				if code, _ := httpgate.Status(err); code != c.status {
+					t.Errorf("%s: httpgate status %d, want %d", op.name, code, c.status)
+				}
+				t.Logf("%s: %v", op.name, err)
+			}
+		})
+	}
+}
