@@ -30,26 +30,61 @@ type limiter struct {
 	// fullErr is the admission-full rejection for the usual case, B
 	// running and Q waiting, preallocated so that rejecting under steady
 	// overload allocates nothing.
-	fullErr atomic.Pointer[RejectedError]
-	// running and waitingN mirror maxConc-free and waiting, for the
-	// snapshot in a rejection, without taking mu.
-	running, waitingN atomic.Int64
+	fullErr  atomic.Pointer[RejectedError]
+	maxConcA atomic.Int64 // maxConc, readable without mu
+	closedA  atomic.Bool
+
+	// exec is the execution semaphore's state in one word (see
+	// execState): the free permits and the number of queued waiters.
+	// With no waiter, a permit is taken and given back by compare-and-swap
+	// alone; with waiters, only under mu, so that the FIFO queue and the
+	// word change together and no permit is ever free while an operation
+	// waits.
+	exec atomic.Uint64
 
 	mu       sync.Mutex
 	maxConc  int
 	maxQueue int
 	wait     time.Duration
-	// free is B minus the execution permits held. It goes below zero when
-	// the budget shrinks under running work, or in dry-run: releases then
-	// pay the debt before any waiter is woken.
-	free    int
-	head    *waiter
-	tail    *waiter
-	waiting int
-	closed  bool
-	done    chan struct{} // closed by close
+	head     *waiter
+	tail     *waiter
+	closed   bool
+	done     chan struct{} // closed by close
 
 	nAdmitted, nFull, nTimeout, nNoConn, nConnFailed, nCanceled, nWait, waitNanos, nWouldWait atomic.Int64
+}
+
+// execState packs the execution semaphore: free, B minus the permits held,
+// in the low 32 bits as a signed number (it goes below zero when the
+// budget shrinks under running work, or in dry-run: releases then pay the
+// debt before any waiter is woken), and the waiters queued in the high 32.
+type execState uint64
+
+func packExec(free int64, waiting int64) uint64 {
+	return uint64(waiting)<<32 | uint64(uint32(int32(free)))
+}
+
+func (s execState) free() int64    { return int64(int32(uint32(s))) }
+func (s execState) waiting() int64 { return int64(s >> 32) }
+
+// counts returns the free execution permits and the queued waiters, from
+// one atomic read.
+func (l *limiter) counts() (free, waiting int) {
+	s := execState(l.exec.Load())
+	return int(s.free()), int(s.waiting())
+}
+
+// addExecLocked adds dFree to the free permits and dWaiting to the
+// waiters. mu is held, but the fast paths may take or give back a permit
+// meanwhile (while nobody waits): compare-and-swap.
+func (l *limiter) addExecLocked(dFree, dWaiting int64) {
+	for {
+		old := l.exec.Load()
+		s := execState(old)
+		if l.exec.CompareAndSwap(old, packExec(s.free()+dFree, s.waiting()+dWaiting)) {
+			return
+		}
+	}
 }
 
 // waiter is one operation in the FIFO queue for an execution permit.
@@ -73,30 +108,19 @@ func newLimiter(workload string, p Policy) *limiter {
 func (l *limiter) resize(p Policy) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.free += p.MaxConcurrent - l.maxConc
+	l.addExecLocked(int64(p.MaxConcurrent-l.maxConc), 0)
 	l.maxConc, l.maxQueue, l.wait = p.MaxConcurrent, p.MaxQueue, p.QueueWait
+	l.maxConcA.Store(int64(p.MaxConcurrent))
 	l.waitNs.Store(int64(p.QueueWait))
 	l.maxAdmit.Store(int64(p.MaxConcurrent) + int64(p.MaxQueue))
 	l.fullErr.Store(&RejectedError{Cause: ErrAdmissionFull, Workload: l.workload, MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, Running: p.MaxConcurrent, Waiting: p.MaxQueue})
 	l.dryRun.Store(p.DryRun)
-	if p.DryRun {
-		// Nobody waits in dry-run: let current waiters run.
-		for l.head != nil {
-			l.free--
-			l.grantLocked()
+	for l.head != nil {
+		if free, _ := l.counts(); free <= 0 && !p.DryRun { // nobody waits in dry-run: let current waiters run
+			break
 		}
+		l.grantLocked(true)
 	}
-	for l.free > 0 && l.head != nil {
-		l.free--
-		l.grantLocked()
-	}
-	l.mirrorLocked()
-}
-
-// mirrorLocked publishes the gauges read without mu.
-func (l *limiter) mirrorLocked() {
-	l.running.Store(int64(l.maxConc - l.free))
-	l.waitingN.Store(int64(l.waiting))
 }
 
 // acquire takes both permits of this budget alone, with its own queue
@@ -146,7 +170,8 @@ func (l *limiter) unadmit() {
 // now: the preallocated value when that is B running and Q waiting.
 func (l *limiter) full() error {
 	e := l.fullErr.Load()
-	r, w := int(l.running.Load()), int(l.waitingN.Load())
+	free, w := l.counts()
+	r := e.MaxConcurrent - free
 	if r == e.Running && w == e.Waiting {
 		return e
 	}
@@ -281,45 +306,67 @@ func (q *queueing) fail(ls []*limiter, i int, err error) error {
 // wait ends, ctx ends or l closes. A permit granted at the instant the wait
 // ends is handed on, never kept by a caller that reports failure.
 func (l *limiter) execute(ctx context.Context, q *queueing) error {
+	// The fast path: a free permit and nobody queued.
+	if old := l.exec.Load(); execState(old).waiting() == 0 && execState(old).free() > 0 && !l.closedA.Load() {
+		if l.exec.CompareAndSwap(old, old-1) { // free-1 (free > 0: no borrow)
+			return nil
+		}
+	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
 		return ErrClosed
 	}
-	if l.free > 0 && l.head == nil {
-		l.free--
-		l.running.Add(1)
-		l.mu.Unlock()
-		return nil
-	}
-	if l.dryRun.Load() {
-		l.free-- // runs anyway; its release pays the debt
-		l.running.Add(1)
-		l.mu.Unlock()
-		if !q.wouldReject { // one refused at admission would never have waited
-			l.nWouldWait.Add(1)
+	dry := l.dryRun.Load()
+	for {
+		old := l.exec.Load()
+		s := execState(old)
+		if s.waiting() == 0 && (s.free() > 0 || dry) {
+			// Free (or, in dry-run, running anyway: its release pays
+			// the debt), and nobody ahead.
+			if l.exec.CompareAndSwap(old, packExec(s.free()-1, 0)) {
+				l.mu.Unlock()
+				if s.free() <= 0 && !q.wouldReject { // one refused at admission would never have waited
+					l.nWouldWait.Add(1)
+				}
+				return nil
+			}
+			continue
 		}
-		return nil
-	}
-	left := q.wait
-	if !q.start.IsZero() {
-		left -= time.Since(q.start)
-	}
-	q.running, q.waiting = l.maxConc-l.free, l.waiting
-	if left <= 0 {
-		l.mu.Unlock()
-		return ErrQueueTimeout
+		if dry { // waiters left by a switch to dry-run are being let go: do not queue behind them
+			if l.exec.CompareAndSwap(old, packExec(s.free()-1, s.waiting())) {
+				l.mu.Unlock()
+				if !q.wouldReject {
+					l.nWouldWait.Add(1)
+				}
+				return nil
+			}
+			continue
+		}
+		q.running, q.waiting = l.maxConc-int(s.free()), int(s.waiting())
+		left := q.wait
+		if !q.start.IsZero() {
+			left -= time.Since(q.start)
+		}
+		if left <= 0 {
+			l.mu.Unlock()
+			return ErrQueueTimeout
+		}
+		if !l.exec.CompareAndSwap(old, packExec(s.free(), s.waiting()+1)) {
+			continue
+		}
+		break
 	}
 	if q.start.IsZero() {
 		q.start = time.Now()
 	}
 	w := &waiter{ready: make(chan struct{})}
 	l.pushLocked(w)
-	l.mirrorLocked()
 	l.mu.Unlock()
 
 	if q.timer == nil {
-		q.timer = time.NewTimer(left)
+		left := q.wait - time.Since(q.start)
+		q.timer = time.NewTimer(max(left, 0))
 	}
 	var err error
 	select {
@@ -333,7 +380,8 @@ func (l *limiter) execute(ctx context.Context, q *queueing) error {
 		err = ErrClosed
 	}
 	l.mu.Lock()
-	q.running, q.waiting = l.maxConc-l.free, l.waiting
+	free, waiting := l.counts()
+	q.running, q.waiting = l.maxConc-free, waiting
 	if w.granted {
 		l.releaseLocked() // granted as the wait ended: hand it on
 		q.running--       // its permit counted among the running
@@ -341,7 +389,6 @@ func (l *limiter) execute(ctx context.Context, q *queueing) error {
 	} else {
 		l.removeLocked(w)
 	}
-	l.mirrorLocked()
 	l.mu.Unlock()
 	return err
 }
@@ -349,30 +396,45 @@ func (l *limiter) execute(ctx context.Context, q *queueing) error {
 // releaseExec gives back an execution permit: to pay a debt, to the first
 // waiter, or to the free count.
 func (l *limiter) releaseExec() {
+	// The fast path: nobody queued, no debt.
+	if old := l.exec.Load(); execState(old).waiting() == 0 && execState(old).free() >= 0 && execState(old).free() < l.maxConcA.Load() {
+		if l.exec.CompareAndSwap(old, old+1) {
+			return
+		}
+	}
 	l.mu.Lock()
 	l.releaseLocked()
-	l.mirrorLocked()
 	l.mu.Unlock()
 }
 
 func (l *limiter) releaseLocked() {
-	if l.free < 0 || l.head == nil {
-		if l.free++; l.free > l.maxConc {
+	free, _ := l.counts()
+	if free < 0 || l.head == nil {
+		if free >= l.maxConc {
 			panic("bulkhead: bug: execution permit released more than held")
 		}
+		l.addExecLocked(1, 0)
 		return
 	}
-	l.grantLocked()
+	l.grantLocked(false)
 }
 
-// grantLocked hands an execution permit to the first waiter.
-func (l *limiter) grantLocked() {
+// grantLocked hands an execution permit to the first waiter: one taken
+// from the free count (fromFree, when resize wakes waiters), or one being
+// released, handed on directly.
+func (l *limiter) grantLocked(fromFree bool) {
 	w := l.head
-	l.removeLocked(w)
+	l.unlinkLocked(w)
+	d := int64(0)
+	if fromFree {
+		d = -1
+	}
+	l.addExecLocked(d, -1)
 	w.granted = true
 	close(w.ready)
 }
 
+// pushLocked queues w, already counted among the waiters.
 func (l *limiter) pushLocked(w *waiter) {
 	w.prev = l.tail
 	if l.tail != nil {
@@ -381,10 +443,15 @@ func (l *limiter) pushLocked(w *waiter) {
 		l.head = w
 	}
 	l.tail = w
-	l.waiting++
 }
 
+// removeLocked takes w, which gives up, out of the queue.
 func (l *limiter) removeLocked(w *waiter) {
+	l.unlinkLocked(w)
+	l.addExecLocked(0, -1)
+}
+
+func (l *limiter) unlinkLocked(w *waiter) {
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {
@@ -396,7 +463,6 @@ func (l *limiter) removeLocked(w *waiter) {
 		l.tail = w.prev
 	}
 	w.next, w.prev = nil, nil
-	l.waiting--
 }
 
 // close makes current and future waiters return ErrClosed. Operations
@@ -406,6 +472,7 @@ func (l *limiter) close() {
 	defer l.mu.Unlock()
 	if !l.closed {
 		l.closed = true
+		l.closedA.Store(true)
 		close(l.done)
 	}
 }
@@ -422,8 +489,9 @@ func (l *limiter) isClosed() bool {
 // stats fills the limiter's part of s.
 func (l *limiter) stats(s *Stats) {
 	l.mu.Lock()
-	s.Running = l.maxConc - l.free
-	s.Waiting = l.waiting
+	free, waiting := l.counts()
+	s.Running = l.maxConc - free
+	s.Waiting = waiting
 	s.MaxConcurrent = l.maxConc
 	s.MaxQueue = l.maxQueue
 	s.QueueWait = l.wait

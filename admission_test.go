@@ -33,7 +33,8 @@ func admRead(l *limiter) admState {
 	for w := l.head; w != nil; w = w.next {
 		n++
 	}
-	return admState{free: l.free, waiting: l.waiting, admitted: l.admitted.Load(), listLen: n}
+	free, waiting := l.counts()
+	return admState{free: free, waiting: waiting, admitted: l.admitted.Load(), listLen: n}
 }
 
 // admCheck fails the test unless the limiter holds exactly running

@@ -240,9 +240,8 @@ func BenchmarkWaiterMemory(b *testing.B) {
 			hold: acquire,
 			wait: func() { acquire(); l.release() },
 			parked: func() int {
-				l.mu.Lock()
-				defer l.mu.Unlock()
-				return l.waiting
+				_, waiting := l.counts()
+				return waiting
 			},
 			free: l.release,
 		})

@@ -352,15 +352,19 @@ func (c *conn) setServerDeadline(ctx context.Context, dl *PostgresDeadline) erro
 	return nil
 }
 
-// inTx reports whether a statement on c belongs to its open transaction
-// (and then takes no permit), or an error if that transaction is dying:
-// its context ended and database/sql has not rolled it back yet, so the
-// statement would run inside a transaction about to vanish.
-func (c *conn) inTx() (bool, error) {
+// inTx reports whether a statement on c, with context ctx, belongs to its
+// open transaction (and then takes no permit), or an error if that
+// transaction is dying: its context ended and database/sql has not rolled
+// it back yet, so the statement would run inside a transaction about to
+// vanish. A statement whose own context ended gets that context's error.
+func (c *conn) inTx(ctx context.Context) (bool, error) {
 	if !c.tx.held.Load() {
 		return false, nil
 	}
 	if c.tx.ctx.Err() != nil {
+		if err := ctx.Err(); err != nil {
+			return true, err
+		}
 		return true, ErrTxStillOpen
 	}
 	return true, nil
@@ -372,7 +376,7 @@ func (c *conn) execContext(ctx context.Context, query string, args []driver.Name
 	if c.lost.Load() {
 		return nil, driver.ErrBadConn
 	}
-	if in, err := c.inTx(); in {
+	if in, err := c.inTx(ctx); in {
 		if err != nil {
 			return nil, err
 		}
@@ -457,7 +461,7 @@ func (c *conn) queryContext(ctx context.Context, query string, args []driver.Nam
 	if c.lost.Load() {
 		return nil, driver.ErrBadConn
 	}
-	if in, err := c.inTx(); in {
+	if in, err := c.inTx(ctx); in {
 		if err != nil {
 			return nil, err
 		}

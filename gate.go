@@ -309,8 +309,10 @@ func (g *Gate) connErr(err error, waited time.Duration) error {
 		return err
 	}
 	ps := g.pool.stats()
-	e := &RejectedError{Cause: ErrNoConnection, Conns: ps.open, MaxConns: ps.max, Waited: waited, Running: int(g.lim.running.Load())}
+	free, waiting := g.lim.counts()
+	e := &RejectedError{Cause: ErrNoConnection, Conns: ps.open, MaxConns: ps.max, Waited: waited, Waiting: waiting}
 	e.MaxConcurrent, e.MaxQueue = g.lim.maxAdmitSplit()
+	e.Running = e.MaxConcurrent - free
 	return e
 }
 

@@ -30,6 +30,13 @@ import (
 // reset (the driver's SessionResetter) when it passes from one checkout to
 // the next, checked (the driver's Validator) when it is given back, and
 // closed when it fails either, like database/sql does for its own pool.
+//
+// Concurrency: a session's state (bound, idle, closed) is one atomic word,
+// so that taking an idle session and giving it back need no lock: database/sql
+// hands the most recently returned logical connection out first, whose
+// last session is then idle and taken by compare-and-swap. The pool's mu
+// guards what changes rarely: the count of open sessions, the list of all
+// of them (copied on write), and the callers waiting for one.
 
 // session is one server connection: a driver.Conn of the inner connector.
 type session struct {
@@ -53,28 +60,30 @@ type session struct {
 
 	created time.Time
 
-	// Guarded by the pool's mu.
-	state      sessionState
-	idleSince  time.Time
-	prev, next *session      // the idle list
-	pending    []driver.Stmt // statement closes deferred until the session is free
+	state     atomic.Int32 // sessionBound, sessionIdle or sessionClosed
+	idleSeq   atomic.Uint64
+	idleSince atomic.Int64 // unix nanoseconds; kept only with WithConnMaxIdleTime
+	// pending are statement closes deferred until the session is free: a
+	// lock-free stack, drained by whoever holds the session.
+	pending atomic.Pointer[pendingClose]
 
 	// Owned by whoever holds the session: the logical connection bound
-	// to it, or the pool while it is idle. Handing it over goes through
-	// the pool's mu.
+	// to it, or the pool while it is idle. Handing it over is a
+	// compare-and-swap of state.
 	used    bool // bound before: reset before it is bound again
 	discard bool // close it instead of keeping it when it is given back
-
-	gone atomic.Bool // closed: statements prepared on it went with it
 }
 
-type sessionState uint8
-
 const (
-	sessionBound  sessionState = iota // held by a logical connection (or being handed to one)
-	sessionIdle                       // in the idle list
-	sessionClosed                     // closed
+	sessionBound  int32 = iota // held by a logical connection (or by the pool handing it over)
+	sessionIdle                // free to take
+	sessionClosed              // closed: statements prepared on it went with it
 )
+
+type pendingClose struct {
+	si   driver.Stmt
+	next *pendingClose
+}
 
 func newSession(ci driver.Conn) *session {
 	s := &session{ci: ci, created: time.Now()}
@@ -91,6 +100,9 @@ func newSession(ci driver.Conn) *session {
 	s.keepOnRollback = s.resetter != nil && s.validator != nil
 	return s
 }
+
+// gone reports whether s was closed.
+func (s *session) gone() bool { return s.state.Load() == sessionClosed }
 
 // mask is the set of optional interfaces a logical connection in front of
 // sessions like s offers: those of s, with the legacy Execer and Queryer
@@ -121,14 +133,16 @@ type pool struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed by close
 
+	all     atomic.Pointer[[]*session] // the open sessions; replaced, never changed, under mu
+	seq     atomic.Uint64              // orders sessions by when they were last given back
+	idle    atomic.Int64               // sessions idle
+	waiting atomic.Int64               // callers waiting (or about to) for a session: put looks for them
+	open    atomic.Int64               // sessions open or being dialed; changed under mu
+	max     atomic.Int64               // changed under mu
+	closed  atomic.Bool                // set under mu
+
 	mu           sync.Mutex
-	top, bottom  *session // idle sessions, the most recently given back first
-	idle         int
-	open         int // sessions open or being dialed
-	max          int
 	wHead, wTail *connWaiter
-	waiting      int
-	closed       bool
 
 	// proto describes the driver's connections once one was dialed: the
 	// interfaces a logical connection offers, and a NamedValueChecker for
@@ -155,18 +169,70 @@ type connWaiter struct {
 
 func newPool(connector driver.Connector, opt *options, max int) *pool {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &pool{connector: connector, opt: opt, ctx: ctx, cancel: cancel, done: make(chan struct{}), max: max, learning: make(chan struct{}, 1)}
+	p := &pool{connector: connector, opt: opt, ctx: ctx, cancel: cancel, done: make(chan struct{}), learning: make(chan struct{}, 1)}
+	p.max.Store(int64(max))
+	p.all.Store(&[]*session{})
+	return p
 }
 
 // errNoSession: max sessions were open and none came back within the wait.
 var errNoSession = errors.New("bulkhead: no session")
 
+// take takes s if it is idle.
+func (p *pool) take(s *session) bool {
+	if s.state.Load() == sessionIdle && s.state.CompareAndSwap(sessionIdle, sessionBound) {
+		p.idle.Add(-1)
+		return true
+	}
+	return false
+}
+
+// takeRecent takes the most recently given back idle session, closing on
+// the way those idle longer than WithConnMaxIdleTime allows. It returns
+// nil if none is idle.
+func (p *pool) takeRecent() *session {
+	for p.idle.Load() > 0 {
+		var best *session
+		var bestSeq uint64
+		var stale []*session
+		var now int64
+		if p.opt.maxIdleTime > 0 {
+			now = time.Now().UnixNano()
+		}
+		for _, s := range *p.all.Load() {
+			if s.state.Load() != sessionIdle {
+				continue
+			}
+			if now != 0 && now-s.idleSince.Load() > int64(p.opt.maxIdleTime) {
+				stale = append(stale, s)
+				continue
+			}
+			if seq := s.idleSeq.Load(); best == nil || seq > bestSeq {
+				best, bestSeq = s, seq
+			}
+		}
+		for _, s := range stale {
+			if p.take(s) {
+				p.closeSession(s)
+			}
+		}
+		if best == nil {
+			return nil
+		}
+		if p.take(best) {
+			return best
+		}
+		// Taken by another meanwhile: look again.
+	}
+	return nil
+}
+
 // get returns a session for a logical connection that has none: hint, the
 // session it had last, if that one is idle; else the most recently used
 // idle one; else a new one if fewer than max are open (or unbounded, in
 // dry-run); else the first one given back within wait (errNoSession after
-// that). A session taken from the idle list is reset first, and closed and
-// passed over when the driver says it is bad.
+// that). A session taken idle is reset first, and closed and passed over
+// when the driver says it is bad or it is past its lifetime.
 func (p *pool) get(ctx context.Context, hint *session, wait time.Duration, unbounded bool) (*session, error) {
 	var timer *time.Timer
 	var deadline time.Time
@@ -179,41 +245,55 @@ func (p *pool) get(ctx context.Context, hint *session, wait time.Duration, unbou
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		now := time.Now()
-		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
+		if p.closed.Load() {
 			return nil, ErrClosed
 		}
-		expired := p.expireLocked(now)
-		s := p.takeIdleLocked(hint, now, &expired)
-		if s == nil && (p.open < p.max || unbounded) {
-			p.open++
-			p.mu.Unlock()
-			p.closeAll(expired)
-			return p.dial(ctx)
+		s := hint
+		hint = nil
+		if s == nil || !p.take(s) {
+			s = p.takeRecent()
 		}
 		if s != nil {
-			p.mu.Unlock()
-			p.closeAll(expired)
-			if p.reset(ctx, s) {
+			if p.ready(ctx, s) {
 				return s, nil
 			}
 			continue
 		}
-		if timer == nil {
-			deadline = now.Add(wait)
-		}
-		left := deadline.Sub(now)
-		if left <= 0 {
+
+		p.mu.Lock()
+		if p.closed.Load() {
 			p.mu.Unlock()
-			p.closeAll(expired)
+			return nil, ErrClosed
+		}
+		// Announce the wait before looking again: a session given back
+		// from now on sees it and comes through mu.
+		p.waiting.Add(1)
+		if s := p.takeRecent(); s != nil {
+			p.waiting.Add(-1)
+			p.mu.Unlock()
+			if p.ready(ctx, s) {
+				return s, nil
+			}
+			continue
+		}
+		if p.open.Load() < p.max.Load() || unbounded {
+			p.open.Add(1)
+			p.waiting.Add(-1)
+			p.mu.Unlock()
+			return p.dial(ctx)
+		}
+		if timer == nil {
+			deadline = time.Now().Add(wait)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			p.waiting.Add(-1)
+			p.mu.Unlock()
 			return nil, errNoSession
 		}
 		w := &connWaiter{ready: make(chan struct{})}
 		p.pushWaiterLocked(w)
 		p.mu.Unlock()
-		p.closeAll(expired)
 		if timer == nil {
 			timer = time.NewTimer(left)
 		}
@@ -246,7 +326,7 @@ func (p *pool) get(ctx context.Context, hint *session, wait time.Duration, unbou
 		if w.slot {
 			return p.dial(ctx)
 		}
-		if p.reset(ctx, w.s) {
+		if p.ready(ctx, w.s) {
 			return w.s, nil
 		}
 		// The session handed over was bad: look again, within the same
@@ -254,75 +334,16 @@ func (p *pool) get(ctx context.Context, hint *session, wait time.Duration, unbou
 	}
 }
 
-// takeIdleLocked unlinks hint if it is idle, or else the most recently
-// given back idle session, skipping (into expired) those past their
-// lifetime. It returns nil if none is idle.
-func (p *pool) takeIdleLocked(hint *session, now time.Time, expired *[]*session) *session {
-	if hint != nil && hint.state == sessionIdle {
-		p.unlinkLocked(hint)
-		if !p.tooOld(hint, now) {
-			return hint
-		}
-		*expired = append(*expired, hint)
+// ready prepares s, just taken, for a new checkout: closed if it is past
+// its lifetime, else reset with the driver's SessionResetter, as
+// database/sql does when it reuses a pooled connection. It reports whether
+// s can be used; if not, s was closed.
+func (p *pool) ready(ctx context.Context, s *session) bool {
+	if p.opt.maxLifetime > 0 && time.Since(s.created) > p.opt.maxLifetime {
+		p.closeSession(s)
+		return false
 	}
-	for p.top != nil {
-		s := p.top
-		p.unlinkLocked(s)
-		if !p.tooOld(s, now) {
-			return s
-		}
-		*expired = append(*expired, s)
-	}
-	return nil
-}
-
-func (p *pool) tooOld(s *session, now time.Time) bool {
-	return p.opt.maxLifetime > 0 && now.Sub(s.created) > p.opt.maxLifetime
-}
-
-// expireLocked unlinks the idle sessions that stayed idle longer than
-// WithConnMaxIdleTime allows: the oldest are at the bottom of the list.
-func (p *pool) expireLocked(now time.Time) []*session {
-	if p.opt.maxIdleTime <= 0 {
-		return nil
-	}
-	var out []*session
-	for s := p.bottom; s != nil && now.Sub(s.idleSince) > p.opt.maxIdleTime; s = p.bottom {
-		p.unlinkLocked(s)
-		out = append(out, s)
-	}
-	return out
-}
-
-// unlinkLocked removes an idle session from the idle list; it is then
-// held by the caller.
-func (p *pool) unlinkLocked(s *session) {
-	if s.prev != nil {
-		s.prev.next = s.next
-	} else {
-		p.top = s.next
-	}
-	if s.next != nil {
-		s.next.prev = s.prev
-	} else {
-		p.bottom = s.prev
-	}
-	s.next, s.prev = nil, nil
-	s.state = sessionBound
-	p.idle--
-}
-
-func (p *pool) pushIdleLocked(s *session, now time.Time) {
-	s.state = sessionIdle
-	s.idleSince = now
-	s.prev, s.next = nil, p.top
-	if p.top != nil {
-		p.top.prev = s
-	} else {
-		p.bottom = s
-	}
-	p.top = s
-	p.idle++
+	return p.reset(ctx, s)
 }
 
 func (p *pool) pushWaiterLocked(w *connWaiter) {
@@ -333,9 +354,9 @@ func (p *pool) pushWaiterLocked(w *connWaiter) {
 		p.wHead = w
 	}
 	p.wTail = w
-	p.waiting++
 }
 
+// removeWaiterLocked takes w out of the queue and the count of waiters.
 func (p *pool) removeWaiterLocked(w *connWaiter) {
 	if w.prev != nil {
 		w.prev.next = w.next
@@ -348,11 +369,11 @@ func (p *pool) removeWaiterLocked(w *connWaiter) {
 		p.wTail = w.prev
 	}
 	w.next, w.prev = nil, nil
-	p.waiting--
+	p.waiting.Add(-1)
 }
 
-// grantLocked hands s (or, with s nil, a place under max) to the first
-// waiter, if any.
+// grantLocked hands s, held by the caller (or, with s nil, a place under
+// max already counted in open), to the first waiter, if any.
 func (p *pool) grantLocked(s *session) bool {
 	w := p.wHead
 	if w == nil {
@@ -364,11 +385,10 @@ func (p *pool) grantLocked(s *session) bool {
 	return true
 }
 
-// reset prepares s, taken from the idle list, for a new checkout with the
-// driver's SessionResetter, as database/sql does when it reuses a pooled
-// connection. A session the driver calls bad (driver.ErrBadConn) is closed
-// and false returned; other errors are ignored, as database/sql ignores
-// them. A panic closes the session and goes on up.
+// reset prepares s, taken idle, for a new checkout with the driver's
+// SessionResetter. A session the driver calls bad (driver.ErrBadConn) is
+// closed and false returned; other errors are ignored, as database/sql
+// ignores them. A panic closes the session and goes on up.
 func (p *pool) reset(ctx context.Context, s *session) bool {
 	if !s.used || s.resetter == nil {
 		return true
@@ -453,8 +473,13 @@ func (p *pool) runDial(ctx context.Context, d *dialing) {
 		d.err = err
 		return
 	}
-	d.s = newSession(ci)
-	p.learn(d.s)
+	s := newSession(ci)
+	p.learn(s)
+	p.mu.Lock()
+	all := append(append(make([]*session, 0, len(*p.all.Load())+1), *p.all.Load()...), s)
+	p.all.Store(&all)
+	p.mu.Unlock()
+	d.s = s
 }
 
 // deliver hands a finished dial to its caller, or to the pool if the
@@ -488,44 +513,53 @@ func (p *pool) learn(s *session) {
 	}
 }
 
-// put takes back a session its holder is done with: deferred statement
-// closes run, then it is closed if it is to be discarded, past its
-// lifetime or invalid (the driver's Validator), or if the pool is closed
-// or above max; else it goes to the first waiter, or to the top of the
-// idle list.
+// put takes back a session its holder is done with: it is closed if it is
+// to be discarded, past its lifetime or invalid (the driver's Validator),
+// or if the pool is closed or above max; else deferred statement closes
+// run, and it goes to the first waiter or becomes idle.
 func (p *pool) put(s *session) {
-	now := time.Now()
-	for {
-		p.mu.Lock()
-		pending := s.pending
-		s.pending = nil
-		p.mu.Unlock()
-		if len(pending) == 0 {
-			break
-		}
-		for _, si := range pending {
-			closeStmt(si)
-		}
-	}
-	if s.discard || p.tooOld(s, now) || !p.valid(s) {
+	p.drain(s)
+	if s.discard || (p.opt.maxLifetime > 0 && time.Since(s.created) > p.opt.maxLifetime) || !p.valid(s) ||
+		p.closed.Load() || p.open.Load() > p.max.Load() {
 		p.closeSession(s)
 		return
 	}
-	p.mu.Lock()
-	if len(s.pending) > 0 { // a close deferred meanwhile: run it too
-		p.mu.Unlock()
+	s.idleSeq.Store(p.seq.Add(1))
+	if p.opt.maxIdleTime > 0 {
+		s.idleSince.Store(time.Now().UnixNano())
+	}
+	p.idle.Add(1)
+	s.state.Store(sessionIdle)
+	// A statement close deferred meanwhile, or a caller waiting: both
+	// looked at the state before it became idle, so they are seen here
+	// (or they see it idle).
+	if s.pending.Load() != nil && p.take(s) {
 		p.put(s)
 		return
 	}
-	if p.closed || p.open > p.max {
+	if p.waiting.Load() > 0 || p.closed.Load() {
+		p.mu.Lock()
+		if p.closed.Load() {
+			p.mu.Unlock()
+			if p.take(s) {
+				p.closeSession(s)
+			}
+			return
+		}
+		if p.wHead != nil && p.take(s) {
+			p.grantLocked(s)
+		}
 		p.mu.Unlock()
-		p.closeSession(s)
-		return
 	}
-	if !p.grantLocked(s) {
-		p.pushIdleLocked(s, now)
+}
+
+// drain runs the statement closes deferred on s, held by the caller.
+func (p *pool) drain(s *session) {
+	for s.pending.Load() != nil {
+		for pc := s.pending.Swap(nil); pc != nil; pc = pc.next {
+			closeStmt(pc.si)
+		}
 	}
-	p.mu.Unlock()
 }
 
 // valid asks the driver's Validator, as database/sql does when a
@@ -556,37 +590,41 @@ func closeStmt(si driver.Stmt) {
 	si.Close()
 }
 
-// closeStmtOn closes si, prepared on s, now if s is idle (taking it out of
-// the idle list meanwhile), or when s is next given back if it is held.
+// closeStmtOn closes si, prepared on s, now if s is idle (taking it
+// meanwhile), or when its holder gives it back.
 func (p *pool) closeStmtOn(s *session, si driver.Stmt) {
-	p.mu.Lock()
-	switch s.state {
-	case sessionIdle:
-		p.unlinkLocked(s)
-		p.mu.Unlock()
-		closeStmt(si)
+	pc := &pendingClose{si: si}
+	for {
+		old := s.pending.Load()
+		pc.next = old
+		if s.pending.CompareAndSwap(old, pc) {
+			break
+		}
+	}
+	// If s is idle now, its holder gave it back before seeing the close:
+	// take it and run the closes (put checks pending again).
+	if p.take(s) {
 		p.put(s)
-	case sessionBound:
-		s.pending = append(s.pending, si)
-		p.mu.Unlock()
-	default: // closed: the statement went with it
-		p.mu.Unlock()
 	}
 }
 
-// closeSession closes s and frees its place under max.
+// closeSession closes s, held by the caller, and frees its place under
+// max.
 func (p *pool) closeSession(s *session) {
-	p.mu.Lock()
-	if s.state == sessionClosed {
-		p.mu.Unlock()
+	if old := s.state.Swap(sessionClosed); old == sessionClosed {
 		return
+	} else if old == sessionIdle {
+		p.idle.Add(-1)
 	}
-	if s.state == sessionIdle {
-		p.unlinkLocked(s)
+	s.pending.Store(nil) // the statements go with the session
+	p.mu.Lock()
+	all := make([]*session, 0, len(*p.all.Load()))
+	for _, o := range *p.all.Load() {
+		if o != s {
+			all = append(all, o)
+		}
 	}
-	s.state = sessionClosed
-	s.pending = nil
-	s.gone.Store(true)
+	p.all.Store(&all)
 	p.mu.Unlock()
 	defer p.slotFree()
 	s.ci.Close()
@@ -596,37 +634,54 @@ func (p *pool) closeSession(s *session) {
 // dial, unless the pool is above max.
 func (p *pool) slotFree() {
 	p.mu.Lock()
-	p.open--
-	if p.open < p.max && !p.closed && p.wHead != nil {
-		p.open++
+	p.open.Add(-1)
+	if p.open.Load() < p.max.Load() && !p.closed.Load() && p.wHead != nil {
+		p.open.Add(1)
 		p.grantLocked(nil)
 	}
 	p.mu.Unlock()
 }
 
-func (p *pool) closeAll(ss []*session) {
-	for _, s := range ss {
-		p.closeSession(s)
+// takeOldest takes the idle session given back longest ago, or nil.
+func (p *pool) takeOldest() *session {
+	for p.idle.Load() > 0 {
+		var oldest *session
+		var seq uint64
+		for _, s := range *p.all.Load() {
+			if s.state.Load() == sessionIdle {
+				if q := s.idleSeq.Load(); oldest == nil || q < seq {
+					oldest, seq = s, q
+				}
+			}
+		}
+		if oldest == nil {
+			return nil
+		}
+		if p.take(oldest) {
+			return oldest
+		}
 	}
+	return nil
 }
 
 // setMax changes how many sessions may be open: waiters get the new
 // places; idle sessions above the new max are closed.
 func (p *pool) setMax(n int) {
 	p.mu.Lock()
-	p.max = n
-	for p.open < p.max && p.wHead != nil && !p.closed {
-		p.open++
+	p.max.Store(int64(n))
+	for p.open.Load() < p.max.Load() && p.wHead != nil && !p.closed.Load() {
+		p.open.Add(1)
 		p.grantLocked(nil)
 	}
-	var extra []*session
-	for over := p.open - p.max; over > 0 && p.bottom != nil; over-- {
-		s := p.bottom
-		p.unlinkLocked(s)
-		extra = append(extra, s)
-	}
+	over := p.open.Load() - p.max.Load()
 	p.mu.Unlock()
-	p.closeAll(extra)
+	for ; over > 0; over-- {
+		s := p.takeOldest()
+		if s == nil {
+			break
+		}
+		p.closeSession(s)
+	}
 }
 
 // close closes the idle sessions and ends the dials in flight; sessions
@@ -634,21 +689,19 @@ func (p *pool) setMax(n int) {
 // one get ErrClosed.
 func (p *pool) close() {
 	p.mu.Lock()
-	if p.closed {
+	if p.closed.Load() {
 		p.mu.Unlock()
 		return
 	}
-	p.closed = true
+	p.closed.Store(true)
 	close(p.done)
-	var idle []*session
-	for p.top != nil {
-		s := p.top
-		p.unlinkLocked(s)
-		idle = append(idle, s)
-	}
 	p.mu.Unlock()
 	p.cancel()
-	p.closeAll(idle)
+	for _, s := range *p.all.Load() {
+		if p.take(s) {
+			p.closeSession(s)
+		}
+	}
 }
 
 // poolStats is what Stats reports of the pool.
@@ -659,5 +712,9 @@ type poolStats struct {
 func (p *pool) stats() poolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return poolStats{open: p.open, idle: p.idle, max: p.max, waiting: p.waiting}
+	n := 0
+	for w := p.wHead; w != nil; w = w.next {
+		n++
+	}
+	return poolStats{open: int(p.open.Load()), idle: int(p.idle.Load()), max: int(p.max.Load()), waiting: n}
 }

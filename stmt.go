@@ -99,7 +99,7 @@ func (st *stmt) on(ctx context.Context) (driver.Stmt, error) {
 func (st *stmt) keep(s *session, si driver.Stmt) {
 	live := st.on_[:0]
 	for _, o := range st.on_ {
-		if !o.s.gone.Load() {
+		if !o.s.gone() {
 			live = append(live, o)
 		}
 	}
@@ -121,7 +121,7 @@ func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driv
 	if c.lost.Load() {
 		return nil, driver.ErrBadConn
 	}
-	if in, err := c.inTx(); in {
+	if in, err := c.inTx(ctx); in {
 		if err != nil {
 			return nil, err
 		}
@@ -150,7 +150,7 @@ func (st *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (dri
 	if c.lost.Load() {
 		return nil, driver.ErrBadConn
 	}
-	if in, err := c.inTx(); in {
+	if in, err := c.inTx(ctx); in {
 		if err != nil {
 			return nil, err
 		}

@@ -26,7 +26,8 @@ import (
 func wliCheckBudget(l *limiter) error {
 	adm, maxAdm := l.admitted.Load(), l.maxAdmit.Load()
 	l.mu.Lock()
-	free, waiting, b := l.free, l.waiting, l.maxConc
+	free, waiting := l.counts()
+	b := l.maxConc
 	l.mu.Unlock()
 	switch {
 	case adm > maxAdm:
