@@ -24,8 +24,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
 type relCluster struct {
@@ -304,4 +306,89 @@ func TestCommittedRowsSurviveRestartCrashAndDowntime(t *testing.T) {
 		fresh.finish()
 		r.finish()
 	})
+}
+
+// After a server restart every idle connection is dead. database/sql
+// finds each by failing an operation on it (pgx pings only a connection
+// idle for more than a second); the gate pings its idle connections once
+// one of them was found dead, so only the first operation fails. With the
+// same number of idle connections (4), through plain database/sql, the
+// gate over stdlib.GetConnector, and pgxgate's connector.
+func TestAfterARestartTheFirstOperationsFailNoMoreOftenThanThroughPlainDatabaseSQL(t *testing.T) {
+	c := relStartCluster(t)
+	const idle = 4
+	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: idle - 2, QueueWait: 5 * time.Second}
+	ctx := t.Context()
+	warm := func(db *sql.DB) {
+		t.Helper()
+		var conns []*sql.Conn
+		for range idle {
+			conn, err := db.Conn(ctx)
+			if err == nil {
+				err = conn.PingContext(ctx)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, conn)
+		}
+		for _, conn := range conns {
+			conn.Close()
+		}
+	}
+	// failures runs operations one after the other until one succeeds
+	// (bounded) and returns how many failed first.
+	failures := func(db *sql.DB) int {
+		t.Helper()
+		for n := range 3 * idle {
+			var v int
+			err := db.QueryRowContext(ctx, "SELECT 1").Scan(&v)
+			if err == nil {
+				return n
+			}
+			if errors.Is(err, bulkhead.ErrRejected) {
+				t.Fatalf("rejected after a restart: %v", err)
+			}
+		}
+		t.Fatalf("still failing after %d operations", 3*idle)
+		return 0
+	}
+
+	// pgx pings a connection idle for more than a second before reusing
+	// it, which finds a dead one without failing an operation; whether the
+	// restart took longer than that is up to the machine. Never pinging
+	// on reset takes that out of the comparison.
+	noPing := stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool { return false })
+	plain := stdlib.OpenDB(*c.config(t), noPing)
+	plain.SetMaxIdleConns(idle)
+	defer plain.Close()
+	gStd, err := bulkhead.New(stdlib.GetConnector(*c.config(t), noPing), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	std := gStd.OpenDB()
+	defer std.Close()
+	gPgx, err := bulkhead.New(pgxgate.Connector(c.config(t), noPing), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaPgxgate := gPgx.OpenDB()
+	defer viaPgxgate.Close()
+	for _, db := range []*sql.DB{plain, std, viaPgxgate} {
+		warm(db)
+	}
+	if s1, s2 := gStd.Stats(), gPgx.Stats(); s1.IdleConns != idle || s2.IdleConns != idle {
+		t.Fatalf("idle server connections before the restart: %d and %d, want %d", s1.IdleConns, s2.IdleConns, idle)
+	}
+	c.restart(t, "fast")
+
+	plainFailed, stdFailed, pgxFailed := failures(plain), failures(std), failures(viaPgxgate)
+	t.Logf("figures: operations failed after a restart with %d idle connections: plain database/sql %d, gate over stdlib %d (%+v), pgxgate %d (%+v)",
+		idle, plainFailed, stdFailed, gStd.Stats(), pgxFailed, gPgx.Stats())
+	if stdFailed > plainFailed || pgxFailed > plainFailed {
+		t.Errorf("the gate failed more operations than plain database/sql: %d and %d, plain %d", stdFailed, pgxFailed, plainFailed)
+	}
+	if stdFailed > 1 || pgxFailed > 1 {
+		t.Errorf("after the first failure the gate should have found the other dead connections: %d and %d failed", stdFailed, pgxFailed)
+	}
 }

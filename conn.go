@@ -192,7 +192,7 @@ func (c *conn) Close() error {
 	defer c.tx.end()
 	if s := c.sess; s != nil {
 		c.sess = nil
-		c.g.pool.closeSession(s)
+		c.g.pool.closeDead(s)
 	}
 	return nil
 }

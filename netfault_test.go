@@ -31,6 +31,7 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/rs/zerolog"
 
 	"github.com/dbbulkhead/bulkhead"
@@ -403,4 +404,173 @@ func TestAmbiguousCommitReleasesOnceAndIsNeverRetried(t *testing.T) {
 	}
 	r.wantIDs(table, append(want, 100)...)
 	r.finish()
+}
+
+// ---------------------------------------------------------------------------
+// Slow dials and a slow network: rejections stay immediate, dials are not
+// thrown away (issue 10, point 8).
+
+// A rejection sends nothing to the server, also when the pooled
+// connection it would have used needs a reset: pgx pings a connection idle
+// for more than a second before reusing it (forced here for every reset
+// with OptionShouldPing, so that nothing has to wait a second), and with
+// 50 ms of network latency that ping cost a rejection 100 ms. The gate
+// resets a server connection only once the operation holds its permits.
+func TestARejectionPingsNothingAlsoWhenThePooledConnectionNeedsAReset(t *testing.T) {
+	x := relStartProxy(t, relConfig(t))
+	x.add("lat_down", "latency", "downstream", `{"latency":50}`)
+	x.add("lat_up", "latency", "upstream", `{"latency":50}`)
+	var pings atomic.Int64
+	inner := stdlib.GetConnector(*x.config(relConfig(t)), stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool {
+		pings.Add(1)
+		return true
+	}))
+	g, err := bulkhead.New(inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	ctx := pgTestCtx(t)
+	// Three used connections in database/sql's pool: the transaction
+	// takes one, the operation waiting for it another, and the third
+	// operation gets the last one, which database/sql resets before use.
+	var conns []*sql.Conn
+	for range 3 {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	tx := pgBegin(t, ctx, db)
+	waiter := make(chan error, 1)
+	go func() {
+		_, err := db.ExecContext(ctx, "SELECT 1")
+		waiter <- err
+	}()
+	awaitState(t, "an operation waits", func() bool { return g.Stats().Waiting == 1 })
+	before := pings.Load()
+	start := time.Now()
+	_, err = db.ExecContext(ctx, "SELECT 1")
+	took := time.Since(start)
+	if !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("second operation: %v, want admission full", err)
+	}
+	if n := pings.Load() - before; n != 0 {
+		t.Errorf("the rejection asked the driver to reset (ping) %d server connections, want none", n)
+	}
+	t.Logf("figures: a rejection with 50ms of latency each way: %v, no ping", took)
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waiter; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// relSlowDialer makes connection setup slow: each dial waits delay (or its
+// context) before dialing.
+type relSlowDialer struct {
+	delay time.Duration
+	dials atomic.Int64
+}
+
+func (d *relSlowDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d.dials.Add(1)
+	t := time.NewTimer(d.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	var nd net.Dialer
+	return nd.DialContext(ctx, network, addr)
+}
+
+// relShortDeadlines runs workers × ops statements, each with a deadline of
+// 1 to 200 ms, and tallies how they ended.
+func relShortDeadlines(t *testing.T, db *sql.DB, workers, ops int) map[string]int {
+	t.Helper()
+	var mu sync.Mutex
+	tally := map[string]int{}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range ops {
+				d := time.Duration(1+(w*ops+i)*7919%200) * time.Millisecond
+				ctx, cancel := context.WithTimeout(t.Context(), d)
+				var v int
+				err := db.QueryRowContext(ctx, "SELECT 1").Scan(&v)
+				cancel()
+				k := "ok"
+				switch {
+				case errors.Is(err, bulkhead.ErrRejected):
+					k = "rejected: " + bulkhead.ReasonLabel(err)
+				case errors.Is(err, context.DeadlineExceeded):
+					k = "deadline"
+				case err != nil:
+					k = "error"
+				}
+				mu.Lock()
+				tally[k]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return tally
+}
+
+// Connection setup takes 300 ms, longer than every caller's deadline (1 to
+// 200 ms). database/sql with no MaxOpenConns dials under the caller's
+// context: every dial is cut off and thrown away, so nothing ever runs
+// (with MaxOpenConns, its background opener dials for waiting callers).
+// Through the gate a dial goes on after its caller gave up and its
+// connection is kept: once the connections are up, the calls run.
+func TestSlowDialsAreKeptSoShortDeadlinesDoNotTurnTheGateIntoRejectEverything(t *testing.T) {
+	const workers = 8
+	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 50 * time.Millisecond}
+
+	for _, maxOpen := range []int{0, p.MaxConcurrent + p.MaxQueue} {
+		plainDialer := &relSlowDialer{delay: 300 * time.Millisecond}
+		cfg := relConfig(t)
+		cfg.DialFunc = plainDialer.dial
+		plain := stdlib.OpenDB(*cfg)
+		plain.SetMaxOpenConns(maxOpen)
+		plain.SetMaxIdleConns(p.MaxConcurrent + p.MaxQueue)
+		plainTally := relShortDeadlines(t, plain, workers, 10)
+		t.Logf("figures: database/sql alone, MaxOpenConns %d, %d calls: %v; %d dials started, %d connections open after", maxOpen, workers*10, plainTally, plainDialer.dials.Load(), plain.Stats().OpenConnections)
+		plain.Close()
+	}
+
+	gateDialer := &relSlowDialer{delay: 300 * time.Millisecond}
+	cfg := relConfig(t)
+	cfg.DialFunc = gateDialer.dial
+	g, err := bulkhead.New(stdlib.GetConnector(*cfg), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	const ops = 40
+	tally := relShortDeadlines(t, db, workers, ops)
+	s := g.Stats()
+	t.Logf("figures: through the gate, %d calls: %v; %d dials (%d kept after their caller gave up), %d connections open of MaxConns %d", workers*ops, tally, s.Dials, s.DialsKept, s.OpenConns, s.MaxConns)
+	if s.DialsKept == 0 {
+		t.Errorf("no dial was kept after its caller gave up: %+v", s)
+	}
+	if s.Dials > int64(s.MaxConns) {
+		t.Errorf("%d dials for MaxConns=%d: dials were thrown away and made again", s.Dials, s.MaxConns)
+	}
+	// Once the connections are up (300 ms), a call runs unless the gate is
+	// full: most of the calls made after that succeed.
+	if tally["ok"] < workers*ops/2 {
+		t.Errorf("only %d of %d calls ran: the gate rejected or timed out the rest while the server was idle", tally["ok"], workers*ops)
+	}
+	awaitState(t, "the dials in flight are done", func() bool { return g.Stats().OpenConns == g.Stats().IdleConns })
 }

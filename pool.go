@@ -70,8 +70,9 @@ type session struct {
 	// Owned by whoever holds the session: the logical connection bound
 	// to it, or the pool while it is idle. Handing it over is a
 	// compare-and-swap of state.
-	used    bool // bound before: reset before it is bound again
-	discard bool // close it instead of keeping it when it is given back
+	used    bool   // bound before: reset before it is bound again
+	discard bool   // close it instead of keeping it when it is given back
+	checked uint64 // the pool's deadEpoch when it was last known alive
 }
 
 const (
@@ -150,7 +151,13 @@ type pool struct {
 	proto    atomic.Pointer[protoInfo]
 	learning chan struct{} // one dial at a time learns proto (Gate.learn)
 
-	nDials, nDialErrors, nKept, nReset, nInvalid atomic.Int64
+	// deadEpoch counts the sessions found dead (the driver said
+	// driver.ErrBadConn, or its Validator said no): when one dies, the
+	// others idle since may have died with it (a server restart), so each
+	// is pinged before its next use (see ready).
+	deadEpoch atomic.Uint64
+
+	nDials, nDialErrors, nKept, nReset, nInvalid, nPinged atomic.Int64
 }
 
 type protoInfo struct {
@@ -335,15 +342,57 @@ func (p *pool) get(ctx context.Context, hint *session, wait time.Duration, unbou
 }
 
 // ready prepares s, just taken, for a new checkout: closed if it is past
-// its lifetime, else reset with the driver's SessionResetter, as
+// its lifetime; pinged (the driver's Pinger) if another session died since
+// s was last known alive; then reset with the driver's SessionResetter, as
 // database/sql does when it reuses a pooled connection. It reports whether
 // s can be used; if not, s was closed.
+//
+// The ping after a death is the gate's own: database/sql finds each stale
+// connection after a server restart by failing an operation on it (pgx
+// pings only connections idle for more than a second); the gate lets the
+// first failure warn the others.
 func (p *pool) ready(ctx context.Context, s *session) bool {
 	if p.opt.maxLifetime > 0 && time.Since(s.created) > p.opt.maxLifetime {
 		p.closeSession(s)
 		return false
 	}
+	if epoch := p.deadEpoch.Load(); s.checked != epoch {
+		if s.pinger != nil {
+			p.nPinged.Add(1)
+			if err := p.ping(ctx, s); err != nil {
+				if ctx.Err() == nil {
+					p.nInvalid.Add(1)
+					p.closeDead(s)
+				} else {
+					p.closeSession(s)
+				}
+				return false
+			}
+		}
+		s.checked = epoch
+	}
 	return p.reset(ctx, s)
+}
+
+// ping runs the driver's Pinger on s, held by the caller. A panic closes
+// s and goes on up.
+func (p *pool) ping(ctx context.Context, s *session) error {
+	done := false
+	defer func() {
+		if !done {
+			p.closeSession(s)
+		}
+	}()
+	err := s.pinger.Ping(ctx)
+	done = true
+	return err
+}
+
+// closeDead closes s, which the driver found dead, and makes the idle
+// sessions suspect.
+func (p *pool) closeDead(s *session) {
+	p.deadEpoch.Add(1)
+	p.closeSession(s)
 }
 
 func (p *pool) pushWaiterLocked(w *connWaiter) {
@@ -404,7 +453,7 @@ func (p *pool) reset(ctx context.Context, s *session) bool {
 	done = true
 	if errors.Is(err, driver.ErrBadConn) {
 		p.nInvalid.Add(1)
-		p.closeSession(s)
+		p.closeDead(s)
 		return false
 	}
 	return true
@@ -474,6 +523,7 @@ func (p *pool) runDial(ctx context.Context, d *dialing) {
 		return
 	}
 	s := newSession(ci)
+	s.checked = p.deadEpoch.Load()
 	p.learn(s)
 	p.mu.Lock()
 	all := append(append(make([]*session, 0, len(*p.all.Load())+1), *p.all.Load()...), s)
@@ -519,7 +569,11 @@ func (p *pool) learn(s *session) {
 // run, and it goes to the first waiter or becomes idle.
 func (p *pool) put(s *session) {
 	p.drain(s)
-	if s.discard || (p.opt.maxLifetime > 0 && time.Since(s.created) > p.opt.maxLifetime) || !p.valid(s) ||
+	if !p.valid(s) {
+		p.closeDead(s)
+		return
+	}
+	if s.discard || (p.opt.maxLifetime > 0 && time.Since(s.created) > p.opt.maxLifetime) ||
 		p.closed.Load() || p.open.Load() > p.max.Load() {
 		p.closeSession(s)
 		return
