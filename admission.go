@@ -511,8 +511,7 @@ func (l *limiter) stats(s *Stats) {
 // permit is the state of one gated operation while it holds its permits.
 type permit struct {
 	kind   Kind
-	wl     *limiter      // the workload's budget, nil for none
-	wait   time.Duration // the operation's queue wait: also its longest wait for a server connection
+	wl     *limiter // the workload's budget, nil for none
 	waited time.Duration
 	start  time.Time   // set only when something needs the hold time
 	timer  *time.Timer // the hold warning, if set
@@ -533,7 +532,7 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 	ls = append(ls, g.lim)
 	var q queueing
 	err := q.acquire(ctx, ls, o.wait, g.opt.reserve)
-	p.kind, p.wl, p.wait, p.waited = k, wl, q.wait, q.waited()
+	p.kind, p.wl, p.waited = k, wl, q.waited()
 	if err != nil {
 		if g.opt.events.OnReject != nil && errors.Is(err, ErrRejected) {
 			emit(g.opt.events.OnReject, Event{Kind: k, Workload: p.workloadName(), Reason: rejectReason(err), Waited: p.waited})

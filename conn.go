@@ -108,10 +108,11 @@ func (c *conn) start(ctx context.Context, k Kind, p *permit) error {
 				c.g.abort(p, errPanicked)
 			}
 		}()
-		_, err := c.bind(ctx, p.wait)
+		wait := c.g.connWait()
+		_, err := c.bind(ctx, wait)
 		bound = true
 		if err != nil {
-			err = c.g.connErr(err, p.wait)
+			err = c.g.connErr(err, wait)
 			c.g.abort(p, err)
 			return err
 		}
@@ -125,12 +126,12 @@ var errPanicked = errors.New("bulkhead: the driver panicked")
 // Unwrap returns the driver's own connection, binding a server connection
 // to c if it has none (for (*sql.Conn).Raw; see the package function
 // Unwrap). It returns nil if no server connection could be had: all
-// MaxConns in use for longer than the queue wait, or the dial failed.
+// MaxConns in use for longer than WithConnWait, or the dial failed.
 func (c *conn) Unwrap() driver.Conn {
 	if c.lost.Load() {
 		return nil
 	}
-	s, err := c.bind(context.Background(), c.g.queueWait())
+	s, err := c.bind(context.Background(), c.g.connWait())
 	if err != nil {
 		return nil
 	}
@@ -142,7 +143,7 @@ func (c *conn) Unwrap() driver.Conn {
 // Unwrap() driver.Conn method. A value that is not a wrapper is returned
 // as it is. Behind a gate, the *sql.Conn keeps that server connection
 // until it is closed; Unwrap returns nil if the gate could not get one
-// (all MaxConns in use for longer than the queue wait, or the dial
+// (all MaxConns in use for longer than WithConnWait, or the dial
 // failed).
 //
 //	err := sqlConn.Raw(func(dc any) error {
@@ -241,7 +242,7 @@ func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 			return wrapStmt(&stmt{c: c, query: query, proto: pr}, pr.mask), nil
 		}
 	}
-	wait := c.g.queueWait()
+	wait := c.g.connWait()
 	s, err := c.bind(ctx, wait)
 	if err != nil {
 		return nil, c.g.connErr(err, wait)
@@ -547,7 +548,7 @@ func (c *conn) ping(ctx context.Context) error {
 	if c.lost.Load() {
 		return driver.ErrBadConn
 	}
-	wait := c.g.queueWait()
+	wait := c.g.connWait()
 	s, err := c.bind(ctx, wait)
 	if err != nil {
 		return c.g.connErr(err, wait)

@@ -751,7 +751,7 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 
 	// No connection: with B=2 and MaxConns=2, a transaction holds one
 	// server connection and a *sql.Conn outside any operation the other.
-	e2 := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
+	e2 := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2}, bulkhead.WithConnWait(time.Millisecond))
 	tx2, err := e2.db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -27,8 +27,9 @@ var (
 	// ErrNoConnection: the operation had its permits, but every server
 	// connection the gate may open (MaxConns) was held, by running
 	// operations and by sessions outside operations (a *sql.Conn kept
-	// open, a Ping, a Prepare, Raw), and none came back within the queue
-	// wait. It names the connection budget, not the operation budget.
+	// open, a Ping, a Prepare, Raw), and none came back within
+	// WithConnWait. It names the connection budget, not the operation
+	// budget.
 	ErrNoConnection = errors.New("bulkhead: no server connection")
 	// ErrClosed: the gate was closed (by db.Close) before or while the
 	// operation waited. It is not a rejection.

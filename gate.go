@@ -293,15 +293,22 @@ func (g *Gate) learn(ctx context.Context) (*protoInfo, error) {
 	if pi := g.pool.proto.Load(); pi != nil {
 		return pi, nil
 	}
-	s, err := g.pool.get(ctx, nil, g.queueWait(), g.lim.dryRun.Load())
+	s, err := g.pool.get(ctx, nil, g.connWait(), g.lim.dryRun.Load())
 	if err != nil {
-		return nil, g.connErr(err, g.queueWait())
+		return nil, g.connErr(err, g.connWait())
 	}
 	g.pool.put(s)
 	return g.pool.proto.Load(), nil
 }
 
-func (g *Gate) queueWait() time.Duration { return time.Duration(g.lim.waitNs.Load()) }
+// connWait is how long a caller waits for a server connection when all
+// MaxConns are in use (WithConnWait).
+func (g *Gate) connWait() time.Duration {
+	if g.opt.connWait > 0 {
+		return g.opt.connWait
+	}
+	return defaultConnWait
+}
 
 // connErr turns the pool's errNoSession into the rejection that says so.
 func (g *Gate) connErr(err error, waited time.Duration) error {

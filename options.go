@@ -17,12 +17,16 @@ type options struct {
 	maxLifetime time.Duration
 	maxIdleTime time.Duration
 	dialTimeout time.Duration
+	connWait    time.Duration
 	err         error // the first invalid option: New returns it
 }
 
 // defaultDialTimeout bounds a dial that goes on after the operation that
 // asked for it gave up (see WithDialTimeout).
 const defaultDialTimeout = 30 * time.Second
+
+// defaultConnWait is WithConnWait's default.
+const defaultConnWait = time.Second
 
 func (o *options) invalid(format string, args ...any) {
 	if o.err == nil {
@@ -120,6 +124,27 @@ func WithConnMaxLifetime(d time.Duration) Option {
 // all, idle connections stay open.
 func WithConnMaxIdleTime(d time.Duration) Option {
 	return func(o *options) { o.maxIdleTime = max(d, 0) }
+}
+
+// WithConnWait sets how long an operation that holds its permits waits
+// for a server connection when all MaxConns are in use (default 1s), also
+// the longest a Ping, a Prepare or Raw waits for one; then it gets
+// ErrNoConnection. All MaxConns are in use only when sessions held outside
+// operations (a *sql.Conn, a Ping, a Prepare, Raw) take some: an
+// operation's own connection comes back to the gate as soon as
+// database/sql takes it back, a moment after the operation's permits, and
+// this wait covers that moment even on a busy machine, so that it costs
+// nothing but a brief wait; a *sql.Conn holds its connection until it is
+// closed. d must be above 0: New reports any other value as an error
+// matching ErrInvalidPolicy.
+func WithConnWait(d time.Duration) Option {
+	return func(o *options) {
+		if d <= 0 || d > MaxQueueWait {
+			o.invalid("WithConnWait(%v), want above 0s, at most %v", d, MaxQueueWait)
+			return
+		}
+		o.connWait = d
+	}
 }
 
 // WithDialTimeout bounds each dial of a server connection (default 30s).

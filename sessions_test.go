@@ -161,15 +161,15 @@ func TestEveryRejectionIsAttributedToItsOperationsKindAndWorkload(t *testing.T) 
 // A *sql.Conn kept for LISTEN holds a server connection outside any
 // operation: it takes no admission permit, counts against MaxConns, and,
 // when it leaves no server connection for an operation that has its
-// permits, that operation is rejected with ErrNoConnection, not "admission
-// full". With room in MaxConns, normal load beside it runs, and the
+// permits, that operation is rejected with ErrNoConnection (after
+// WithConnWait), not "admission full". With room in MaxConns, normal load beside it runs, and the
 // session keeps receiving notifications.
 func TestAListeningConnCountsAgainstTheConnectionBudgetNotAdmission(t *testing.T) {
 	ctx := pgTestCtx(t)
 	channel := fmt.Sprintf("bh_listen_%d", time.Now().UnixNano())
 
 	t.Run("B=2, Q=0: one running and one listening use both connections", func(t *testing.T) {
-		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 2})
+		g, db := openGatedWith(t, bulkhead.Policy{MaxConcurrent: 2}, bulkhead.WithConnWait(20*time.Millisecond))
 		listener, err := db.Conn(ctx)
 		if err != nil {
 			t.Fatal(err)
