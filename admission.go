@@ -139,10 +139,13 @@ func (l *limiter) acquire(ctx context.Context) (waited time.Duration, err error)
 }
 
 // release gives back both permits of a successful acquire. The execution
-// permit goes to the first waiter, if any.
+// permit goes to the first waiter, if any. The admission permit goes
+// first: between the two, an operation arriving is admitted and waits a
+// moment for the execution permit, instead of being refused for a slot
+// that is already being given back.
 func (l *limiter) release() {
-	l.releaseExec()
 	l.unadmit()
+	l.releaseExec()
 }
 
 // admit takes an admission permit if one is free, without waiting. In

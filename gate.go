@@ -297,7 +297,10 @@ func (g *Gate) learn(ctx context.Context) (*protoInfo, error) {
 	if err != nil {
 		return nil, g.connErr(err, g.connWait())
 	}
+	// Published only once the session is idle: a concurrent first
+	// operation then finds it instead of dialing another one.
 	g.pool.put(s)
+	g.pool.learn(s)
 	return g.pool.proto.Load(), nil
 }
 

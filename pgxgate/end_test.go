@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,7 +40,11 @@ type endRig struct {
 	// OnRelease event, synchronously, as the permit comes back.
 	atRelease  atomic.Int64
 	checkAtRel *monitor
-	pid        atomic.Int64 // the backend of the round's transaction
+	// pids are the backends of the transactions begun and not yet
+	// released, oldest first: with B=1 they are released in that order,
+	// and the release event may run after the next round began.
+	mu   sync.Mutex
+	pids []int64
 }
 
 func newEndRig(t *testing.T, variant string, viaPgxgate bool) *endRig {
@@ -51,9 +56,13 @@ func newEndRig(t *testing.T, variant string, viaPgxgate bool) *endRig {
 		if e.Kind != bulkhead.KindTx {
 			return
 		}
+		r.mu.Lock()
+		pid := r.pids[0]
+		r.pids = r.pids[1:]
+		r.mu.Unlock()
 		var n int
 		err := r.checkAtRel.db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE pid = $1
-			AND xact_start IS NOT NULL`, r.pid.Load()).Scan(&n)
+			AND xact_start IS NOT NULL`, pid).Scan(&n)
 		if err != nil || n > 0 {
 			r.atRelease.Add(1)
 		}
@@ -122,7 +131,9 @@ func (r *endRig) round(i int, tally *endTally, end func(ctx context.Context, can
 	if err := tx.QueryRowContext(ctx, "UPDATE "+r.table+" SET v = $1 WHERE id = 0 RETURNING pg_backend_pid()", i).Scan(&pid); err != nil {
 		t.Fatalf("round %d: %v", i, err)
 	}
-	r.pid.Store(pid)
+	r.mu.Lock()
+	r.pids = append(r.pids, pid)
+	r.mu.Unlock()
 	type probed struct {
 		locked bool
 		others int
@@ -133,7 +144,14 @@ func (r *endRig) round(i int, tally *endTally, end func(ctx context.Context, can
 		l, o, err := r.probe(base)
 		next <- probed{l, o, err}
 	}()
-	await(t, "the probe waits for the permit", func() bool { return r.g.Stats().Waiting == 1 })
+	await(t, "the probe waits for the permit", func() bool {
+		select {
+		case p := <-next:
+			t.Fatalf("round %d: the probe ended while the transaction held the permit: locked %v, others %d, err %v (gate %+v)", i, p.locked, p.others, p.err, r.g.Stats())
+		default:
+		}
+		return r.g.Stats().Waiting == 1
+	})
 	if err := end(ctx, cancel, tx); err != nil {
 		t.Fatalf("round %d: %v", i, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -102,8 +103,12 @@ type usage struct {
 	n         int
 }
 
+// budgetAppName is the application_name of the check's own connection,
+// with the process id: two checks at once tell their connections apart.
+func budgetAppName() string { return fmt.Sprintf("bulkhead-budget-%d", os.Getpid()) }
+
 func readServer(ctx context.Context, t *target) (*serverFacts, error) {
-	db := sql.OpenDB(t.plainConnector("bulkhead-budget"))
+	db := sql.OpenDB(t.plainConnector(budgetAppName()))
 	defer db.Close()
 	db.SetMaxOpenConns(1)
 	if err := db.PingContext(ctx); err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -90,7 +91,8 @@ func TestBudgetListsConnectionsInUseByApplication(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.RuntimeParams["application_name"] = "bulkhead_budget_probe"
+	probe := fmt.Sprintf("bulkhead_budget_probe_%d", os.Getpid()) // two test runs at once must not see each other's
+	cfg.RuntimeParams["application_name"] = probe
 	db := stdlib.OpenDB(*cfg)
 	defer db.Close()
 	conn, err := db.Conn(context.Background())
@@ -102,10 +104,10 @@ func TestBudgetListsConnectionsInUseByApplication(t *testing.T) {
 	if r.code != exitOK {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 	}
-	if !strings.Contains(r.stdout, "bulkhead_budget_probe") {
+	if !strings.Contains(r.stdout, probe) {
 		t.Fatalf("the probe's connection is not listed:\n%s", r.stdout)
 	}
-	if strings.Contains(r.stdout, "bulkhead-budget ") {
+	if strings.Contains(r.stdout, budgetAppName()+" ") {
 		t.Fatalf("the check counted its own connection:\n%s", r.stdout)
 	}
 }
