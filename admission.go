@@ -139,13 +139,12 @@ func (l *limiter) acquire(ctx context.Context) (waited time.Duration, err error)
 }
 
 // release gives back both permits of a successful acquire. The execution
-// permit goes to the first waiter, if any. The admission permit goes
-// first: between the two, an operation arriving is admitted and waits a
-// moment for the execution permit, instead of being refused for a slot
-// that is already being given back.
+// permit goes to the first waiter, if any; the admission permit after it,
+// so that the operations holding an execution permit or waiting for one
+// are always among those admitted (as the article's Java gate releases).
 func (l *limiter) release() {
-	l.unadmit()
 	l.releaseExec()
+	l.unadmit()
 }
 
 // admit takes an admission permit if one is free, without waiting. In

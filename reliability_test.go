@@ -864,8 +864,19 @@ func TestCancelledStatementReturnsBeforeTheServerFinishesAndTheServerStopsIt(t *
 				}
 				r.serverUntil("the server stops the cancelled statement", relActive, 0)
 				r.wantIDs(table)
+				// The next call works. Under the cancel-request handler
+				// a cancel request can reach the server after the
+				// statement it was for ended, and cancel the next one
+				// (pgx: "CancelRequest is inherently racy"; it waits
+				// 100 ms to make it rare, not impossible on a busy
+				// machine): one retry for that.
 				var v int
-				if err := r.db.QueryRowContext(ctx, "SELECT 1").Scan(&v); err != nil {
+				err = r.db.QueryRowContext(ctx, "SELECT 1").Scan(&v)
+				if waitCancel && relPgCode(err) == "57014" {
+					t.Logf("a late cancel request cancelled the next statement: %v", err)
+					err = r.db.QueryRowContext(ctx, "SELECT 1").Scan(&v)
+				}
+				if err != nil {
 					t.Errorf("next call: %v", err)
 				}
 				r.finish()

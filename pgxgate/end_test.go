@@ -120,6 +120,14 @@ func (e endTally) String() string {
 func (r *endRig) round(i int, tally *endTally, end func(ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error) {
 	t := r.t
 	t.Helper()
+	// The previous round's transaction may be released by database/sql's
+	// goroutine, which a busy machine can pause between the execution
+	// permit and the admission permit: wait for its release event.
+	await(t, "the previous transaction's release", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.pids) == 0
+	})
 	base := t.Context()
 	ctx, cancel := context.WithCancel(base)
 	defer cancel()
