@@ -1,49 +1,59 @@
 # bulkhead: make help lists the targets.
+#
+# The repository holds several modules (README: Modules), tied together by
+# go.work: ALL names every package of every one of them.
 GO ?= go
+ALL := github.com/dbbulkhead/bulkhead/...
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 SQLC := github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
+# The oldest Go the root module says it builds with (its go line).
+MIN_GO := go1.22.12
 
-.PHONY: help test test-short lint bench bench-pg bench-smoke overload generate chart sqlc sqlc-check
+.PHONY: help test test-short lint compat bench bench-pg bench-smoke overload generate chart sqlc sqlc-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-test: ## every test under -race, against PostgreSQL (see README: Testing)
-	$(GO) test -race -count=1 ./...
+test: ## every test of every module under -race, against PostgreSQL and MariaDB (see README: Testing)
+	$(GO) test -race -count=1 $(ALL)
 
 test-short: ## the fake-driver tests alone, no server needed
-	$(GO) test -race -short -count=1 ./...
+	$(GO) test -race -short -count=1 $(ALL)
 
-lint: ## go vet and staticcheck
-	$(GO) vet ./...
-	$(GO) run $(STATICCHECK) ./...
+lint: ## go vet and staticcheck, every module
+	$(GO) vet $(ALL)
+	$(GO) run $(STATICCHECK) $(ALL)
+
+compat: ## build the root module (its packages, not its tests) with the oldest Go its go line names (downloads that toolchain)
+	GOWORK=off GOTOOLCHAIN=$(MIN_GO) $(GO) build ./ ./httpgate
 
 bench: ## the gate alone and database/sql on the fake driver, gated and plain side by side (bench.txt; see BENCHMARKS.md)
-	$(GO) test -run '^$$' -bench 'Semaphore|GatePermit|WaiterMemory|FakeDB|WaitingOperation' -benchmem -count 6 . | tee bench.txt
+	{ $(GO) test -run '^$$' -bench 'Semaphore|GatePermit|WaiterMemory' -benchmem -count 6 . && \
+	  $(GO) test -run '^$$' -bench 'FakeDB|WaitingOperation' -benchmem -count 6 ./tests; } | tee bench.txt
 
 bench-pg: ## PostgreSQL throughput, plain and gated in alternate processes (bench-pg.txt; needs the server)
-	$(GO) test -c -o bench-pg.test . && for i in 1 2 3 4 5 6 7 8 9 10; do \
+	$(GO) test -c -o bench-pg.test ./tests && for i in 1 2 3 4 5 6 7 8 9 10; do \
 	  if [ $$((i % 2)) = 1 ]; then o="plain gated"; else o="gated plain"; fi; \
 	  for db in $$o; do ./bench-pg.test -test.run '^$$' -test.bench "Postgres/.*/.*/db=$$db" -test.benchmem || exit 1; done; \
 	done | tee bench-pg.txt; rm -f bench-pg.test
 
 bench-smoke: ## every benchmark once, as CI runs them (no timings)
-	$(GO) test -run '^$$' -bench . -benchtime=1x ./...
+	$(GO) test -run '^$$' -bench . -benchtime=1x $(ALL)
 
 overload: ## open-loop overload on local PostgreSQL: plain pool, pool as semaphore, gate; redraws docs/overload.png (~70 s)
 	$(GO) run ./cmd/bulkhead overload --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} --chart docs/overload.png
 
-generate: ## regenerate wrap_gen.go
+generate: ## regenerate wrap_gen.go and the fake driver's types
 	$(GO) generate ./...
 
 chart: ## regenerate docs/load.png: gated vs plain database/sql under overload (local PostgreSQL, ~25 s)
 	$(GO) run ./cmd/bulkhead load --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} --clients 32 --duration 10s --max-concurrent 4 --max-queue 4 --queue-wait 20ms --hold 20ms --deadline 100ms --baseline --max-open-conns 4 --chart docs/load.png
 
-sqlc: ## regenerate internal/sqlcdb from testdata/sqlc (sqlc, pinned)
-	$(GO) run $(SQLC) generate -f testdata/sqlc/sqlc.yaml
+sqlc: ## regenerate tests/internal/sqlcdb from tests/testdata/sqlc (sqlc, pinned)
+	$(GO) run $(SQLC) generate -f tests/testdata/sqlc/sqlc.yaml
 
-sqlc-check: ## fail if internal/sqlcdb differs from what sqlc generates now
+sqlc-check: ## fail if tests/internal/sqlcdb differs from what sqlc generates now
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
-	mkdir -p "$$tmp/testdata" && cp -R testdata/sqlc "$$tmp/testdata/" && \
+	mkdir -p "$$tmp/testdata" && cp -R tests/testdata/sqlc "$$tmp/testdata/" && \
 	$(GO) run $(SQLC) generate -f "$$tmp/testdata/sqlc/sqlc.yaml" && \
-	diff -ru internal/sqlcdb "$$tmp/internal/sqlcdb" && echo "internal/sqlcdb is current"
+	diff -ru tests/internal/sqlcdb "$$tmp/internal/sqlcdb" && echo "tests/internal/sqlcdb is current"

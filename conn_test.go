@@ -1,3 +1,5 @@
+//go:build go1.25
+
 package bulkhead_test
 
 // Contract tests of the wrapping (conn.go, connector.go, options.go)

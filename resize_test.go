@@ -1,3 +1,5 @@
+//go:build go1.25
+
 package bulkhead_test
 
 // Runtime resizing (Gate.SetPolicy) with operations in flight, on the fake

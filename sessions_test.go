@@ -1,3 +1,5 @@
+//go:build go1.25
+
 package bulkhead_test
 
 // One gate, one pool, one budget (issue 10, points 1 and 2): the gate's
@@ -10,12 +12,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
@@ -156,105 +155,4 @@ func TestEveryRejectionIsAttributedToItsOperationsKindAndWorkload(t *testing.T) 
 	if s := e.g.Stats(); s.RejectedFull != n || s.Dials != 1 {
 		t.Errorf("global stats %+v: want %d rejections and one server connection ever dialed", s, n)
 	}
-}
-
-// A *sql.Conn kept for LISTEN holds a server connection outside any
-// operation: it takes no admission permit, counts against MaxConns, and,
-// when it leaves no server connection for an operation that has its
-// permits, that operation is rejected with ErrNoConnection (after
-// WithConnWait), not "admission full". With room in MaxConns, normal load beside it runs, and the
-// session keeps receiving notifications.
-func TestAListeningConnCountsAgainstTheConnectionBudgetNotAdmission(t *testing.T) {
-	ctx := pgTestCtx(t)
-	channel := fmt.Sprintf("bh_listen_%d", time.Now().UnixNano())
-
-	t.Run("B=2, Q=0: one running and one listening use both connections", func(t *testing.T) {
-		g, db := openGatedWith(t, bulkhead.Policy{MaxConcurrent: 2}, bulkhead.WithConnWait(20*time.Millisecond))
-		listener, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer listener.Close()
-		// Taken but unused, it holds nothing: two transactions run.
-		tx1, tx2 := pgBegin(t, ctx, db), pgBegin(t, ctx, db)
-		tx2.Rollback()
-		if _, err := listener.ExecContext(ctx, "LISTEN "+channel); err != nil {
-			t.Fatal(err)
-		}
-		// tx1 runs, the listener holds the second connection: a
-		// transaction has an execution permit (1 of B=2 in use) but no
-		// server connection.
-		_, err = db.BeginTx(ctx, nil)
-		var re *bulkhead.RejectedError
-		if !errors.Is(err, bulkhead.ErrNoConnection) || errors.Is(err, bulkhead.ErrAdmissionFull) || !errors.As(err, &re) {
-			t.Fatalf("BeginTx with the connections held: %v, want ErrNoConnection", err)
-		}
-		if re.Conns != 2 || re.MaxConns != 2 || !strings.Contains(err.Error(), "2 of MaxConns=2 open and in use") {
-			t.Errorf("rejection %q (%+v), want it to say 2 of MaxConns=2 in use", err, *re)
-		}
-		if s := g.Stats(); s.RejectedNoConn != 1 || s.RejectedFull != 0 || s.Running != 1 {
-			t.Errorf("stats %+v: want one rejection for want of a connection, none for admission, 1 running", s)
-		}
-		tx1.Rollback()
-	})
-
-	t.Run("B=2, Q=2: load beside the listener", func(t *testing.T) {
-		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second})
-		listener, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer listener.Close()
-		if _, err := listener.ExecContext(ctx, "LISTEN "+channel); err != nil {
-			t.Fatal(err)
-		}
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		outcomes := map[string]int{}
-		for range 6 {
-			wg.Go(func() {
-				for range 50 {
-					err := relWithTx(ctx, db, func(tx *sql.Tx) error {
-						_, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.001)")
-						return err
-					})
-					key := "ok"
-					switch {
-					case errors.Is(err, bulkhead.ErrNoConnection):
-						key = "no connection"
-					case errors.Is(err, bulkhead.ErrRejected):
-						key = "rejected: " + bulkhead.ReasonLabel(err)
-					case err != nil:
-						key = err.Error()
-					}
-					mu.Lock()
-					outcomes[key]++
-					mu.Unlock()
-				}
-			})
-		}
-		wg.Wait()
-		t.Logf("figures: 300 transactions beside a listening *sql.Conn, B=2 Q=2: %v; %+v", outcomes, g.Stats())
-		for k := range outcomes {
-			if k != "ok" && !strings.HasPrefix(k, "rejected: ") || k == "no connection" {
-				t.Errorf("outcome %q: want only successes and admission or queue rejections", k)
-			}
-		}
-		// The listener kept its session through the load.
-		if _, err := db.ExecContext(ctx, "NOTIFY "+channel+", 'hello'"); err != nil {
-			t.Fatal(err)
-		}
-		err = listener.Raw(func(dc any) error {
-			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			n, err := bulkhead.Unwrap(dc).(*stdlib.Conn).Conn().WaitForNotification(wctx)
-			if err == nil && n.Payload != "hello" {
-				err = fmt.Errorf("payload %q", n.Payload)
-			}
-			return err
-		})
-		if err != nil {
-			t.Errorf("the listener after the load: %v, want the notification", err)
-		}
-	})
 }

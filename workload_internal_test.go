@@ -1,3 +1,5 @@
+//go:build go1.25
+
 package bulkhead
 
 // A bounded concurrent stress of workloads, checked from inside the gated

@@ -1,3 +1,5 @@
+//go:build go1.25
+
 package bulkhead
 
 // BULKHEAD_WORKLOADS and BULKHEAD_DRY_RUN, and Policy.Validate of

@@ -1,3 +1,5 @@
+//go:build go1.25
+
 package httpgate_test
 
 import (
@@ -8,17 +10,18 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/dbbulkhead/bulkhead/internal/leakcheck"
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/httpgate"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { os.Exit(leakcheck.Run(m)) }
 
 // busyDB opens a gate on the fake driver with B=1, Q=1 and a 1ns queue wait,
 // and holds its one execution permit with an open transaction for the

@@ -322,9 +322,23 @@ func TestACallerCutOffByItsContextGetsTheContextsErrorWithTheServersCode(t *test
 					return err
 				}},
 			} {
-				ctx, cancel := c.ctx()
-				err := op.run(ctx)
-				cancel()
+				var err error
+				for try := 0; try < 3; try++ {
+					ctx, cancel := c.ctx()
+					err = op.run(ctx)
+					ended := ctx.Err() != nil
+					cancel()
+					// A cancel request of the previous statement that
+					// reached the server late cancels this one before
+					// its own context ended (pgx: "CancelRequest is
+					// inherently racy"; README: non-guarantees): not
+					// what is tested here, try again.
+					var pe *pgconn.PgError
+					if ended || !errors.As(err, &pe) || pe.Code != "57014" {
+						break
+					}
+					t.Logf("%s: cancelled by a late cancel request before its context ended: %v", op.name, err)
+				}
 				var pe *pgconn.PgError
 				if !errors.Is(err, c.want) {
 					t.Errorf("%s: %v, want an error matching %v", op.name, err, c.want)

@@ -772,7 +772,7 @@ func parse(query string) (*template, error) {
 	var sets []ResultSet
 	var argIdx [][]int
 	arg := 0
-	for stmt := range strings.SplitSeq(query, ";") {
+	for _, stmt := range strings.Split(query, ";") {
 		stmt = strings.TrimSpace(stmt)
 		if stmt == "" {
 			continue

@@ -1,4 +1,4 @@
-package bulkhead_test
+package tests
 
 import (
 	"context"
@@ -11,11 +11,59 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
-
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/jackc/pgx/v5/stdlib"
 )
+
+// BenchmarkPostgres measures throughput on PostgreSQL over loopback
+// through pgx's stdlib driver, plain and gated: op=tx is BEGIN; SELECT 1;
+// COMMIT, op=select an autocommit SELECT 1, with 1 and 4 workers
+// (goroutines sharing b.N). ns/op is wall time per operation, the
+// inverse of throughput; ops/s is reported too. The gate's B is the
+// number of workers, so nothing waits or is rejected. Run it several
+// times in separate processes so that plain and gated alternate
+// (BENCHMARKS.md). Skipped under -short.
+func BenchmarkPostgres(b *testing.B) {
+	postgresURL(b) // skips under -short
+	ops := []struct {
+		name string
+		run  func(ctx context.Context, db *sql.DB) error
+	}{
+		{"op=tx", func(ctx context.Context, db *sql.DB) error {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			var v int
+			if err := tx.QueryRowContext(ctx, "SELECT 1").Scan(&v); err != nil {
+				tx.Rollback()
+				return err
+			}
+			return tx.Commit()
+		}},
+		{"op=select", func(ctx context.Context, db *sql.DB) error {
+			var v int
+			return db.QueryRowContext(ctx, "SELECT 1").Scan(&v)
+		}},
+	}
+	for _, op := range ops {
+		for _, workers := range []int{1, 4} {
+			cfg := pgConfig(b)
+			newPG := func() driver.Connector { return stdlib.GetConnector(*cfg) }
+			p := bulkhead.Policy{MaxConcurrent: workers, MaxQueue: workers, QueueWait: time.Second}
+			plain, gated := openBenchDBs(b, newPG, p, workers)
+			for _, db := range []struct {
+				name string
+				db   *sql.DB
+			}{{"db=plain", plain}, {"db=gated", gated}} {
+				b.Run(op.name+"/workers="+strconv.Itoa(workers)+"/"+db.name, func(b *testing.B) {
+					runWorkers(b, workers, db.db, op.run)
+				})
+			}
+		}
+	}
+}
 
 // Benchmarks through database/sql, plain and gated side by side in the
 // same run. Sub-benchmarks end in db=plain and db=gated, so that
@@ -109,55 +157,6 @@ func BenchmarkFakeDB(b *testing.B) {
 							}
 						}
 					})
-				})
-			}
-		}
-	}
-}
-
-// BenchmarkPostgres measures throughput on PostgreSQL over loopback
-// through pgx's stdlib driver, plain and gated: op=tx is BEGIN; SELECT 1;
-// COMMIT, op=select an autocommit SELECT 1, with 1 and 4 workers
-// (goroutines sharing b.N). ns/op is wall time per operation, the
-// inverse of throughput; ops/s is reported too. The gate's B is the
-// number of workers, so nothing waits or is rejected. Run it several
-// times in separate processes so that plain and gated alternate
-// (BENCHMARKS.md). Skipped under -short.
-func BenchmarkPostgres(b *testing.B) {
-	postgresURL(b) // skips under -short
-	ops := []struct {
-		name string
-		run  func(ctx context.Context, db *sql.DB) error
-	}{
-		{"op=tx", func(ctx context.Context, db *sql.DB) error {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			var v int
-			if err := tx.QueryRowContext(ctx, "SELECT 1").Scan(&v); err != nil {
-				tx.Rollback()
-				return err
-			}
-			return tx.Commit()
-		}},
-		{"op=select", func(ctx context.Context, db *sql.DB) error {
-			var v int
-			return db.QueryRowContext(ctx, "SELECT 1").Scan(&v)
-		}},
-	}
-	for _, op := range ops {
-		for _, workers := range []int{1, 4} {
-			cfg := pgConfig(b)
-			newPG := func() driver.Connector { return stdlib.GetConnector(*cfg) }
-			p := bulkhead.Policy{MaxConcurrent: workers, MaxQueue: workers, QueueWait: time.Second}
-			plain, gated := openBenchDBs(b, newPG, p, workers)
-			for _, db := range []struct {
-				name string
-				db   *sql.DB
-			}{{"db=plain", plain}, {"db=gated", gated}} {
-				b.Run(op.name+"/workers="+strconv.Itoa(workers)+"/"+db.name, func(b *testing.B) {
-					runWorkers(b, workers, db.db, op.run)
 				})
 			}
 		}

@@ -1,4 +1,4 @@
-package bulkhead_test
+package tests
 
 // Integration tests: the gate under GORM and sqlc-generated code, and the
 // driver-neutral part of its contract on PostgreSQL (pgx), MariaDB
@@ -28,7 +28,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
-	"github.com/dbbulkhead/bulkhead/internal/sqlcdb"
+	"github.com/dbbulkhead/bulkhead/tests/internal/sqlcdb"
 )
 
 // EnvMySQLDSN names the MariaDB (or MySQL) server of the driver tests, as a

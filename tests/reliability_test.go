@@ -1,4 +1,4 @@
-package bulkhead_test
+package tests
 
 // The fault matrix on real PostgreSQL (RELIABILITY.md lists the scenarios).
 // Every scenario builds a relRig: a gated *sql.DB whose inner connector is

@@ -1,4 +1,4 @@
-package bulkhead_test
+package tests
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
-	"github.com/dbbulkhead/bulkhead/internal/sqlcdb"
+	"github.com/dbbulkhead/bulkhead/tests/internal/sqlcdb"
 )
 
 // The README's GORM snippet: GORM on the gated *sql.DB.

@@ -1,4 +1,4 @@
-package bulkhead_test
+package tests
 
 // Contract tests of the gate against a real PostgreSQL server through
 // github.com/jackc/pgx/v5/stdlib (issue "The gate"). What runs on the server

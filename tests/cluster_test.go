@@ -1,4 +1,4 @@
-package bulkhead_test
+package tests
 
 // A throwaway PostgreSQL cluster for restart and crash tests: the shared
 // server on :5432 is never restarted. The cluster is initialised in the

@@ -1,4 +1,4 @@
-package bulkhead_test
+package tests
 
 // github.com/ngrok/sqlmw, the usual interceptor wrapper for database/sql,
 // checked against pgx: the facts of shared/notes/database-sql.md that made

@@ -1,4 +1,4 @@
-package bulkhead_test
+package tests
 
 // An autocommit statement on a *sql.Conn whose transaction's context
 // ended: database/sql's Commit returns the context's error at once and

@@ -1,4 +1,4 @@
-package bulkhead_test
+package tests
 
 // Network faults between the gated *sql.DB and PostgreSQL: an in-process
 // toxiproxy (github.com/Shopify/toxiproxy/v2) for latency, and a net.Conn

@@ -1,0 +1,216 @@
+package tests
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/ory/dockertest/v3"
+	"go.uber.org/goleak"
+
+	"github.com/dbbulkhead/bulkhead"
+)
+
+// EnvDatabaseURL names the PostgreSQL server the real-server tests use.
+const EnvDatabaseURL = "BULKHEAD_TEST_DATABASE_URL"
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	stopDocker()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+var (
+	pgOnce   sync.Once
+	pgURL    string
+	pgErr    error
+	dockerMu sync.Mutex
+	dockerRs *dockertest.Resource
+	dockerPl *dockertest.Pool
+)
+
+// postgresURL returns the URL of the PostgreSQL server for real-server
+// tests: $BULKHEAD_TEST_DATABASE_URL, else a server on 127.0.0.1:5432,
+// else one started with dockertest when a Docker engine answers. Without
+// any, the test fails and says how to provide one. Under -short the test
+// is skipped: go test -short runs the fake-driver tests alone.
+func postgresURL(t testing.TB) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs PostgreSQL; skipped under -short")
+	}
+	pgOnce.Do(func() { pgURL, pgErr = findPostgres() })
+	if pgErr != nil {
+		t.Fatal(pgErr)
+	}
+	return pgURL
+}
+
+func findPostgres() (string, error) {
+	if u, ok := os.LookupEnv(EnvDatabaseURL); ok {
+		if u == "" {
+			return "", fmt.Errorf("%s is set but empty, want a URL such as postgres://postgres@127.0.0.1:5432/test", EnvDatabaseURL)
+		}
+		return u, nil
+	}
+	if c, err := net.DialTimeout("tcp", "127.0.0.1:5432", time.Second); err == nil {
+		c.Close()
+		return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", nil
+	}
+	u, err := startDocker()
+	if err != nil {
+		return "", fmt.Errorf("no PostgreSQL: set %s to a postgres:// URL, run a server on 127.0.0.1:5432 (trust auth, database test), or start a Docker engine (%v)", EnvDatabaseURL, err)
+	}
+	return u, nil
+}
+
+func startDocker() (string, error) {
+	dockerMu.Lock()
+	defer dockerMu.Unlock()
+	pool, err := dockertest.NewPool("")
+	if err != nil {
+		return "", err
+	}
+	if err := pool.Client.Ping(); err != nil {
+		return "", fmt.Errorf("docker engine does not answer: %w", err)
+	}
+	rs, err := pool.Run("postgres", "16", []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test"})
+	if err != nil {
+		return "", err
+	}
+	dockerPl, dockerRs = pool, rs
+	u := "postgres://postgres@" + rs.GetHostPort("5432/tcp") + "/test?sslmode=disable"
+	pool.MaxWait = time.Minute
+	err = pool.Retry(func() error {
+		db, err := sql.Open("pgx", u)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		return db.Ping()
+	})
+	return u, err
+}
+
+func stopDocker() {
+	dockerMu.Lock()
+	defer dockerMu.Unlock()
+	if dockerRs != nil {
+		_ = dockerPl.Purge(dockerRs)
+	}
+}
+
+// appName returns an application_name unique to the test and the test
+// process, for counting its connections and transactions in
+// pg_stat_activity (at most 63 bytes, PostgreSQL's limit).
+func appName(t testing.TB) string {
+	n := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+	if len(n) > 45 {
+		n = n[len(n)-45:]
+	}
+	return fmt.Sprintf("bh%d_%s", os.Getpid(), n)
+}
+
+// pgConfig parses the test server's URL with the test's application_name.
+func pgConfig(t testing.TB) *pgx.ConnConfig {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(postgresURL(t))
+	if err != nil {
+		t.Fatalf("parse %s: %v", EnvDatabaseURL, err)
+	}
+	cfg.RuntimeParams["application_name"] = appName(t)
+	return cfg
+}
+
+// openGated opens a gated *sql.DB on the test server with OpenDB's pool
+// settings, closed at the end of the test.
+func openGated(t testing.TB, p bulkhead.Policy) (*bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	g, err := bulkhead.New(stdlib.GetConnector(*pgConfig(t)), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	t.Cleanup(func() { db.Close() })
+	return g, db
+}
+
+// monitor is a separate, ungated connection for reading pg_stat_activity.
+type monitor struct {
+	db  *sql.DB
+	app string
+}
+
+func newMonitor(t testing.TB) *monitor {
+	t.Helper()
+	db, err := sql.Open("pgx", postgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	return &monitor{db: db, app: appName(t)}
+}
+
+func (m *monitor) count(t testing.TB, where string) int {
+	t.Helper()
+	var n int
+	// pgx's session-reset ping ("-- ping") runs without a permit and shows
+	// as an active transaction while it runs: it is not gated work.
+	q := `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1
+	        AND backend_type = 'client backend' AND pid <> pg_backend_pid()
+	        AND NOT (state = 'active' AND query = '-- ping')` + where
+	if err := m.db.QueryRowContext(context.Background(), q, m.app).Scan(&n); err != nil {
+		t.Fatalf("pg_stat_activity: %v", err)
+	}
+	return n
+}
+
+// Transactions counts the transactions open on the server for the test.
+//
+// pg_stat_activity is not an atomic snapshot: the server copies the
+// backends' entries one after the other, so a transaction that ended and
+// another that began during the copy can both show. Only transactions (and
+// statements) that began before this statement did are counted: all of
+// them were open at that one instant. Work that stays open longer than a
+// poll is caught by the next one.
+func (m *monitor) Transactions(t testing.TB) int {
+	return m.count(t, " AND xact_start < statement_timestamp()")
+}
+
+// Active counts the statements executing on the server for the test.
+func (m *monitor) Active(t testing.TB) int {
+	return m.count(t, " AND state = 'active' AND query_start < statement_timestamp()")
+}
+
+// Connections counts the test's server connections.
+func (m *monitor) Connections(t testing.TB) int { return m.count(t, "") }
+
+// awaitState waits until cond holds, polling state without sleeping. It
+// gives up, failing the test, only after a generous bound meant to turn a
+// hang into a failure, never to measure time.
+func awaitState(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting until %s", what)
+		}
+		runtime.Gosched()
+	}
+}
