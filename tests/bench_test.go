@@ -216,9 +216,9 @@ func runWorkers(b *testing.B, workers int, db *sql.DB, op func(context.Context, 
 // db.ExecContext in its own goroutine, in the gate's queue (the only
 // execution permit is held by an open transaction) and reports what each
 // takes, as bytes/waiter: (HeapInuse+StackInuse once all wait − before),
-// each after a GC. Through database/sql a waiting operation also holds a
-// pooled connection (on the fake driver here), so this is the whole cost
-// of a queued operation, not the limiter's alone (see
+// each after a GC. Through database/sql a waiting operation also holds one
+// of its pooled logical connections (but no server connection), so this
+// is the whole cost of a queued operation, not the limiter's alone (see
 // BenchmarkWaiterMemory for that).
 func BenchmarkWaitingOperation(b *testing.B) {
 	const waiters = 1000
@@ -230,9 +230,9 @@ func BenchmarkWaitingOperation(b *testing.B) {
 	db := g.OpenDB()
 	defer db.Close()
 	ctx := context.Background()
-	// Dial the connections once: the measure is of waiting operations,
-	// not of connections being created.
-	warmConns(b, db, g, waiters+1)
+	// Open the logical connections once: the measure is of waiting
+	// operations, not of connections being created.
+	warmConns(b, db, waiters+1)
 	b.ReportAllocs()
 	var total float64
 	runs := 0
@@ -270,8 +270,9 @@ func BenchmarkWaitingOperation(b *testing.B) {
 	b.ReportMetric(total/float64(runs), "bytes/waiter")
 }
 
-// warmConns opens n connections in db's pool and leaves them idle.
-func warmConns(b *testing.B, db *sql.DB, g *bulkhead.Gate, n int) {
+// warmConns opens n logical connections in db's pool and leaves them
+// idle (they hold no server connection).
+func warmConns(b *testing.B, db *sql.DB, n int) {
 	b.Helper()
 	ctx := context.Background()
 	conns := make([]*sql.Conn, 0, n)
@@ -285,7 +286,7 @@ func warmConns(b *testing.B, db *sql.DB, g *bulkhead.Gate, n int) {
 	for _, c := range conns {
 		c.Close()
 	}
-	if open := g.Stats().OpenConns; open != n {
+	if open := db.Stats().OpenConnections; open != n {
 		b.Fatalf("%d connections open after warming, want %d", open, n)
 	}
 }
