@@ -130,6 +130,10 @@ func (l *limiter) resize(p Policy) {
 // permit was free). On failure nothing is held: the error is an
 // admission-full or queue-timeout *RejectedError, ErrClosed, or ctx.Err().
 func (l *limiter) acquire(ctx context.Context) (waited time.Duration, err error) {
+	if ctx.Err() == nil && l.tryNow() { // as Gate.acquire
+		l.nAdmitted.Add(1)
+		return 0, nil
+	}
 	var q queueing
 	err = q.acquire(ctx, []*limiter{l}, -1, 0)
 	if err == nil {
@@ -165,6 +169,35 @@ func (l *limiter) admit() (ok, over bool) {
 func (l *limiter) unadmit() {
 	if l.admitted.Add(-1) < 0 {
 		panic("bulkhead: bug: admission permit released more than held")
+	}
+}
+
+// tryNow takes both permits if both are free and nobody waits, and
+// reports whether it did; if not, it holds nothing and the caller takes
+// the general path (queueing.acquire), which waits, rejects or, in
+// dry-run, lets the operation through. It is the whole protocol of an
+// operation of a budget with room: two compare-and-swaps.
+func (l *limiter) tryNow() bool {
+	n := l.admitted.Load()
+	if n >= l.maxAdmit.Load() || l.closedA.Load() {
+		return false
+	}
+	old := l.exec.Load()
+	if s := execState(old); s.waiting() != 0 || s.free() <= 0 {
+		return false
+	}
+	if !l.admitted.CompareAndSwap(n, n+1) {
+		return false
+	}
+	for {
+		if l.exec.CompareAndSwap(old, old-1) { // free-1 (free > 0: no borrow)
+			return true
+		}
+		old = l.exec.Load()
+		if s := execState(old); s.waiting() != 0 || s.free() <= 0 {
+			l.unadmit()
+			return false
+		}
 	}
 }
 
@@ -525,6 +558,16 @@ type permit struct {
 // admitted, once the operation has its server connection too.
 func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 	o := fromContext(ctx)
+	if o.workload == "" && g.opt.reserve == 0 && ctx.Err() == nil && g.lim.tryNow() {
+		p.kind, p.wl, p.waited = k, nil, 0
+		return nil
+	}
+	return g.acquireSlow(ctx, k, p, o)
+}
+
+// acquireSlow is acquire's general case: workloads, a deadline reserve, a
+// wait, a rejection, a cancelled context.
+func (g *Gate) acquireSlow(ctx context.Context, k Kind, p *permit, o opOptions) error {
 	var budgets [2]*limiter
 	ls := budgets[:0]
 	wl := g.workload(o.workload)
@@ -567,7 +610,10 @@ func (g *Gate) budgets(p *permit, f func(*limiter)) {
 // admitted counts p's operation as admitted, now that it has its permits
 // and a server connection, and starts what watches it.
 func (g *Gate) admitted(p *permit) {
-	g.budgets(p, func(l *limiter) { l.nAdmitted.Add(1) })
+	g.lim.nAdmitted.Add(1)
+	if p.wl != nil {
+		p.wl.nAdmitted.Add(1)
+	}
 	if g.opt.events.OnRelease != nil {
 		p.start = time.Now()
 	}

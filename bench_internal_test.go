@@ -4,6 +4,7 @@ package bulkhead
 
 import (
 	"context"
+	"database/sql/driver"
 	"runtime"
 	"sync"
 	"testing"
@@ -291,4 +292,102 @@ func inUse() int64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapInuse + m.StackInuse)
+}
+
+// BenchmarkConnPath measures the calls database/sql makes on a driver
+// connection for one operation, without database/sql: on=driver is the
+// fake driver's connection, on=gate the gate's logical connection over it
+// (permits, a server connection bound and given back). The difference is
+// the gate's own cost per operation, with far less noise than through
+// database/sql (BenchmarkFakeDB in tests/):
+//
+//		go test -run '^$' -bench ConnPath -benchmem -count 10 . > path.txt
+//		benchstat -col /on path.txt
+//
+//	  - op=exec: ResetSession, ExecContext, IsValid.
+//	  - op=query: ResetSession, QueryContext, Next, Close, IsValid.
+//	  - op=tx: ResetSession, BeginTx, ExecContext, Commit, IsValid.
+func BenchmarkConnPath(b *testing.B) {
+	type driverConn interface {
+		driver.Conn
+		driver.ConnBeginTx
+		driver.ExecerContext
+		driver.QueryerContext
+		driver.SessionResetter
+		driver.Validator
+	}
+	open := func(b *testing.B, gated bool) driverConn {
+		ctx := context.Background()
+		var dc driver.Conn
+		var err error
+		if gated {
+			g, gerr := New(fakedb.New(), benchPolicy)
+			if gerr != nil {
+				b.Fatal(gerr)
+			}
+			b.Cleanup(func() { g.Close() })
+			dc, err = g.Connect(ctx)
+		} else {
+			dc, err = fakedb.New().Connect(ctx)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { dc.Close() })
+		c, ok := dc.(driverConn)
+		if !ok {
+			b.Fatalf("%T lacks an interface database/sql uses", dc)
+		}
+		return c
+	}
+	ops := []struct {
+		name string
+		run  func(context.Context, driverConn, []driver.Value) error
+	}{
+		{"exec", func(ctx context.Context, c driverConn, _ []driver.Value) error {
+			_, err := c.ExecContext(ctx, "UPDATE t SET x = 1", nil)
+			return err
+		}},
+		{"query", func(ctx context.Context, c driverConn, dest []driver.Value) error {
+			r, err := c.QueryContext(ctx, "SELECT 1", nil)
+			if err != nil {
+				return err
+			}
+			if err := r.Next(dest); err != nil {
+				return err
+			}
+			return r.Close()
+		}},
+		{"tx", func(ctx context.Context, c driverConn, _ []driver.Value) error {
+			t, err := c.BeginTx(ctx, driver.TxOptions{})
+			if err != nil {
+				return err
+			}
+			if _, err := c.ExecContext(ctx, "UPDATE t SET x = 1", nil); err != nil {
+				return err
+			}
+			return t.Commit()
+		}},
+	}
+	for _, op := range ops {
+		for _, on := range []string{"driver", "gate"} {
+			b.Run("op="+op.name+"/on="+on, func(b *testing.B) {
+				c := open(b, on == "gate")
+				ctx := context.Background()
+				dest := make([]driver.Value, 1)
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := c.ResetSession(ctx); err != nil {
+						b.Fatal(err)
+					}
+					if err := op.run(ctx, c, dest); err != nil {
+						b.Fatal(err)
+					}
+					if !c.IsValid() {
+						b.Fatal("connection not valid")
+					}
+				}
+			})
+		}
+	}
 }

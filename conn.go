@@ -43,8 +43,9 @@ import (
 // Concurrency: database/sql calls a driver.Conn, and its Tx, Stmt and
 // Rows, under its driverConn mutex, one call at a time, also from its own
 // goroutines (the rollback after a cancellation, closing rows). That
-// makes the plain fields of conn safe. lost and the permit flags are
-// atomic all the same: hold warnings and tests read them.
+// makes the plain fields of conn, tx and rows safe, and each release of a
+// permit happen once without an atomic flag. lost is atomic all the same
+// (loading it costs nothing).
 type conn struct {
 	g    *Gate
 	sess *session // the bound server connection, or nil
@@ -71,15 +72,21 @@ func newConn(g *Gate, mask uint) driver.Conn {
 	return wrapConn(c, mask)
 }
 
-// bind gives c a session if it has none, waiting at most wait for one
-// when all MaxConns are in use.
+// bind gives c a session if it has none: the one it had last if that one
+// is idle (the common case: database/sql hands out the most recently
+// returned logical connection first), else one from the pool, waiting at
+// most wait for one when all MaxConns are in use.
 func (c *conn) bind(ctx context.Context, wait time.Duration) (*session, error) {
 	if c.sess != nil {
 		return c.sess, nil
 	}
-	s, err := c.g.pool.get(ctx, c.last, wait, c.g.lim.dryRun.Load())
-	if err != nil {
-		return nil, err
+	p := c.g.pool
+	s := c.last
+	if s == nil || !p.take(s) || !p.ready(ctx, s) {
+		var err error
+		if s, err = p.get(ctx, wait, c.g.lim.dryRun.Load()); err != nil {
+			return nil, err
+		}
 	}
 	s.used = true
 	c.sess, c.last = s, s
@@ -282,17 +289,18 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	if c.lost.Load() {
 		return nil, driver.ErrBadConn
 	}
-	if c.tx.held.Load() {
+	if c.tx.held {
 		return nil, ErrTxStillOpen
 	}
-	var p permit
-	if err := c.start(ctx, KindTx, &p); err != nil {
+	// The permits are taken in place: c.tx holds them once it is held.
+	p := &c.tx.p
+	if err := c.start(ctx, KindTx, p); err != nil {
 		return nil, err
 	}
 	began := false
 	defer func() {
 		if !began {
-			c.g.release(&p)
+			c.g.release(p)
 		}
 	}()
 	s := c.sess
@@ -306,8 +314,8 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 			return nil, err
 		}
 	}
-	c.tx.inner, c.tx.p, c.tx.ctx = ti, p, ctx
-	c.tx.held.Store(true)
+	c.tx.inner, c.tx.ctx = ti, ctx
+	c.tx.held = true
 	began = true
 	return &c.tx, nil
 }
@@ -353,22 +361,20 @@ func (c *conn) setServerDeadline(ctx context.Context, dl *PostgresDeadline) erro
 	return nil
 }
 
-// inTx reports whether a statement on c, with context ctx, belongs to its
-// open transaction (and then takes no permit), or an error if that
-// transaction is dying: its context ended and database/sql has not rolled
-// it back yet, so the statement would run inside a transaction about to
-// vanish. A statement whose own context ended gets that context's error.
-func (c *conn) inTx(ctx context.Context) (bool, error) {
-	if !c.tx.held.Load() {
-		return false, nil
-	}
+// inTx is called for a statement on c while c has an open transaction:
+// the statement belongs to it and takes no permit. It returns an error if
+// that transaction is dying: its context ended and database/sql has not
+// rolled it back yet, so the statement would run inside a transaction
+// about to vanish. A statement whose own context ended gets that
+// context's error.
+func (c *conn) inTx(ctx context.Context) error {
 	if c.tx.ctx.Err() != nil {
 		if err := ctx.Err(); err != nil {
-			return true, err
+			return err
 		}
-		return true, ErrTxStillOpen
+		return ErrTxStillOpen
 	}
-	return true, nil
+	return nil
 }
 
 // execContext runs an autocommit statement under both permits, or a
@@ -377,8 +383,8 @@ func (c *conn) execContext(ctx context.Context, query string, args []driver.Name
 	if c.lost.Load() {
 		return nil, driver.ErrBadConn
 	}
-	if in, err := c.inTx(ctx); in {
-		if err != nil {
+	if c.tx.held {
+		if err := c.inTx(ctx); err != nil {
 			return nil, err
 		}
 		r, err := c.execInner(ctx, query, args)
@@ -404,6 +410,12 @@ func (c *conn) execSkipping(ctx context.Context, query string, args []driver.Nam
 	if err != driver.ErrSkip {
 		return r, err
 	}
+	return c.execFallback(ctx, query, args)
+}
+
+// execFallback is database/sql's answer to driver.ErrSkip for an Exec:
+// prepare, execute, close.
+func (c *conn) execFallback(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	si, sargs, err := c.prepareFallback(ctx, query, args)
 	if err != nil {
 		return nil, err
@@ -462,8 +474,8 @@ func (c *conn) queryContext(ctx context.Context, query string, args []driver.Nam
 	if c.lost.Load() {
 		return nil, driver.ErrBadConn
 	}
-	if in, err := c.inTx(ctx); in {
-		if err != nil {
+	if c.tx.held {
+		if err := c.inTx(ctx); err != nil {
 			return nil, err
 		}
 		ri, err := c.queryInner(ctx, query, args)
@@ -516,26 +528,26 @@ func (s *session) query(ctx context.Context, query string, args []driver.NamedVa
 // the statement query may return, an ErrSkip fallback's); on an error or a
 // panic they are released at once.
 func (c *conn) holdRows(ctx context.Context, query func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
-	var p permit
-	if err := c.start(ctx, KindQuery, &p); err != nil {
+	r := &c.rows
+	if r.held { // the rows of another query on this *sql.Conn are still open
+		r = &rows{c: c}
+	}
+	// The permits are taken in place: r holds them once it is held.
+	if err := c.start(ctx, KindQuery, &r.p); err != nil {
 		return nil, err
 	}
 	handed := false
 	defer func() {
 		if !handed {
-			c.g.release(&p)
+			c.g.release(&r.p)
 		}
 	}()
 	ri, si, err := query()
 	if err != nil {
 		return nil, ctxErr(ctx, err)
 	}
-	r := &c.rows
-	if r.held.Load() { // the rows of another query on this *sql.Conn are still open
-		r = &rows{c: c}
-	}
-	r.inner, r.stmt, r.p = ri, si, p
-	r.held.Store(true)
+	r.inner, r.stmt = ri, si
+	r.held = true
 	handed = true
 	return wrapRows(r, rowsMask(ri)), nil
 }

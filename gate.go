@@ -293,7 +293,7 @@ func (g *Gate) learn(ctx context.Context) (*protoInfo, error) {
 	if pi := g.pool.proto.Load(); pi != nil {
 		return pi, nil
 	}
-	s, err := g.pool.get(ctx, nil, g.connWait(), g.lim.dryRun.Load())
+	s, err := g.pool.get(ctx, g.connWait(), g.lim.dryRun.Load())
 	if err != nil {
 		return nil, g.connErr(err, g.connWait())
 	}

@@ -19,7 +19,9 @@ import (
 // wait for permits or sit idle in database/sql's pool, and keeps the
 // server connections, sessions, here. An operation binds a session only
 // once it holds its permits, preferring the one its logical connection had
-// last and otherwise the most recently used; it gives the session back
+// last and otherwise the first idle one in the order they were opened (so
+// the same few sessions carry the load, their server backends warm, while
+// the others stay idle and age out); it gives the session back
 // when database/sql takes the logical connection back into its pool
 // (Validator.IsValid) or closes it. A *sql.Conn therefore keeps one
 // session from its first statement until it is closed, as with plain
@@ -61,7 +63,6 @@ type session struct {
 	created time.Time
 
 	state     atomic.Int32 // sessionBound, sessionIdle or sessionClosed
-	idleSeq   atomic.Uint64
 	idleSince atomic.Int64 // unix nanoseconds; kept only with WithConnMaxIdleTime
 	// pending are statement closes deferred until the session is free: a
 	// lock-free stack, drained by whoever holds the session.
@@ -134,9 +135,7 @@ type pool struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed by close
 
-	all     atomic.Pointer[[]*session] // the open sessions; replaced, never changed, under mu
-	seq     atomic.Uint64              // orders sessions by when they were last given back
-	idle    atomic.Int64               // sessions idle
+	all     atomic.Pointer[[]*session] // the open sessions in the order they were opened; replaced, never changed, under mu
 	waiting atomic.Int64               // callers waiting (or about to) for a session: put looks for them
 	open    atomic.Int64               // sessions open or being dialed; changed under mu
 	max     atomic.Int64               // changed under mu
@@ -157,7 +156,7 @@ type pool struct {
 	// is pinged before its next use (see ready).
 	deadEpoch atomic.Uint64
 
-	nDials, nDialErrors, nKept, nReset, nInvalid, nPinged atomic.Int64
+	nDials, nDialErrors, nKept, nInvalid atomic.Int64
 }
 
 type protoInfo struct {
@@ -187,60 +186,44 @@ var errNoSession = errors.New("bulkhead: no session")
 
 // take takes s if it is idle.
 func (p *pool) take(s *session) bool {
-	if s.state.Load() == sessionIdle && s.state.CompareAndSwap(sessionIdle, sessionBound) {
-		p.idle.Add(-1)
-		return true
-	}
-	return false
+	return s.state.Load() == sessionIdle && s.state.CompareAndSwap(sessionIdle, sessionBound)
 }
 
-// takeRecent takes the most recently given back idle session, closing on
-// the way those idle longer than WithConnMaxIdleTime allows. It returns
-// nil if none is idle.
-func (p *pool) takeRecent() *session {
-	for p.idle.Load() > 0 {
-		var best *session
-		var bestSeq uint64
-		var stale []*session
-		var now int64
+// takeFirst takes the first idle session in the order they were opened,
+// closing on the way those idle longer than WithConnMaxIdleTime allows. It
+// returns nil if none is idle.
+//
+// Taking the first rather than the most recently given back needs no
+// shared counter on the way back (put), and keeps the load on the fewest
+// sessions all the same: those opened first are taken whenever they are
+// idle, so the later ones stay idle while the load needs fewer.
+func (p *pool) takeFirst() *session {
+	var now int64
+	for _, s := range *p.all.Load() {
+		if s.state.Load() != sessionIdle || !p.take(s) {
+			continue
+		}
 		if p.opt.maxIdleTime > 0 {
-			now = time.Now().UnixNano()
-		}
-		for _, s := range *p.all.Load() {
-			if s.state.Load() != sessionIdle {
-				continue
+			if now == 0 {
+				now = time.Now().UnixNano()
 			}
-			if now != 0 && now-s.idleSince.Load() > int64(p.opt.maxIdleTime) {
-				stale = append(stale, s)
-				continue
-			}
-			if seq := s.idleSeq.Load(); best == nil || seq > bestSeq {
-				best, bestSeq = s, seq
-			}
-		}
-		for _, s := range stale {
-			if p.take(s) {
+			if now-s.idleSince.Load() > int64(p.opt.maxIdleTime) {
 				p.closeSession(s)
+				continue
 			}
 		}
-		if best == nil {
-			return nil
-		}
-		if p.take(best) {
-			return best
-		}
-		// Taken by another meanwhile: look again.
+		return s
 	}
 	return nil
 }
 
-// get returns a session for a logical connection that has none: hint, the
-// session it had last, if that one is idle; else the most recently used
-// idle one; else a new one if fewer than max are open (or unbounded, in
+// get returns a session for a logical connection that has none (after
+// conn.bind found the one it had last taken): the first idle one
+// (takeFirst); else a new one if fewer than max are open (or unbounded, in
 // dry-run); else the first one given back within wait (errNoSession after
 // that). A session taken idle is reset first, and closed and passed over
 // when the driver says it is bad or it is past its lifetime.
-func (p *pool) get(ctx context.Context, hint *session, wait time.Duration, unbounded bool) (*session, error) {
+func (p *pool) get(ctx context.Context, wait time.Duration, unbounded bool) (*session, error) {
 	var timer *time.Timer
 	var deadline time.Time
 	defer func() {
@@ -255,12 +238,7 @@ func (p *pool) get(ctx context.Context, hint *session, wait time.Duration, unbou
 		if p.closed.Load() {
 			return nil, ErrClosed
 		}
-		s := hint
-		hint = nil
-		if s == nil || !p.take(s) {
-			s = p.takeRecent()
-		}
-		if s != nil {
+		if s := p.takeFirst(); s != nil {
 			if p.ready(ctx, s) {
 				return s, nil
 			}
@@ -275,7 +253,7 @@ func (p *pool) get(ctx context.Context, hint *session, wait time.Duration, unbou
 		// Announce the wait before looking again: a session given back
 		// from now on sees it and comes through mu.
 		p.waiting.Add(1)
-		if s := p.takeRecent(); s != nil {
+		if s := p.takeFirst(); s != nil {
 			p.waiting.Add(-1)
 			p.mu.Unlock()
 			if p.ready(ctx, s) {
@@ -358,7 +336,6 @@ func (p *pool) ready(ctx context.Context, s *session) bool {
 	}
 	if epoch := p.deadEpoch.Load(); s.checked != epoch {
 		if s.pinger != nil {
-			p.nPinged.Add(1)
 			if err := p.ping(ctx, s); err != nil {
 				if ctx.Err() == nil {
 					p.nInvalid.Add(1)
@@ -442,7 +419,6 @@ func (p *pool) reset(ctx context.Context, s *session) bool {
 	if !s.used || s.resetter == nil {
 		return true
 	}
-	p.nReset.Add(1)
 	done := false
 	defer func() {
 		if !done {
@@ -578,11 +554,9 @@ func (p *pool) put(s *session) {
 		p.closeSession(s)
 		return
 	}
-	s.idleSeq.Store(p.seq.Add(1))
 	if p.opt.maxIdleTime > 0 {
 		s.idleSince.Store(time.Now().UnixNano())
 	}
-	p.idle.Add(1)
 	s.state.Store(sessionIdle)
 	// A statement close deferred meanwhile, or a caller waiting: both
 	// looked at the state before it became idle, so they are seen here
@@ -665,10 +639,8 @@ func (p *pool) closeStmtOn(s *session, si driver.Stmt) {
 // closeSession closes s, held by the caller, and frees its place under
 // max.
 func (p *pool) closeSession(s *session) {
-	if old := s.state.Swap(sessionClosed); old == sessionClosed {
+	if s.state.Swap(sessionClosed) == sessionClosed {
 		return
-	} else if old == sessionIdle {
-		p.idle.Add(-1)
 	}
 	s.pending.Store(nil) // the statements go with the session
 	p.mu.Lock()
@@ -696,23 +668,13 @@ func (p *pool) slotFree() {
 	p.mu.Unlock()
 }
 
-// takeOldest takes the idle session given back longest ago, or nil.
-func (p *pool) takeOldest() *session {
-	for p.idle.Load() > 0 {
-		var oldest *session
-		var seq uint64
-		for _, s := range *p.all.Load() {
-			if s.state.Load() == sessionIdle {
-				if q := s.idleSeq.Load(); oldest == nil || q < seq {
-					oldest, seq = s, q
-				}
-			}
-		}
-		if oldest == nil {
-			return nil
-		}
-		if p.take(oldest) {
-			return oldest
+// takeLast takes the last idle session in the order they were opened (the
+// one takeFirst would take last), or nil.
+func (p *pool) takeLast() *session {
+	all := *p.all.Load()
+	for i := len(all) - 1; i >= 0; i-- {
+		if p.take(all[i]) {
+			return all[i]
 		}
 	}
 	return nil
@@ -730,7 +692,7 @@ func (p *pool) setMax(n int) {
 	over := p.open.Load() - p.max.Load()
 	p.mu.Unlock()
 	for ; over > 0; over-- {
-		s := p.takeOldest()
+		s := p.takeLast()
 		if s == nil {
 			break
 		}
@@ -770,5 +732,11 @@ func (p *pool) stats() poolStats {
 	for w := p.wHead; w != nil; w = w.next {
 		n++
 	}
-	return poolStats{open: int(p.open.Load()), idle: int(p.idle.Load()), max: int(p.max.Load()), waiting: n}
+	idle := 0
+	for _, s := range *p.all.Load() {
+		if s.state.Load() == sessionIdle {
+			idle++
+		}
+	}
+	return poolStats{open: int(p.open.Load()), idle: idle, max: int(p.max.Load()), waiting: n}
 }

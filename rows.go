@@ -1,9 +1,6 @@
 package bulkhead
 
-import (
-	"database/sql/driver"
-	"sync/atomic"
-)
+import "database/sql/driver"
 
 // rows holds an autocommit query's permits until Close returns.
 // database/sql closes rows itself at the end of Next, in Row.Scan, and from
@@ -13,7 +10,7 @@ type rows struct {
 	inner driver.Rows
 	stmt  driver.Stmt // the ErrSkip fallback's statement, closed after the rows; or nil
 	p     permit
-	held  atomic.Bool
+	held  bool // p is to be released
 }
 
 var _ driver.Rows = (*rows)(nil)
@@ -23,7 +20,8 @@ func (r *rows) Next(dest []driver.Value) error { return r.inner.Next(dest) }
 
 func (r *rows) Close() error {
 	defer func() {
-		if r.held.CompareAndSwap(true, false) {
+		if r.held {
+			r.held = false
 			r.c.g.release(&r.p)
 		}
 	}()

@@ -121,8 +121,8 @@ func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driv
 	if c.lost.Load() {
 		return nil, driver.ErrBadConn
 	}
-	if in, err := c.inTx(ctx); in {
-		if err != nil {
+	if c.tx.held {
+		if err := c.inTx(ctx); err != nil {
 			return nil, err
 		}
 		r, err := st.exec(ctx, args)
@@ -150,8 +150,8 @@ func (st *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (dri
 	if c.lost.Load() {
 		return nil, driver.ErrBadConn
 	}
-	if in, err := c.inTx(ctx); in {
-		if err != nil {
+	if c.tx.held {
+		if err := c.inTx(ctx); err != nil {
 			return nil, err
 		}
 		ri, err := st.queryOn(ctx, args)

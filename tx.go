@@ -3,7 +3,6 @@ package bulkhead
 import (
 	"context"
 	"database/sql/driver"
-	"sync/atomic"
 )
 
 // tx is the open transaction of a conn. It holds both permits from a
@@ -15,7 +14,7 @@ type tx struct {
 	inner driver.Tx
 	ctx   context.Context // BeginTx's
 	p     permit
-	held  atomic.Bool
+	held  bool // p is to be released
 }
 
 var _ driver.Tx = (*tx)(nil)
@@ -41,7 +40,8 @@ func (t *tx) Rollback() error {
 
 // end releases the transaction's permits, once.
 func (t *tx) end() {
-	if t.held.CompareAndSwap(true, false) {
+	if t.held {
+		t.held = false
 		t.c.g.release(&t.p)
 	}
 }

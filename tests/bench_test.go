@@ -163,6 +163,55 @@ func BenchmarkFakeDB(b *testing.B) {
 	}
 }
 
+// BenchmarkGateCost measures what the gate adds to each operation of
+// dbOps through database/sql on the fake driver, with plain and gated
+// interleaved in one loop: each iteration runs a chunk of operations on
+// the plain *sql.DB and a chunk on the gated one, in alternating order,
+// timing each chunk. Drift on a shared machine (another process, the
+// CPU's clock) then hits both alike, where BenchmarkFakeDB's separate
+// runs of a second each differ by more than the gate costs. It reports
+// plain-ns/op, gated-ns/op and their difference, gate-ns/op; ns/op is
+// for one iteration (2×64 operations) and means nothing by itself.
+//
+//	go test -run '^$' -bench GateCost -count 10 ./tests > cost.txt
+//	benchstat cost.txt
+func BenchmarkGateCost(b *testing.B) {
+	const chunk = 64
+	for _, op := range dbOps {
+		b.Run(op.name, func(b *testing.B) {
+			plain, gated := openBenchDBs(b, func() driver.Connector { return fakedb.New() }, benchGatePolicy, 1)
+			ctx := context.Background()
+			run := func(db *sql.DB) time.Duration {
+				start := time.Now()
+				for range chunk {
+					if err := op.run(ctx, db); err != nil {
+						b.Fatal(err)
+					}
+				}
+				return time.Since(start)
+			}
+			run(plain) // warm: dial outside the timing
+			run(gated)
+			var tPlain, tGated time.Duration
+			n := 0
+			for b.Loop() {
+				if n%2 == 0 {
+					tPlain += run(plain)
+					tGated += run(gated)
+				} else {
+					tGated += run(gated)
+					tPlain += run(plain)
+				}
+				n++
+			}
+			ops := float64(n * chunk)
+			b.ReportMetric(float64(tPlain)/ops, "plain-ns/op")
+			b.ReportMetric(float64(tGated)/ops, "gated-ns/op")
+			b.ReportMetric(float64(tGated-tPlain)/ops, "gate-ns/op")
+		})
+	}
+}
+
 // runWorkers runs op b.N times in all on workers goroutines, after one
 // untimed round per worker that dials the connections.
 func runWorkers(b *testing.B, workers int, db *sql.DB, op func(context.Context, *sql.DB) error) {
