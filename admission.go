@@ -178,25 +178,27 @@ func (l *limiter) unadmit() {
 // dry-run, lets the operation through. It is the whole protocol of an
 // operation of a budget with room: two compare-and-swaps.
 func (l *limiter) tryNow() bool {
-	n := l.admitted.Load()
-	if n >= l.maxAdmit.Load() || l.closedA.Load() {
+	if l.closedA.Load() {
 		return false
 	}
-	old := l.exec.Load()
-	if s := execState(old); s.waiting() != 0 || s.free() <= 0 {
-		return false
-	}
-	if !l.admitted.CompareAndSwap(n, n+1) {
-		return false
+	max := l.maxAdmit.Load()
+	for {
+		n := l.admitted.Load()
+		if n >= max {
+			return false
+		}
+		if l.admitted.CompareAndSwap(n, n+1) {
+			break
+		}
 	}
 	for {
-		if l.exec.CompareAndSwap(old, old-1) { // free-1 (free > 0: no borrow)
-			return true
-		}
-		old = l.exec.Load()
+		old := l.exec.Load()
 		if s := execState(old); s.waiting() != 0 || s.free() <= 0 {
 			l.unadmit()
 			return false
+		}
+		if l.exec.CompareAndSwap(old, old-1) { // free-1 (free > 0: no borrow)
+			return true
 		}
 	}
 }
