@@ -558,18 +558,32 @@ type permit struct {
 // ones for an operation of kind k, recording in p what release needs.
 // Rejections are counted and reported here; an admission is counted by
 // admitted, once the operation has its server connection too.
+//
+// conn.start calls its two halves itself: a waiting operation's goroutine
+// stack is most of what it costs, and each frame between database/sql and
+// the wait counts (BenchmarkWaitingOperation).
 func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
-	o := fromContext(ctx)
-	if o.workload == "" && g.opt.reserve == 0 && ctx.Err() == nil && g.lim.tryNow() {
-		p.kind, p.wl, p.waited = k, nil, 0
+	if g.acquireNow(ctx, k, p) {
 		return nil
 	}
-	return g.acquireSlow(ctx, k, p, o)
+	return g.acquireSlow(ctx, k, p)
+}
+
+// acquireNow takes the global permits of an operation that names no
+// workload and has no deadline reserve to respect, if both are free and
+// nobody waits, and reports whether it did.
+func (g *Gate) acquireNow(ctx context.Context, k Kind, p *permit) bool {
+	if fromContext(ctx).workload != "" || g.opt.reserve != 0 || ctx.Err() != nil || !g.lim.tryNow() {
+		return false
+	}
+	p.kind, p.wl, p.waited = k, nil, 0
+	return true
 }
 
 // acquireSlow is acquire's general case: workloads, a deadline reserve, a
 // wait, a rejection, a cancelled context.
-func (g *Gate) acquireSlow(ctx context.Context, k Kind, p *permit, o opOptions) error {
+func (g *Gate) acquireSlow(ctx context.Context, k Kind, p *permit) error {
+	o := fromContext(ctx)
 	var budgets [2]*limiter
 	ls := budgets[:0]
 	wl := g.workload(o.workload)
@@ -580,16 +594,25 @@ func (g *Gate) acquireSlow(ctx context.Context, k Kind, p *permit, o opOptions) 
 	var q queueing
 	err := q.acquire(ctx, ls, o.wait, g.opt.reserve)
 	p.kind, p.wl, p.waited = k, wl, q.waited()
-	if err != nil {
-		if g.opt.events.OnReject != nil && errors.Is(err, ErrRejected) {
-			emit(g.opt.events.OnReject, Event{Kind: k, Workload: p.workloadName(), Reason: rejectReason(err), Waited: p.waited})
-		}
-		return err
+	if g.opt.events.OnReject != nil && (err != nil || q.wouldReject) {
+		g.reportReject(p, err)
 	}
-	if q.wouldReject && g.opt.events.OnReject != nil {
-		emit(g.opt.events.OnReject, Event{Kind: k, Workload: p.workloadName(), Reason: ErrAdmissionFull, DryRun: true})
+	return err
+}
+
+// reportReject calls OnReject for an operation refused with err, or, if
+// err is nil, let through by dry-run where admission was full. It is a
+// function of its own to keep its Event off the stack of operations that
+// wait.
+//
+//go:noinline
+func (g *Gate) reportReject(p *permit, err error) {
+	switch {
+	case err == nil:
+		emit(g.opt.events.OnReject, Event{Kind: p.kind, Workload: p.workloadName(), Reason: ErrAdmissionFull, DryRun: true})
+	case errors.Is(err, ErrRejected):
+		emit(g.opt.events.OnReject, Event{Kind: p.kind, Workload: p.workloadName(), Reason: rejectReason(err), Waited: p.waited})
 	}
-	return nil
 }
 
 // workloadName is the workload whose budget the operation passes: never a
@@ -651,11 +674,16 @@ func (g *Gate) abort(p *permit, err error) {
 }
 
 // release gives back the permits of p, acquired by acquire and counted by
-// admitted.
+// admitted. OnRelease is called first, while the permits are still held:
+// an admission they make possible is reported after the release, so that
+// counting admissions minus releases never exceeds B.
 func (g *Gate) release(p *permit) {
 	if p.timer != nil {
 		p.timer.Stop()
 		p.timer = nil
+	}
+	if g.opt.events.OnRelease != nil {
+		emit(g.opt.events.OnRelease, Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited, Held: time.Since(p.start)})
 	}
 	// The reverse of acquire's order: while the workload's permit is
 	// still held, no other operation of the workload can take the global
@@ -664,9 +692,6 @@ func (g *Gate) release(p *permit) {
 	g.lim.release()
 	if p.wl != nil {
 		p.wl.release()
-	}
-	if g.opt.events.OnRelease != nil {
-		emit(g.opt.events.OnRelease, Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited, Held: time.Since(p.start)})
 	}
 }
 

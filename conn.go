@@ -52,6 +52,7 @@ type conn struct {
 	last *session // the session it had last: preferred when it binds again
 	tx   tx       // the open transaction: a connection has at most one
 	rows rows     // the rows of an autocommit query, reused while free
+	exec permit   // the permits of the autocommit Exec running on it
 	// lost: its session was lost to a panic in the driver. Every later
 	// call returns driver.ErrBadConn, so database/sql discards it.
 	lost atomic.Bool
@@ -104,27 +105,45 @@ func (c *conn) unbind() {
 // start takes the permits of an operation of kind k, then a session if c
 // has none. On success the operation is counted as admitted and must end
 // with c.g.release(p); on failure nothing is held.
+//
+// An operation that waits for its execution permit waits inside start,
+// on a goroutine whose stack is most of what a waiting operation costs:
+// start and its callers keep small frames (Gate.acquire unfolded, no
+// closures or defers before the wait), so that the stack of a waiting
+// operation stays within 4 KiB (BenchmarkWaitingOperation; one frame more
+// once made it grow to 8 KiB).
 func (c *conn) start(ctx context.Context, k Kind, p *permit) error {
-	if err := c.g.acquire(ctx, k, p); err != nil {
-		return err
+	if !c.g.acquireNow(ctx, k, p) {
+		if err := c.g.acquireSlow(ctx, k, p); err != nil {
+			return err
+		}
 	}
 	if c.sess == nil {
-		bound := false
-		defer func() {
-			if !bound { // a panic in the driver's ResetSession
-				c.g.abort(p, errPanicked)
-			}
-		}()
-		wait := c.g.connWait()
-		_, err := c.bind(ctx, wait)
-		bound = true
-		if err != nil {
-			err = c.g.connErr(err, wait)
-			c.g.abort(p, err)
+		if err := c.bindFor(ctx, p); err != nil {
 			return err
 		}
 	}
 	c.g.admitted(p)
+	return nil
+}
+
+// bindFor binds a session to c for an operation holding p. On failure,
+// or a panic in the driver's ResetSession, it gives p's permits back.
+func (c *conn) bindFor(ctx context.Context, p *permit) error {
+	bound := false
+	defer func() {
+		if !bound { // a panic in the driver's ResetSession
+			c.g.abort(p, errPanicked)
+		}
+	}()
+	wait := c.g.connWait()
+	_, err := c.bind(ctx, wait)
+	bound = true
+	if err != nil {
+		err = c.g.connErr(err, wait)
+		c.g.abort(p, err)
+		return err
+	}
 	return nil
 }
 
@@ -384,18 +403,22 @@ func (c *conn) execContext(ctx context.Context, query string, args []driver.Name
 		return nil, driver.ErrBadConn
 	}
 	if c.tx.held {
-		if err := c.inTx(ctx); err != nil {
-			return nil, err
-		}
-		r, err := c.execInner(ctx, query, args)
-		return r, ctxErr(ctx, err)
+		return c.execInTx(ctx, query, args)
 	}
-	var p permit
-	if err := c.start(ctx, KindExec, &p); err != nil {
+	if err := c.start(ctx, KindExec, &c.exec); err != nil {
 		return nil, err
 	}
-	defer c.g.release(&p)
+	defer c.g.release(&c.exec)
 	r, err := c.execSkipping(ctx, query, args)
+	return r, ctxErr(ctx, err)
+}
+
+// execInTx runs a statement of c's open transaction.
+func (c *conn) execInTx(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if err := c.inTx(ctx); err != nil {
+		return nil, err
+	}
+	r, err := c.execInner(ctx, query, args)
 	return r, ctxErr(ctx, err)
 }
 
@@ -475,13 +498,28 @@ func (c *conn) queryContext(ctx context.Context, query string, args []driver.Nam
 		return nil, driver.ErrBadConn
 	}
 	if c.tx.held {
-		if err := c.inTx(ctx); err != nil {
-			return nil, err
-		}
-		ri, err := c.queryInner(ctx, query, args)
-		return ri, ctxErr(ctx, err)
+		return c.queryInTx(ctx, query, args)
 	}
-	return c.holdRows(ctx, func() (driver.Rows, driver.Stmt, error) {
+	r, err := c.startRows(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.autocommitQuery(ctx, r, query, args)
+}
+
+// queryInTx runs a query of c's open transaction: its rows are the
+// driver's own.
+func (c *conn) queryInTx(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if err := c.inTx(ctx); err != nil {
+		return nil, err
+	}
+	ri, err := c.queryInner(ctx, query, args)
+	return ri, ctxErr(ctx, err)
+}
+
+// autocommitQuery runs query for r, which holds the permits.
+func (c *conn) autocommitQuery(ctx context.Context, r *rows, query string, args []driver.NamedValue) (driver.Rows, error) {
+	return c.runRows(ctx, r, func() (driver.Rows, driver.Stmt, error) {
 		ri, err := c.queryInner(ctx, query, args)
 		if err != driver.ErrSkip {
 			return ri, nil, err
@@ -523,19 +561,26 @@ func (s *session) query(ctx context.Context, query string, args []driver.NamedVa
 	return s.legacyQueryer.Query(query, dargs) //lint:ignore SA1019 the legacy driver has nothing else
 }
 
-// holdRows takes both permits and a session and runs query. The permits
-// pass to the returned rows, released by their Close (which also closes
-// the statement query may return, an ErrSkip fallback's); on an error or a
-// panic they are released at once.
-func (c *conn) holdRows(ctx context.Context, query func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
+// startRows takes both permits and a session for an autocommit query, in
+// place in the rows that will hold them: c's own, or new ones if c's are
+// still open (two result sets on one *sql.Conn). The caller runs the
+// query with runRows.
+func (c *conn) startRows(ctx context.Context) (*rows, error) {
 	r := &c.rows
-	if r.held { // the rows of another query on this *sql.Conn are still open
+	if r.held {
 		r = &rows{c: c}
 	}
-	// The permits are taken in place: r holds them once it is held.
 	if err := c.start(ctx, KindQuery, &r.p); err != nil {
 		return nil, err
 	}
+	return r, nil
+}
+
+// runRows runs query for r, which holds the permits (startRows). They pass
+// to the returned rows, released by their Close (which also closes the
+// statement query may return, an ErrSkip fallback's); on an error or a
+// panic they are released at once.
+func (c *conn) runRows(ctx context.Context, r *rows, query func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
 	handed := false
 	defer func() {
 		if !handed {

@@ -67,10 +67,14 @@ func (e *fkEnv) running(t *testing.T, want int, when string) {
 	}
 }
 
-// awaitRelease waits for the next release of permits, made on any goroutine.
+// awaitRelease waits for the next release of permits, made on any
+// goroutine, and then until nothing runs: OnRelease is called just before
+// the permits are given back.
 func (e *fkEnv) awaitRelease(t *testing.T) bulkhead.Event {
 	t.Helper()
-	return <-e.released
+	ev := <-e.released
+	awaitState(t, "the released permits are back", func() bool { return e.g.Stats().Running == 0 })
+	return ev
 }
 
 // balanced fails the test unless every admitted operation released its
@@ -1123,6 +1127,53 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 	defer mu.Unlock()
 	if !slices.Equal(got, want) {
 		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestAdmissionsMinusReleasesInEventsNeverExceedB counts the operations
+// holding permits from the events alone, as a user's gauge would, under
+// 8 goroutines on B=2: OnRelease comes before the permits are handed on,
+// so the count never exceeds B.
+func TestAdmissionsMinusReleasesInEventsNeverExceedB(t *testing.T) {
+	const b, workers, each = 2, 8, 200
+	var mu sync.Mutex
+	held, most := 0, 0
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: b, MaxQueue: workers, QueueWait: time.Hour},
+		bulkhead.WithEvents(bulkhead.Events{
+			OnAdmit: func(bulkhead.Event) {
+				mu.Lock()
+				held++
+				most = max(most, held)
+				mu.Unlock()
+			},
+			OnRelease: func(bulkhead.Event) {
+				mu.Lock()
+				held--
+				mu.Unlock()
+			},
+		}))
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				if _, err := e.db.ExecContext(ctx, "UPDATE t"); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if held != 0 || most > b || most == 0 {
+		t.Fatalf("from the events: %d held at the end, at most %d at once; want 0 and at most B=%d", held, most, b)
 	}
 }
 

@@ -44,7 +44,7 @@ type Event struct {
 type Events struct {
 	OnAdmit   func(Event) // the permits and a server connection acquired; Waited set
 	OnReject  func(Event) // rejected (or, with DryRun set, would have been); Reason and Waited set. Cancellations are not rejections.
-	OnRelease func(Event) // the permits given back; Waited and Held set
+	OnRelease func(Event) // the permits about to be given back (an admission they make possible comes after); Waited and Held set
 }
 
 // emit calls an event callback. A panic in it is logged and recovered: it

@@ -128,11 +128,10 @@ func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driv
 		r, err := st.exec(ctx, args)
 		return r, ctxErr(ctx, err)
 	}
-	var p permit
-	if err := c.start(ctx, KindExec, &p); err != nil {
+	if err := c.start(ctx, KindExec, &c.exec); err != nil {
 		return nil, err
 	}
-	defer c.g.release(&p)
+	defer c.g.release(&c.exec)
 	r, err := st.exec(ctx, args)
 	return r, ctxErr(ctx, err)
 }
@@ -157,7 +156,16 @@ func (st *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (dri
 		ri, err := st.queryOn(ctx, args)
 		return ri, ctxErr(ctx, err)
 	}
-	return c.holdRows(ctx, func() (driver.Rows, driver.Stmt, error) {
+	r, err := c.startRows(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return st.runRows(ctx, r, args)
+}
+
+// runRows runs the statement for r, which holds the permits.
+func (st *stmt) runRows(ctx context.Context, r *rows, args []driver.NamedValue) (driver.Rows, error) {
+	return st.c.runRows(ctx, r, func() (driver.Rows, driver.Stmt, error) {
 		ri, err := st.queryOn(ctx, args)
 		return ri, nil, err
 	})
