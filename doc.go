@@ -20,18 +20,33 @@
 // while the database still works: after a cancellation, database/sql's own
 // rollback releases them.
 //
-// Quick start, with pgx:
+// Quick start, on PostgreSQL with pgx: the module
+// github.com/dbbulkhead/bulkhead/pgxgate opens the gate with the settings
+// that keep its bound true on the server (see its documentation), the
+// module github.com/dbbulkhead/bulkhead/promgate exports its metrics, and
+// the package httpgate answers rejections with 503 and Retry-After:
 //
-//	cfg, err := pgx.ParseConfig(os.Getenv("DATABASE_URL"))
+//	policy, err := bulkhead.PolicyFromEnv() // B, Q and the wait from BULKHEAD_*
 //	// ...
-//	policy, err := bulkhead.PolicyFromEnv()
+//	metrics := promgate.New(promgate.Opts{})
+//	db, gate, err := pgxgate.OpenDB(os.Getenv("DATABASE_URL"), policy,
+//		bulkhead.WithEvents(metrics.Events()))
 //	// ...
-//	gate, err := bulkhead.New(stdlib.GetConnector(*cfg), policy)
-//	// ...
-//	db := gate.OpenDB() // pool settings that fit the policy
+//	defer db.Close() // one *sql.DB for the service: GORM and sqlc use it too
+//	metrics.Attach(gate)
+//	prometheus.MustRegister(metrics)
+//	rs := httpgate.Responder{RetryAfter: time.Second}
+//	http.Handle("GET /answer", rs.Handler(func(w http.ResponseWriter, r *http.Request) error {
+//		_, err := db.ExecContext(r.Context(), "SELECT 1")
+//		return err // a rejection: 503 with Retry-After
+//	}))
 //
-// The one-line form sql.OpenDB(bulkhead.Connector(inner, policy)) works
-// too; then keep db.SetMaxOpenConns at 0 and call db.SetMaxIdleConns(B+Q).
+// Any other driver.Connector works the same: gate, err := bulkhead.New(inner,
+// policy), then db := gate.OpenDB(), the one *sql.DB of the gate, with pool
+// settings that fit the policy; it opens at most B+Q server connections
+// (Stats().MaxConns). The one-line form
+// sql.OpenDB(bulkhead.Connector(inner, policy)) works too; then keep
+// db.SetMaxOpenConns at 0 and call db.SetMaxIdleConns(B+Q).
 //
 // Reaching the driver's own connection (for pgx's CopyFrom or LISTEN):
 //
