@@ -6,11 +6,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
@@ -19,12 +22,22 @@ import (
 
 // recordLog is a slog.Handler that keeps every record it is given, as
 // "LEVEL message key=value ..." lines with the durations left out (they
-// are wall-clock), and the names of the duration attributes apart.
+// are wall-clock), and the names of the duration attributes apart; and
+// as logged values, for the tests that add up counts.
 type recordLog struct {
 	min   slog.Level
 	mu    sync.Mutex
 	lines []string
 	durs  []string
+	recs  []logged
+}
+
+// logged is a record as recordLog keeps it.
+type logged struct {
+	level slog.Level
+	msg   string
+	time  time.Time
+	attrs map[string]slog.Value
 }
 
 func (h *recordLog) Enabled(_ context.Context, l slog.Level) bool { return l >= h.min }
@@ -34,8 +47,10 @@ func (h *recordLog) WithGroup(string) slog.Handler                { return h }
 func (h *recordLog) Handle(_ context.Context, r slog.Record) error {
 	var b strings.Builder
 	var durs []string
+	rec := logged{level: r.Level, msg: r.Message, time: r.Time, attrs: make(map[string]slog.Value)}
 	fmt.Fprintf(&b, "%s %s", r.Level, r.Message)
 	r.Attrs(func(a slog.Attr) bool {
+		rec.attrs[a.Key] = a.Value
 		if a.Value.Kind() == slog.KindDuration {
 			durs = append(durs, a.Key)
 			return true
@@ -47,7 +62,14 @@ func (h *recordLog) Handle(_ context.Context, r slog.Record) error {
 	defer h.mu.Unlock()
 	h.lines = append(h.lines, b.String())
 	h.durs = append(h.durs, strings.Join(durs, ","))
+	h.recs = append(h.recs, rec)
 	return nil
+}
+
+func (h *recordLog) records() []logged {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.recs)
 }
 
 func (h *recordLog) got() (lines, durs []string) {
@@ -144,14 +166,26 @@ func TestSlogEventsWithANilLoggerUsesTheDefaultLoggerAtEachEvent(t *testing.T) {
 	// Not parallel: it replaces the process's default logger.
 	old := slog.Default()
 	t.Cleanup(func() { slog.SetDefault(old) })
-	ev := bulkhead.SlogEvents(nil) // made before the default is set
-	h := &recordLog{min: slog.LevelDebug}
-	slog.SetDefault(slog.New(h))
-	ev.OnReject(bulkhead.Event{Kind: bulkhead.KindTx, Reason: bulkhead.ErrQueueTimeout})
-	lines, _ := h.got()
-	if want := []string{"WARN bulkhead: rejected kind=transaction reason=queue_timeout"}; !slices.Equal(lines, want) {
-		t.Errorf("records %q, want %q", lines, want)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		ev := bulkhead.SlogEvents(nil) // made before the default is set
+		h := &recordLog{min: slog.LevelDebug}
+		slog.SetDefault(slog.New(h))
+		ev.OnReject(bulkhead.Event{Kind: bulkhead.KindTx, Reason: bulkhead.ErrQueueTimeout})
+		ev.OnReject(bulkhead.Event{Kind: bulkhead.KindTx, Reason: bulkhead.ErrQueueTimeout})
+		// The summary goes to the default logger of the moment it is logged.
+		h2 := &recordLog{min: slog.LevelDebug}
+		slog.SetDefault(slog.New(h2))
+		time.Sleep(bulkhead.DefaultSlogInterval)
+		synctest.Wait()
+		lines, _ := h.got()
+		if want := []string{"WARN bulkhead: rejected kind=transaction reason=queue_timeout"}; !slices.Equal(lines, want) {
+			t.Errorf("records %q, want %q", lines, want)
+		}
+		lines, _ = h2.got()
+		if want := []string{"WARN bulkhead: rejected reason=queue_timeout count=1"}; !slices.Equal(lines, want) {
+			t.Errorf("summary records %q, want %q", lines, want)
+		}
+	})
 }
 
 func TestJoinEventsCallsEachSetCallbackInOrderAndLeavesUnsetOnesNil(t *testing.T) {
@@ -244,4 +278,240 @@ func TestSlogEventsNamesTheWorkloadAndTellsADryRunRejectionApart(t *testing.T) {
 	if slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, "bulkhead: rejected") }) {
 		t.Errorf("a dry run logged a real rejection:\n%s", strings.Join(lines, "\n"))
 	}
+}
+
+// rejectGroupOf names a record's (reason, workload, dry run) group.
+func rejectGroupOf(r logged) string {
+	workload := ""
+	if w, ok := r.attrs["workload"]; ok {
+		workload = w.String()
+	}
+	return fmt.Sprintf("%s/%s/%t", r.attrs["reason"], workload, r.msg == "bulkhead: would reject (dry run)")
+}
+
+func TestSlogEventsSumsUpAnOverloadInOneRecordPerGroupAndInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &recordLog{min: slog.LevelDebug}
+		ev := bulkhead.SlogEvents(slog.New(h)) // DefaultSlogInterval: 1 s
+		start := time.Now()
+		// Four goroutines, one group each, reject 50 times every 10 ms of
+		// fake time for 5 s: 100,000 rejections, the last at 4.99 s. The
+		// two on the global budget differ only in dry run; kinds vary
+		// within a group.
+		const steps, burst = 500, 50
+		events := [][2]bulkhead.Event{
+			{{Kind: bulkhead.KindExec, Reason: bulkhead.ErrAdmissionFull}, {Kind: bulkhead.KindQuery, Reason: bulkhead.ErrAdmissionFull}},
+			{{Kind: bulkhead.KindExec, Reason: bulkhead.ErrAdmissionFull, DryRun: true}, {Kind: bulkhead.KindTx, Reason: bulkhead.ErrAdmissionFull, DryRun: true}},
+			{{Kind: bulkhead.KindQuery, Workload: "reports", Reason: bulkhead.ErrQueueTimeout}, {Kind: bulkhead.KindQuery, Workload: "reports", Reason: bulkhead.ErrQueueTimeout}},
+			{{Kind: bulkhead.KindTx, Workload: "reports", Reason: bulkhead.ErrNoConnection}, {Kind: bulkhead.KindExec, Workload: "reports", Reason: bulkhead.ErrNoConnection}},
+		}
+		var wg sync.WaitGroup
+		for _, es := range events {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range steps {
+					for i := range burst {
+						ev.OnReject(es[i%2])
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}()
+		}
+		wg.Wait()
+		// The last summary is due at 5 s, and the window closes at 6 s.
+		time.Sleep(2 * bulkhead.DefaultSlogInterval)
+		synctest.Wait()
+
+		recs := h.records()
+		// The bound: one record at once, then, for each of the 5
+		// intervals, one per group that had rejections: 4. The 100,000
+		// rejections do not show in it.
+		const groups, intervals = 4, 5
+		total := int64(len(events) * steps * burst)
+		if len(recs) != 1+groups*intervals {
+			t.Fatalf("%d records, want 1 + %d groups × %d intervals = %d", len(recs), groups, intervals, 1+groups*intervals)
+		}
+		first := recs[0]
+		if _, ok := first.attrs["count"]; ok || first.attrs["kind"].Kind() != slog.KindString || !first.time.Equal(start) {
+			t.Errorf("first record %+v: want the rejection itself, logged at once", first)
+		}
+		perGroup := make(map[string]int64)
+		perGroup[rejectGroupOf(first)]++
+		for i, r := range recs[1:] {
+			if r.level != slog.LevelWarn {
+				t.Errorf("summary %+v: level %v, want WARN", r, r.level)
+			}
+			if _, ok := r.attrs["kind"]; ok {
+				t.Errorf("summary %+v has a kind", r)
+			}
+			if w, ok := r.attrs["workload"]; ok && w.String() != "reports" {
+				t.Errorf("summary %+v: workload %v", r, w)
+			}
+			// The records of the k-th interval are logged at k s, each
+			// counting over 1 s.
+			if at := start.Add(time.Duration(i/groups+1) * time.Second); !r.time.Equal(at) || r.attrs["over"].Duration() != time.Second {
+				t.Errorf("summary %d at %v over %v, want at %v over 1s", i, r.time.Sub(start), r.attrs["over"], at.Sub(start))
+			}
+			perGroup[rejectGroupOf(r)] += r.attrs["count"].Int64()
+		}
+		want := map[string]int64{
+			"admission_full//false":       total / groups,
+			"admission_full//true":        total / groups,
+			"queue_timeout/reports/false": total / groups,
+			"no_connection/reports/false": total / groups,
+		}
+		if !maps.Equal(perGroup, want) {
+			t.Errorf("rejections logged per group %v, want %v", perGroup, want)
+		}
+	})
+}
+
+func TestSlogEventsLogsTheFirstRejectionAtOnceAndAgainAfterAQuietInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const every = 100 * time.Millisecond
+		h := &recordLog{min: slog.LevelWarn}
+		ev := bulkhead.SlogEventsEvery(slog.New(h), every)
+		full := bulkhead.Event{Kind: bulkhead.KindExec, Reason: bulkhead.ErrAdmissionFull}
+		check := func(when string, want ...string) {
+			t.Helper()
+			synctest.Wait()
+			if lines, _ := h.got(); !slices.Equal(lines, want) {
+				t.Fatalf("%s: records\n%s\nwant\n%s", when, strings.Join(lines, "\n"), strings.Join(want, "\n"))
+			}
+		}
+		ev.OnReject(full)
+		ev.OnReject(full)
+		ev.OnReject(full)
+		r1 := "WARN bulkhead: rejected kind=statement reason=admission_full"
+		check("three rejections", r1)
+		time.Sleep(every - time.Nanosecond)
+		check("just before the interval ends", r1)
+		time.Sleep(time.Nanosecond)
+		s2 := "WARN bulkhead: rejected reason=admission_full count=2"
+		check("the interval ended", r1, s2)
+		// A rejection in the next interval waits for its summary.
+		time.Sleep(every / 2)
+		ev.OnReject(full)
+		check("a rejection right after a summary", r1, s2)
+		time.Sleep(every / 2)
+		s1 := "WARN bulkhead: rejected reason=admission_full count=1"
+		check("the second interval ended", r1, s2, s1)
+		// A quiet interval closes the window: the next rejection is logged at once.
+		time.Sleep(every)
+		check("a quiet interval", r1, s2, s1)
+		ev.OnReject(full)
+		check("a rejection after a quiet interval", r1, s2, s1, r1)
+		time.Sleep(10 * every)
+		check("alone", r1, s2, s1, r1)
+	})
+}
+
+func TestSlogEventsEveryWithoutAnIntervalLogsEachRejection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &recordLog{min: slog.LevelWarn}
+		ev := bulkhead.SlogEventsEvery(slog.New(h), 0)
+		for range 3 {
+			ev.OnReject(bulkhead.Event{Kind: bulkhead.KindQuery, Workload: "reports", Reason: bulkhead.ErrQueueTimeout, DryRun: true})
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		lines, _ := h.got()
+		r := "WARN bulkhead: would reject (dry run) kind=query workload=reports reason=queue_timeout"
+		if want := []string{r, r, r}; !slices.Equal(lines, want) {
+			t.Errorf("records %q, want %q", lines, want)
+		}
+	})
+}
+
+func TestSlogEventsCountsARejectionWithoutAllocating(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &recordLog{min: slog.LevelWarn}
+		ev := bulkhead.SlogEvents(slog.New(h))
+		e := bulkhead.Event{Kind: bulkhead.KindQuery, Workload: "reports", Reason: bulkhead.ErrQueueTimeout}
+		ev.OnReject(e) // logged at once; opens the interval
+		ev.OnReject(e) // the group's first count
+		// Fake time stands still while this goroutine runs: every call
+		// below is counted in the same interval.
+		if n := testing.AllocsPerRun(1000, func() { ev.OnReject(e) }); n != 0 {
+			t.Errorf("a counted rejection allocates %v times, want 0", n)
+		}
+		time.Sleep(bulkhead.DefaultSlogInterval)
+		synctest.Wait()
+		recs := h.records()
+		if len(recs) != 2 || recs[1].attrs["count"].Int64() != 1+1001 {
+			t.Errorf("records %+v, want the rejection and a summary counting 1002", recs)
+		}
+	})
+}
+
+func TestSlogEventsLogsNoRejectionThroughALoggerAboveWarn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &recordLog{min: slog.LevelError}
+		ev := bulkhead.SlogEvents(slog.New(h))
+		e := bulkhead.Event{Kind: bulkhead.KindExec, Reason: bulkhead.ErrAdmissionFull}
+		for range 1000 {
+			ev.OnReject(e)
+		}
+		if n := testing.AllocsPerRun(1000, func() { ev.OnReject(e) }); n != 0 {
+			t.Errorf("a rejection through a logger above Warn allocates %v times, want 0", n)
+		}
+		time.Sleep(10 * bulkhead.DefaultSlogInterval)
+		synctest.Wait()
+		if lines, _ := h.got(); len(lines) != 0 {
+			t.Errorf("records %q, want none", lines)
+		}
+	})
+}
+
+// BenchmarkSlogEventsReject measures OnReject under an overload: "summed"
+// (SlogEvents, one interval open: a counted rejection), from one goroutine
+// and from GOMAXPROCS, and with the workload changing at each rejection;
+// "each" (SlogEventsEvery with interval 0: a record
+// per rejection, as before); "disabled" (a logger above Warn). The logger
+// writes text to io.Discard.
+func BenchmarkSlogEventsReject(b *testing.B) {
+	text := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e := bulkhead.Event{Kind: bulkhead.KindQuery, Workload: "reports", Reason: bulkhead.ErrQueueTimeout}
+	b.Run("summed", func(b *testing.B) {
+		ev := bulkhead.SlogEvents(text)
+		b.ReportAllocs()
+		for b.Loop() {
+			ev.OnReject(e)
+		}
+	})
+	b.Run("summed-parallel", func(b *testing.B) {
+		ev := bulkhead.SlogEvents(text)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				ev.OnReject(e)
+			}
+		})
+	})
+	b.Run("summed-3-workloads", func(b *testing.B) {
+		ev := bulkhead.SlogEvents(text)
+		es := []bulkhead.Event{e, e, e}
+		es[1].Workload, es[2].Workload = "", "batch"
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			ev.OnReject(es[i%3])
+			i++
+		}
+	})
+	b.Run("each", func(b *testing.B) {
+		ev := bulkhead.SlogEventsEvery(text, 0)
+		b.ReportAllocs()
+		for b.Loop() {
+			ev.OnReject(e)
+		}
+	})
+	b.Run("disabled", func(b *testing.B) {
+		ev := bulkhead.SlogEvents(slog.New(slog.DiscardHandler))
+		b.ReportAllocs()
+		for b.Loop() {
+			ev.OnReject(e)
+		}
+	})
 }
