@@ -23,8 +23,9 @@ permit back. It prints exactly:
   available=1
 
 Without --dsn or DATABASE_URL it runs on an embedded in-memory SQLite
-database (modernc.org/sqlite); postgres:// runs it through pgx, mysql://
-through go-sql-driver/mysql.
+database (github.com/ncruces/go-sqlite3: SQLite compiled to WebAssembly,
+run by wazero; no cgo, no C compiler needed); postgres:// runs it through
+pgx, mysql:// through go-sql-driver/mysql.
 `
 
 const demoExamples = `  bulkhead demo

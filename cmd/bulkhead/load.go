@@ -44,7 +44,7 @@ completed + every kind of failure. Ctrl-C stops the run and still reports.
 const loadExamples = `  bulkhead load --clients 16 --duration 5s
   bulkhead load --dsn postgres://postgres@127.0.0.1:5432/test --clients 32 --duration 10s \
       --max-concurrent 4 --max-queue 4 --queue-wait 20ms --hold 20ms --deadline 100ms \
-      --baseline --max-open-conns 4 --chart docs/load.png
+      --baseline --max-open-conns 4 --chart docs/load.svg
   bulkhead load --dsn postgres://postgres@127.0.0.1:5432/test --work cpu --clients 8 --count 2000 --json -
 `
 
@@ -119,7 +119,7 @@ func (e *env) parseLoad(args []string) (*loadConfig, int, bool) {
 	maxOpen := fs.Int("max-open-conns", 0, "baseline: database/sql SetMaxOpenConns (default B)")
 	backoff := fs.Duration("backoff", 10*time.Millisecond, "pause of a client after a failed operation (0: retry at once)")
 	progress := fs.Duration("progress", time.Second, "interval of progress lines when stderr is not a terminal (0: none)")
-	chart := fs.String("chart", "", "write a chart of the run(s) to this .png or .svg file")
+	chart := fs.String("chart", "", "write a chart of the run(s) to this .svg file (SVG only)")
 	jsonOut := fs.String("json", "", "write the results as JSON to this file (- for stdout; the table then goes to stderr)")
 	pf := e.addPolicyFlags(fs)
 	if code, done := e.parseFlags(fs, args); done {
@@ -160,12 +160,8 @@ func (e *env) parseLoad(args []string) (*loadConfig, int, bool) {
 		cfg.duration = 0
 	}
 	if cfg.chart != "" {
-		ext := strings.ToLower(filepath.Ext(cfg.chart))
-		if ext != ".png" && ext != ".svg" {
-			return bad("--chart %q has extension %q, want .png or .svg", cfg.chart, ext)
-		}
-		if err := checkDir(cfg.chart); err != nil {
-			return bad("--chart %q: %v", cfg.chart, err)
+		if err := checkChartPath(cfg.chart); err != nil {
+			return bad("%w", err)
 		}
 	}
 	if cfg.jsonOut != "" && cfg.jsonOut != "-" {

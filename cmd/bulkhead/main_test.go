@@ -14,9 +14,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// Charts of a ninth of the pixels: the same drawing, far cheaper under
-	// -race. TestChartAtFullSizeIsAValidPNG draws one at the real size.
-	chartDPI = 32
 	goleak.VerifyTestMain(m)
 }
 

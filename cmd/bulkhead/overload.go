@@ -10,7 +10,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -60,7 +59,7 @@ max_connections: use a server nobody else depends on. Ctrl-C stops the
 run and reports what was measured.
 `
 
-const overloadExamples = `  bulkhead overload --dsn postgres://postgres@127.0.0.1:5432/test --chart docs/overload.png
+const overloadExamples = `  bulkhead overload --dsn postgres://postgres@127.0.0.1:5432/test --chart docs/overload.svg
   bulkhead overload --dsn postgres://postgres@127.0.0.1:5432/test --loads 3 --duration 3s \
       --max-concurrent 2 --max-queue 20 --queue-wait 80ms --json -
   bulkhead overload --capacity 200 --loads 1,2 --duration 1s --cpu-rows 2000
@@ -155,7 +154,7 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	q := fs.Int("max-queue", -1, "Q of the gate (-1: ⌊¾·C·wait⌋)")
 	wait := fs.Duration("queue-wait", -1, "queue wait of the gate (negative: deadline − 3·B/C)")
 	seed := fs.Uint64("seed", 1, "seed of the arrival times: the same for every configuration")
-	chart := fs.String("chart", "", "write a chart of the results to this .png or .svg file")
+	chart := fs.String("chart", "", "write a chart of the results to this .svg file (SVG only)")
 	jsonOut := fs.String("json", "", "write the results as JSON to this file (- for stdout; the table then goes to stderr)")
 	if code, done := e.parseFlags(fs, args); done {
 		return nil, code, true
@@ -204,17 +203,14 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	if cfg.capWorkers == 0 {
 		cfg.capWorkers = cfg.b
 	}
-	for _, path := range []string{cfg.chart, cfg.jsonOut} {
-		if path == "" || path == "-" {
-			continue
-		}
-		if err := checkDir(path); err != nil {
-			return bad("%q: %v", path, err)
+	if cfg.jsonOut != "" && cfg.jsonOut != "-" {
+		if err := checkDir(cfg.jsonOut); err != nil {
+			return bad("--json %q: %v", cfg.jsonOut, err)
 		}
 	}
 	if cfg.chart != "" {
-		if ext := strings.ToLower(filepath.Ext(cfg.chart)); ext != ".png" && ext != ".svg" {
-			return bad("--chart %q has extension %q, want .png or .svg", cfg.chart, ext)
+		if err := checkChartPath(cfg.chart); err != nil {
+			return bad("%w", err)
 		}
 	}
 	t, err := e.resolveTarget(*dsn, set["dsn"])

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"image/png"
 	"math"
 	"os"
 	"path/filepath"
@@ -63,7 +62,7 @@ func wantPhaseAddsUp(t *testing.T, ph *overloadPhase, arrived int64) {
 
 func TestOverloadOnSQLiteOffersTheSameArrivalsToEveryConfiguration(t *testing.T) {
 	dir := t.TempDir()
-	jsonPath, chartPath := filepath.Join(dir, "overload.json"), filepath.Join(dir, "overload.png")
+	jsonPath, chartPath := filepath.Join(dir, "overload.json"), filepath.Join(dir, "overload.svg")
 	r := runCmd(t, nil, "overload", "--capacity", "100", "--loads", "1,2", "--duration", "300ms",
 		"--warmup", "100ms", "--capacity-duration", "150ms", "--cpu-rows", "200", "--max-concurrent", "2",
 		"--deadline", "10s", "--seed", "7", "--json", jsonPath, "--chart", chartPath)
@@ -103,17 +102,12 @@ func TestOverloadOnSQLiteOffersTheSameArrivalsToEveryConfiguration(t *testing.T)
 			t.Errorf("table lacks %q:\n%s", want, r.stdout)
 		}
 	}
-	f, err := os.Open(chartPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatalf("chart: %v", err)
-	}
-	if b := img.Bounds(); b.Dx() != 14*chartDPI || b.Dy() != 10*chartDPI {
-		t.Errorf("chart is %dx%d, want %dx%d", b.Dx(), b.Dy(), 14*chartDPI, 10*chartDPI)
+	svg := wantSVGFile(t, chartPath, overloadW, 8+2*captionLineH+2*overloadPanelH+8)
+	for _, want := range []string{"goodput: committed within the deadline", "p99 latency of successes",
+		"<!-- bar: 2×C gate -->", ">capacity C = 100/s<", ">semaphore<"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("chart lacks %q", want)
+		}
 	}
 }
 
@@ -269,8 +263,10 @@ func TestOverloadRejectsBadInput(t *testing.T) {
 		{[]string{"--max-concurrent", "0"}, []string{"--max-concurrent", "0"}},
 		{[]string{"--max-queue", "-2"}, []string{"--max-queue", "-2"}},
 		{[]string{"--queue-wait", "2h"}, []string{"--queue-wait", "2h0m0s"}},
-		{[]string{"--chart", filepath.Join(t.TempDir(), "c.gif")}, []string{"--chart", ".gif"}},
-		{[]string{"--json", filepath.Join(missing, "r.json")}, []string{"does not exist"}},
+		{[]string{"--chart", filepath.Join(t.TempDir(), "c.gif")}, []string{"--chart", `".gif"`, "want a file name ending in .svg"}},
+		{[]string{"--chart", "c.png"}, []string{`--chart "c.png"`, "PNG is not supported", ".svg"}},
+		{[]string{"--chart", filepath.Join(missing, "c.svg")}, []string{"--chart", "does not exist"}},
+		{[]string{"--json", filepath.Join(missing, "r.json")}, []string{"--json", "does not exist"}},
 		{[]string{"--dsn", "oracle://x"}, []string{"--dsn", `"oracle"`}},
 	} {
 		wantOneLineError(t, runCmd(t, nil, append([]string{"overload"}, c.args...)...), append([]string{"overload:"}, c.want...)...)
