@@ -141,8 +141,8 @@ func TestLoadInterruptedStillReportsWhatWasMeasured(t *testing.T) {
 	r := runCmdCtx(t, ctx, nil, &cancelOnWrite{cancel: cancel}, "load", "--clients", "4",
 		"--duration", "10m", "--hold", "20ms", "--deadline", "10m", "--max-concurrent", "2",
 		"--max-queue", "2", "--queue-wait", "10m", "--baseline", "--progress", "1ns", "--json", jsonPath)
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	if r.code != exitInterrupted {
+		t.Fatalf("exit %d, stderr %q; want 130 after Ctrl-C", r.code, r.stderr)
 	}
 	rep := readReport(t, jsonPath)
 	if len(rep.Runs) != 1 {

@@ -232,8 +232,8 @@ func TestOverloadInterruptedReportsThePhasesMeasured(t *testing.T) {
 	r := runCmdCtx(t, ctx, nil, &cancelOnText{text: "goodput", cancel: cancel}, "overload",
 		"--capacity", "100", "--loads", "1,2", "--duration", "100ms", "--warmup", "0s",
 		"--capacity-duration", "150ms", "--cpu-rows", "100", "--deadline", "10s", "--json", jsonPath)
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	if r.code != exitInterrupted {
+		t.Fatalf("exit %d, stderr %q; want 130 after Ctrl-C", r.code, r.stderr)
 	}
 	rep := readOverload(t, jsonPath)
 	if !rep.Interrupted || len(rep.Phases) != 1 || rep.Phases[0].Config != cfgPlain {
@@ -311,5 +311,20 @@ func TestOverloadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
 	}
 	if !strings.Contains(r.stdout, "srv tx") {
 		t.Errorf("table lacks the server columns:\n%s", r.stdout)
+	}
+}
+
+func TestOverloadRejectsADeadlineNoRequestCanMeet(t *testing.T) {
+	// 70000 rows take milliseconds: a deadline of 1ms is met by nothing.
+	r := runCmd(t, nil, "overload", "--deadline", "1ms", "--capacity", "50", "--loads", "1", "--duration", "100ms",
+		"--capacity-duration", "150ms", "--cpu-rows", "70000")
+	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+	last := lines[len(lines)-1]
+	if r.code != exitError || r.stdout != "" || !strings.HasPrefix(last, "bulkhead: overload: --deadline 1ms is not above the unloaded service time S") ||
+		!strings.Contains(last, "want a deadline of a few times S") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if strings.Contains(r.stderr, "goodput") {
+		t.Errorf("phases ran: %q", r.stderr)
 	}
 }
