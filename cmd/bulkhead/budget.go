@@ -39,7 +39,7 @@ const budgetLimit = 1_000_000
 
 func (e *env) budget(ctx context.Context, args []string) int {
 	fs := e.newFlagSet("budget", budgetUsage, budgetExamples)
-	dsn := fs.String("dsn", "", "PostgreSQL URL postgres://... (default $DATABASE_URL)")
+	dsn := fs.String("dsn", "", "PostgreSQL URL postgres://...")
 	instances := fs.Int("instances", 1, "peak number of application instances (autoscaling maximum plus rolling-deploy overlap)")
 	conns := fs.Int("conns-per-instance", 0, "connections one instance keeps at most (default B+Q of the policy)")
 	other := fs.Int("other", 0, "connections of other clients (jobs, admin tools, replicas' tools, ...)")

@@ -142,7 +142,7 @@ func checkWorkload(r *resolvedPolicy, workload string, set map[string]bool) erro
 
 func (e *env) parseLoad(args []string) (*loadConfig, int, bool) {
 	fs := e.newFlagSet("load", loadUsage, loadExamples)
-	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://... (default $DATABASE_URL, else embedded SQLite)")
+	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://...")
 	clients := fs.Int("clients", 16, "concurrent clients")
 	duration := fs.Duration("duration", 10*time.Second, "how long clients start operations (with --count alone: no limit)")
 	count := fs.Int64("count", 0, "total operations to attempt (0: no limit, run for --duration)")

@@ -97,20 +97,35 @@ else the default. A flag a command does not use is an error; that
 command does not read its variable. A BULKHEAD_* variable that nothing
 reads gets a warning on stderr (BULKHEAD_TEST_* belong to the test suites).
 
-  setting           demo  load  overload  budget  policy
-  --dsn               x     x      x        x
-  --max-concurrent          x      x        x       x
-  --max-queue               x      x        x       x
-  --queue-wait              x      x                x
-  --dry-run                 x      x        x       x
-  --workloads               x      x                x
-
+%s
 Exit status: 0 ok, 1 a finding (over budget), 2 an error (usage, input, server),
 130 interrupted by Ctrl-C (143 by SIGTERM), after printing what was measured.
 `
 
 func topUsage() string {
-	return topUsageHead + envHelp(func(string) bool { return true }) + topUsageTail
+	return topUsageHead + envHelp(func(string) bool { return true }) + fmt.Sprintf(topUsageTail, settingsMatrix())
+}
+
+// settingsMatrix is the table of the settings each command uses.
+func settingsMatrix() string {
+	cmds := []string{"demo", "load", "overload", "budget", "policy"}
+	row := func(first string, cell func(cmd string) string) string {
+		line := fmt.Sprintf("  %-17s", first)
+		for _, c := range cmds {
+			line += fmt.Sprintf(" %-8s", cell(c))
+		}
+		return strings.TrimRight(line, " ") + "\n"
+	}
+	out := row("setting", func(c string) string { return c })
+	for _, st := range settings {
+		out += row("--"+st.flag, func(c string) string {
+			if commandUses(c)(st.flag) {
+				return "x"
+			}
+			return "-"
+		})
+	}
+	return out
 }
 
 func (e *env) run(ctx context.Context, args []string) int {
@@ -251,6 +266,9 @@ func flagHelp(cmd string, f *flag.Flag) string {
 		head += " " + typ
 	}
 	def := f.DefValue
+	if strings.Contains(usage, "default") {
+		def = "" // the usage says it
+	}
 	switch d, ok := helpDefault(cmd, f.Name); {
 	case ok && d == "false":
 		def = ""
@@ -296,7 +314,7 @@ func helpDefault(cmd, name string) (string, bool) {
 		}
 	}
 	if uses := commandUses(cmd); uses != nil && !uses(name) {
-		return "unused here: an error", true
+		return "none: " + cmd + " does not use it, an error", true
 	}
 	if d == "false" {
 		return d, true

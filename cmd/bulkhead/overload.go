@@ -151,7 +151,7 @@ func (e *env) overload(ctx context.Context, args []string) int {
 
 func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	fs := e.newFlagSet("overload", overloadUsage, overloadExamples)
-	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://... (default $DATABASE_URL, else embedded SQLite)")
+	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://...")
 	loads := fs.String("loads", "1,3,6", "offered loads, as multiples of the capacity C, comma-separated")
 	configs := fs.String("configs", strings.Join(overloadConfigs, ","), "configurations to run, comma-separated: plain, semaphore, gate")
 	duration := fs.Duration("duration", 5*time.Second, "how long requests are counted, per load and configuration")

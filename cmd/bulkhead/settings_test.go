@@ -250,7 +250,7 @@ func TestHelpShowsTheRealDefaults(t *testing.T) {
 		}
 	}
 	h = runCmd(t, nil, "budget", "--help").stdout
-	if !strings.Contains(h, "--queue-wait duration\n    \tlongest wait for a permit (default unused here: an error)") {
+	if !strings.Contains(h, "--queue-wait duration\n    \tlongest wait for a permit (default none: budget does not use it, an error)") {
 		t.Errorf("budget --help does not say --queue-wait is unused:\n%s", h)
 	}
 }
