@@ -40,14 +40,14 @@ bench-pg: ## PostgreSQL throughput, plain and gated in alternate processes (benc
 bench-smoke: ## every benchmark once, as CI runs them (no timings)
 	$(GO) test -run '^$$' -bench . -benchtime=1x $(ALL)
 
-overload: ## open-loop overload on local PostgreSQL: plain pool, pool as semaphore, gate; redraws docs/overload.png (~70 s)
-	$(GO) run ./cmd/bulkhead overload --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} --chart docs/overload.png
+overload: ## open-loop overload on local PostgreSQL: plain pool, pool as semaphore, gate; redraws docs/overload.svg (~70 s)
+	$(GO) run ./cmd/bulkhead overload --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} --chart docs/overload.svg
 
 generate: ## regenerate wrap_gen.go and the fake driver's types
 	$(GO) generate ./...
 
-chart: ## regenerate docs/load.png: gated vs plain database/sql under overload (local PostgreSQL, ~25 s)
-	$(GO) run ./cmd/bulkhead load --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} --clients 32 --duration 10s --max-concurrent 4 --max-queue 4 --queue-wait 20ms --hold 20ms --deadline 100ms --baseline --max-open-conns 4 --chart docs/load.png
+chart: ## regenerate docs/load.svg: gated vs plain database/sql under overload (local PostgreSQL, ~25 s)
+	$(GO) run ./cmd/bulkhead load --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} --clients 32 --duration 10s --max-concurrent 4 --max-queue 4 --queue-wait 20ms --hold 20ms --deadline 100ms --baseline --max-open-conns 4 --chart docs/load.svg
 
 sqlc: ## regenerate tests/internal/sqlcdb from tests/testdata/sqlc (sqlc, pinned)
 	$(GO) run $(SQLC) generate -f tests/testdata/sqlc/sqlc.yaml

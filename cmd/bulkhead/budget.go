@@ -5,10 +5,13 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"text/tabwriter"
 	"time"
+
+	"github.com/dbbulkhead/bulkhead"
 )
 
 const budgetUsage = `Usage: bulkhead budget --dsn postgres://... --instances N [--conns-per-instance C | policy flags] [--other K]
@@ -36,15 +39,18 @@ const budgetLimit = 1_000_000
 
 func (e *env) budget(ctx context.Context, args []string) int {
 	fs := e.newFlagSet("budget", budgetUsage, budgetExamples)
-	dsn := fs.String("dsn", "", "PostgreSQL URL postgres://... (default $DATABASE_URL)")
+	dsn := fs.String("dsn", "", "PostgreSQL URL postgres://...")
 	instances := fs.Int("instances", 1, "peak number of application instances (autoscaling maximum plus rolling-deploy overlap)")
 	conns := fs.Int("conns-per-instance", 0, "connections one instance keeps at most (default B+Q of the policy)")
 	other := fs.Int("other", 0, "connections of other clients (jobs, admin tools, replicas' tools, ...)")
-	pf := e.addPolicyFlags(fs)
+	pi := e.addPolicyFlags(fs, unusedSettings["budget"])
 	if code, done := e.parseFlags(fs, args); done {
 		return code
 	}
 	set := flagsSet(fs)
+	if err := pi.checkUnused(set); err != nil {
+		return e.fail(fmt.Errorf("budget: %w", err))
+	}
 	if *instances < 1 || *instances > budgetLimit {
 		return e.fail(fmt.Errorf("budget: --instances is %d, want 1 to %d", *instances, budgetLimit))
 	}
@@ -56,10 +62,23 @@ func (e *env) budget(ctx context.Context, args []string) int {
 		if per < 1 || per > budgetLimit {
 			return e.fail(fmt.Errorf("budget: --conns-per-instance is %d, want 1 to %d", per, budgetLimit))
 		}
+		// The connections are given: the policy is not read.
+		for _, name := range []string{setB, setQ, setDryRun} {
+			if set[name] {
+				return e.fail(fmt.Errorf("budget: --%s does nothing with --conns-per-instance, which gives the connections per instance; want one or the other", name))
+			}
+		}
 	} else {
-		p, err := pf.policy(set)
+		r, err := pi.resolve(e.lookup, set, bulkhead.DefaultPolicy)
 		if err != nil {
 			return e.fail(fmt.Errorf("budget: %w", err))
+		}
+		p := r.p
+		if p.MaxQueue > math.MaxInt32-p.MaxConcurrent {
+			return e.fail(fmt.Errorf("budget: B+Q is %d+%d, want at most %d in all", p.MaxConcurrent, p.MaxQueue, math.MaxInt32))
+		}
+		if p.DryRun {
+			return e.fail(fmt.Errorf("budget: dry run (%s): a gate in dry-run dials beyond B+Q, so B+Q does not bound an instance's connections; want --conns-per-instance, or --dry-run=false", r.describe(setDryRun)))
 		}
 		per, perWhy = p.MaxConcurrent+p.MaxQueue, fmt.Sprintf("B+Q = %d+%d of the policy", p.MaxConcurrent, p.MaxQueue)
 		if per > budgetLimit {
@@ -73,10 +92,14 @@ func (e *env) budget(ctx context.Context, args []string) int {
 	if t.dialect != dialectPostgres {
 		return e.fail(fmt.Errorf("budget: needs a PostgreSQL server, got %s; give --dsn postgres://user@host:5432/database or set DATABASE_URL", t.display))
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	readCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	srv, err := readServer(ctx, t)
+	srv, err := readServer(readCtx, t)
 	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(e.stderr, "bulkhead: budget: interrupted")
+			return exitInterrupted
+		}
 		return e.fail(fmt.Errorf("budget: %s: %w", t.display, err))
 	}
 	b := budgetCheck{srv: srv, instances: *instances, perInstance: per, perWhy: perWhy, other: *other, otherGiven: set["other"]}

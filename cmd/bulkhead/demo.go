@@ -23,8 +23,10 @@ permit back. It prints exactly:
   available=1
 
 Without --dsn or DATABASE_URL it runs on an embedded in-memory SQLite
-database (modernc.org/sqlite); postgres:// runs it through pgx, mysql://
-through go-sql-driver/mysql.
+database (github.com/ncruces/go-sqlite3: SQLite compiled to WebAssembly,
+run by wazero; no cgo, no C compiler needed); postgres:// runs it through
+pgx, mysql:// through go-sql-driver/mysql. The policy flags and BULKHEAD_*
+variables do not apply: the demonstration's policy is fixed.
 `
 
 const demoExamples = `  bulkhead demo
@@ -38,18 +40,27 @@ const demoTimeout = 30 * time.Second
 
 func (e *env) demo(ctx context.Context, args []string) int {
 	fs := e.newFlagSet("demo", demoUsage, demoExamples)
-	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://... (default $DATABASE_URL, else embedded SQLite)")
+	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://...")
+	pi := e.addPolicyFlags(fs, unusedSettings["demo"])
 	if code, done := e.parseFlags(fs, args); done {
 		return code
 	}
-	t, err := e.resolveTarget(*dsn, flagsSet(fs)["dsn"])
+	set := flagsSet(fs)
+	if err := pi.checkUnused(set); err != nil {
+		return e.fail(fmt.Errorf("demo: %w", err))
+	}
+	t, err := e.resolveTarget(*dsn, set["dsn"])
 	if err != nil {
 		return e.fail(fmt.Errorf("demo: %w", err))
 	}
-	ctx, cancel := context.WithTimeout(ctx, demoTimeout)
+	runCtx, cancel := context.WithTimeout(ctx, demoTimeout)
 	defer cancel()
-	lines, err := runDemo(ctx, t)
+	lines, err := runDemo(runCtx, t)
 	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(e.stderr, "bulkhead: demo: interrupted")
+			return exitInterrupted
+		}
 		return e.fail(fmt.Errorf("demo on %s: %w", t.display, err))
 	}
 	for _, l := range lines {

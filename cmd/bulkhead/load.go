@@ -44,7 +44,7 @@ completed + every kind of failure. Ctrl-C stops the run and still reports.
 const loadExamples = `  bulkhead load --clients 16 --duration 5s
   bulkhead load --dsn postgres://postgres@127.0.0.1:5432/test --clients 32 --duration 10s \
       --max-concurrent 4 --max-queue 4 --queue-wait 20ms --hold 20ms --deadline 100ms \
-      --baseline --max-open-conns 4 --chart docs/load.png
+      --baseline --max-open-conns 4 --chart docs/load.svg
   bulkhead load --dsn postgres://postgres@127.0.0.1:5432/test --work cpu --clients 8 --count 2000 --json -
 `
 
@@ -75,6 +75,7 @@ type loadConfig struct {
 	progress time.Duration // 0: no progress lines
 	chart    string
 	jsonOut  string
+	workload string // "": untagged
 }
 
 func (e *env) load(ctx context.Context, args []string) int {
@@ -84,6 +85,10 @@ func (e *env) load(ctx context.Context, args []string) int {
 	}
 	report, err := e.runLoad(ctx, cfg)
 	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(e.stderr, "bulkhead: load: interrupted before anything was measured")
+			return exitInterrupted
+		}
 		return e.fail(fmt.Errorf("load: %w", err))
 	}
 	table := e.stdout
@@ -102,12 +107,42 @@ func (e *env) load(ctx context.Context, args []string) int {
 			return e.fail(fmt.Errorf("load: --json %s: %w", cfg.jsonOut, err))
 		}
 	}
-	return exitOK
+	return interrupted(ctx, exitOK)
+}
+
+// policySetup describes the gate of a run: its policy, dry-run and the
+// workload its operations name.
+func policySetup(p bulkhead.Policy, workload string) string {
+	s := fmt.Sprintf("B=%d Q=%d wait=%v", p.MaxConcurrent, p.MaxQueue, p.QueueWait)
+	if workload != "" {
+		w := p.Workloads[workload]
+		s += fmt.Sprintf(" workload %s B=%d Q=%d wait=%v", workload, w.MaxConcurrent, w.MaxQueue, w.QueueWait)
+	}
+	if p.DryRun {
+		s += " dry-run"
+	}
+	return s
+}
+
+// checkWorkload checks --workload against the policy's workloads: a name
+// it lists, and workloads given by flag only with --workload (they would
+// do nothing: no operation would name them).
+func checkWorkload(r *resolvedPolicy, workload string, set map[string]bool) error {
+	names := workloadNames(r.p)
+	switch {
+	case workload != "" && len(names) == 0:
+		return fmt.Errorf("--workload %q names no workload: the policy has none; want --workloads or %s with it", workload, bulkhead.EnvWorkloads)
+	case workload != "" && r.p.Workloads[workload] == (bulkhead.Workload{}):
+		return fmt.Errorf("--workload %q is not a workload of the policy; want one of %s", workload, strings.Join(names, ", "))
+	case workload == "" && set[setWorkloads] && len(names) > 0:
+		return fmt.Errorf("--workloads does nothing without --workload: no operation would name a workload; want --workload NAME too")
+	}
+	return nil
 }
 
 func (e *env) parseLoad(args []string) (*loadConfig, int, bool) {
 	fs := e.newFlagSet("load", loadUsage, loadExamples)
-	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://... (default $DATABASE_URL, else embedded SQLite)")
+	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://...")
 	clients := fs.Int("clients", 16, "concurrent clients")
 	duration := fs.Duration("duration", 10*time.Second, "how long clients start operations (with --count alone: no limit)")
 	count := fs.Int64("count", 0, "total operations to attempt (0: no limit, run for --duration)")
@@ -119,9 +154,10 @@ func (e *env) parseLoad(args []string) (*loadConfig, int, bool) {
 	maxOpen := fs.Int("max-open-conns", 0, "baseline: database/sql SetMaxOpenConns (default B)")
 	backoff := fs.Duration("backoff", 10*time.Millisecond, "pause of a client after a failed operation (0: retry at once)")
 	progress := fs.Duration("progress", time.Second, "interval of progress lines when stderr is not a terminal (0: none)")
-	chart := fs.String("chart", "", "write a chart of the run(s) to this .png or .svg file")
+	chart := fs.String("chart", "", "write a chart of the run(s) to this .svg file (SVG only)")
 	jsonOut := fs.String("json", "", "write the results as JSON to this file (- for stdout; the table then goes to stderr)")
-	pf := e.addPolicyFlags(fs)
+	workload := fs.String("workload", "", "tag the gated run's operations with this workload of the policy (--workloads)")
+	pi := e.addPolicyFlags(fs, unusedSettings["load"])
 	if code, done := e.parseFlags(fs, args); done {
 		return nil, code, true
 	}
@@ -156,16 +192,21 @@ func (e *env) parseLoad(args []string) (*loadConfig, int, bool) {
 	case cfg.progress < 0:
 		return bad("--progress is %v, want at least 0s", cfg.progress)
 	}
+	// Flags that would do nothing in this mode.
+	switch {
+	case set["max-open-conns"] && !cfg.baseline:
+		return bad("--max-open-conns %d does nothing without --baseline (it sets the baseline's pool); want --baseline too, or no --max-open-conns", cfg.maxOpen)
+	case set["cpu-rows"] && cfg.work != "cpu":
+		return bad("--cpu-rows %d does nothing with --work %s; want --work cpu too, or no --cpu-rows", cfg.cpuRows, cfg.work)
+	case set["hold"] && cfg.work != "hold":
+		return bad("--hold %v does nothing with --work %s; want --work hold, or no --hold", cfg.hold, cfg.work)
+	}
 	if cfg.count > 0 && !set["duration"] {
 		cfg.duration = 0
 	}
 	if cfg.chart != "" {
-		ext := strings.ToLower(filepath.Ext(cfg.chart))
-		if ext != ".png" && ext != ".svg" {
-			return bad("--chart %q has extension %q, want .png or .svg", cfg.chart, ext)
-		}
-		if err := checkDir(cfg.chart); err != nil {
-			return bad("--chart %q: %v", cfg.chart, err)
+		if err := checkChartPath(cfg.chart); err != nil {
+			return bad("%w", err)
 		}
 	}
 	if cfg.jsonOut != "" && cfg.jsonOut != "-" {
@@ -173,11 +214,18 @@ func (e *env) parseLoad(args []string) (*loadConfig, int, bool) {
 			return bad("--json %q: %v", cfg.jsonOut, err)
 		}
 	}
-	p, err := pf.policy(set)
+	r, err := pi.resolve(e.lookup, set, bulkhead.DefaultPolicy)
+	if err == nil {
+		err = r.check()
+	}
+	if err == nil {
+		err = checkWorkload(r, *workload, set)
+	}
 	if err != nil {
 		return bad("%w", err)
 	}
-	cfg.policy = p
+	p := r.p
+	cfg.policy, cfg.workload = p, *workload
 	if cfg.maxOpen == 0 {
 		cfg.maxOpen = p.MaxConcurrent
 	}
@@ -243,6 +291,15 @@ type loadRun struct {
 	app    string         // application_name on PostgreSQL
 	rec    *recorder
 	gauges func() (running, waiting int)
+	tag    string // the workload the operations name, if any
+}
+
+// opCtx is the context of the run's operations: tagged with its workload.
+func (r *loadRun) opCtx(ctx context.Context) context.Context {
+	if r.tag == "" {
+		return ctx
+	}
+	return bulkhead.WithWorkload(ctx, r.tag)
 }
 
 var loadSeq atomic.Int64
@@ -268,6 +325,9 @@ func (e *env) runLoad(ctx context.Context, cfg *loadConfig) (*loadReport, error)
 		}
 		res, err := e.runPhase(ctx, cfg, base)
 		base.db.Close()
+		if err != nil && ctx.Err() != nil {
+			return report, nil // interrupted before the baseline started
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -290,8 +350,8 @@ func openGatedRun(cfg *loadConfig, app string) (*loadRun, error) {
 		return nil, err
 	}
 	r.gate, r.db = g, g.OpenDB()
-	p := cfg.policy
-	r.setup = fmt.Sprintf("B=%d Q=%d wait=%v", p.MaxConcurrent, p.MaxQueue, p.QueueWait)
+	r.tag = cfg.workload
+	r.setup = policySetup(cfg.policy, cfg.workload)
 	r.gauges = func() (int, int) {
 		st := g.Stats()
 		return st.Running, st.Waiting
@@ -355,7 +415,7 @@ func (e *env) runPhase(ctx context.Context, cfg *loadConfig, r *loadRun) (*runRe
 					return
 				}
 				rec.started()
-				opCtx, cancel := context.WithTimeout(ctx, cfg.deadline)
+				opCtx, cancel := context.WithTimeout(r.opCtx(ctx), cfg.deadline)
 				t0 := time.Now()
 				err := op(opCtx, r.db)
 				lat := time.Since(t0)
@@ -727,7 +787,7 @@ func (r *recorder) result(run *loadRun, cfg *loadConfig, interrupted bool, mon *
 	}
 	if run.gate != nil {
 		p := cfg.policy
-		res.Policy = &policyJSON{MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, QueueWaitMs: ms(p.QueueWait)}
+		res.Policy = &policyJSON{MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, QueueWaitMs: ms(p.QueueWait), DryRun: p.DryRun}
 		if w := percentiles(r.waits); w != nil {
 			res.QueueWaitP99Ms = &w.P99
 		}
@@ -735,7 +795,10 @@ func (r *recorder) result(run *loadRun, cfg *loadConfig, interrupted bool, mon *
 		res.Gate = &gateJSON{
 			Admitted: st.Admitted, RejectedFull: st.RejectedFull, RejectedTimeout: st.RejectedTimeout,
 			RejectedNoConn: st.RejectedNoConn, Canceled: st.Canceled, WaitCount: st.WaitCount,
-			MaxConns: st.MaxConns,
+			MaxConns: st.MaxConns, DryRun: st.DryRun, WouldWait: st.WouldWait,
+		}
+		if run.tag != "" {
+			res.Workload = run.tag
 		}
 	} else {
 		res.MaxOpenConns = cfg.maxOpen
@@ -876,6 +939,7 @@ type (
 		ServerMaxConnections  *int           `json:"server_max_connections,omitempty"`
 		ServerMonitorError    string         `json:"server_monitor_error,omitempty"`
 		Gate                  *gateJSON      `json:"gate,omitempty"`
+		Workload              string         `json:"workload,omitempty"` // the workload the operations named
 		Seconds               []secondJSON   `json:"seconds"`
 	}
 	pct struct {
@@ -887,6 +951,7 @@ type (
 		MaxConcurrent int     `json:"max_concurrent"`
 		MaxQueue      int     `json:"max_queue"`
 		QueueWaitMs   float64 `json:"queue_wait_ms"`
+		DryRun        bool    `json:"dry_run,omitempty"`
 	}
 	gateJSON struct {
 		Admitted        int64 `json:"admitted"`
@@ -896,6 +961,8 @@ type (
 		RejectedNoConn  int64 `json:"rejected_no_connection"`
 		WaitCount       int64 `json:"wait_count"`
 		MaxConns        int   `json:"max_conns"`
+		DryRun          bool  `json:"dry_run,omitempty"`    // rejections counted, not enforced
+		WouldWait       int64 `json:"would_wait,omitempty"` // dry-run: found no permit free, ran anyway
 	}
 	secondJSON struct {
 		T               int     `json:"t"`        // the bucket starts T seconds into the run
@@ -982,6 +1049,18 @@ func (rep *loadReport) printTable(w io.Writer) {
 	row("  within deadline", num(func(r *runResult) int64 { return r.WithinDeadline }))
 	row("rejected: admission full", num(func(r *runResult) int64 { return r.RejectedFull }))
 	row("rejected: queue timeout", num(func(r *runResult) int64 { return r.RejectedTimeout }))
+	if slices.ContainsFunc(rep.Runs, func(r *runResult) bool { return r.Gate != nil && r.Gate.DryRun }) {
+		dry := func(f func(g *gateJSON) int64) func(*runResult) string {
+			return func(r *runResult) string {
+				if r.Gate == nil || !r.Gate.DryRun {
+					return "-"
+				}
+				return fmt.Sprint(f(r.Gate))
+			}
+		}
+		row("dry run: would reject full", dry(func(g *gateJSON) int64 { return g.RejectedFull }))
+		row("dry run: would wait", dry(func(g *gateJSON) int64 { return g.WouldWait }))
+	}
 	row("deadline exceeded", num(func(r *runResult) int64 { return r.DeadlineExceeded }))
 	row("interrupted", num(func(r *runResult) int64 { return r.InterruptedOps }))
 	row("other errors", num(func(r *runResult) int64 { return r.OtherErrors }))

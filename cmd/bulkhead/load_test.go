@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"image/png"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,27 +47,9 @@ func wantTotalsAddUp(t *testing.T, r *runResult) {
 	}
 }
 
-// wantPNG checks that path is a PNG image of the size of a chart of
-// runs runs at the current chartDPI.
-func wantPNG(t *testing.T, path string, runs int) {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatalf("chart %s: %v", path, err)
-	}
-	if b := img.Bounds(); b.Dx() != runs*9*chartDPI || b.Dy() != 12*chartDPI {
-		t.Fatalf("chart %s is %dx%d, want %dx%d", path, b.Dx(), b.Dy(), runs*9*chartDPI, 12*chartDPI)
-	}
-}
-
 func TestLoadOnSQLiteAttemptsExactlyTheCountAndAddsUp(t *testing.T) {
 	dir := t.TempDir()
-	jsonPath, chartPath := filepath.Join(dir, "load.json"), filepath.Join(dir, "load.png")
+	jsonPath, chartPath := filepath.Join(dir, "load.json"), filepath.Join(dir, "load.svg")
 	r := runCmd(t, nil, "load", "--clients", "4", "--count", "60",
 		"--max-concurrent", "2", "--max-queue", "1", "--queue-wait", "2ms", "--hold", "2ms",
 		"--deadline", "10s", "--backoff", "1ms", "--baseline", "--max-open-conns", "2",
@@ -113,7 +94,8 @@ func TestLoadOnSQLiteAttemptsExactlyTheCountAndAddsUp(t *testing.T) {
 	if strings.Contains(r.stdout, "server: most") {
 		t.Error("server rows shown for SQLite")
 	}
-	wantPNG(t, chartPath, 2)
+	w, h := loadChartSize(2, true)
+	wantSVGFile(t, chartPath, w, h)
 }
 
 func TestLoadOnSQLiteDoesCPUWorkAndWritesJSONToStdout(t *testing.T) {
@@ -159,8 +141,8 @@ func TestLoadInterruptedStillReportsWhatWasMeasured(t *testing.T) {
 	r := runCmdCtx(t, ctx, nil, &cancelOnWrite{cancel: cancel}, "load", "--clients", "4",
 		"--duration", "10m", "--hold", "20ms", "--deadline", "10m", "--max-concurrent", "2",
 		"--max-queue", "2", "--queue-wait", "10m", "--baseline", "--progress", "1ns", "--json", jsonPath)
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	if r.code != exitInterrupted {
+		t.Fatalf("exit %d, stderr %q; want 130 after Ctrl-C", r.code, r.stderr)
 	}
 	rep := readReport(t, jsonPath)
 	if len(rep.Runs) != 1 {
@@ -218,7 +200,7 @@ func TestLoadProgressIsPlainLinesOffATerminal(t *testing.T) {
 
 func TestLoadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
 	dir := t.TempDir()
-	jsonPath, chartPath := filepath.Join(dir, "load.json"), filepath.Join(dir, "load.png")
+	jsonPath, chartPath := filepath.Join(dir, "load.json"), filepath.Join(dir, "load.svg")
 	// A deadline far beyond any operation: no statement is cancelled, so
 	// the server sees exactly what the gate lets through.
 	r := runCmd(t, nil, "load", "--dsn", postgresURL(t), "--clients", "8", "--duration", "1s",
@@ -255,7 +237,8 @@ func TestLoadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
 	if !strings.Contains(r.stdout, "server: most transactions") {
 		t.Errorf("table lacks the server rows:\n%s", r.stdout)
 	}
-	wantPNG(t, chartPath, 2)
+	w, h := loadChartSize(2, true)
+	wantSVGFile(t, chartPath, w, h)
 }
 
 func TestLoadOnMariaDBAddsUp(t *testing.T) {
@@ -274,7 +257,7 @@ func TestLoadOnMariaDBAddsUp(t *testing.T) {
 }
 
 func TestLoadRejectsBadInput(t *testing.T) {
-	missing := filepath.Join(t.TempDir(), "missing", "load.png")
+	missing := filepath.Join(t.TempDir(), "missing", "load.svg")
 	cases := []struct {
 		name string
 		vars map[string]string
@@ -294,7 +277,8 @@ func TestLoadRejectsBadInput(t *testing.T) {
 		{"negative Q", nil, []string{"--max-queue", "-1"}, []string{"--max-queue is -1"}},
 		{"long queue wait", nil, []string{"--queue-wait", "2h"}, []string{"--queue-wait is 2h0m0s"}},
 		{"negative pool", nil, []string{"--max-open-conns", "-1"}, []string{"--max-open-conns is -1"}},
-		{"chart format", nil, []string{"--chart", "load.jpg"}, []string{`--chart "load.jpg"`, ".png or .svg"}},
+		{"chart format", nil, []string{"--chart", "load.jpg"}, []string{`--chart "load.jpg"`, `".jpg"`, "want a file name ending in .svg"}},
+		{"chart png", nil, []string{"--chart", "load.png"}, []string{`--chart "load.png"`, "PNG is not supported", "want a file name ending in .svg"}},
 		{"chart directory", nil, []string{"--chart", missing}, []string{"--chart", "does not exist"}},
 		{"json directory", nil, []string{"--json", missing}, []string{"--json", "does not exist"}},
 		{"bad env B", map[string]string{bulkhead.EnvMaxConcurrent: "four"}, nil, []string{bulkhead.EnvMaxConcurrent, `"four"`}},

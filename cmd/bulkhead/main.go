@@ -5,10 +5,12 @@
 //	bulkhead load     N clients against the gate (and, with --baseline, without it)
 //	bulkhead overload open-loop arrivals at 1, 3, 6 × capacity: plain pool, pool as semaphore, gate
 //	bulkhead budget   instances × connections + other ≤ max_connections − reserved
-//	bulkhead policy   the policy that BULKHEAD_* in the environment gives
+//	bulkhead policy   the policy that the flags and BULKHEAD_* in the environment give
+//	bulkhead version  the tool's version and the Go it was built with
 //
 // Exit status: 0 ok, 1 a finding (budget: over budget), 2 an error (usage,
-// input, unreachable server).
+// input, unreachable server), 130 interrupted by Ctrl-C (143 by SIGTERM)
+// after printing what was measured.
 package main
 
 import (
@@ -19,36 +21,51 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
+	"runtime/debug"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/term"
 )
 
 // Exit codes.
 const (
-	exitOK      = 0
-	exitFinding = 1
-	exitError   = 2
+	exitOK          = 0
+	exitFinding     = 1
+	exitError       = 2
+	exitInterrupted = 130 // 128 + SIGINT, as a shell reports Ctrl-C
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	var got os.Signal
+	gotSig := make(chan struct{})
 	go func() {
-		// After the first Ctrl-C the commands stop and report; a second
+		// After the first signal the commands stop and report; a second
 		// one ends the process the usual way.
-		<-ctx.Done()
-		stop()
+		got = <-sigs
+		close(gotSig)
+		signal.Reset(os.Interrupt, syscall.SIGTERM)
+		cancel()
 	}()
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
+	if code == exitInterrupted {
+		<-gotSig
+		if got == syscall.SIGTERM {
+			code = 128 + int(syscall.SIGTERM)
+		}
+	}
 	os.Exit(code)
 }
 
 // run is the whole command: args without the program name, the process
 // environment, output on stdout and stderr; it returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	e := &env{stdout: stdout, stderr: stderr, lookup: os.LookupEnv, isTerminal: isTerminal}
+	e := &env{stdout: stdout, stderr: stderr, lookup: os.LookupEnv, environ: os.Environ, isTerminal: isTerminal}
 	return e.run(ctx, args)
 }
 
@@ -56,51 +73,146 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 type env struct {
 	stdout, stderr io.Writer
 	lookup         func(string) (string, bool)
+	environ        func() []string
 	isTerminal     func(io.Writer) bool
 }
 
-const topUsage = `bulkhead: a database/sql gate that caps database work (B), queues a little (Q), rejects the rest.
+const topUsageHead = `bulkhead: a database/sql gate that caps database work (B), queues a little (Q), rejects the rest.
 
 Usage:
   bulkhead demo   [--dsn URL]      the demonstration: overload rejected, held transaction commits
   bulkhead load   [flags]          N clients through the gate (--baseline: also without it)
   bulkhead overload [flags]        open-loop arrivals at multiples of capacity: plain, semaphore, gate
   bulkhead budget --dsn URL ...    connection budget of a PostgreSQL server
-  bulkhead policy                  the policy from BULKHEAD_* environment variables
+  bulkhead policy [flags]          the policy that the flags and BULKHEAD_* variables give
+  bulkhead version                 the tool's version and the Go it was built with
 
 Run "bulkhead COMMAND --help" for a command's flags and examples.
 
-Environment:
-  DATABASE_URL              the database when --dsn is not given (postgres://... or mysql://...)
-  BULKHEAD_MAX_CONCURRENT   B, default 10
-  BULKHEAD_MAX_QUEUE        Q, default 10
-  BULKHEAD_QUEUE_WAIT       longest wait for a permit, default 100ms
-
-Exit status: 0 ok, 1 a finding (over budget), 2 an error (usage, input, server).
 `
+
+const topUsageTail = `
+Every command reads a setting the same way: its flag, else its variable,
+else the default. A flag a command does not use is an error; that
+command does not read its variable. A BULKHEAD_* variable that nothing
+reads gets a warning on stderr (BULKHEAD_TEST_* belong to the test suites).
+
+%s
+Exit status: 0 ok, 1 a finding (over budget), 2 an error (usage, input, server),
+130 interrupted by Ctrl-C (143 by SIGTERM), after printing what was measured.
+`
+
+func topUsage() string {
+	return topUsageHead + envHelp(func(string) bool { return true }) + fmt.Sprintf(topUsageTail, settingsMatrix())
+}
+
+// settingsMatrix is the table of the settings each command uses.
+func settingsMatrix() string {
+	cmds := []string{"demo", "load", "overload", "budget", "policy"}
+	row := func(first string, cell func(cmd string) string) string {
+		line := fmt.Sprintf("  %-17s", first)
+		for _, c := range cmds {
+			line += fmt.Sprintf(" %-8s", cell(c))
+		}
+		return strings.TrimRight(line, " ") + "\n"
+	}
+	out := row("setting", func(c string) string { return c })
+	for _, st := range settings {
+		out += row("--"+st.flag, func(c string) string {
+			if commandUses(c)(st.flag) {
+				return "x"
+			}
+			return "-"
+		})
+	}
+	return out
+}
 
 func (e *env) run(ctx context.Context, args []string) int {
 	if len(args) == 0 {
-		fmt.Fprint(e.stderr, topUsage)
+		fmt.Fprint(e.stderr, topUsage())
 		return exitError
 	}
 	cmd, rest := args[0], args[1:]
-	switch cmd {
-	case "demo":
-		return e.demo(ctx, rest)
-	case "load":
-		return e.load(ctx, rest)
-	case "overload":
-		return e.overload(ctx, rest)
-	case "budget":
-		return e.budget(ctx, rest)
-	case "policy":
-		return e.policy(ctx, rest)
-	case "help", "-h", "-help", "--help":
-		fmt.Fprint(e.stdout, topUsage)
-		return exitOK
+	commands := map[string]func(context.Context, []string) int{
+		"demo": e.demo, "load": e.load, "overload": e.overload, "budget": e.budget, "policy": e.policy, "version": e.version,
 	}
-	return e.fail(fmt.Errorf("unknown command %q; want demo, load, overload, budget or policy (bulkhead --help)", cmd))
+	if f, ok := commands[cmd]; ok {
+		if cmd != "version" {
+			e.warnUnknownEnv()
+		}
+		return f(ctx, rest)
+	}
+	switch cmd {
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(e.stdout, topUsage())
+		return exitOK
+	case "-version", "--version":
+		return e.version(ctx, nil)
+	}
+	return e.fail(fmt.Errorf("unknown command %q; want demo, load, overload, budget, policy or version (bulkhead --help)", cmd))
+}
+
+const versionUsage = `Usage: bulkhead version
+
+Prints the tool's module version ("(devel)" when built from a work tree),
+the version control revision it was built from when the build recorded
+one, and the Go version it was built with.
+`
+
+func (e *env) version(_ context.Context, args []string) int {
+	fs := e.newFlagSet("version", versionUsage, "  bulkhead version\n  bulkhead --version\n")
+	if code, done := e.parseFlags(fs, args); done {
+		return code
+	}
+	fmt.Fprintln(e.stdout, versionLine(debug.ReadBuildInfo()))
+	return exitOK
+}
+
+// versionLine is the version command's output: module version, revision
+// (with "+modified" for a dirty tree) when recorded, and Go version.
+func versionLine(bi *debug.BuildInfo, ok bool) string {
+	if !ok || bi == nil {
+		return "bulkhead (unknown version: no build information)"
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	line := "bulkhead " + v
+	var rev, modified, when string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value
+		case "vcs.time":
+			when = s.Value
+		}
+	}
+	if rev != "" {
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		if modified == "true" {
+			rev += "+modified"
+		}
+		line += " revision " + rev
+		if when != "" {
+			line += " (" + when + ")"
+		}
+	}
+	return line + " " + bi.GoVersion
+}
+
+// interrupted is the exit code of a command whose run ctx ended: 130
+// after Ctrl-C; what it measured has been printed.
+func interrupted(ctx context.Context, code int) int {
+	if ctx.Err() != nil && code == exitOK {
+		return exitInterrupted
+	}
+	return code
 }
 
 // fail prints err as one line on stderr, prefixed "bulkhead:" once, and
@@ -119,28 +231,131 @@ func oneLine(err error) string {
 }
 
 // newFlagSet returns a flag set for a subcommand. Its errors are reported
-// by parseFlags; --help prints usage (synopsis, flags, examples) on stdout.
+// by parseFlags; --help prints usage (synopsis, flags with their real
+// defaults, the environment the command reads, examples) on stdout.
 func (e *env) newFlagSet(name, synopsis, examples string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {
-		n := 0
-		fs.VisitAll(func(*flag.Flag) { n++ })
 		fmt.Fprintf(e.stdout, "%s\n\nFlags:\n", strings.TrimRight(synopsis, "\n"))
+		n := 0
+		fs.VisitAll(func(f *flag.Flag) {
+			n++
+			fmt.Fprint(e.stdout, flagHelp(name, f))
+		})
 		if n == 0 {
 			fmt.Fprintln(e.stdout, "  none but --help")
 		}
-		fs.SetOutput(e.stdout)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
+		if uses := commandUses(name); uses != nil {
+			fmt.Fprintf(e.stdout, "\n%s", envHelp(uses))
+		}
 		fmt.Fprintf(e.stdout, "\nExamples:\n%s", examples)
 	}
 	return fs
 }
 
+// flagHelp is one flag's entry in a command's help: name, type, usage and
+// the default in force when neither the flag nor its variable is given.
+func flagHelp(cmd string, f *flag.Flag) string {
+	typ, usage := flag.UnquoteUsage(f)
+	if t, ok := f.Value.(interface{ typeName() string }); ok {
+		typ = t.typeName()
+	}
+	head := "  --" + f.Name
+	if typ != "" {
+		head += " " + typ
+	}
+	def := f.DefValue
+	if strings.Contains(usage, "default") {
+		def = "" // the usage says it
+	}
+	switch d, ok := helpDefault(cmd, f.Name); {
+	case ok && d == "false":
+		def = ""
+	case ok:
+		def = " (default " + d + ")"
+	case def == "" || def == "false":
+		def = ""
+	case typ == "string":
+		def = fmt.Sprintf(" (default %q)", def)
+	default:
+		def = " (default " + def + ")"
+	}
+	return fmt.Sprintf("%s\n    \t%s%s\n", head, usage, def)
+}
+
+// helpDefault is the default a command's help shows for a setting whose
+// flag has no default of its own: the command's, with its variable.
+func helpDefault(cmd, name string) (string, bool) {
+	var s *setting
+	for i := range settings {
+		if settings[i].flag == name {
+			s = &settings[i]
+		}
+	}
+	if s == nil {
+		return "", false
+	}
+	d := map[string]string{setB: "10", setQ: "10", setWait: "100ms", setDryRun: "false", setWorkloads: "none"}[name]
+	if cmd == "overload" {
+		switch name {
+		case setB:
+			d = fmt.Sprintf("the number of CPUs, %d here", numCPU())
+		case setQ:
+			d = "⌊¾·C·wait⌋, by the rule"
+		case setWait:
+			d = "deadline − 3·B/C, by the rule"
+		}
+	}
+	if name == setDSN {
+		d = "embedded SQLite"
+		if cmd == "budget" {
+			d = "none: required"
+		}
+	}
+	if uses := commandUses(cmd); uses != nil && !uses(name) {
+		return "none: " + cmd + " does not use it, an error", true
+	}
+	if d == "false" {
+		return d, true
+	}
+	return fmt.Sprintf("%s, or $%s", d, s.env), true
+}
+
+// commandUses reports which settings a command uses, or nil for a command
+// that reads none.
+func commandUses(cmd string) func(string) bool {
+	unused, ok := unusedSettings[cmd]
+	if !ok {
+		return nil
+	}
+	return func(name string) bool { _, no := unused[name]; return !no }
+}
+
+// unusedSettings are, per command, the settings it does not use and why:
+// the flag is then an error, the variable not read.
+var unusedSettings = map[string]map[string]string{
+	"demo": {
+		setB: demoFixed, setQ: demoFixed, setWait: demoFixed, setDryRun: demoFixed, setWorkloads: demoFixed,
+	},
+	"load":     {},
+	"overload": {},
+	"budget": {
+		setWait:      "the budget counts connections, B+Q; the queue wait does not change them",
+		setWorkloads: "workloads share the policy's B+Q; they do not change the connections",
+	},
+	"policy": {setDSN: "the policy command connects to no database"},
+}
+
+const demoFixed = "the demonstration's policy is fixed (B=1, Q=0, no wait) so that the second operation is rejected"
+
+// flagErr matches the flag package's message for a value it could not
+// set.
+var flagErr = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-([^:]+): (.*)$`)
+
 // parseFlags parses args into fs. It returns done=true with the exit code
 // when the command must stop: --help (0) or a bad flag (2, one line on
-// stderr).
+// stderr naming the flag, its value and what it wants).
 func (e *env) parseFlags(fs *flag.FlagSet, args []string) (code int, done bool) {
 	usage := fs.Usage
 	fs.Usage = func() {} // the flag package calls it on every error
@@ -152,12 +367,44 @@ func (e *env) parseFlags(fs *flag.FlagSet, args []string) (code int, done bool) 
 	}
 	name := fs.Name()
 	if err != nil {
-		return e.fail(fmt.Errorf("%s: %v (see bulkhead %s --help)", name, err, name)), true
+		msg := err.Error()
+		if m := flagErr.FindStringSubmatch(msg); m != nil {
+			msg = fmt.Sprintf("--%s %q: %s", m[2], m[1], wantOf(fs.Lookup(m[2]), m[3]))
+		} else if rest, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+			msg = "unknown flag --" + strings.TrimPrefix(rest, "-")
+		}
+		return e.fail(fmt.Errorf("%s: %s (see bulkhead %s --help)", name, msg, name)), true
 	}
 	if fs.NArg() > 0 {
 		return e.fail(fmt.Errorf("%s: unexpected argument %q; flags only (see bulkhead %s --help)", name, fs.Arg(0), name)), true
 	}
 	return exitOK, false
+}
+
+// wantOf says what a flag wants, from its type: the flag package's own
+// words ("parse error") do not.
+func wantOf(f *flag.Flag, said string) string {
+	if f == nil {
+		return said
+	}
+	if g, ok := f.Value.(flag.Getter); ok {
+		switch g.Get().(type) {
+		case int, int64:
+			return "want an integer"
+		case uint, uint64:
+			return "want a non-negative integer"
+		case float64:
+			return "want a number"
+		case time.Duration:
+			return "want a Go duration with a unit, such as 20ms"
+		case bool:
+			return "want true or false"
+		}
+	}
+	if strings.HasPrefix(said, "want ") {
+		return said
+	}
+	return "want " + said
 }
 
 // flagsSet returns the names of the flags given on the command line.

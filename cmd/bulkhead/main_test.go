@@ -14,9 +14,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// Charts of a ninth of the pixels: the same drawing, far cheaper under
-	// -race. TestChartAtFullSizeIsAValidPNG draws one at the real size.
-	chartDPI = 32
 	goleak.VerifyTestMain(m)
 }
 
@@ -85,6 +82,13 @@ func runCmdTerm(t *testing.T, ctx context.Context, vars map[string]string, stder
 			v, ok := vars[k]
 			return v, ok
 		},
+		environ: func() []string {
+			var kv []string
+			for k, v := range vars {
+				kv = append(kv, k+"="+v)
+			}
+			return kv
+		},
 		isTerminal: func(io.Writer) bool { return tty },
 	}
 	code := e.run(ctx, args)
@@ -110,7 +114,7 @@ func wantOneLineError(t *testing.T, r result, want ...string) {
 }
 
 func TestEveryCommandHasHelpWithExamples(t *testing.T) {
-	for _, cmd := range []string{"demo", "load", "overload", "budget", "policy"} {
+	for _, cmd := range []string{"demo", "load", "overload", "budget", "policy", "version"} {
 		for _, flag := range []string{"--help", "-h"} {
 			r := runCmd(t, nil, cmd, flag)
 			if r.code != exitOK || r.stderr != "" {
@@ -130,7 +134,7 @@ func TestTopLevelHelpListsTheCommands(t *testing.T) {
 	if code := run(context.Background(), []string{"--help"}, &out, &errb); code != exitOK {
 		t.Fatalf("exit %d, stderr %q", code, errb.String())
 	}
-	for _, cmd := range []string{"bulkhead demo", "bulkhead load", "bulkhead overload", "bulkhead budget", "bulkhead policy", "Exit status"} {
+	for _, cmd := range []string{"bulkhead demo", "bulkhead load", "bulkhead overload", "bulkhead budget", "bulkhead policy", "bulkhead version", "Exit status"} {
 		if !strings.Contains(out.String(), cmd) {
 			t.Errorf("usage lacks %q", cmd)
 		}
@@ -145,12 +149,12 @@ func TestNoCommandIsAUsageError(t *testing.T) {
 }
 
 func TestUnknownCommandIsNamed(t *testing.T) {
-	wantOneLineError(t, runCmd(t, nil, "frobnicate"), `"frobnicate"`, "demo, load, overload, budget or policy")
+	wantOneLineError(t, runCmd(t, nil, "frobnicate"), `"frobnicate"`, "demo, load, overload, budget, policy or version")
 }
 
 func TestBadFlagsAndArgumentsAreNamedForEveryCommand(t *testing.T) {
-	for _, cmd := range []string{"demo", "load", "overload", "budget", "policy"} {
-		wantOneLineError(t, runCmd(t, nil, cmd, "--no-such-flag"), cmd+":", "-no-such-flag", "--help")
+	for _, cmd := range []string{"demo", "load", "overload", "budget", "policy", "version"} {
+		wantOneLineError(t, runCmd(t, nil, cmd, "--no-such-flag"), cmd+":", "unknown flag --no-such-flag", "--help")
 		wantOneLineError(t, runCmd(t, nil, cmd, "stray"), cmd+":", `"stray"`)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -60,7 +59,7 @@ max_connections: use a server nobody else depends on. Ctrl-C stops the
 run and reports what was measured.
 `
 
-const overloadExamples = `  bulkhead overload --dsn postgres://postgres@127.0.0.1:5432/test --chart docs/overload.png
+const overloadExamples = `  bulkhead overload --dsn postgres://postgres@127.0.0.1:5432/test --chart docs/overload.svg
   bulkhead overload --dsn postgres://postgres@127.0.0.1:5432/test --loads 3 --duration 3s \
       --max-concurrent 2 --max-queue 20 --queue-wait 80ms --json -
   bulkhead overload --capacity 200 --loads 1,2 --duration 1s --cpu-rows 2000
@@ -75,6 +74,9 @@ const (
 
 var overloadConfigs = []string{cfgPlain, cfgSemaphore, cfgGate}
 
+// numCPU is B's default for overload.
+var numCPU = runtime.NumCPU
+
 // Limits of the overload flags.
 const (
 	maxOverloadRate  = 100_000 // requests per second
@@ -85,21 +87,25 @@ const (
 
 // overloadConfig is a validated overload command line.
 type overloadConfig struct {
-	target      *target
-	loads       []float64 // multiples of C
-	configs     []string
-	duration    time.Duration // counted, per load and configuration
-	warmup      time.Duration // before it, not counted
-	deadline    time.Duration
-	cpuRows     int
-	capacity    float64 // 0: measure
-	capWorkers  int     // 0: B
-	capDuration time.Duration
-	b, q        int           // q < 0: by the rule
-	wait        time.Duration // < 0: by the rule
-	seed        uint64
-	chart       string
-	jsonOut     string
+	target       *target
+	loads        []float64 // multiples of C
+	configs      []string
+	duration     time.Duration // counted, per load and configuration
+	warmup       time.Duration // before it, not counted
+	deadline     time.Duration
+	cpuRows      int
+	capacity     float64 // 0: measure
+	capWorkers   int     // 0: B
+	capDuration  time.Duration
+	b, q         int           // q < 0: by the rule
+	wait         time.Duration // < 0: by the rule
+	dryRun       bool
+	workloads    map[string]bulkhead.Workload
+	workload     string // the workload the gate's requests name, if any
+	policySource string // where B, Q and the wait came from, for errors
+	seed         uint64
+	chart        string
+	jsonOut      string
 }
 
 func (e *env) overload(ctx context.Context, args []string) int {
@@ -109,6 +115,10 @@ func (e *env) overload(ctx context.Context, args []string) int {
 	}
 	rep, err := e.runOverload(ctx, cfg)
 	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(e.stderr, "bulkhead: overload: interrupted before anything was measured")
+			return exitInterrupted
+		}
 		return e.fail(fmt.Errorf("overload: %w", err))
 	}
 	out := e.stdout
@@ -136,12 +146,12 @@ func (e *env) overload(ctx context.Context, args []string) int {
 			return e.fail(fmt.Errorf("overload: --json %s: %w", cfg.jsonOut, err))
 		}
 	}
-	return exitOK
+	return interrupted(ctx, exitOK)
 }
 
 func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	fs := e.newFlagSet("overload", overloadUsage, overloadExamples)
-	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://... (default $DATABASE_URL, else embedded SQLite)")
+	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://...")
 	loads := fs.String("loads", "1,3,6", "offered loads, as multiples of the capacity C, comma-separated")
 	configs := fs.String("configs", strings.Join(overloadConfigs, ","), "configurations to run, comma-separated: plain, semaphore, gate")
 	duration := fs.Duration("duration", 5*time.Second, "how long requests are counted, per load and configuration")
@@ -151,11 +161,10 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	capacity := fs.Float64("capacity", 0, "capacity C in transactions per second (0: measure it)")
 	capWorkers := fs.Int("capacity-workers", 0, "workers, back to back, that measure C (0: B)")
 	capDuration := fs.Duration("capacity-duration", 3*time.Second, "how long C is measured (S: a third of it)")
-	b := fs.Int("max-concurrent", runtime.NumCPU(), "B of the gate and MaxOpenConns of the semaphore")
-	q := fs.Int("max-queue", -1, "Q of the gate (-1: ⌊¾·C·wait⌋)")
-	wait := fs.Duration("queue-wait", -1, "queue wait of the gate (negative: deadline − 3·B/C)")
+	workload := fs.String("workload", "", "tag the gate's requests with this workload of the policy (--workloads)")
+	pi := e.addPolicyFlags(fs, unusedSettings["overload"])
 	seed := fs.Uint64("seed", 1, "seed of the arrival times: the same for every configuration")
-	chart := fs.String("chart", "", "write a chart of the results to this .png or .svg file")
+	chart := fs.String("chart", "", "write a chart of the results to this .svg file (SVG only)")
 	jsonOut := fs.String("json", "", "write the results as JSON to this file (- for stdout; the table then goes to stderr)")
 	if code, done := e.parseFlags(fs, args); done {
 		return nil, code, true
@@ -167,7 +176,7 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	cfg := &overloadConfig{
 		duration: *duration, warmup: *warmup, deadline: *deadline, cpuRows: *cpuRows,
 		capacity: *capacity, capWorkers: *capWorkers, capDuration: *capDuration,
-		b: *b, q: *q, wait: *wait, seed: *seed, chart: *chart, jsonOut: *jsonOut,
+		seed: *seed, chart: *chart, jsonOut: *jsonOut,
 	}
 	var err error
 	if cfg.loads, err = parseLoads(*loads); err != nil {
@@ -191,30 +200,55 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 		return bad("--capacity-workers is %d, want 0 (B) to %d", cfg.capWorkers, maxClients)
 	case cfg.capDuration <= 0 || cfg.capDuration > time.Hour:
 		return bad("--capacity-duration is %v, want more than 0s and at most 1h0m0s", cfg.capDuration)
-	case cfg.b < 1 || cfg.b > maxClients:
-		return bad("--max-concurrent is %d, want 1 to %d", cfg.b, maxClients)
-	case cfg.q < -1 || cfg.q > maxClients:
-		return bad("--max-queue is %d, want -1 (by the rule) to %d", cfg.q, maxClients)
-	case cfg.wait > bulkhead.MaxQueueWait:
-		return bad("--queue-wait is %v, want at most %v (or negative: by the rule)", cfg.wait, bulkhead.MaxQueueWait)
+	case set["capacity-workers"] && cfg.capacity > 0:
+		return bad("--capacity-workers %d does nothing with --capacity %v: the capacity is given, not measured; want one or the other", cfg.capWorkers, cfg.capacity)
 	}
-	if cfg.wait < 0 {
-		cfg.wait = -1
+	// The gate's settings do nothing unless the gate runs.
+	if !slices.Contains(cfg.configs, cfgGate) {
+		for _, name := range []string{setWait, setDryRun, setWorkloads, "workload"} {
+			if set[name] {
+				return bad("--%s does nothing without the gate configuration (--configs %s); want gate in --configs, or no --%s", name, *configs, name)
+			}
+		}
+	}
+	r, err := pi.resolve(e.lookup, set, bulkhead.Policy{MaxConcurrent: numCPU()})
+	if err == nil {
+		err = checkWorkload(r, *workload, set)
+	}
+	if err != nil {
+		return bad("%w", err)
+	}
+	cfg.b, cfg.q, cfg.wait = r.p.MaxConcurrent, -1, -1
+	if r.given(setQ) {
+		cfg.q = r.p.MaxQueue
+	}
+	if r.given(setWait) {
+		cfg.wait = r.p.QueueWait
+	}
+	cfg.dryRun, cfg.workloads, cfg.workload = r.p.DryRun, r.p.Workloads, *workload
+	cfg.policySource = fmt.Sprintf("B %s, Q %s, wait %s", r.describe(setB), r.describe(setQ), r.describe(setWait))
+	switch {
+	case cfg.b > maxClients:
+		return bad("B is %d (%s), want 1 to %d", cfg.b, r.describe(setB), maxClients)
+	case cfg.q > maxClients:
+		return bad("Q is %d (%s), want 0 to %d", cfg.q, r.describe(setQ), maxClients)
+	}
+	if r.given(setQ) && r.given(setWait) {
+		if err := r.check(); err != nil {
+			return bad("%w", err)
+		}
 	}
 	if cfg.capWorkers == 0 {
 		cfg.capWorkers = cfg.b
 	}
-	for _, path := range []string{cfg.chart, cfg.jsonOut} {
-		if path == "" || path == "-" {
-			continue
-		}
-		if err := checkDir(path); err != nil {
-			return bad("%q: %v", path, err)
+	if cfg.jsonOut != "" && cfg.jsonOut != "-" {
+		if err := checkDir(cfg.jsonOut); err != nil {
+			return bad("--json %q: %v", cfg.jsonOut, err)
 		}
 	}
 	if cfg.chart != "" {
-		if ext := strings.ToLower(filepath.Ext(cfg.chart)); ext != ".png" && ext != ".svg" {
-			return bad("--chart %q has extension %q, want .png or .svg", cfg.chart, ext)
+		if err := checkChartPath(cfg.chart); err != nil {
+			return bad("%w", err)
 		}
 	}
 	t, err := e.resolveTarget(*dsn, set["dsn"])
@@ -315,7 +349,8 @@ type (
 		CapacityMeasured bool             `json:"capacity_measured"`
 		CapacityWorkers  int              `json:"capacity_workers"`
 		Policy           policyJSON       `json:"policy"`
-		Rule             bool             `json:"policy_by_rule"` // Q and the wait came from queueRule
+		Rule             bool             `json:"policy_by_rule"`     // Q and the wait came from queueRule
+		Workload         string           `json:"workload,omitempty"` // the workload the gate's requests named
 		WarmupS          float64          `json:"warmup_s"`
 		DurationS        float64          `json:"duration_s"`
 		Interrupted      bool             `json:"interrupted"`
@@ -371,6 +406,11 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 		return nil, err
 	}
 	rep.ServiceMs = percentiles(lats)
+	if s := rep.ServiceMs; s != nil && s.P50 >= ms(cfg.deadline) {
+		// Nothing could commit in time: the run would measure nothing.
+		return nil, fmt.Errorf("--deadline %v is not above the unloaded service time S (p50 %.1f ms, --cpu-rows %d): no request could commit in time; want a deadline of a few times S, such as %v, or fewer --cpu-rows",
+			cfg.deadline, s.P50, cfg.cpuRows, (time.Duration(4 * s.P50 * float64(time.Millisecond))).Round(time.Millisecond))
+	}
 	rep.ServerVersion = serverVersion(ctx, cfg.target)
 	rep.Capacity, rep.CapacityMeasured = cfg.capacity, cfg.capacity == 0
 	if rep.CapacityMeasured {
@@ -399,11 +439,13 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 	if cfg.q >= 0 {
 		q = cfg.q
 	}
-	policy := bulkhead.Policy{MaxConcurrent: cfg.b, MaxQueue: q, QueueWait: wait}
+	policy := bulkhead.Policy{MaxConcurrent: cfg.b, MaxQueue: q, QueueWait: wait, DryRun: cfg.dryRun, Workloads: cfg.workloads}
 	if err := policy.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("the gate's policy B=%d Q=%d wait=%v (%s) is invalid for --deadline %v and C = %.0f/s: %w; want --queue-wait too, or a longer --deadline",
+			policy.MaxConcurrent, policy.MaxQueue, policy.QueueWait, cfg.policySource, cfg.deadline, rep.Capacity, err)
 	}
-	rep.Policy = policyJSON{MaxConcurrent: policy.MaxConcurrent, MaxQueue: policy.MaxQueue, QueueWaitMs: ms(policy.QueueWait)}
+	rep.Policy = policyJSON{MaxConcurrent: policy.MaxConcurrent, MaxQueue: policy.MaxQueue, QueueWaitMs: ms(policy.QueueWait), DryRun: policy.DryRun}
+	rep.Workload = cfg.workload
 	fmt.Fprintf(e.stderr, "overload: S p50 %.1f ms, C %.0f/s; gate B=%d Q=%d wait=%v\n",
 		rep.ServiceMs.P50, rep.Capacity, policy.MaxConcurrent, policy.MaxQueue, policy.QueueWait)
 
@@ -419,6 +461,11 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 				return rep, nil
 			}
 			ph, err := runOpenLoop(ctx, cfg, op, fmt.Sprintf("%s-%s-%d", id, name, li), name, policy, starts)
+			if err != nil && ctx.Err() != nil {
+				// Interrupted before the phase started: report the rest.
+				rep.Interrupted = true
+				return rep, nil
+			}
 			if err != nil {
 				return nil, err
 			}
@@ -545,7 +592,7 @@ func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*
 	if err != nil {
 		return nil, "", err
 	}
-	return g.OpenDB(), fmt.Sprintf("bulkhead B=%d Q=%d wait=%v", p.MaxConcurrent, p.MaxQueue, p.QueueWait), nil
+	return g.OpenDB(), "bulkhead " + policySetup(p, cfg.workload), nil
 }
 
 // phaseRec collects one phase's outcomes. Only requests that arrived after
@@ -637,6 +684,10 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Conte
 		defer mon.close()
 	}
 
+	reqCtx := ctx
+	if name == cfgGate && cfg.workload != "" {
+		reqCtx = bulkhead.WithWorkload(ctx, cfg.workload)
+	}
 	rec := &phaseRec{deadline: cfg.deadline, errs: map[string]int{}}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -657,7 +708,7 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Conte
 		arrival := begin.Add(at)
 		wg.Go(func() {
 			t0 := time.Now()
-			opCtx, cancel := context.WithTimeout(ctx, cfg.deadline)
+			opCtx, cancel := context.WithTimeout(reqCtx, cfg.deadline)
 			err := op(opCtx, db)
 			lat := time.Since(t0)
 			o := classify(err, opCtx, ctx)

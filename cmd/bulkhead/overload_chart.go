@@ -2,22 +2,22 @@ package main
 
 import (
 	"fmt"
-	"image/color"
+	"os"
 	"slices"
 	"strings"
-
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
 )
 
-// Colors of the configurations.
-var configColors = map[string]color.Color{
-	cfgPlain:     color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
-	cfgSemaphore: color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
-	cfgGate:      color.RGBA{R: 0x1b, G: 0x9e, B: 0x3e, A: 0xff},
+// Colours of the configurations.
+var configColors = map[string]string{
+	cfgPlain:     "#d62728",
+	cfgSemaphore: "#ff7f0e",
+	cfgGate:      "#1b9e3e",
 }
+
+// overloadRefStroke is the look of a reference line over bars: thin and
+// dark, drawn on top, since a bar (an area) would hide a line under it;
+// a thin line over a bar leaves the bar visible.
+var overloadRefStroke = stroke{color: "#555555", width: 1.5, dash: "6 4"}
 
 // overloadPanel is one panel of the chart: a value of each phase, drawn
 // as bars grouped by load, and reference lines.
@@ -29,19 +29,29 @@ type overloadPanel struct {
 }
 
 type refLine struct {
-	name  string
-	y     float64
-	color color.Color
+	name string
+	y    float64
 }
 
-// writeOverloadChart draws rep into path (.png or .svg): four panels of
-// bars grouped by offered load, one bar per configuration: goodput, p99
-// latency of successes, p99 time for a failure to come back, and the most
-// transactions the server showed.
+// Size of the overload chart: two rows of two panels.
+const (
+	overloadW      = 1344.0
+	overloadPanelH = 440.0
+)
+
+// writeOverloadChart draws rep into path as SVG: four panels of bars
+// grouped by offered load, one bar per configuration: goodput, p99 latency
+// of successes, p99 time for a failure to come back, and the most
+// transactions the server showed. Each legend stands beside its plot area.
 func writeOverloadChart(path string, rep *overloadReport) error {
-	if len(rep.Phases) == 0 {
-		return fmt.Errorf("nothing measured")
+	b, err := overloadChartSVG(rep)
+	if err != nil {
+		return err
 	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+func overloadPanels(rep *overloadReport) []overloadPanel {
 	p99 := func(f func(*overloadPhase) *pct) func(*overloadPhase) (float64, bool) {
 		return func(ph *overloadPhase) (float64, bool) {
 			if v := f(ph); v != nil {
@@ -50,22 +60,22 @@ func writeOverloadChart(path string, rep *overloadReport) error {
 			return 0, false
 		}
 	}
-	grey := color.RGBA{R: 0x66, G: 0x66, B: 0x66, A: 0xff}
-	panels := []overloadPanel{
+	deadline := refLine{name: fmt.Sprintf("deadline %.0f ms", rep.DeadlineMs), y: rep.DeadlineMs}
+	return []overloadPanel{
 		{
 			title: "goodput: committed within the deadline", ylabel: "transactions/s", format: "%.0f",
 			value: func(ph *overloadPhase) (float64, bool) { return ph.GoodputPerS, true },
-			refs:  []refLine{{name: fmt.Sprintf("capacity C = %.0f/s", rep.Capacity), y: rep.Capacity, color: grey}},
+			refs:  []refLine{{name: fmt.Sprintf("capacity C = %.0f/s", rep.Capacity), y: rep.Capacity}},
 		},
 		{
 			title: "p99 latency of successes", ylabel: "ms", format: "%.0f",
 			value: p99(func(ph *overloadPhase) *pct { return ph.SuccessMs }),
-			refs:  []refLine{{name: fmt.Sprintf("deadline %.0f ms", rep.DeadlineMs), y: rep.DeadlineMs, color: grey}},
+			refs:  []refLine{deadline},
 		},
 		{
 			title: "p99 time for a failure to come back", ylabel: "ms", format: "%.1f",
 			value: p99(func(ph *overloadPhase) *pct { return ph.FailureMs }),
-			refs:  []refLine{{name: fmt.Sprintf("deadline %.0f ms", rep.DeadlineMs), y: rep.DeadlineMs, color: grey}},
+			refs:  []refLine{deadline},
 		},
 		{
 			title: "most transactions open on the server", ylabel: "transactions", format: "%.0f",
@@ -75,8 +85,14 @@ func writeOverloadChart(path string, rep *overloadReport) error {
 				}
 				return float64(*ph.ServerMaxTx), true
 			},
-			refs: []refLine{{name: fmt.Sprintf("B = %d", rep.Policy.MaxConcurrent), y: float64(rep.Policy.MaxConcurrent), color: grey}},
+			refs: []refLine{{name: fmt.Sprintf("B = %d", rep.Policy.MaxConcurrent), y: float64(rep.Policy.MaxConcurrent)}},
 		},
+	}
+}
+
+func overloadChartSVG(rep *overloadReport) ([]byte, error) {
+	if len(rep.Phases) == 0 {
+		return nil, fmt.Errorf("nothing measured")
 	}
 	var loads []float64
 	var configs []string
@@ -92,21 +108,86 @@ func writeOverloadChart(path string, rep *overloadReport) error {
 	for i, l := range loads {
 		names[i] = fmt.Sprintf("%s×C (%.0f/s)", fmtLoad(l), l*rep.Capacity)
 	}
+	panels := overloadPanels(rep)
+	legends := make([][]legendEntry, len(panels))
+	legendW := 0.0
+	for i, pn := range panels {
+		for _, c := range configs {
+			legends[i] = append(legends[i], legendEntry{name: c, fill: configColors[c]})
+		}
+		for _, r := range pn.refs {
+			legends[i] = append(legends[i], legendEntry{name: r.name, st: overloadRefStroke})
+		}
+		legendW = max(legendW, legendWidth(legends[i]))
+	}
 
-	const rows, cols = 2, 2
-	grid := make([][]*plot.Plot, rows)
-	for i := range grid {
-		grid[i] = make([]*plot.Plot, cols)
+	captions := []string{rep.caption(0), rep.caption(1)}
+	top := 8 + captionLineH*float64(len(captions))
+	const cols = 2
+	rows := (len(panels) + cols - 1) / cols
+	w, h := overloadW, top+float64(rows)*overloadPanelH+8
+	d := newSVG(w, h)
+	for i, s := range captions {
+		d.text(w/2, 8+captionSize+captionLineH*float64(i), textStyle{size: captionSize, anchor: "middle"}, s)
 	}
 	for i, pn := range panels {
-		p, err := overloadPlot(rep, pn, loads, configs, names)
-		if err != nil {
-			return err
-		}
-		grid[i/cols][i%cols] = p
+		outer := box{x: float64(i%cols) * w / cols, y: top + float64(i/cols)*overloadPanelH, w: w / cols, h: overloadPanelH}
+		lay := layoutPanel(outer, legendW)
+		drawBarPanel(d, rep, pn, lay, loads, configs, names, legends[i])
 	}
+	return d.bytes(), nil
+}
 
-	return writeGrid(path, 14*vg.Inch, 10*vg.Inch, grid, []string{rep.caption(0), rep.caption(1)})
+// drawBarPanel draws one panel: bars grouped by load, the value above
+// each bar, the reference lines over them, the legend beside.
+func drawBarPanel(d *svgDoc, rep *overloadReport, pn overloadPanel, lay panelLayout, loads []float64, configs, names []string, legend []legendEntry) {
+	plot := lay.plot
+	d.comment("panel: " + pn.title)
+	d.text(plot.x, lay.outer.y+20, textStyle{size: chartTitleSize, bold: true}, pn.title)
+	ymax := 1.0
+	for _, l := range loads {
+		for _, c := range configs {
+			if ph := rep.phase(l, c); ph != nil {
+				if v, ok := pn.value(ph); ok {
+					ymax = max(ymax, v)
+				}
+			}
+		}
+	}
+	for _, r := range pn.refs {
+		ymax = max(ymax, r.y)
+	}
+	// Headroom for the value labels above the bars.
+	ticks, dec := niceTicks(0, ymax*1.1, 5)
+	top := ticks[len(ticks)-1]
+	d.yAxis(plot, ticks, dec, pn.ylabel)
+	y := func(v float64) float64 { return plot.bottom() - v/top*plot.h }
+
+	group := plot.w / float64(len(loads))
+	barW := min(36, group*0.8/float64(len(configs)))
+	for li, l := range loads {
+		cx := plot.x + (float64(li)+0.5)*group
+		d.text(cx, plot.bottom()+18, textStyle{size: chartFontSize, anchor: "middle", color: axisColor}, names[li])
+		for ci, c := range configs {
+			x := cx + (float64(ci)-float64(len(configs))/2)*barW
+			label := "-"
+			v := 0.0
+			if ph := rep.phase(l, c); ph != nil {
+				if val, ok := pn.value(ph); ok {
+					v, label = val, fmt.Sprintf(pn.format, val)
+				}
+			}
+			d.comment(fmt.Sprintf("bar: %s×C %s", fmtLoad(l), c))
+			d.rect(x+1, y(v), barW-2, plot.bottom()-y(v), configColors[c], "")
+			d.text(x+barW/2, y(v)-4, textStyle{size: 10, anchor: "middle"}, label)
+		}
+	}
+	for _, r := range pn.refs {
+		d.comment("reference: " + r.name)
+		d.line(plot.x, y(r.y), plot.right(), y(r.y), overloadRefStroke)
+	}
+	d.frame(plot)
+	d.drawLegend(lay.legend, legend)
 }
 
 // caption returns the chart's caption, line i of two.
@@ -125,72 +206,4 @@ func (rep *overloadReport) caption(i int) string {
 	}
 	return fmt.Sprintf("%scapacity C %.0f/s; plain: unlimited pool; semaphore: MaxOpenConns %d; gate: B=%d Q=%d wait %.0f ms",
 		s, rep.Capacity, rep.Policy.MaxConcurrent, rep.Policy.MaxConcurrent, rep.Policy.MaxQueue, rep.Policy.QueueWaitMs)
-}
-
-func overloadPlot(rep *overloadReport, pn overloadPanel, loads []float64, configs, names []string) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = pn.title
-	p.Y.Label.Text = pn.ylabel
-	p.Y.Tick.Marker = plainTicks{}
-	p.Legend.Top = true
-	p.Add(plotter.NewGrid())
-	const barWidth = 30
-	width := vg.Points(barWidth)
-	ymax := 0.0
-	var lx []plotter.XY
-	var ltext []string
-	for ci, name := range configs {
-		vals := make(plotter.Values, len(loads))
-		for li, l := range loads {
-			if ph := rep.phase(l, name); ph != nil {
-				if v, ok := pn.value(ph); ok {
-					vals[li] = v
-					ymax = max(ymax, v)
-					lx = append(lx, plotter.XY{X: float64(li), Y: v})
-					ltext = append(ltext, fmt.Sprintf(pn.format, v))
-					continue
-				}
-			}
-			lx = append(lx, plotter.XY{X: float64(li), Y: 0})
-			ltext = append(ltext, "-")
-		}
-		bc, err := plotter.NewBarChart(vals, width)
-		if err != nil {
-			return nil, err
-		}
-		bc.Color = configColors[name]
-		bc.LineStyle.Width = 0
-		bc.Offset = vg.Points(float64(ci)-float64(len(configs)-1)/2) * barWidth
-		p.Add(bc)
-		p.Legend.Add(name, bc)
-		// The value above each bar.
-		start := len(lx) - len(loads)
-		labels, err := plotter.NewLabels(plotter.XYLabels{XYs: lx[start:], Labels: ltext[start:]})
-		if err != nil {
-			return nil, err
-		}
-		for i := range labels.TextStyle {
-			labels.TextStyle[i].XAlign = draw.XCenter
-			labels.TextStyle[i].Font.Size = vg.Points(9)
-		}
-		labels.Offset = vg.Point{X: bc.Offset, Y: vg.Points(3)}
-		p.Add(labels)
-	}
-	for _, r := range pn.refs {
-		l, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: r.y}, {X: float64(len(loads)) - 0.5, Y: r.y}})
-		if err != nil {
-			return nil, err
-		}
-		l.Color = r.color
-		l.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
-		l.Width = vg.Points(1.2)
-		p.Add(l)
-		p.Legend.Add(r.name, l)
-		ymax = max(ymax, r.y)
-	}
-	p.NominalX(names...)
-	p.X.Min, p.X.Max = -0.5, float64(len(loads))-0.5
-	// Headroom above the bars for the legend and the labels.
-	p.Y.Min, p.Y.Max = 0, max(ymax, 1)*1.45
-	return p, nil
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"image/png"
 	"math"
 	"os"
 	"path/filepath"
@@ -63,7 +62,7 @@ func wantPhaseAddsUp(t *testing.T, ph *overloadPhase, arrived int64) {
 
 func TestOverloadOnSQLiteOffersTheSameArrivalsToEveryConfiguration(t *testing.T) {
 	dir := t.TempDir()
-	jsonPath, chartPath := filepath.Join(dir, "overload.json"), filepath.Join(dir, "overload.png")
+	jsonPath, chartPath := filepath.Join(dir, "overload.json"), filepath.Join(dir, "overload.svg")
 	r := runCmd(t, nil, "overload", "--capacity", "100", "--loads", "1,2", "--duration", "300ms",
 		"--warmup", "100ms", "--capacity-duration", "150ms", "--cpu-rows", "200", "--max-concurrent", "2",
 		"--deadline", "10s", "--seed", "7", "--json", jsonPath, "--chart", chartPath)
@@ -103,17 +102,12 @@ func TestOverloadOnSQLiteOffersTheSameArrivalsToEveryConfiguration(t *testing.T)
 			t.Errorf("table lacks %q:\n%s", want, r.stdout)
 		}
 	}
-	f, err := os.Open(chartPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatalf("chart: %v", err)
-	}
-	if b := img.Bounds(); b.Dx() != 14*chartDPI || b.Dy() != 10*chartDPI {
-		t.Errorf("chart is %dx%d, want %dx%d", b.Dx(), b.Dy(), 14*chartDPI, 10*chartDPI)
+	svg := wantSVGFile(t, chartPath, overloadW, 8+2*captionLineH+2*overloadPanelH+8)
+	for _, want := range []string{"goodput: committed within the deadline", "p99 latency of successes",
+		"<!-- bar: 2×C gate -->", ">capacity C = 100/s<", ">semaphore<"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("chart lacks %q", want)
+		}
 	}
 }
 
@@ -238,8 +232,8 @@ func TestOverloadInterruptedReportsThePhasesMeasured(t *testing.T) {
 	r := runCmdCtx(t, ctx, nil, &cancelOnText{text: "goodput", cancel: cancel}, "overload",
 		"--capacity", "100", "--loads", "1,2", "--duration", "100ms", "--warmup", "0s",
 		"--capacity-duration", "150ms", "--cpu-rows", "100", "--deadline", "10s", "--json", jsonPath)
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	if r.code != exitInterrupted {
+		t.Fatalf("exit %d, stderr %q; want 130 after Ctrl-C", r.code, r.stderr)
 	}
 	rep := readOverload(t, jsonPath)
 	if !rep.Interrupted || len(rep.Phases) != 1 || rep.Phases[0].Config != cfgPlain {
@@ -269,8 +263,10 @@ func TestOverloadRejectsBadInput(t *testing.T) {
 		{[]string{"--max-concurrent", "0"}, []string{"--max-concurrent", "0"}},
 		{[]string{"--max-queue", "-2"}, []string{"--max-queue", "-2"}},
 		{[]string{"--queue-wait", "2h"}, []string{"--queue-wait", "2h0m0s"}},
-		{[]string{"--chart", filepath.Join(t.TempDir(), "c.gif")}, []string{"--chart", ".gif"}},
-		{[]string{"--json", filepath.Join(missing, "r.json")}, []string{"does not exist"}},
+		{[]string{"--chart", filepath.Join(t.TempDir(), "c.gif")}, []string{"--chart", `".gif"`, "want a file name ending in .svg"}},
+		{[]string{"--chart", "c.png"}, []string{`--chart "c.png"`, "PNG is not supported", ".svg"}},
+		{[]string{"--chart", filepath.Join(missing, "c.svg")}, []string{"--chart", "does not exist"}},
+		{[]string{"--json", filepath.Join(missing, "r.json")}, []string{"--json", "does not exist"}},
 		{[]string{"--dsn", "oracle://x"}, []string{"--dsn", `"oracle"`}},
 	} {
 		wantOneLineError(t, runCmd(t, nil, append([]string{"overload"}, c.args...)...), append([]string{"overload:"}, c.want...)...)
@@ -315,5 +311,20 @@ func TestOverloadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
 	}
 	if !strings.Contains(r.stdout, "srv tx") {
 		t.Errorf("table lacks the server columns:\n%s", r.stdout)
+	}
+}
+
+func TestOverloadRejectsADeadlineNoRequestCanMeet(t *testing.T) {
+	// 70000 rows take milliseconds: a deadline of 1ms is met by nothing.
+	r := runCmd(t, nil, "overload", "--deadline", "1ms", "--capacity", "50", "--loads", "1", "--duration", "100ms",
+		"--capacity-duration", "150ms", "--cpu-rows", "70000")
+	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+	last := lines[len(lines)-1]
+	if r.code != exitError || r.stdout != "" || !strings.HasPrefix(last, "bulkhead: overload: --deadline 1ms is not above the unloaded service time S") ||
+		!strings.Contains(last, "want a deadline of a few times S") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if strings.Contains(r.stderr, "goodput") {
+		t.Errorf("phases ran: %q", r.stderr)
 	}
 }

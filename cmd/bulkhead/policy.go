@@ -2,89 +2,66 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"text/tabwriter"
-	"time"
 
 	"github.com/dbbulkhead/bulkhead"
 )
 
-const policyUsage = `Usage: bulkhead policy
+const policyUsage = `Usage: bulkhead policy [--max-concurrent B] [--max-queue Q] [--queue-wait D] [--dry-run] [--workloads W]
 
-Prints the policy that bulkhead.PolicyFromEnv gives for this environment:
-each BULKHEAD_* variable, its value and whether it was set or defaulted,
+Prints the policy that the flags and the BULKHEAD_* environment give, as
+bulkhead.PolicyFromEnv reads the variables: each setting, its value and
+where it came from (flag, variable or default), dry-run, the workloads,
 and the connections one instance keeps at most (B+Q). A malformed
-variable is an error that names it (exit 2).
+variable is an error that names it, its value and what is expected, and
+the flag that overrides it (exit 2).
 `
 
 const policyExamples = `  bulkhead policy
   BULKHEAD_MAX_CONCURRENT=4 BULKHEAD_MAX_QUEUE=8 BULKHEAD_QUEUE_WAIT=20ms bulkhead policy
+  BULKHEAD_WORKLOADS=batch:2:4:50ms bulkhead policy --dry-run
 `
 
 func (e *env) policy(_ context.Context, args []string) int {
 	fs := e.newFlagSet("policy", policyUsage, policyExamples)
+	fs.String("dsn", "", "database URL (not used: the policy command connects to nothing)")
+	pi := e.addPolicyFlags(fs, unusedSettings["policy"])
 	if code, done := e.parseFlags(fs, args); done {
 		return code
 	}
-	p, err := bulkhead.PolicyFromLookup(bulkhead.DefaultPolicy, e.lookup)
+	set := flagsSet(fs)
+	if set["dsn"] {
+		return e.fail(fmt.Errorf("policy: --dsn does nothing in policy: %s", unusedSettings["policy"][setDSN]))
+	}
+	r, err := pi.resolve(e.lookup, set, bulkhead.DefaultPolicy)
+	if err == nil {
+		err = r.check()
+	}
 	if err != nil {
-		return e.fail(err)
+		return e.fail(fmt.Errorf("policy: %w", err))
 	}
-	from := func(name string) string {
-		if v, ok := e.lookup(name); ok {
-			return fmt.Sprintf("from %s=%s", name, v)
-		}
-		return fmt.Sprintf("default, %s unset", name)
-	}
+	p := r.p
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "max concurrent (B)\t%d\t%s\n", p.MaxConcurrent, from(bulkhead.EnvMaxConcurrent))
-	fmt.Fprintf(tw, "max queue (Q)\t%d\t%s\n", p.MaxQueue, from(bulkhead.EnvMaxQueue))
-	fmt.Fprintf(tw, "queue wait\t%v\t%s\n", p.QueueWait, from(bulkhead.EnvQueueWait))
-	fmt.Fprintf(tw, "connections per instance\t%d\tat most B+Q\n", p.MaxConcurrent+p.MaxQueue)
+	fmt.Fprintf(tw, "max concurrent (B)\t%d\t%s\n", p.MaxConcurrent, r.describe(setB))
+	fmt.Fprintf(tw, "max queue (Q)\t%d\t%s\n", p.MaxQueue, r.describe(setQ))
+	fmt.Fprintf(tw, "queue wait\t%v\t%s\n", p.QueueWait, r.describe(setWait))
+	fmt.Fprintf(tw, "dry run\t%v\t%s\n", p.DryRun, r.describe(setDryRun))
+	names := workloadNames(p)
+	if len(names) == 0 {
+		fmt.Fprintf(tw, "workloads\tnone\t%s\n", r.describe(setWorkloads))
+	} else {
+		fmt.Fprintf(tw, "workloads\t%d\t%s\n", len(names), r.describe(setWorkloads))
+		for _, n := range names {
+			w := p.Workloads[n]
+			fmt.Fprintf(tw, "  workload %s\tB=%d Q=%d wait=%v\twithin the policy's B and B+Q\n", n, w.MaxConcurrent, w.MaxQueue, w.QueueWait)
+		}
+	}
+	conns := fmt.Sprintf("%d\tat most B+Q", p.MaxConcurrent+p.MaxQueue)
+	if p.DryRun {
+		conns = fmt.Sprintf("%d\tB+Q; in dry-run the gate dials beyond it when needed", p.MaxConcurrent+p.MaxQueue)
+	}
+	fmt.Fprintf(tw, "connections per instance\t%s\n", conns)
 	tw.Flush()
 	return exitOK
-}
-
-// policyFlags are the --max-concurrent, --max-queue and --queue-wait flags,
-// whose defaults come from the environment (bulkhead.PolicyFromEnv).
-type policyFlags struct {
-	env    bulkhead.Policy
-	envErr error
-	b, q   *int
-	wait   *time.Duration
-}
-
-func (e *env) addPolicyFlags(fs *flag.FlagSet) *policyFlags {
-	pf := &policyFlags{}
-	pf.env, pf.envErr = bulkhead.PolicyFromLookup(bulkhead.DefaultPolicy, e.lookup)
-	def := pf.env
-	if pf.envErr != nil {
-		def = bulkhead.DefaultPolicy
-	}
-	pf.b = fs.Int("max-concurrent", def.MaxConcurrent, "B: operations running at once; $"+bulkhead.EnvMaxConcurrent+" sets the default")
-	pf.q = fs.Int("max-queue", def.MaxQueue, "Q: operations waiting for a permit; $"+bulkhead.EnvMaxQueue+" sets the default")
-	pf.wait = fs.Duration("queue-wait", def.QueueWait, "longest wait for a permit; $"+bulkhead.EnvQueueWait+" sets the default")
-	return pf
-}
-
-// policy returns the effective policy: flags override the environment. A
-// malformed environment is an error unless all three flags override it.
-func (pf *policyFlags) policy(set map[string]bool) (bulkhead.Policy, error) {
-	if pf.envErr != nil && !(set["max-concurrent"] && set["max-queue"] && set["queue-wait"]) {
-		return bulkhead.Policy{}, pf.envErr
-	}
-	p := bulkhead.Policy{MaxConcurrent: *pf.b, MaxQueue: *pf.q, QueueWait: *pf.wait}
-	switch {
-	case p.MaxConcurrent < 1:
-		return p, fmt.Errorf("--max-concurrent is %d, want at least 1", p.MaxConcurrent)
-	case p.MaxQueue < 0:
-		return p, fmt.Errorf("--max-queue is %d, want at least 0", p.MaxQueue)
-	case p.QueueWait < 0 || p.QueueWait > bulkhead.MaxQueueWait:
-		return p, fmt.Errorf("--queue-wait is %v, want 0s to %v", p.QueueWait, bulkhead.MaxQueueWait)
-	}
-	if err := p.Validate(); err != nil {
-		return p, fmt.Errorf("--max-concurrent %d, --max-queue %d: %w", p.MaxConcurrent, p.MaxQueue, err)
-	}
-	return p, nil
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/dbbulkhead/bulkhead"
@@ -12,16 +11,14 @@ func TestPolicyPrintsTheDefaultsWhenNothingIsSet(t *testing.T) {
 	if r.code != exitOK || r.stderr != "" {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 	}
-	for _, want := range []string{
-		"max concurrent (B)        10     default, BULKHEAD_MAX_CONCURRENT unset",
-		"max queue (Q)             10     default, BULKHEAD_MAX_QUEUE unset",
-		"queue wait                100ms  default, BULKHEAD_QUEUE_WAIT unset",
-		"connections per instance  20     at most B+Q",
-	} {
-		if !strings.Contains(r.stdout, want) {
-			t.Errorf("output lacks %q:\n%s", want, r.stdout)
-		}
-	}
+	wantCells(t, r.stdout,
+		"max concurrent (B) 10 default, BULKHEAD_MAX_CONCURRENT unset",
+		"max queue (Q) 10 default, BULKHEAD_MAX_QUEUE unset",
+		"queue wait 100ms default, BULKHEAD_QUEUE_WAIT unset",
+		"dry run false default, BULKHEAD_DRY_RUN unset",
+		"workloads none default, BULKHEAD_WORKLOADS unset",
+		"connections per instance 20 at most B+Q",
+	)
 }
 
 func TestPolicyPrintsWhatTheEnvironmentSets(t *testing.T) {
@@ -30,16 +27,12 @@ func TestPolicyPrintsWhatTheEnvironmentSets(t *testing.T) {
 	if r.code != exitOK {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 	}
-	for _, want := range []string{
-		"4     from BULKHEAD_MAX_CONCURRENT=4",
-		"10    default, BULKHEAD_MAX_QUEUE unset",
-		"20ms  from BULKHEAD_QUEUE_WAIT=20ms",
-		"connections per instance  14",
-	} {
-		if !strings.Contains(r.stdout, want) {
-			t.Errorf("output lacks %q:\n%s", want, r.stdout)
-		}
-	}
+	wantCells(t, r.stdout,
+		"4 from BULKHEAD_MAX_CONCURRENT=4",
+		"10 default, BULKHEAD_MAX_QUEUE unset",
+		"20ms from BULKHEAD_QUEUE_WAIT=20ms",
+		"connections per instance 14",
+	)
 }
 
 func TestPolicyReportsTheLibraryErrorNamingTheVariable(t *testing.T) {
@@ -51,7 +44,7 @@ func TestPolicyReportsTheLibraryErrorNamingTheVariable(t *testing.T) {
 	for name, vars := range cases {
 		t.Run(name, func(t *testing.T) {
 			r := runCmd(t, vars, "policy")
-			wantOneLineError(t, r, name, `"`+vars[name]+`"`, "want")
+			wantOneLineError(t, r, "policy:", name, `"`+vars[name]+`"`, "want")
 			if r.stdout != "" {
 				t.Errorf("stdout %q, want nothing", r.stdout)
 			}

@@ -1,19 +1,20 @@
 package main
 
 import (
+	"context"
 	"database/sql/driver"
 	"fmt"
 	"net"
 	"net/url"
 	"regexp"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
-	"modernc.org/sqlite"
+	sqlite "github.com/ncruces/go-sqlite3/driver"
+	_ "github.com/ncruces/go-sqlite3/embed" // the SQLite build, WebAssembly run by wazero
 
 	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
@@ -139,12 +140,9 @@ func parseMySQL(dsn string) (*mysql.Config, error) {
 	return cfg, nil
 }
 
-var sqliteSeq atomic.Int64
-
 // connector returns a new connector to the target. On PostgreSQL, app
 // becomes the connections' application_name unless keepApp is set and the
-// URL names one. Each SQLite connector opens its own in-memory database,
-// shared by its connections.
+// URL names one. Each SQLite connection opens its own in-memory database.
 func (t *target) connector(app string, keepApp bool) (driver.Connector, error) {
 	switch t.dialect {
 	case dialectPostgres:
@@ -156,8 +154,58 @@ func (t *target) connector(app string, keepApp bool) (driver.Connector, error) {
 	case dialectMySQL:
 		return mysql.NewConnector(t.my)
 	}
-	name := fmt.Sprintf("file:bulkhead-%d?mode=memory&cache=shared", sqliteSeq.Add(1))
-	return sqlite.NewConnector(name)
+	// The commands' statements read no table: a private in-memory
+	// database per connection is all they need.
+	c, err := (&sqlite.SQLite{}).OpenConnector(":memory:")
+	if err != nil {
+		return nil, err
+	}
+	return sqliteConnector{c}, nil
+}
+
+// sqliteConnector gives the SQLite driver's connections a statement
+// whose NumInput is computed when it is prepared. The driver computes it
+// on the first call and keeps it; the gate asks a statement prepared on
+// one connection for the NumInput of the same query on others, from their
+// goroutines (it keeps one prepared statement per query text): computed
+// up front, the later calls only read it.
+type sqliteConnector struct{ driver.Connector }
+
+func (c sqliteConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sc, ok := conn.(sqliteConn)
+	if !ok {
+		conn.Close()
+		return nil, fmt.Errorf("internal error: the SQLite driver's connection is a %T", conn)
+	}
+	return eagerConn{sc}, nil
+}
+
+// sqliteConn is what the SQLite driver's connection implements.
+type sqliteConn interface {
+	driver.Conn
+	driver.ConnBeginTx
+	driver.ConnPrepareContext
+	driver.ExecerContext
+	driver.NamedValueChecker
+}
+
+type eagerConn struct{ sqliteConn }
+
+func (c eagerConn) Prepare(query string) (driver.Stmt, error) {
+	return c.PrepareContext(context.Background(), query)
+}
+
+func (c eagerConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	st, err := c.sqliteConn.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	st.NumInput() // now, on this connection's goroutine
+	return st, nil
 }
 
 // gatedConnector is connector for the gated runs: on PostgreSQL it makes
