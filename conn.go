@@ -273,11 +273,21 @@ func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 	if err != nil {
 		return nil, c.g.connErr(err, wait)
 	}
-	si, err := guarded(c, func() (driver.Stmt, error) { return s.prepare(ctx, query) })
+	numInput := 0
+	si, err := guarded(c, func() (driver.Stmt, error) {
+		si, err := s.prepare(ctx, query)
+		if err == nil {
+			// Asked now, while c holds s: a driver may work it out on its
+			// connection (ncruces/go-sqlite3 does, lazily), and other
+			// connections will ask the gate for it concurrently.
+			numInput = si.NumInput()
+		}
+		return si, err
+	})
 	if err != nil {
 		return nil, ctxErr(ctx, err)
 	}
-	pr := c.g.addStmtProto(query, si)
+	pr := c.g.addStmtProto(query, si, numInput)
 	st := &stmt{c: c, query: query, proto: pr}
 	st.keep(s, si)
 	return wrapStmt(st, pr.mask), nil

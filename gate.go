@@ -344,15 +344,15 @@ func (g *Gate) stmtProtoFor(query string) *stmtProto {
 	return pr
 }
 
-// addStmtProto records si, just prepared for query, as the gate's
-// prepared statement for it if it has none, and counts one more statement
-// of the query.
-func (g *Gate) addStmtProto(query string, si driver.Stmt) *stmtProto {
+// addStmtProto records si, just prepared for query, with its NumInput, as
+// the gate's prepared statement for it if it has none, and counts one more
+// statement of the query.
+func (g *Gate) addStmtProto(query string, si driver.Stmt, numInput int) *stmtProto {
 	g.stmtMu.Lock()
 	defer g.stmtMu.Unlock()
 	pr := g.protos[query]
 	if pr == nil {
-		pr = &stmtProto{si: si, mask: stmtMask(si)}
+		pr = &stmtProto{si: si, mask: stmtMask(si), numInput: numInput}
 		if g.protos == nil {
 			g.protos = map[string]*stmtProto{}
 		}

@@ -30,15 +30,18 @@ type stmt struct {
 
 // stmtProto is the gate's memory of a query prepared once: a statement
 // prepared for it, kept while any statement of the query is open. It
-// answers NumInput and the argument checks (NamedValueChecker,
-// ColumnConverter) for every statement of the query, on whatever
-// connection, and maybe after it was itself closed: right for drivers
-// whose answers depend on the statement alone (pgx and
-// go-sql-driver/mysql).
+// answers NumInput (asked once, as it was prepared) and the argument checks
+// (NamedValueChecker, ColumnConverter) for every statement of the query,
+// on whatever connection and goroutine, and maybe after it was itself
+// closed: right for drivers whose argument checks depend on the statement
+// and the value alone and touch no connection state (pgx has none;
+// go-sql-driver/mysql's and ncruces/go-sqlite3's are pure functions of the
+// value).
 type stmtProto struct {
-	si   driver.Stmt
-	mask uint // the optional interfaces of si
-	refs int  // open statements of the query; guarded by the gate's stmtMu
+	si       driver.Stmt
+	mask     uint // the optional interfaces of si
+	numInput int  // si.NumInput(), asked by the goroutine that prepared it
+	refs     int  // open statements of the query; guarded by the gate's stmtMu
 }
 
 type stmtOn struct {
@@ -52,7 +55,7 @@ var (
 	_ driver.StmtQueryContext = (*stmt)(nil)
 )
 
-func (st *stmt) NumInput() int { return st.proto.si.NumInput() }
+func (st *stmt) NumInput() int { return st.proto.numInput }
 
 // Close closes the statement on every session it was prepared on: now on
 // the session of its connection, and on any other when that session is

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"database/sql/driver"
 	"fmt"
 	"net"
@@ -156,56 +155,7 @@ func (t *target) connector(app string, keepApp bool) (driver.Connector, error) {
 	}
 	// The commands' statements read no table: a private in-memory
 	// database per connection is all they need.
-	c, err := (&sqlite.SQLite{}).OpenConnector(":memory:")
-	if err != nil {
-		return nil, err
-	}
-	return sqliteConnector{c}, nil
-}
-
-// sqliteConnector gives the SQLite driver's connections a statement
-// whose NumInput is computed when it is prepared. The driver computes it
-// on the first call and keeps it; the gate asks a statement prepared on
-// one connection for the NumInput of the same query on others, from their
-// goroutines (it keeps one prepared statement per query text): computed
-// up front, the later calls only read it.
-type sqliteConnector struct{ driver.Connector }
-
-func (c sqliteConnector) Connect(ctx context.Context) (driver.Conn, error) {
-	conn, err := c.Connector.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	sc, ok := conn.(sqliteConn)
-	if !ok {
-		conn.Close()
-		return nil, fmt.Errorf("internal error: the SQLite driver's connection is a %T", conn)
-	}
-	return eagerConn{sc}, nil
-}
-
-// sqliteConn is what the SQLite driver's connection implements.
-type sqliteConn interface {
-	driver.Conn
-	driver.ConnBeginTx
-	driver.ConnPrepareContext
-	driver.ExecerContext
-	driver.NamedValueChecker
-}
-
-type eagerConn struct{ sqliteConn }
-
-func (c eagerConn) Prepare(query string) (driver.Stmt, error) {
-	return c.PrepareContext(context.Background(), query)
-}
-
-func (c eagerConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	st, err := c.sqliteConn.PrepareContext(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	st.NumInput() // now, on this connection's goroutine
-	return st, nil
+	return (&sqlite.SQLite{}).OpenConnector(":memory:")
 }
 
 // gatedConnector is connector for the gated runs: on PostgreSQL it makes

@@ -1,0 +1,135 @@
+//go:build go1.25
+
+package bulkhead_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dbbulkhead/bulkhead"
+)
+
+// lazyDriver is a driver whose statements work NumInput out on their
+// connection the first time they are asked, as ncruces/go-sqlite3's do: a
+// statement's NumInput and its connection's work touch the same state,
+// unsynchronised, as a driver may assume since database/sql never uses a
+// connection from two goroutines at once.
+type lazyDriver struct{ numInputs atomic.Int64 }
+
+func (d *lazyDriver) Connect(context.Context) (driver.Conn, error) { return &lazyConn{d: d}, nil }
+func (d *lazyDriver) Driver() driver.Driver                        { return nil }
+
+type lazyConn struct {
+	d     *lazyDriver
+	state int // touched by every call on the connection and its statements
+}
+
+func (c *lazyConn) Prepare(query string) (driver.Stmt, error) {
+	c.state++
+	return &lazyStmt{c: c, inputs: -2}, nil
+}
+func (c *lazyConn) Close() error              { return nil }
+func (c *lazyConn) Begin() (driver.Tx, error) { return nil, errors.New("lazyDriver: no transactions") }
+
+type lazyStmt struct {
+	c      *lazyConn
+	inputs int
+}
+
+func (s *lazyStmt) NumInput() int {
+	if s.inputs == -2 {
+		s.c.d.numInputs.Add(1)
+		s.c.state++ // the driver asks its connection
+		s.inputs = 1
+	}
+	return s.inputs
+}
+func (s *lazyStmt) Close() error { return nil }
+func (s *lazyStmt) Exec([]driver.Value) (driver.Result, error) {
+	s.c.state++
+	return driver.RowsAffected(1), nil
+}
+func (s *lazyStmt) Query([]driver.Value) (driver.Rows, error) {
+	s.c.state++
+	return &lazyRows{}, nil
+}
+
+type lazyRows struct{}
+
+func (*lazyRows) Columns() []string         { return nil }
+func (*lazyRows) Close() error              { return nil }
+func (*lazyRows) Next([]driver.Value) error { return io.EOF }
+
+// The gate answers NumInput for a query's statements on every connection
+// from one statement prepared for it (so that a statement prepared again
+// on a connection with no server connection sends nothing). It must ask
+// the driver while the connection that prepared it is its own: asked
+// later, from other connections' goroutines, a lazy driver works it out
+// on a connection another goroutine may be using (a data race under -race,
+// and a crash for a driver such as a WebAssembly SQLite).
+func TestNumInputIsAskedOnceWhileTheConnectionThatPreparedItIsHeld(t *testing.T) {
+	d := &lazyDriver{}
+	g, err := bulkhead.New(d, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 64, QueueWait: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	ctx := context.Background()
+	st, err := db.PrepareContext(ctx, "UPDATE t SET n = n + 1 WHERE id = ?")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	// database/sql asks NumInput only when the statement runs, by then on
+	// whatever connection: the gate must have asked it already.
+	if n := d.numInputs.Load(); n != 1 {
+		t.Fatalf("once prepared, the driver had worked NumInput out %d times, want 1: the gate asks it while it holds the connection", n)
+	}
+
+	const workers, each = 8, 50
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				// Each goroutine's *sql.Conn is its own logical connection:
+				// database/sql prepares the statement on it and asks its
+				// NumInput there, concurrently with the others.
+				conn, err := db.Conn(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				_, err = conn.ExecContext(ctx, "UPDATE t SET n = n + 1 WHERE id = ?", 1)
+				if err == nil {
+					_, err = st.ExecContext(ctx, 1)
+				}
+				if cerr := conn.Close(); err == nil {
+					err = cerr
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := d.numInputs.Load(); n != 1 {
+		t.Fatalf("the driver worked NumInput out %d times, want 1 (on the statement the gate keeps, as it was prepared)", n)
+	}
+}
+
+var _ sql.Result = driver.RowsAffected(0)
