@@ -27,9 +27,9 @@ lint: ## go vet and staticcheck, every module
 compat: ## build the root module (its packages, not its tests) with the oldest Go its go line names (downloads that toolchain)
 	GOWORK=off GOTOOLCHAIN=$(MIN_GO) $(GO) build ./ ./httpgate
 
-bench: ## the gate alone and database/sql on the fake driver, gated and plain side by side (bench.txt; see BENCHMARKS.md)
-	{ $(GO) test -run '^$$' -bench 'Semaphore|GatePermit|WaiterMemory' -benchmem -count 6 . && \
-	  $(GO) test -run '^$$' -bench 'FakeDB|WaitingOperation' -benchmem -count 6 ./tests; } | tee bench.txt
+bench: ## the gate alone, its connection path, and database/sql on the fake driver, gated and plain side by side (bench.txt; see BENCHMARKS.md)
+	{ $(GO) test -run '^$$' -bench 'Semaphore|GatePermit|WaiterMemory|ConnPath' -benchmem -count 6 . && \
+	  $(GO) test -run '^$$' -bench 'FakeDB|GateCost|WaitingOperation' -benchmem -count 6 ./tests; } | tee bench.txt
 
 bench-pg: ## PostgreSQL throughput, plain and gated in alternate processes (bench-pg.txt; needs the server)
 	$(GO) test -c -o bench-pg.test ./tests && for i in 1 2 3 4 5 6 7 8 9 10; do \
