@@ -18,10 +18,10 @@ import (
 // logical connections (conn.go) that hold no server connection while they
 // wait for permits or sit idle in database/sql's pool, and keeps the
 // server connections, sessions, here. An operation binds a session only
-// once it holds its permits, preferring the one its logical connection had
-// last and otherwise the first idle one in the order they were opened (so
-// the same few sessions carry the load, their server backends warm, while
-// the others stay idle and age out); it gives the session back
+// once it holds its permits: the first idle one in the order they were
+// opened, whichever logical connection had it before (so the same few
+// sessions carry the load, their server backends warm, while the others
+// stay idle and age out); it gives the session back
 // when database/sql takes the logical connection back into its pool
 // (Validator.IsValid) or closes it. A *sql.Conn therefore keeps one
 // session from its first statement until it is closed, as with plain
@@ -34,9 +34,9 @@ import (
 // closed when it fails either, like database/sql does for its own pool.
 //
 // Concurrency: a session's state (bound, idle, closed) is one atomic word,
-// so that taking an idle session and giving it back need no lock: database/sql
-// hands the most recently returned logical connection out first, whose
-// last session is then idle and taken by compare-and-swap. The pool's mu
+// so that taking an idle session and giving it back need no lock: the
+// first idle one in the list of all sessions is taken by compare-and-swap.
+// The pool's mu
 // guards what changes rarely: the count of open sessions, the list of all
 // of them (copied on write), and the callers waiting for one.
 
