@@ -40,8 +40,10 @@ bench-pg: ## PostgreSQL throughput, plain and gated in alternate processes (benc
 bench-smoke: ## every benchmark once, as CI runs them (no timings)
 	$(GO) test -run '^$$' -bench . -benchtime=1x $(ALL)
 
-overload: ## open-loop overload on local PostgreSQL: plain pool, pool as semaphore, gate; redraws docs/overload.svg (~70 s)
-	$(GO) run ./cmd/bulkhead overload --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} --chart docs/overload.svg
+overload: ## open-loop overload on local PostgreSQL, S = 5, 10, 20 ms: pool as semaphore, wait-before-checkout bulkhead, gate, 3 rounds; redraws docs/overload.svg (~7 min)
+	$(GO) run ./cmd/bulkhead overload --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
+	  --service 5ms,10ms,20ms --configs semaphore,waitfirst,gate --max-concurrent 2 --rounds 3 --duration 3s \
+	  --json overload.json --chart docs/overload.svg
 
 generate: ## regenerate wrap_gen.go and the fake driver's types
 	$(GO) generate ./...

@@ -188,7 +188,7 @@ func TestChartOfNothingIsAnError(t *testing.T) {
 	if err := writeChart(filepath.Join(t.TempDir(), "c.svg"), &loadReport{}); err == nil {
 		t.Fatal("a chart without runs was written")
 	}
-	if err := writeOverloadChart(filepath.Join(t.TempDir(), "c.svg"), &overloadReport{}); err == nil {
+	if err := writeOverloadChart(filepath.Join(t.TempDir(), "c.svg"), []*overloadReport{{}}); err == nil {
 		t.Fatal("an overload chart without phases was written")
 	}
 }

@@ -302,9 +302,9 @@ func helpDefault(cmd, name string) (string, bool) {
 		case setB:
 			d = fmt.Sprintf("the number of CPUs, %d here", numCPU())
 		case setQ:
-			d = "⌊¾·C·wait⌋, by the rule"
+			d = "max(B, ⌊C·wait⌋), by the rule"
 		case setWait:
-			d = "deadline − 3·B/C, by the rule"
+			d = "deadline − 2·B/C, by the rule"
 		}
 	}
 	if name == setDSN {

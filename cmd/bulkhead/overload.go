@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -38,14 +39,29 @@ plus --duration to each configuration in turn, with the same arrivals:
 
   plain      database/sql, pool unlimited (MaxIdleConns B+Q)
   semaphore  database/sql, MaxOpenConns B: the pool as a semaphore
+  waitfirst  the bulkhead most libraries offer (failsafe-go's): B permits
+             waited for in FIFO order for the gate's queue wait, with no
+             bound on the queue, before a connection is taken from a
+             database/sql pool of B
   gate       bulkhead B, Q and the queue wait, through g.OpenDB()
+
+With --service (e.g. 5ms,10ms,20ms) the whole experiment runs once per
+service time: --cpu-rows is first scaled until the unloaded service time
+S is within 5% of it. One table is printed per service time, and the
+chart puts them one above the other.
+
+With --rounds N each load's configurations run N times, each round
+starting with the next configuration, so that a drift in the machine's
+speed hits them alike; the table and the chart show, for each
+configuration, the round of median goodput, and the ratios add each
+round's.
 
 B defaults to the number of CPUs. Unless given, the queue wait and Q follow
 from the deadline D and s = B/C, the time a transaction takes when B run
 at once (the rule BENCHMARKS.md measures):
 
-  wait = D − 3·s     a request that waited that long still commits in time
-  Q    = ⌊¾·C·wait⌋  the queue drains within ¾ of the wait at capacity
+  wait = D − 2·s          a request that waited that long still commits in time
+  Q    = max(B, ⌊C·wait⌋)  the queue drains within the wait at capacity
 
 For each load and configuration it reports the goodput (transactions
 committed within their deadline, per second), the p50 and p99 latency of
@@ -69,10 +85,11 @@ const overloadExamples = `  bulkhead overload --dsn postgres://postgres@127.0.0.
 const (
 	cfgPlain     = "plain"
 	cfgSemaphore = "semaphore"
+	cfgWaitFirst = "waitfirst"
 	cfgGate      = "gate"
 )
 
-var overloadConfigs = []string{cfgPlain, cfgSemaphore, cfgGate}
+var overloadConfigs = []string{cfgPlain, cfgSemaphore, cfgWaitFirst, cfgGate}
 
 // numCPU is B's default for overload.
 var numCPU = runtime.NumCPU
@@ -101,8 +118,10 @@ type overloadConfig struct {
 	wait         time.Duration // < 0: by the rule
 	dryRun       bool
 	workloads    map[string]bulkhead.Workload
-	workload     string // the workload the gate's requests name, if any
-	policySource string // where B, Q and the wait came from, for errors
+	workload     string          // the workload the gate's requests name, if any
+	policySource string          // where B, Q and the wait came from, for errors
+	services     []time.Duration // S to scale cpuRows to, one run each; none: cpuRows as given
+	rounds       int             // each load's configurations run this many times
 	seed         uint64
 	chart        string
 	jsonOut      string
@@ -113,27 +132,37 @@ func (e *env) overload(ctx context.Context, args []string) int {
 	if done {
 		return code
 	}
-	rep, err := e.runOverload(ctx, cfg)
+	reps, err := e.runOverloads(ctx, cfg)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && len(reps) == 0 {
 			fmt.Fprintln(e.stderr, "bulkhead: overload: interrupted before anything was measured")
 			return exitInterrupted
 		}
-		return e.fail(fmt.Errorf("overload: %w", err))
+		if ctx.Err() == nil {
+			return e.fail(fmt.Errorf("overload: %w", err))
+		}
 	}
 	out := e.stdout
 	if cfg.jsonOut == "-" {
 		out = e.stderr
 	}
-	rep.printTable(out)
-	if cfg.chart != "" && len(rep.Phases) > 0 {
-		if err := writeOverloadChart(cfg.chart, rep); err != nil {
+	measured := false
+	for _, rep := range reps {
+		rep.printTable(out)
+		measured = measured || len(rep.Phases) > 0
+	}
+	if cfg.chart != "" && measured {
+		if err := writeOverloadChart(cfg.chart, reps); err != nil {
 			return e.fail(fmt.Errorf("overload: --chart %s: %w", cfg.chart, err))
 		}
 		fmt.Fprintf(out, "chart written to %s\n", cfg.chart)
 	}
 	if cfg.jsonOut != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
+		var v any = reps
+		if len(cfg.services) == 0 {
+			v = reps[0] // one run: the report itself, as before --service
+		}
+		b, err := json.MarshalIndent(v, "", "  ")
 		if err == nil {
 			b = append(b, '\n')
 			if cfg.jsonOut == "-" {
@@ -149,15 +178,52 @@ func (e *env) overload(ctx context.Context, args []string) int {
 	return interrupted(ctx, exitOK)
 }
 
+// runOverloads runs the experiment once, or once per --service with
+// --cpu-rows scaled to it, and returns the reports measured, also when
+// interrupted.
+func (e *env) runOverloads(ctx context.Context, cfg *overloadConfig) ([]*overloadReport, error) {
+	if len(cfg.services) == 0 {
+		rep, err := e.runOverload(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return []*overloadReport{rep}, nil
+	}
+	var reps []*overloadReport
+	rows := cfg.cpuRows
+	for i, want := range cfg.services {
+		fmt.Fprintf(e.stderr, "overload: scaling --cpu-rows to S = %v\n", want)
+		var err error
+		rows, err = calibrateRows(ctx, cfg, want, rows, fmt.Sprintf("bh-overload-%d-calibrate-%d", os.Getpid(), i))
+		if err != nil {
+			return reps, err
+		}
+		c := *cfg
+		c.cpuRows = rows
+		rep, err := e.runOverload(ctx, &c)
+		if err != nil {
+			return reps, err
+		}
+		rep.ServiceTargetMs = ms(want)
+		reps = append(reps, rep)
+		if rep.Interrupted {
+			break
+		}
+	}
+	return reps, nil
+}
+
 func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	fs := e.newFlagSet("overload", overloadUsage, overloadExamples)
 	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://...")
 	loads := fs.String("loads", "1,3,6", "offered loads, as multiples of the capacity C, comma-separated")
-	configs := fs.String("configs", strings.Join(overloadConfigs, ","), "configurations to run, comma-separated: plain, semaphore, gate")
+	configs := fs.String("configs", strings.Join(overloadConfigs, ","), "configurations to run, comma-separated: plain, semaphore, waitfirst, gate")
 	duration := fs.Duration("duration", 5*time.Second, "how long requests are counted, per load and configuration")
 	warmup := fs.Duration("warmup", time.Second, "how long requests arrive before they are counted")
 	deadline := fs.Duration("deadline", 100*time.Millisecond, "deadline of each request, from its start")
 	cpuRows := fs.Int("cpu-rows", 70000, "rows each request's query sums (generate_series on PostgreSQL)")
+	rounds := fs.Int("rounds", 1, "run each load's configurations this many times, starting each round with the next configuration, and report the round of median goodput")
+	services := fs.String("service", "", "unloaded service times S to run the experiment at, comma-separated (e.g. 5ms,10ms,20ms): --cpu-rows is scaled to each (default: --cpu-rows as given)")
 	capacity := fs.Float64("capacity", 0, "capacity C in transactions per second (0: measure it)")
 	capWorkers := fs.Int("capacity-workers", 0, "workers, back to back, that measure C (0: B)")
 	capDuration := fs.Duration("capacity-duration", 3*time.Second, "how long C is measured (S: a third of it)")
@@ -174,7 +240,7 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 		return nil, e.fail(fmt.Errorf("overload: "+format, a...)), true
 	}
 	cfg := &overloadConfig{
-		duration: *duration, warmup: *warmup, deadline: *deadline, cpuRows: *cpuRows,
+		duration: *duration, warmup: *warmup, deadline: *deadline, cpuRows: *cpuRows, rounds: *rounds,
 		capacity: *capacity, capWorkers: *capWorkers, capDuration: *capDuration,
 		seed: *seed, chart: *chart, jsonOut: *jsonOut,
 	}
@@ -185,6 +251,12 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	if cfg.configs, err = parseConfigs(*configs); err != nil {
 		return bad("--configs %q: %v", *configs, err)
 	}
+	if cfg.services, err = parseServices(*services, *deadline); err != nil {
+		return bad("--service %q: %v", *services, err)
+	}
+	if len(cfg.services) > 0 && flagsSet(fs)["cpu-rows"] {
+		return bad("--cpu-rows %d does nothing with --service %s: the rows are scaled to each service time; want one or the other", *cpuRows, *services)
+	}
 	switch {
 	case cfg.duration <= 0 || cfg.duration > time.Hour:
 		return bad("--duration is %v, want more than 0s and at most 1h0m0s", cfg.duration)
@@ -192,6 +264,8 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 		return bad("--warmup is %v, want 0s to 1h0m0s", cfg.warmup)
 	case cfg.deadline <= 0 || cfg.deadline > time.Hour:
 		return bad("--deadline is %v, want more than 0s and at most 1h0m0s", cfg.deadline)
+	case cfg.rounds < 1 || cfg.rounds > 9:
+		return bad("--rounds is %d, want 1 to 9", cfg.rounds)
 	case cfg.cpuRows < 1 || cfg.cpuRows > 1_000_000_000:
 		return bad("--cpu-rows is %d, want 1 to 1000000000", cfg.cpuRows)
 	case cfg.capacity < 0 || cfg.capacity > maxOverloadRate || math.IsNaN(cfg.capacity):
@@ -203,9 +277,13 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	case set["capacity-workers"] && cfg.capacity > 0:
 		return bad("--capacity-workers %d does nothing with --capacity %v: the capacity is given, not measured; want one or the other", cfg.capWorkers, cfg.capacity)
 	}
-	// The gate's settings do nothing unless the gate runs.
+	// The gate's settings do nothing unless the gate runs (the queue
+	// wait is also waitfirst's).
 	if !slices.Contains(cfg.configs, cfgGate) {
 		for _, name := range []string{setWait, setDryRun, setWorkloads, "workload"} {
+			if name == setWait && slices.Contains(cfg.configs, cfgWaitFirst) {
+				continue
+			}
 			if set[name] {
 				return bad("--%s does nothing without the gate configuration (--configs %s); want gate in --configs, or no --%s", name, *configs, name)
 			}
@@ -284,7 +362,7 @@ func parseConfigs(s string) ([]string, error) {
 	for f := range strings.SplitSeq(s, ",") {
 		f = strings.TrimSpace(f)
 		if !slices.Contains(overloadConfigs, f) {
-			return nil, fmt.Errorf("%q is not a configuration; want plain, semaphore or gate", f)
+			return nil, fmt.Errorf("%q is not a configuration; want plain, semaphore, waitfirst or gate", f)
 		}
 		seen[f] = true
 	}
@@ -297,24 +375,77 @@ func parseConfigs(s string) ([]string, error) {
 	return out, nil
 }
 
-// queueRule returns the gate's queue wait and Q for a deadline D, B and a
-// capacity C (transactions per second). s = B/C is the time a transaction
-// takes when B run at once. A request that waited wait = D − 3s still
-// commits within D with a service time up to three times s. The queue is
-// sized to drain in three quarters of the wait at capacity,
-// Q = ⌊¾·C·wait⌋: under overload the clients take CPU from a server on
-// the same machine and the rate falls below C (by about a tenth here); a
-// queue that drained only in the whole wait would then time out at its
-// tail instead of rejecting at once.
-func queueRule(deadline time.Duration, b int, capacity float64) (wait time.Duration, q int) {
-	s := time.Duration(float64(b) / capacity * float64(time.Second))
-	wait = max(deadline-3*s, 0).Round(time.Millisecond)
-	return wait, queueFor(wait, capacity)
+// maxServices bounds --service: each runs the whole experiment.
+const maxServices = 5
+
+// parseServices parses --service: distinct durations, each below the
+// deadline.
+func parseServices(s string, deadline time.Duration) ([]time.Duration, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []time.Duration
+	for f := range strings.SplitSeq(s, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(f))
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("%q is not a duration; want durations such as 5ms,10ms,20ms", f)
+		case d < 100*time.Microsecond || d >= deadline:
+			return nil, fmt.Errorf("%v is out of range; want 100µs or more and below the deadline (%v)", d, deadline)
+		case slices.Contains(out, d):
+			return nil, fmt.Errorf("%v is given twice", d)
+		}
+		out = append(out, d)
+	}
+	if len(out) > maxServices {
+		return nil, fmt.Errorf("%d service times, want at most %d", len(out), maxServices)
+	}
+	return out, nil
 }
 
-// queueFor is the rule's Q for a given wait: ⌊¾·C·wait⌋.
-func queueFor(wait time.Duration, capacity float64) int {
-	return int(math.Floor(0.75 * capacity * wait.Seconds()))
+// calibrateRows returns the --cpu-rows that make the unloaded service
+// time S (p50, one worker back to back on plain database/sql) within 5%
+// of want, starting from rows: S grows linearly with the rows summed.
+func calibrateRows(ctx context.Context, cfg *overloadConfig, want time.Duration, rows int, app string) (int, error) {
+	for range 8 {
+		op := (&loadConfig{target: cfg.target, work: "cpu", cpuRows: rows}).operation()
+		lats, _, err := closedLoop(ctx, cfg, op, app, 1, max(time.Second, 50*want))
+		if err != nil {
+			return 0, err
+		}
+		got := percentiles(lats).P50 // ms
+		r := float64(want) / float64(time.Millisecond) / got
+		if r > 0.95 && r < 1.05 {
+			return rows, nil
+		}
+		rows = int(math.Min(1e9, math.Max(1, float64(rows)*r)))
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+	}
+	return rows, nil
+}
+
+// queueRule returns the gate's queue wait and Q for a deadline D, B and a
+// capacity C (transactions per second). s = B/C is the time a transaction
+// takes when B run at once. A request that waited wait = D − 2s still
+// commits within D with a service time up to twice s. The queue holds
+// what drains within the wait at capacity, Q = ⌊C·wait⌋, and at least B,
+// so that each permit given back finds a waiter under overload: a waiting
+// operation holds no server connection, so a longer queue costs the
+// database nothing (BENCHMARKS.md measures the rule over S = 5–20 ms).
+func queueRule(deadline time.Duration, b int, capacity float64) (wait time.Duration, q int) {
+	s := time.Duration(float64(b) / capacity * float64(time.Second))
+	wait = max(deadline-2*s, 0).Round(time.Millisecond)
+	if wait == 0 {
+		return 0, 0 // work longer than half the deadline: no queue at all
+	}
+	return wait, queueFor(wait, b, capacity)
+}
+
+// queueFor is the rule's Q for a given wait: max(B, ⌊C·wait⌋).
+func queueFor(wait time.Duration, b int, capacity float64) int {
+	return max(b, int(math.Floor(capacity*wait.Seconds())))
 }
 
 // arrivals returns the start offsets of a Poisson process of rate per
@@ -344,8 +475,9 @@ type (
 		ServerVersion    string           `json:"server_version,omitempty"`
 		Work             string           `json:"work"`
 		DeadlineMs       float64          `json:"deadline_ms"`
-		ServiceMs        *pct             `json:"unloaded_service_ms"` // S: one worker, back to back
-		Capacity         float64          `json:"capacity_per_s"`      // C
+		ServiceMs        *pct             `json:"unloaded_service_ms"`         // S: one worker, back to back
+		ServiceTargetMs  float64          `json:"service_target_ms,omitempty"` // the --service S aimed at
+		Capacity         float64          `json:"capacity_per_s"`              // C
 		CapacityMeasured bool             `json:"capacity_measured"`
 		CapacityWorkers  int              `json:"capacity_workers"`
 		Policy           policyJSON       `json:"policy"`
@@ -354,11 +486,13 @@ type (
 		WarmupS          float64          `json:"warmup_s"`
 		DurationS        float64          `json:"duration_s"`
 		Interrupted      bool             `json:"interrupted"`
-		Phases           []*overloadPhase `json:"phases"`
+		Phases           []*overloadPhase `json:"phases"`           // one per load and configuration: the median round
+		Rounds           []*overloadPhase `json:"rounds,omitempty"` // with --rounds above 1: every round's
 	}
 	overloadPhase struct {
 		Load             float64        `json:"load"` // multiple of C
 		Config           string         `json:"config"`
+		Round            int            `json:"round"` // 1 to --rounds
 		Setup            string         `json:"setup"`
 		RatePerS         float64        `json:"rate_per_s"`    // offered: load × C
 		Arrived          int64          `json:"arrived"`       // counted: after the warm-up
@@ -433,7 +567,7 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 	if cfg.wait >= 0 {
 		wait = cfg.wait
 		if cfg.q < 0 {
-			q = queueFor(wait, rep.Capacity)
+			q = queueFor(wait, cfg.b, rep.Capacity)
 		}
 	}
 	if cfg.q >= 0 {
@@ -455,28 +589,64 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 			return nil, fmt.Errorf("load %v×C is %.0f requests per second, more than %d", load, rate, maxOverloadRate)
 		}
 		starts := arrivals(rate, cfg.warmup+cfg.duration, cfg.seed+uint64(li))
-		for _, name := range cfg.configs {
-			if ctx.Err() != nil {
-				rep.Interrupted = true
-				return rep, nil
+		var all []*overloadPhase // this load's, every round
+		for round := range cfg.rounds {
+			// Each round starts with another configuration, so that a
+			// drift of the machine's speed over the run hits them alike.
+			for i := range cfg.configs {
+				name := cfg.configs[(i+round)%len(cfg.configs)]
+				if ctx.Err() != nil {
+					rep.Interrupted = true
+					rep.addMedians(all)
+					return rep, nil
+				}
+				ph, err := runOpenLoop(ctx, cfg, op, fmt.Sprintf("%s-%s-%d-%d", id, name, li, round), name, policy, starts)
+				if err != nil && ctx.Err() != nil {
+					// Interrupted before the phase started: report the rest.
+					rep.Interrupted = true
+					rep.addMedians(all)
+					return rep, nil
+				}
+				if err != nil {
+					return nil, err
+				}
+				ph.Load, ph.RatePerS, ph.Round = load, rate, round+1
+				all = append(all, ph)
+				fmt.Fprintf(e.stderr, "overload: %s×C %-9s goodput %.0f/s, %d of %d committed in time\n",
+					fmtLoad(load), name, ph.GoodputPerS, ph.WithinDeadline, ph.Arrived)
 			}
-			ph, err := runOpenLoop(ctx, cfg, op, fmt.Sprintf("%s-%s-%d", id, name, li), name, policy, starts)
-			if err != nil && ctx.Err() != nil {
-				// Interrupted before the phase started: report the rest.
-				rep.Interrupted = true
-				return rep, nil
-			}
-			if err != nil {
-				return nil, err
-			}
-			ph.Load, ph.RatePerS = load, rate
-			rep.Phases = append(rep.Phases, ph)
-			fmt.Fprintf(e.stderr, "overload: %s×C %-9s goodput %.0f/s, %d of %d committed in time\n",
-				fmtLoad(load), name, ph.GoodputPerS, ph.WithinDeadline, ph.Arrived)
 		}
+		rep.addMedians(all)
 	}
 	rep.Interrupted = ctx.Err() != nil
 	return rep, nil
+}
+
+// addMedians adds to rep.Phases, for each configuration, the phase of
+// median goodput among all's rounds (the lower of the two middle ones for
+// an even count); with more than one round, all go to rep.Rounds too.
+func (rep *overloadReport) addMedians(all []*overloadPhase) {
+	if len(all) == 0 {
+		return
+	}
+	multi := false
+	for _, c := range overloadConfigs {
+		var runs []*overloadPhase
+		for _, ph := range all {
+			if ph.Config == c {
+				runs = append(runs, ph)
+			}
+		}
+		if len(runs) == 0 {
+			continue
+		}
+		multi = multi || len(runs) > 1
+		slices.SortStableFunc(runs, func(a, b *overloadPhase) int { return cmp.Compare(a.GoodputPerS, b.GoodputPerS) })
+		rep.Phases = append(rep.Phases, runs[(len(runs)-1)/2])
+	}
+	if multi {
+		rep.Rounds = append(rep.Rounds, all...)
+	}
 }
 
 func fmtLoad(v float64) string { return strconv.FormatFloat(v, 'g', 4, 64) }
@@ -587,6 +757,17 @@ func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*
 		db.SetMaxOpenConns(p.MaxConcurrent)
 		db.SetMaxIdleConns(p.MaxConcurrent)
 		return db, fmt.Sprintf("database/sql, MaxOpenConns %d", p.MaxConcurrent), nil
+	case cfgWaitFirst:
+		db := sql.OpenDB(inner)
+		db.SetMaxOpenConns(p.MaxConcurrent)
+		db.SetMaxIdleConns(p.MaxConcurrent)
+		return db, fmt.Sprintf("wait-before-checkout bulkhead B=%d wait=%v, queue unbounded; database/sql, MaxOpenConns %d", p.MaxConcurrent, p.QueueWait, p.MaxConcurrent), nil
+	}
+	// The gate as the README recommends it: on PostgreSQL, pgx returns
+	// from a cancelled statement only once the server stopped it
+	// (pgxgate.WaitForServer), so that the server runs at most B.
+	if inner, err = cfg.target.gatedConnector(app, false); err != nil {
+		return nil, "", err
 	}
 	g, err := bulkhead.New(inner, p)
 	if err != nil {
@@ -667,8 +848,12 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Conte
 	// Every configuration starts with the connections its pool keeps
 	// idle already dialed: B+Q for plain and gate, B for semaphore.
 	idle := p.MaxConcurrent + p.MaxQueue
-	if name == cfgSemaphore {
+	if name == cfgSemaphore || name == cfgWaitFirst {
 		idle = p.MaxConcurrent
+	}
+	if name == cfgWaitFirst {
+		wf, run := &waitFirst{b: p.MaxConcurrent, wait: p.QueueWait}, op
+		op = func(ctx context.Context, db *sql.DB) error { return wf.do(ctx, db, run) }
 	}
 	if err := warmPool(ctx, db, idle); err != nil {
 		if ctx.Err() != nil {
@@ -912,7 +1097,7 @@ func (rep *overloadReport) printTable(w io.Writer) {
 	fmt.Fprintf(w, "capacity C: %.0f/s (%s, %d workers)\n", rep.Capacity, how, rep.CapacityWorkers)
 	rule := ""
 	if rep.Rule {
-		rule = " (by the rule: wait = D − 3·B/C, Q = ⌊¾·C·wait⌋)"
+		rule = " (by the rule: wait = D − 2·B/C, Q = max(B, ⌊C·wait⌋))"
 	}
 	fmt.Fprintf(w, "deadline %v; gate B=%d Q=%d wait=%vms%s; each load %v after %v of warm-up\n\n",
 		cfg.deadline, rep.Policy.MaxConcurrent, rep.Policy.MaxQueue, rep.Policy.QueueWaitMs, rule, cfg.duration, cfg.warmup)
@@ -951,9 +1136,13 @@ func (rep *overloadReport) printTable(w io.Writer) {
 			continue
 		}
 		var parts []string
-		for _, other := range []string{cfgPlain, cfgSemaphore} {
+		for _, other := range []string{cfgPlain, cfgSemaphore, cfgWaitFirst} {
 			if o := rep.phase(load, other); o != nil {
-				parts = append(parts, fmt.Sprintf("%s × %s", ratio(g.GoodputPerS, o.GoodputPerS), other))
+				part := fmt.Sprintf("%s × %s", ratio(g.GoodputPerS, o.GoodputPerS), other)
+				if r := rep.roundRatios(load, other); r != "" {
+					part += " (by round " + r + ")"
+				}
+				parts = append(parts, part)
 			}
 		}
 		if len(parts) > 0 {
@@ -976,6 +1165,23 @@ func (rep *overloadReport) printTable(w io.Writer) {
 	if rep.Interrupted {
 		fmt.Fprintln(w, "interrupted: the results above are those measured before")
 	}
+}
+
+// roundRatios formats, for each round, the gate's goodput over other's
+// at load, or "" with one round.
+func (rep *overloadReport) roundRatios(load float64, other string) string {
+	var out []string
+	for _, g := range rep.Rounds {
+		if g.Load != load || g.Config != cfgGate {
+			continue
+		}
+		for _, o := range rep.Rounds {
+			if o.Load == load && o.Config == other && o.Round == g.Round {
+				out = append(out, ratio(g.GoodputPerS, o.GoodputPerS))
+			}
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // ratio formats a/b, or "∞" when b is 0 and a is not.

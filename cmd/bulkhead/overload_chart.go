@@ -11,6 +11,7 @@ import (
 var configColors = map[string]string{
 	cfgPlain:     "#d62728",
 	cfgSemaphore: "#ff7f0e",
+	cfgWaitFirst: "#1f77b4",
 	cfgGate:      "#1b9e3e",
 }
 
@@ -39,16 +40,70 @@ const (
 	overloadPanelH = 440.0
 )
 
-// writeOverloadChart draws rep into path as SVG: four panels of bars
-// grouped by offered load, one bar per configuration: goodput, p99 latency
-// of successes, p99 time for a failure to come back, and the most
-// transactions the server showed. Each legend stands beside its plot area.
-func writeOverloadChart(path string, rep *overloadReport) error {
-	b, err := overloadChartSVG(rep)
-	if err != nil {
-		return err
+// writeOverloadChart draws reps into path as SVG. Each report is four
+// panels of bars grouped by offered load, one bar per configuration:
+// goodput, p99 latency of successes, p99 time for a failure to come back,
+// and the most transactions the server showed. Each legend stands beside
+// its plot area. Several reports (--service) stand one above the other.
+func writeOverloadChart(path string, reps []*overloadReport) error {
+	var parts [][]byte
+	for _, rep := range reps {
+		if len(rep.Phases) == 0 {
+			continue
+		}
+		b, err := overloadChartSVG(rep)
+		if err != nil {
+			return err
+		}
+		parts = append(parts, b)
 	}
-	return os.WriteFile(path, b, 0o644)
+	if len(parts) == 0 {
+		return fmt.Errorf("nothing measured")
+	}
+	if len(parts) == 1 {
+		return os.WriteFile(path, parts[0], 0o644)
+	}
+	return os.WriteFile(path, stacked(parts), 0o644)
+}
+
+// stacked puts SVG documents (newSVG's) one above the other in one
+// document, each as a nested svg element.
+func stacked(parts [][]byte) []byte {
+	var w, h float64
+	var inner []string
+	for _, p := range parts {
+		doc := string(p)
+		if i := strings.Index(doc, "?>"); strings.HasPrefix(doc, "<?xml") && i >= 0 {
+			doc = strings.TrimLeft(doc[i+2:], "\n")
+		}
+		var pw, ph float64
+		fmt.Sscanf(attr(doc, "width"), "%g", &pw)
+		fmt.Sscanf(attr(doc, "height"), "%g", &ph)
+		// The nested document keeps its own coordinates, placed at y.
+		inner = append(inner, strings.Replace(doc, "<svg ", fmt.Sprintf("<svg x=\"0\" y=\"%g\" ", h), 1))
+		w = max(w, pw)
+		h += ph
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" viewBox=\"0 0 %g %g\">\n", w, h, w, h)
+	for _, d := range inner {
+		b.WriteString(d)
+	}
+	b.WriteString("</svg>\n")
+	return []byte(b.String())
+}
+
+// attr returns the value of the first name="..." attribute in doc.
+func attr(doc, name string) string {
+	i := strings.Index(doc, " "+name+"=\"")
+	if i < 0 {
+		return ""
+	}
+	v := doc[i+len(name)+3:]
+	if j := strings.IndexByte(v, '"'); j >= 0 {
+		return v[:j]
+	}
+	return ""
 }
 
 func overloadPanels(rep *overloadReport) []overloadPanel {
@@ -197,13 +252,17 @@ func (rep *overloadReport) caption(i int) string {
 		if f := strings.Fields(rep.ServerVersion); len(f) > 0 {
 			db = "PostgreSQL " + f[0] // without the packager's suffix
 		}
-		return fmt.Sprintf("Open-loop overload on %s, %d CPUs shared by client and server; %s, deadline %.0f ms",
-			db, rep.CPUs, rep.Work, rep.DeadlineMs)
+		target := ""
+		if rep.ServiceTargetMs > 0 {
+			target = fmt.Sprintf("S ≈ %.0f ms: ", rep.ServiceTargetMs)
+		}
+		return fmt.Sprintf("%sopen-loop overload on %s, %d CPUs shared by client and server; %s, deadline %.0f ms",
+			target, db, rep.CPUs, rep.Work, rep.DeadlineMs)
 	}
 	s := ""
 	if rep.ServiceMs != nil {
-		s = fmt.Sprintf("unloaded service time S p50 %.1f ms, ", rep.ServiceMs.P50)
+		s = fmt.Sprintf("S p50 %.1f ms, ", rep.ServiceMs.P50)
 	}
-	return fmt.Sprintf("%scapacity C %.0f/s; plain: unlimited pool; semaphore: MaxOpenConns %d; gate: B=%d Q=%d wait %.0f ms",
-		s, rep.Capacity, rep.Policy.MaxConcurrent, rep.Policy.MaxConcurrent, rep.Policy.MaxQueue, rep.Policy.QueueWaitMs)
+	return fmt.Sprintf("%sC %.0f/s; plain: unlimited pool; semaphore: MaxOpenConns %d; waitfirst: B=%d, wait %.0f ms first; gate: B=%d Q=%d wait %.0f ms",
+		s, rep.Capacity, rep.Policy.MaxConcurrent, rep.Policy.MaxConcurrent, rep.Policy.QueueWaitMs, rep.Policy.MaxConcurrent, rep.Policy.MaxQueue, rep.Policy.QueueWaitMs)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -73,21 +74,21 @@ func TestOverloadOnSQLiteOffersTheSameArrivalsToEveryConfiguration(t *testing.T)
 	if rep.Capacity != 100 || rep.CapacityMeasured || rep.ServiceMs == nil {
 		t.Errorf("capacity %v (measured %v), service %+v: want 100 given and S measured", rep.Capacity, rep.CapacityMeasured, rep.ServiceMs)
 	}
-	// By the rule: s = B/C = 20ms, wait = 10s − 3s = 9940ms, Q = ⌊¾·100·wait⌋.
-	if !rep.Rule || rep.Policy != (policyJSON{MaxConcurrent: 2, MaxQueue: 745, QueueWaitMs: 9940}) {
-		t.Errorf("policy %+v (by rule %v), want B=2 Q=745 wait=9940ms by the rule", rep.Policy, rep.Rule)
+	// By the rule: s = B/C = 20ms, wait = 10s − 2s = 9960ms, Q = max(B, ⌊100·wait⌋).
+	if !rep.Rule || rep.Policy != (policyJSON{MaxConcurrent: 2, MaxQueue: 996, QueueWaitMs: 9960}) {
+		t.Errorf("policy %+v (by rule %v), want B=2 Q=996 wait=9960ms by the rule", rep.Policy, rep.Rule)
 	}
 	var got []string
 	for _, ph := range rep.Phases {
 		got = append(got, fmtLoad(ph.Load)+" "+ph.Config)
 	}
-	want := []string{"1 plain", "1 semaphore", "1 gate", "2 plain", "2 semaphore", "2 gate"}
+	want := []string{"1 plain", "1 semaphore", "1 waitfirst", "1 gate", "2 plain", "2 semaphore", "2 waitfirst", "2 gate"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("phases %v, want %v", got, want)
 	}
 	for i, ph := range rep.Phases {
-		load := float64(1 + i/3)
-		wantPhaseAddsUp(t, ph, countedArrivals(load*100, 100*time.Millisecond, 300*time.Millisecond, 7+uint64(i/3)))
+		load := float64(1 + i/4)
+		wantPhaseAddsUp(t, ph, countedArrivals(load*100, 100*time.Millisecond, 300*time.Millisecond, 7+uint64(i/4)))
 		// A deadline of seconds and a queue as long: nothing fails.
 		if ph.Committed != ph.Arrived || ph.WithinDeadline != ph.Committed {
 			t.Errorf("%v×C %s: %d of %d committed, %d in time", ph.Load, ph.Config, ph.Committed, ph.Arrived, ph.WithinDeadline)
@@ -96,7 +97,7 @@ func TestOverloadOnSQLiteOffersTheSameArrivalsToEveryConfiguration(t *testing.T)
 			t.Errorf("%v×C %s: server counts on SQLite", ph.Load, ph.Config)
 		}
 	}
-	for _, want := range []string{"overload on embedded SQLite", "2 CPUs", "gate B=2 Q=745", "by the rule",
+	for _, want := range []string{"overload on embedded SQLite", "2 CPUs", "gate B=2 Q=996", "by the rule",
 		"1×C: gate goodput = ", "2×C: gate goodput = ", "chart written to"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("table lacks %q:\n%s", want, r.stdout)
@@ -154,11 +155,13 @@ func TestQueueRuleLeavesTheWorkTimeToFinishWithinTheDeadline(t *testing.T) {
 		wait     time.Duration
 		q        int
 	}{
-		// s = B/C = 15.3ms: wait = 100ms − 3s, Q = ⌊¾·C·wait⌋.
-		{100 * time.Millisecond, 2, 131, 54 * time.Millisecond, 5},
-		{100 * time.Millisecond, 2, 400, 85 * time.Millisecond, 25},
-		{time.Second, 10, 1000, 970 * time.Millisecond, 727},
-		// Work longer than a third of the deadline: no queue at all.
+		// s = B/C = 15.3ms: wait = 100ms − 2s, Q = max(B, ⌊C·wait⌋).
+		{100 * time.Millisecond, 2, 131, 69 * time.Millisecond, 9},
+		{100 * time.Millisecond, 2, 400, 90 * time.Millisecond, 36},
+		{time.Second, 10, 1000, 980 * time.Millisecond, 980},
+		// s = 40ms: ⌊C·wait⌋ = 1, fewer than B.
+		{100 * time.Millisecond, 2, 50, 20 * time.Millisecond, 2},
+		// Work longer than half the deadline: no queue at all.
 		{100 * time.Millisecond, 4, 10, 0, 0},
 	} {
 		wait, q := queueRule(c.deadline, c.b, c.capacity)
@@ -166,12 +169,13 @@ func TestQueueRuleLeavesTheWorkTimeToFinishWithinTheDeadline(t *testing.T) {
 			t.Errorf("queueRule(%v, B=%d, C=%v) = wait %v, Q %d; want %v, %d", c.deadline, c.b, c.capacity, wait, q, c.wait, c.q)
 		}
 		s := time.Duration(float64(c.b) / c.capacity * float64(time.Second))
-		if wait > 0 && wait+3*s > c.deadline+time.Millisecond {
-			t.Errorf("queueRule(%v, B=%d, C=%v): wait %v + 3·s %v exceeds the deadline", c.deadline, c.b, c.capacity, wait, 3*s)
+		if wait > 0 && wait+2*s > c.deadline+time.Millisecond {
+			t.Errorf("queueRule(%v, B=%d, C=%v): wait %v + 2·s %v exceeds the deadline", c.deadline, c.b, c.capacity, wait, 2*s)
 		}
-		// The queue drains within the wait at capacity, with room to spare.
-		if drain := time.Duration(float64(q) / c.capacity * float64(time.Second)); drain > wait*3/4 {
-			t.Errorf("queueRule(%v, B=%d, C=%v): Q %d drains in %v, more than ¾ of the wait %v", c.deadline, c.b, c.capacity, q, drain, wait)
+		// The queue drains within the wait at capacity, unless it is the
+		// floor of B.
+		if drain := time.Duration(float64(q) / c.capacity * float64(time.Second)); q > c.b && drain > wait {
+			t.Errorf("queueRule(%v, B=%d, C=%v): Q %d drains in %v, more than the wait %v", c.deadline, c.b, c.capacity, q, drain, wait)
 		}
 	}
 }
@@ -253,7 +257,13 @@ func TestOverloadRejectsBadInput(t *testing.T) {
 		{[]string{"--loads", "0"}, []string{"--loads", `"0"`, "more than 0"}},
 		{[]string{"--loads", "1,,3"}, []string{"--loads", `""`}},
 		{[]string{"--loads", "x"}, []string{"--loads", `"x"`}},
-		{[]string{"--configs", "plain,pool"}, []string{"--configs", `"pool"`, "plain, semaphore or gate"}},
+		{[]string{"--configs", "plain,pool"}, []string{"--configs", `"pool"`, "plain, semaphore, waitfirst or gate"}},
+		{[]string{"--service", "10"}, []string{"--service", `"10"`, "not a duration"}},
+		{[]string{"--service", "5ms,100ms"}, []string{"--service", "100ms", "below the deadline"}},
+		{[]string{"--service", "5ms,5ms"}, []string{"--service", "5ms is given twice"}},
+		{[]string{"--service", "1ms,2ms,3ms,4ms,5ms,6ms"}, []string{"--service", "at most 5"}},
+		{[]string{"--service", "10ms", "--cpu-rows", "100"}, []string{"--cpu-rows 100 does nothing with --service 10ms"}},
+		{[]string{"--configs", "semaphore", "--queue-wait", "10ms"}, []string{"--queue-wait does nothing without the gate"}},
 		{[]string{"--duration", "0s"}, []string{"--duration", "0s"}},
 		{[]string{"--warmup", "-1s"}, []string{"--warmup", "-1s"}},
 		{[]string{"--deadline", "0s"}, []string{"--deadline", "0s"}},
@@ -326,5 +336,66 @@ func TestOverloadRejectsADeadlineNoRequestCanMeet(t *testing.T) {
 	}
 	if strings.Contains(r.stderr, "goodput") {
 		t.Errorf("phases ran: %q", r.stderr)
+	}
+}
+
+// The waitfirst configuration and --service on PostgreSQL: each service
+// time gets its own report, its rows scaled to it, and the chart puts the
+// reports side by side.
+func TestOverloadWithServiceTimesRunsEachWithWaitFirstBesideTheGate(t *testing.T) {
+	dsn := postgresURL(t)
+	dir := t.TempDir()
+	jsonPath, chartPath := filepath.Join(dir, "overload.json"), filepath.Join(dir, "overload.svg")
+	r := runCmd(t, nil, "overload", "--dsn", dsn, "--service", "2ms,4ms", "--loads", "2", "--duration", "300ms", "--warmup", "100ms",
+		"--capacity-duration", "450ms", "--max-concurrent", "2", "--max-queue", "2", "--queue-wait", "20ms", "--deadline", "30s",
+		"--configs", "waitfirst,gate", "--json", jsonPath, "--chart", chartPath)
+	if r.code != exitOK {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reps []*overloadReport
+	if err := json.Unmarshal(b, &reps); err != nil {
+		t.Fatalf("--json with --service: %v", err)
+	}
+	if len(reps) != 2 {
+		t.Fatalf("%d reports, want one per service time", len(reps))
+	}
+	for i, rep := range reps {
+		if want := []float64{2, 4}[i]; rep.ServiceTargetMs != want {
+			t.Errorf("report %d: service target %v ms, want %v", i, rep.ServiceTargetMs, want)
+		}
+		if len(rep.Phases) != 2 || rep.Phases[0].Config != cfgWaitFirst || rep.Phases[1].Config != cfgGate {
+			t.Fatalf("report %d: phases %v, want waitfirst then gate", i, rep.Phases)
+		}
+		arrived := countedArrivals(2*rep.Capacity, 100*time.Millisecond, 300*time.Millisecond, 1)
+		for _, ph := range rep.Phases {
+			wantPhaseAddsUp(t, ph, arrived)
+			if ph.ServerMaxTx != nil && *ph.ServerMaxTx > 2 {
+				t.Errorf("report %d %s: %d transactions on the server at once, want at most B = 2", i, ph.Config, *ph.ServerMaxTx)
+			}
+		}
+		if wf := rep.Phases[0]; wf.RejectedFull != 0 {
+			t.Errorf("report %d: waitfirst rejected %d at once; its queue has no bound", i, wf.RejectedFull)
+		}
+	}
+	if n := strings.Count(r.stdout, "unloaded service time S"); n != 2 {
+		t.Errorf("%d tables, want 2:\n%s", n, r.stdout)
+	}
+	svg, err := os.ReadFile(chartPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := overloadChartSVG(reps[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h float64
+	fmt.Sscanf(attr(string(one), "height"), "%g", &h)
+	wantSVG(t, svg, overloadW, 2*h)
+	if n := strings.Count(string(svg), "<svg "); n != 3 {
+		t.Errorf("chart has %d svg elements, want the whole and one per service time", n)
 	}
 }

@@ -233,8 +233,8 @@ func TestHelpShowsTheRealDefaults(t *testing.T) {
 		t.Errorf("overload --help shows a sentinel default:\n%s", h)
 	}
 	for _, want := range []string{
-		"(default deadline − 3·B/C, by the rule, or $BULKHEAD_QUEUE_WAIT)",
-		"(default ⌊¾·C·wait⌋, by the rule, or $BULKHEAD_MAX_QUEUE)",
+		"(default deadline − 2·B/C, by the rule, or $BULKHEAD_QUEUE_WAIT)",
+		"(default max(B, ⌊C·wait⌋), by the rule, or $BULKHEAD_MAX_QUEUE)",
 		"(default the number of CPUs, " + strconv.Itoa(runtime.NumCPU()) + " here, or $BULKHEAD_MAX_CONCURRENT)",
 		"(default 100ms)", // --deadline
 	} {
