@@ -85,9 +85,12 @@ func (c *conn) bind(ctx context.Context, wait time.Duration) (*session, error) {
 		return c.sess, nil
 	}
 	p := c.g.pool
-	s, err := p.get(ctx, wait, c.g.lim.dryRun.Load())
-	if err != nil {
-		return nil, err
+	s := p.takeFirst()
+	if s == nil || !p.ready(ctx, s) {
+		var err error
+		if s, err = p.get(ctx, wait, c.g.lim.dryRun.Load()); err != nil {
+			return nil, err
+		}
 	}
 	s.used = true
 	c.sess = s
