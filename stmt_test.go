@@ -4,7 +4,6 @@ package bulkhead_test
 
 import (
 	"context"
-	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"io"
@@ -131,5 +130,3 @@ func TestNumInputIsAskedOnceWhileTheConnectionThatPreparedItIsHeld(t *testing.T)
 		t.Fatalf("the driver worked NumInput out %d times, want 1 (on the statement the gate keeps, as it was prepared)", n)
 	}
 }
-
-var _ sql.Result = driver.RowsAffected(0)
