@@ -50,7 +50,12 @@ type endRig struct {
 func newEndRig(t *testing.T, variant string, viaPgxgate bool) *endRig {
 	t.Helper()
 	cfg, app := pgConfig(t, variant)
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 20 * time.Second}
+	// Q=2, not 1: OnRelease comes before the permits go back, so a round
+	// may begin while the previous transaction's admission permit is still
+	// on its way back (database/sql's goroutine paused between the
+	// execution permit and the admission one, seen once with two suites
+	// running at once); the probe must still find a place in the queue.
+	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: 20 * time.Second}
 	r := &endRig{t: t, ctl: newMonitor(t), checkAtRel: newMonitor(t), app: app, table: fmt.Sprintf("pgxgate_end_%d_%s", os.Getpid(), variant)}
 	ev := bulkhead.WithEvents(bulkhead.Events{OnRelease: func(e bulkhead.Event) {
 		if e.Kind != bulkhead.KindTx {
@@ -126,7 +131,7 @@ func (r *endRig) round(i int, tally *endTally, end func(ctx context.Context, can
 	await(t, "the previous transaction's release", func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		return len(r.pids) == 0
+		return len(r.pids) == 0 && r.g.Stats().Running == 0
 	})
 	base := t.Context()
 	ctx, cancel := context.WithCancel(base)
