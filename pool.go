@@ -218,8 +218,8 @@ func (p *pool) takeFirst() *session {
 }
 
 // get returns a session for a logical connection that has none (after
-// conn.bind found the one it had last taken): the first idle one
-// (takeFirst); else a new one if fewer than max are open (or unbounded, in
+// conn.bind found no idle one at once): the first idle one (takeFirst);
+// else a new one if fewer than max are open (or unbounded, in
 // dry-run); else the first one given back within wait (errNoSession after
 // that). A session taken idle is reset first, and closed and passed over
 // when the driver says it is bad or it is past its lifetime.
