@@ -114,3 +114,46 @@ func TestAListeningConnCountsAgainstTheConnectionBudgetNotAdmission(t *testing.T
 		}
 	})
 }
+
+// On PostgreSQL: once several server connections are open, operations
+// that run one at a time all land on the first one opened, whichever
+// logical connection database/sql hands out (issue 13: the running work
+// stays on the fewest, warmest backends instead of rotating over all B+Q).
+func TestOperationsRunOnTheFirstServerConnectionOpenedWhenItIsIdle(t *testing.T) {
+	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 0})
+	ctx := context.Background()
+	// Four *sql.Conn at once: four server connections, opened in order.
+	var conns []*sql.Conn
+	var first int64
+	for i := range 4 {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pid int64
+		if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = pid
+		}
+		conns = append(conns, c)
+	}
+	if n := g.Stats().OpenConns; n != 4 {
+		t.Fatalf("%d server connections open, want 4", n)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	// database/sql now hands out the logical connections given back last
+	// first; each operation still runs on the first server connection.
+	for i := range 20 {
+		var pid int64
+		if err := db.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		if pid != first {
+			t.Fatalf("operation %d ran on backend %d, want %d, the first server connection opened", i, pid, first)
+		}
+	}
+}
