@@ -743,37 +743,36 @@ func cmpOr(a, b error) error {
 
 // openOverloadDB opens the *sql.DB of one configuration.
 func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*sql.DB, string, error) {
+	if name == cfgGate {
+		// The gate as the README recommends it: on PostgreSQL, pgx returns
+		// from a cancelled statement only once the server stopped it
+		// (pgxgate.WaitForServer), so that the server runs at most B.
+		inner, err := cfg.target.gatedConnector(app, false)
+		if err != nil {
+			return nil, "", err
+		}
+		g, err := bulkhead.New(inner, p)
+		if err != nil {
+			return nil, "", err
+		}
+		return g.OpenDB(), "bulkhead " + policySetup(p, cfg.workload), nil
+	}
 	inner, err := cfg.target.connector(app, false)
 	if err != nil {
 		return nil, "", err
 	}
-	switch name {
-	case cfgPlain:
-		db := sql.OpenDB(inner)
+	db := sql.OpenDB(inner)
+	if name == cfgPlain {
 		db.SetMaxIdleConns(p.MaxConcurrent + p.MaxQueue)
 		return db, fmt.Sprintf("database/sql, MaxOpenConns unlimited, MaxIdleConns %d", p.MaxConcurrent+p.MaxQueue), nil
-	case cfgSemaphore:
-		db := sql.OpenDB(inner)
-		db.SetMaxOpenConns(p.MaxConcurrent)
-		db.SetMaxIdleConns(p.MaxConcurrent)
-		return db, fmt.Sprintf("database/sql, MaxOpenConns %d", p.MaxConcurrent), nil
-	case cfgWaitFirst:
-		db := sql.OpenDB(inner)
-		db.SetMaxOpenConns(p.MaxConcurrent)
-		db.SetMaxIdleConns(p.MaxConcurrent)
+	}
+	// semaphore, and the pool behind waitfirst's permits: B connections.
+	db.SetMaxOpenConns(p.MaxConcurrent)
+	db.SetMaxIdleConns(p.MaxConcurrent)
+	if name == cfgWaitFirst {
 		return db, fmt.Sprintf("wait-before-checkout bulkhead B=%d wait=%v, queue unbounded; database/sql, MaxOpenConns %d", p.MaxConcurrent, p.QueueWait, p.MaxConcurrent), nil
 	}
-	// The gate as the README recommends it: on PostgreSQL, pgx returns
-	// from a cancelled statement only once the server stopped it
-	// (pgxgate.WaitForServer), so that the server runs at most B.
-	if inner, err = cfg.target.gatedConnector(app, false); err != nil {
-		return nil, "", err
-	}
-	g, err := bulkhead.New(inner, p)
-	if err != nil {
-		return nil, "", err
-	}
-	return g.OpenDB(), "bulkhead " + policySetup(p, cfg.workload), nil
+	return db, fmt.Sprintf("database/sql, MaxOpenConns %d", p.MaxConcurrent), nil
 }
 
 // phaseRec collects one phase's outcomes. Only requests that arrived after
