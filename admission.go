@@ -50,6 +50,7 @@ type limiter struct {
 	tail     *waiter
 	closed   bool
 	done     chan struct{} // closed by close
+	paid     chan struct{} // closed when running work is back within B (see drained)
 
 	nAdmitted, nFull, nTimeout, nNoConn, nConnFailed, nCanceled, nWait, waitNanos, nWouldWait atomic.Int64
 }
@@ -120,6 +121,33 @@ func (l *limiter) resize(p Policy) {
 			break
 		}
 		l.grantLocked(true)
+	}
+	l.paidLocked()
+}
+
+// drained returns a channel closed once the operations holding execution
+// permits are no more than B: at once if they are, else when releases
+// have paid the debt a shrinking resize left. A fleet gives back its
+// slots only then (fleet.go).
+func (l *limiter) drained() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.paid == nil {
+		l.paid = make(chan struct{})
+	}
+	ch := l.paid
+	l.paidLocked()
+	return ch
+}
+
+// paidLocked closes paid if running work is within B.
+func (l *limiter) paidLocked() {
+	if l.paid == nil {
+		return
+	}
+	if free, _ := l.counts(); free >= 0 {
+		close(l.paid)
+		l.paid = nil
 	}
 }
 
@@ -451,6 +479,9 @@ func (l *limiter) releaseLocked() {
 			panic("bulkhead: bug: execution permit released more than held")
 		}
 		l.addExecLocked(1, 0)
+		if free == -1 {
+			l.paidLocked()
+		}
 		return
 	}
 	l.grantLocked(false)

@@ -45,6 +45,10 @@ type Events struct {
 	OnAdmit   func(Event) // the permits and a server connection acquired; Waited set
 	OnReject  func(Event) // rejected (or, with DryRun set, would have been); Reason and Waited set. Cancellations are not rejections.
 	OnRelease func(Event) // the permits about to be given back (an admission they make possible comes after); Waited and Held set
+	// OnFleet: in a fleet (Policy.Fleet), this process's share changed, or
+	// a coordination round failed (Err set). Called on the coordination
+	// goroutine.
+	OnFleet func(FleetEvent)
 }
 
 // emit calls an event callback. A panic in it is logged and recovered: it

@@ -37,8 +37,9 @@ type Gate struct {
 	mu        sync.Mutex                          // serialises SetPolicy, Close and OpenDB
 	limiters  map[string]*limiter                 // every workload budget ever made, by name; guarded by mu
 	db        *sql.DB                             // opened by OpenDB; guarded by mu
-	policy    atomic.Pointer[Policy]              // the policy in force
+	policy    atomic.Pointer[Policy]              // the policy set (with a fleet, its limits are the fleet's)
 	workloads atomic.Pointer[map[string]*limiter] // nil: no workloads
+	fleet     *fleet                              // nil: no fleet budget (Policy.Fleet empty)
 
 	stmtMu sync.Mutex
 	protos map[string]*stmtProto // queries with an open prepared statement (stmt.go)
@@ -67,7 +68,13 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 		return nil, g.opt.err
 	}
 	g.pool = newPool(inner, &g.opt, 0)
+	if p.Fleet != "" {
+		g.fleet = newFleet(g, p.Fleet)
+	}
 	g.setPolicy(p)
+	if g.fleet != nil {
+		g.fleet.start()
+	}
 	return g, nil
 }
 
@@ -142,6 +149,9 @@ func (g *Gate) SetPolicy(p Policy) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
+	if old := g.policy.Load().Fleet; p.Fleet != old {
+		return invalid("Fleet is %q, want %q: a gate's fleet is set when it is made", p.Fleet, old)
+	}
 	g.setPolicy(p)
 	return nil
 }
@@ -149,12 +159,22 @@ func (g *Gate) SetPolicy(p Policy) error {
 func (g *Gate) setPolicy(p Policy) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.setPolicyLocked(p)
+}
+
+// setPolicyLocked puts p in force, or, in a fleet, p with this process's
+// share of its limits (fleet.apply).
+func (g *Gate) setPolicyLocked(p Policy) {
 	p.Workloads = maps.Clone(p.Workloads)
-	g.lim.resize(p)
+	eff := p
+	if g.fleet != nil {
+		eff = g.fleet.apply(p)
+	}
+	g.lim.resize(eff)
 	var wls map[string]*limiter
-	if len(p.Workloads) > 0 {
-		wls = make(map[string]*limiter, len(p.Workloads))
-		for name, w := range p.Workloads {
+	if len(eff.Workloads) > 0 {
+		wls = make(map[string]*limiter, len(eff.Workloads))
+		for name, w := range eff.Workloads {
 			wp := Policy{MaxConcurrent: w.MaxConcurrent, MaxQueue: w.MaxQueue, QueueWait: w.QueueWait, DryRun: p.DryRun}
 			// A workload removed earlier and listed again gets its
 			// budget back: operations still running or queued under it
@@ -181,7 +201,7 @@ func (g *Gate) setPolicy(p Policy) {
 		g.workloads.Store(&wls)
 	}
 	g.policy.Store(&p)
-	g.pool.setMax(p.MaxConcurrent + p.MaxQueue)
+	g.pool.setMax(eff.MaxConcurrent + eff.MaxQueue)
 }
 
 func (g *Gate) maxConns() int {
@@ -223,6 +243,10 @@ type Stats struct {
 	Dials           int64         // server connections dialed; 0 for a workload
 	DialsKept       int64         // dials that went on after their operation gave up, their connection kept; 0 for a workload
 	BadConns        int64         // server connections closed because the driver found them bad on reset or return; 0 for a workload
+
+	// A fleet budget (Policy.Fleet), zero outside one and for a workload.
+	// MaxConcurrent and MaxQueue above are then this process's share.
+	Fleet FleetStats
 }
 
 // Stats returns a snapshot of the gate's global budget and its server
@@ -235,6 +259,9 @@ func (g *Gate) Stats() Stats {
 	s.Dials = g.pool.nDials.Load()
 	s.DialsKept = g.pool.nKept.Load()
 	s.BadConns = g.pool.nInvalid.Load()
+	if g.fleet != nil {
+		s.Fleet = g.fleet.stats()
+	}
 	return s
 }
 
@@ -293,7 +320,10 @@ func (g *Gate) learn(ctx context.Context) (*protoInfo, error) {
 	if pi := g.pool.proto.Load(); pi != nil {
 		return pi, nil
 	}
-	s, err := g.pool.get(ctx, g.connWait(), g.lim.dryRun.Load())
+	// A fleet's instance with no share yet (MaxConns 0) still dials once
+	// to learn: its operations are then rejected by their budget, as any
+	// gate's, not by the connection budget. put closes that session.
+	s, err := g.pool.get(ctx, g.connWait(), g.lim.dryRun.Load() || g.pool.max.Load() == 0)
 	if err != nil {
 		return nil, g.connErr(err, g.connWait())
 	}
@@ -420,6 +450,9 @@ func checkDSN(name string) error {
 // closed at once. It then closes the inner connector if it is an
 // io.Closer. database/sql calls it from db.Close.
 func (g *Gate) Close() error {
+	if g.fleet != nil {
+		g.fleet.stop()
+	}
 	g.mu.Lock()
 	g.lim.close()
 	for _, l := range g.limiters { // removed workloads too: operations may still wait in them

@@ -1,6 +1,7 @@
 package bulkhead
 
 import (
+	"database/sql/driver"
 	"log/slog"
 	"time"
 )
@@ -18,7 +19,12 @@ type options struct {
 	maxIdleTime time.Duration
 	dialTimeout time.Duration
 	connWait    time.Duration
-	err         error // the first invalid option: New returns it
+
+	fleetInterval time.Duration
+	fleetFallback *int
+	fleetConn     driver.Connector
+
+	err error // the first invalid option: New returns it
 }
 
 // defaultDialTimeout bounds a dial that goes on after the operation that
@@ -167,4 +173,47 @@ func WithDialTimeout(d time.Duration) Option {
 func logHold(e Event) {
 	slog.Default().Warn("bulkhead: operation holds its permits longer than the hold warning",
 		"kind", e.Kind.String(), "workload", e.Workload, "held", e.Held, "waited", e.Waited)
+}
+
+// WithFleetInterval sets how often a gate in a fleet (Policy.Fleet) reads
+// the fleet and adjusts its share: one statement on its coordination
+// session per interval, plus one to lock or unlock slots when its share
+// changes. A share settles within two intervals of a process starting or
+// stopping. Default DefaultFleetInterval (1 s); at least 10ms.
+func WithFleetInterval(d time.Duration) Option {
+	return func(o *options) {
+		if d < 10*time.Millisecond {
+			o.invalid("WithFleetInterval(%v), want at least 10ms", d)
+		}
+		o.fleetInterval = d
+	}
+}
+
+// WithFleetFallback sets the share of B a gate in a fleet keeps while its
+// coordination fails, when it is less than the share it had (a failure
+// never raises a share): DefaultFleetFallback (1) by default, so that the
+// service keeps a trickle of work through a coordination outage; 0 keeps
+// the fleet within T even then, at the price of rejecting everything until
+// the coordination is back. See README "Fleets".
+func WithFleetFallback(b int) Option {
+	return func(o *options) {
+		if b < 0 {
+			o.invalid("WithFleetFallback(%d), want at least 0", b)
+		}
+		o.fleetFallback = &b
+	}
+}
+
+// WithFleetConnector sets where a gate in a fleet opens its coordination
+// session (one per process), by default its inner connector. The session
+// holds PostgreSQL session-level advisory locks, so it must reach
+// PostgreSQL itself, not through a pooler in transaction mode such as
+// PgBouncer's: point it at the server when the operations go through one.
+func WithFleetConnector(c driver.Connector) Option {
+	return func(o *options) {
+		if c == nil {
+			o.invalid("WithFleetConnector(nil), want a connector")
+		}
+		o.fleetConn = c
+	}
 }

@@ -34,6 +34,11 @@ type Policy struct {
 	// the global one; untagged operations, and those naming a workload not
 	// listed, pass the global budget alone.
 	Workloads map[string]Workload
+	// Fleet names a fleet budget: every process whose gate names the same
+	// fleet, against the same PostgreSQL database, shares MaxConcurrent
+	// and MaxQueue, and this gate runs on its share of them (fleet.go,
+	// README "Fleets"). Empty: the limits are this process's own.
+	Fleet string
 }
 
 // Workload is a named budget inside a Policy: its own B, Q and queue wait.
@@ -60,6 +65,7 @@ const (
 	EnvQueueWait     = "BULKHEAD_QUEUE_WAIT"
 	EnvDryRun        = "BULKHEAD_DRY_RUN"
 	EnvWorkloads     = "BULKHEAD_WORKLOADS"
+	EnvFleet         = "BULKHEAD_FLEET"
 )
 
 // ErrInvalidPolicy is matched (errors.Is) by every error about a policy or
@@ -92,6 +98,9 @@ func (p Policy) Validate() error {
 		return invalid("QueueWait is %v, want at most %v", p.QueueWait, MaxQueueWait)
 	case p.MaxQueue > 0 && p.QueueWait == 0:
 		return invalid("MaxQueue is %d with QueueWait 0s: a queue nobody may wait in, want QueueWait above 0s or MaxQueue 0", p.MaxQueue)
+	}
+	if p.Fleet != "" && !validName(p.Fleet) {
+		return invalid("Fleet is %q, want 1 to 64 of a-z, 0-9, _ and -", p.Fleet)
 	}
 	for _, name := range sortedNames(p.Workloads) {
 		if err := p.Workloads[name].validate(name, p); err != nil {
@@ -148,6 +157,7 @@ func sortedNames(m map[string]Workload) []string {
 //	BULKHEAD_QUEUE_WAIT      a Go duration ≥ 0 with a unit, e.g. 50ms (default 100ms)
 //	BULKHEAD_DRY_RUN         true or false (default false)
 //	BULKHEAD_WORKLOADS       name:B:Q:wait, comma-separated, e.g. batch:2:4:50ms,report:1:0:0s (default none)
+//	BULKHEAD_FLEET           a fleet's name, 1 to 64 of a-z, 0-9, _ and -: B and Q are then the fleet's (default none)
 //
 // A variable that is set must be well formed: an empty value, a sign,
 // spaces, a fraction, hex or exponent notation, or a number out of range is
@@ -199,6 +209,12 @@ func PolicyFromLookup(base Policy, lookup func(string) (string, bool)) (Policy, 
 			return Policy{}, err
 		}
 		p.Workloads = w
+	}
+	if v, ok := lookup(EnvFleet); ok {
+		if !validName(v) {
+			return Policy{}, invalid("%s=%q, want a fleet name of 1 to 64 of a-z, 0-9, _ and -", EnvFleet, v)
+		}
+		p.Fleet = v
 	}
 	if err := p.Validate(); err != nil {
 		from := envShow(lookup, EnvMaxConcurrent) + ", " + envShow(lookup, EnvMaxQueue) + ", " + envShow(lookup, EnvQueueWait)

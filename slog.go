@@ -120,6 +120,21 @@ func SlogEventsEvery(logger *slog.Logger, interval time.Duration) Events {
 			}
 		},
 		OnReject: onReject,
+		OnFleet: func(e FleetEvent) {
+			lg := l()
+			level, msg := slog.LevelInfo, "bulkhead: fleet share"
+			if e.Err != nil {
+				level, msg = slog.LevelWarn, "bulkhead: fleet coordination failed"
+			}
+			if !lg.Enabled(ctx, level) {
+				return
+			}
+			attrs := []slog.Attr{slog.String("fleet", e.Fleet), slog.Int("instances", e.Instances), slog.Int("max_concurrent", e.MaxConcurrent), slog.Int("max_queue", e.MaxQueue)}
+			if e.Err != nil {
+				attrs = append(attrs, slog.String("error", e.Err.Error()))
+			}
+			lg.LogAttrs(ctx, level, msg, attrs...)
+		},
 	}
 }
 
@@ -297,6 +312,7 @@ func ReasonLabel(err error) string {
 //	bulkhead.WithEvents(bulkhead.JoinEvents(metrics.Events(), bulkhead.SlogEvents(logger)))
 func JoinEvents(es ...Events) Events {
 	var admit, reject, release []func(Event)
+	var fleet []func(FleetEvent)
 	for _, e := range es {
 		if e.OnAdmit != nil {
 			admit = append(admit, e.OnAdmit)
@@ -307,18 +323,21 @@ func JoinEvents(es ...Events) Events {
 		if e.OnRelease != nil {
 			release = append(release, e.OnRelease)
 		}
+		if e.OnFleet != nil {
+			fleet = append(fleet, e.OnFleet)
+		}
 	}
-	return Events{OnAdmit: fanOut(admit), OnReject: fanOut(reject), OnRelease: fanOut(release)}
+	return Events{OnAdmit: fanOut(admit), OnReject: fanOut(reject), OnRelease: fanOut(release), OnFleet: fanOut(fleet)}
 }
 
-func fanOut(fs []func(Event)) func(Event) {
+func fanOut[E any](fs []func(E)) func(E) {
 	switch len(fs) {
 	case 0:
 		return nil
 	case 1:
 		return fs[0]
 	}
-	return func(e Event) {
+	return func(e E) {
 		for _, f := range fs {
 			f(e)
 		}

@@ -24,6 +24,9 @@ import (
 const EnvDatabaseURL = "BULKHEAD_TEST_DATABASE_URL"
 
 func TestMain(m *testing.M) {
+	if name := os.Getenv(EnvFleetChild); name != "" {
+		os.Exit(fleetChild(name))
+	}
 	code := m.Run()
 	stopDocker()
 	if code == 0 {

@@ -1,0 +1,523 @@
+package bulkhead
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A fleet budget: every process whose policy names the same Fleet shares
+// the policy's MaxConcurrent (T) and MaxQueue against one PostgreSQL
+// database, and each runs on its share.
+//
+// The coordination is the database's lock manager. The fleet has T slots,
+// each a PostgreSQL session-level advisory lock; a process may run as many
+// operations at once as it holds slots, so the sum over the fleet cannot
+// exceed T whatever the processes do: a slot is locked before the process's
+// B grows, and unlocked only after B shrank and the operations beyond it
+// ended. Each process also holds a membership lock keyed by its
+// coordination session's backend pid, which is how the others count it.
+// All these locks belong to one dedicated session per process: when the
+// process dies, however it dies, the server ends that session and the
+// locks are free at once.
+//
+// Once per interval (WithFleetInterval), and never on an operation's
+// path, a process reads the fleet from pg_locks in one statement, works
+// out its target, ⌊T/n⌋ slots plus one for the first T mod n members in
+// pid order, and then either gives back its excess, or tries (without
+// waiting) to lock free slots up to its target. A process joining a full
+// fleet therefore starts with no share; the others give back their excess
+// at their next round, and it takes it at its next: two intervals. The
+// queue, which holds no server connection, is split the same way without
+// locks.
+//
+// A failed round (the query, or the coordination session lost) makes the
+// share min(share, the fallback share; WithFleetFallback, default 1) and
+// drops the session, whose locks the server then frees; the next round
+// starts a new one. Stats.Fleet and Events.OnFleet say so.
+
+// FleetStats describes this process's part of a fleet budget.
+type FleetStats struct {
+	Name      string // Policy.Fleet
+	Total     int    // T: the fleet's MaxConcurrent (the policy's)
+	Instances int    // processes of the fleet alive at the last successful round
+	Share     int    // slots this process holds (its B is at most this)
+	Backend   int64  // the coordination session's backend pid (pg_stat_activity.pid), 0 between sessions
+	Degraded  bool   // the last round failed: the share is at most the fallback
+	Rounds    int64  // coordination rounds done
+	Failures  int64  // rounds that failed
+	LastError error  // the last failed round's error, nil after a success
+}
+
+// FleetEvent reports a change of this process's fleet share, or a failed
+// coordination round.
+type FleetEvent struct {
+	Fleet         string
+	Instances     int   // as FleetStats.Instances
+	MaxConcurrent int   // the share of B now in force
+	MaxQueue      int   // the share of Q now in force
+	Err           error // the round's error: the share was lowered to the fallback
+}
+
+// Defaults of a fleet's options.
+const (
+	DefaultFleetInterval = time.Second
+	DefaultFleetFallback = 1
+)
+
+// ErrFleet is matched (errors.Is) by every coordination failure reported
+// in FleetStats.LastError and FleetEvent.Err.
+var ErrFleet = errors.New("bulkhead: fleet coordination failed")
+
+type fleetError struct{ err error }
+
+func (e *fleetError) Error() string { return "bulkhead: fleet coordination failed: " + e.err.Error() }
+func (e *fleetError) Unwrap() []error {
+	return []error{ErrFleet, e.err}
+}
+
+// share is the part of the fleet's limits a process runs on.
+type share struct{ b, q int }
+
+type fleet struct {
+	g        *Gate
+	name     string
+	member   int32 // advisory lock key1 of the membership locks
+	slot     int32 // advisory lock key1 of the slots
+	interval time.Duration
+	fallback int
+	conn     driver.Connector
+
+	// cur is the share in force; set under g.mu (apply reads it there).
+	cur share
+
+	roundMu sync.Mutex // one round at a time
+	db      *sql.DB    // the coordination pool, one session; nil between sessions
+	sess    *sql.Conn
+	pid     int64
+	held    []int // slots this session holds, as the server last said or we locked since
+
+	instances, rounds, failures, backend atomic.Int64
+	degraded                    atomic.Bool
+	lastErr                     atomic.Pointer[error]
+
+	quit chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func newFleet(g *Gate, name string) *fleet {
+	f := &fleet{
+		g:        g,
+		name:     name,
+		member:   fleetKey(name, "members"),
+		slot:     fleetKey(name, "slots"),
+		interval: g.opt.fleetInterval,
+		fallback: DefaultFleetFallback,
+		conn:     g.opt.fleetConn,
+		quit:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	if f.interval <= 0 {
+		f.interval = DefaultFleetInterval
+	}
+	if g.opt.fleetFallback != nil {
+		f.fallback = *g.opt.fleetFallback
+	}
+	if f.conn == nil {
+		f.conn = g.inner
+	}
+	return f
+}
+
+// fleetKey is the first key of a fleet's advisory locks: 32 bits of a hash
+// of the fleet's name, for the membership locks or the slots.
+func fleetKey(name, what string) int32 {
+	h := fnv.New32a()
+	h.Write([]byte("bulkhead:" + name + ":" + what))
+	return int32(h.Sum32())
+}
+
+// apply returns p with this process's share in force: B and Q are the
+// share's, and each workload fits in it. g.mu is held.
+func (f *fleet) apply(p Policy) Policy {
+	p.MaxConcurrent, p.MaxQueue = f.cur.b, f.cur.q
+	if len(p.Workloads) > 0 {
+		ws := make(map[string]Workload, len(p.Workloads))
+		for name, w := range p.Workloads {
+			w.MaxConcurrent = min(w.MaxConcurrent, p.MaxConcurrent)
+			w.MaxQueue = min(w.MaxQueue, p.MaxConcurrent+p.MaxQueue-w.MaxConcurrent)
+			ws[name] = w
+		}
+		p.Workloads = ws
+	}
+	return p
+}
+
+// setShare puts s in force and reports it when it changed or err is set.
+func (f *fleet) setShare(s share, err error) {
+	f.g.mu.Lock()
+	changed := s != f.cur
+	if changed {
+		f.cur = s
+		f.g.setPolicyLocked(*f.g.policy.Load())
+	}
+	f.g.mu.Unlock()
+	if on := f.g.opt.events.OnFleet; on != nil && (changed || err != nil) {
+		emitFleet(on, FleetEvent{Fleet: f.name, Instances: int(f.instances.Load()), MaxConcurrent: s.b, MaxQueue: s.q, Err: err})
+	}
+}
+
+func (f *fleet) share() share {
+	f.g.mu.Lock()
+	defer f.g.mu.Unlock()
+	return f.cur
+}
+
+func (f *fleet) stats() FleetStats {
+	s := FleetStats{
+		Name:      f.name,
+		Total:     f.g.policy.Load().MaxConcurrent,
+		Instances: int(f.instances.Load()),
+		Share:     f.share().b,
+		Backend:   f.backend.Load(),
+		Degraded:  f.degraded.Load(),
+		Rounds:    f.rounds.Load(),
+		Failures:  f.failures.Load(),
+	}
+	if e := f.lastErr.Load(); e != nil {
+		s.LastError = *e
+	}
+	return s
+}
+
+// start runs the coordination loop: a round at once, then one per
+// interval, until stop.
+func (f *fleet) start() {
+	go func() {
+		defer close(f.done)
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for {
+			select {
+			case <-f.quit:
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), f.interval)
+			f.sync(ctx) // its error is in the stats and events
+			cancel()
+			t.Reset(f.interval)
+		}
+	}()
+}
+
+// stop ends the loop, then leaves the fleet: the share goes to zero, the
+// operations running beyond it are waited for (at most one interval), and
+// the session that holds the slots is closed, which frees them.
+func (f *fleet) stop() {
+	f.once.Do(func() {
+		close(f.quit)
+		<-f.done
+		f.roundMu.Lock()
+		defer f.roundMu.Unlock()
+		f.setShare(share{}, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), f.interval)
+		defer cancel()
+		f.waitDrained(ctx)
+		f.dropSession()
+	})
+}
+
+// SyncFleet runs one coordination round of the gate's fleet now, beside
+// those its loop runs once per interval, and returns its error (nil
+// outside a fleet). A process may call it at start-up to wait for its
+// first share, and tests to step the fleet.
+func (g *Gate) SyncFleet(ctx context.Context) error {
+	if g.fleet == nil {
+		return nil
+	}
+	return g.fleet.sync(ctx)
+}
+
+// sync is one round: read the fleet, then give back or take slots.
+func (f *fleet) sync(ctx context.Context) error {
+	f.roundMu.Lock()
+	defer f.roundMu.Unlock()
+	select {
+	case <-f.quit:
+		return ErrClosed
+	default:
+	}
+	f.rounds.Add(1)
+	err := f.round(ctx)
+	if err != nil {
+		err = &fleetError{err: err}
+		f.failures.Add(1)
+		f.lastErr.Store(&err)
+		f.degraded.Store(true)
+		cur := f.share()
+		f.setShare(share{b: min(cur.b, f.fallback), q: cur.q}, err)
+		if f.db != nil {
+			// The session may be alive and hold slots: give them back
+			// only once the operations beyond the fallback ended.
+			wctx, cancel := context.WithTimeout(context.Background(), f.interval)
+			f.waitDrained(wctx)
+			cancel()
+			f.dropSession()
+		}
+		return err
+	}
+	f.lastErr.Store(nil)
+	f.degraded.Store(false)
+	return nil
+}
+
+func (f *fleet) round(ctx context.Context) error {
+	if f.db == nil {
+		if err := f.join(ctx); err != nil {
+			return err
+		}
+	}
+	members, slots, err := f.read(ctx)
+	if err != nil {
+		return err
+	}
+	rank := slices.Index(members, f.pid)
+	if rank < 0 {
+		return fmt.Errorf("this process's membership lock (pid %d) is not in pg_locks", f.pid)
+	}
+	total := f.g.policy.Load()
+	t, tq, n := total.MaxConcurrent, total.MaxQueue, len(members)
+	f.instances.Store(int64(n))
+	target := t / n
+	if rank < t%n {
+		target++
+	}
+	q := tq / n
+	if rank < tq%n {
+		q++
+	}
+	f.held = f.held[:0]
+	for s, pid := range slots {
+		if pid == f.pid {
+			f.held = append(f.held, s)
+		}
+	}
+	slices.Sort(f.held)
+	inRange := 0
+	for _, s := range f.held {
+		if s < t {
+			inRange++
+		}
+	}
+	switch {
+	case inRange > target || inRange < len(f.held):
+		// Give back: first lower B, then wait for the operations beyond
+		// it, then unlock (out-of-range slots first, then the highest).
+		f.setShare(share{b: min(target, inRange), q: q}, nil)
+		if !f.waitDrained(ctx) {
+			return nil // the slots stay held; the next round gives them back
+		}
+		keep := min(target, inRange)
+		var give []int
+		kept := 0
+		for _, s := range f.held {
+			if s < t && kept < keep {
+				kept++
+				continue
+			}
+			give = append(give, s)
+		}
+		if err := f.unlock(ctx, give); err != nil {
+			return err
+		}
+	case inRange < target:
+		var free []int
+		for s := 0; s < t && len(free) < target-inRange; s++ {
+			if _, taken := slots[s]; !taken {
+				free = append(free, s)
+			}
+		}
+		got, err := f.tryLock(ctx, free)
+		if err != nil {
+			return err
+		}
+		f.setShare(share{b: inRange + len(got), q: q}, nil)
+	default:
+		f.setShare(share{b: inRange, q: q}, nil)
+	}
+	return nil
+}
+
+// waitDrained waits until the operations running are within the share in
+// force, or ctx ends; it reports which. In dry-run nothing is enforced and
+// nothing is waited for.
+func (f *fleet) waitDrained(ctx context.Context) bool {
+	if f.g.policy.Load().DryRun {
+		return true
+	}
+	select {
+	case <-f.g.lim.drained():
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// join opens the coordination session and takes its membership lock.
+func (f *fleet) join(ctx context.Context) error {
+	db := sql.OpenDB(noCloseConnector{f.conn})
+	db.SetMaxIdleConns(1)
+	sess, err := db.Conn(ctx)
+	if err != nil {
+		db.Close()
+		return err
+	}
+	var pid int64
+	var ok bool
+	err = sess.QueryRowContext(ctx, "SELECT pg_backend_pid(), pg_try_advisory_lock("+itoa32(f.member)+", pg_backend_pid())").Scan(&pid, &ok)
+	if err == nil && !ok {
+		err = fmt.Errorf("membership lock (%d, %d) held by another session", f.member, pid)
+	}
+	if err != nil {
+		sess.Close()
+		db.Close()
+		return err
+	}
+	f.db, f.sess, f.pid, f.held = db, sess, pid, nil
+	f.backend.Store(pid)
+	return nil
+}
+
+// dropSession closes the coordination session: the server frees its
+// locks.
+func (f *fleet) dropSession() {
+	if f.db == nil {
+		return
+	}
+	if f.sess != nil {
+		// Unlock explicitly when the session still answers, so the locks
+		// are free before this returns whatever database/sql does with the
+		// connection; closing it frees them anyway.
+		ctx, cancel := context.WithTimeout(context.Background(), f.interval)
+		_, _ = f.sess.ExecContext(ctx, "SELECT pg_advisory_unlock_all()")
+		cancel()
+		f.sess.Close()
+	}
+	f.db.Close()
+	f.db, f.sess, f.pid, f.held = nil, nil, 0, nil
+	f.backend.Store(0)
+}
+
+// read returns the pids of the fleet's members, in order, and which
+// member holds each slot, from one look at pg_locks. The same statement
+// sets the session's application_name to this process's state, which
+// `bulkhead budget` shows: pg_stat_activity then tells, for each member,
+// its share and use as of its last round.
+func (f *fleet) read(ctx context.Context) (members []int64, slots map[int]int64, err error) {
+	var s Stats
+	f.g.lim.stats(&s)
+	state := fmt.Sprintf("bulkhead fleet b=%d q=%d running=%d waiting=%d", s.MaxConcurrent, s.MaxQueue, s.Running, s.Waiting)
+	q := "WITH me AS (SELECT set_config('application_name', '" + state + "', false))" +
+		" SELECT classid::int8, objid::int8, pid FROM pg_locks, me" +
+		" WHERE locktype = 'advisory' AND objsubid = 2 AND granted" +
+		" AND database = (SELECT oid FROM pg_database WHERE datname = current_database())" +
+		" AND classid::int8 IN (" + strconv.FormatInt(int64(uint32(f.member)), 10) + ", " + strconv.FormatInt(int64(uint32(f.slot)), 10) + ")"
+	rows, err := f.sess.QueryContext(ctx, q)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	slots = map[int]int64{}
+	for rows.Next() {
+		var class, obj, pid int64
+		if err := rows.Scan(&class, &obj, &pid); err != nil {
+			return nil, nil, err
+		}
+		if class == int64(uint32(f.member)) {
+			members = append(members, obj)
+		} else {
+			slots[int(obj)] = pid
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	slices.Sort(members)
+	return members, slots, nil
+}
+
+// tryLock tries, without waiting, to lock each of slots; it returns those
+// it got.
+func (f *fleet) tryLock(ctx context.Context, slots []int) ([]int, error) {
+	if len(slots) == 0 {
+		return nil, nil
+	}
+	rows, err := f.sess.QueryContext(ctx, "SELECT s FROM unnest(ARRAY["+join(slots)+"]) AS s WHERE pg_try_advisory_lock("+itoa32(f.slot)+", s)")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var got []int
+	for rows.Next() {
+		var s int
+		if err := rows.Scan(&s); err != nil {
+			return got, err
+		}
+		got = append(got, s)
+	}
+	f.held = append(f.held, got...)
+	return got, rows.Err()
+}
+
+func (f *fleet) unlock(ctx context.Context, slots []int) error {
+	if len(slots) == 0 {
+		return nil
+	}
+	_, err := f.sess.ExecContext(ctx, "SELECT pg_advisory_unlock("+itoa32(f.slot)+", s) FROM unnest(ARRAY["+join(slots)+"]) AS s")
+	return err
+}
+
+func itoa32(v int32) string { return strconv.FormatInt(int64(v), 10) }
+
+func join(xs []int) string {
+	var b strings.Builder
+	for i, x := range xs {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(x))
+	}
+	return b.String()
+}
+
+// noCloseConnector hides the inner connector's Close from the
+// coordination pool: closing that pool must not close the gate's
+// connector.
+type noCloseConnector struct{ c driver.Connector }
+
+func (n noCloseConnector) Connect(ctx context.Context) (driver.Conn, error) { return n.c.Connect(ctx) }
+func (n noCloseConnector) Driver() driver.Driver                            { return n.c.Driver() }
+
+// emitFleet calls OnFleet; as emit, a panic in it is logged and
+// recovered: it would otherwise end the coordination loop.
+func emitFleet(f func(FleetEvent), e FleetEvent) {
+	defer func() {
+		if v := recover(); v != nil {
+			slog.Default().Error("bulkhead: fleet event callback panicked", "fleet", e.Fleet, "panic", v, "stack", string(debug.Stack()))
+		}
+	}()
+	f(e)
+}

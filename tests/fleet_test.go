@@ -1,0 +1,613 @@
+package tests
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/dbbulkhead/bulkhead"
+)
+
+// Fleet budgets on PostgreSQL (fleet.go, README "Fleets"). Each gate here
+// is one instance of a fleet; the loop's interval is an hour, so that the
+// test steps the rounds itself with SyncFleet (the loop runs one round at
+// start, which only moves a gate towards its target earlier).
+
+// fleetName is a fleet name unique to the test and the process.
+func fleetName(t testing.TB) string {
+	return fmt.Sprintf("t%d-%d", os.Getpid(), time.Now().UnixNano()%1e9)
+}
+
+func fleetPolicy(name string, total, queue int) bulkhead.Policy {
+	return bulkhead.Policy{MaxConcurrent: total, MaxQueue: queue, QueueWait: time.Minute, Fleet: name}
+}
+
+// fleetGate makes one instance of the fleet named in p, closed at the end
+// of the test.
+func fleetGate(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) *bulkhead.Gate {
+	t.Helper()
+	// The coordination session gets an application_name of its own: the
+	// tests count the operations' transactions by the test's name.
+	coord := pgConfig(t)
+	coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
+	opts = append([]bulkhead.Option{bulkhead.WithFleetInterval(time.Hour), bulkhead.WithFleetConnector(stdlib.GetConnector(*coord))}, opts...)
+	g, err := bulkhead.New(stdlib.GetConnector(*pgConfig(t)), p, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.OpenDB().Close() }) // closes the gate too
+	// The loop's first round starts at once: let it end (SyncFleet waits
+	// for a round in progress), so that it does not run between the
+	// test's steps.
+	for i := 0; g.Stats().Fleet.Rounds == 0; i++ {
+		if i == 10000 {
+			t.Fatal("the fleet loop's first round did not start")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return g
+}
+
+// fleetLocks reads the fleet's slots from pg_locks as the server holds
+// them: the number held by each coordination backend pid.
+type fleetView struct {
+	members int
+	slots   map[int64]int // by backend pid
+	total   int
+}
+
+func fleetSlots(t *testing.T, ctx context.Context, admin *sql.DB, name string) fleetView {
+	t.Helper()
+	// The same keys as fleet.go: FNV-1a 32 of "bulkhead:<name>:<what>".
+	key := func(what string) int64 {
+		var h uint32 = 2166136261
+		for _, c := range []byte("bulkhead:" + name + ":" + what) {
+			h ^= uint32(c)
+			h *= 16777619
+		}
+		return int64(h)
+	}
+	rows, err := admin.QueryContext(ctx, `SELECT classid::int8, pid FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND classid::int8 IN ($1, $2)`, key("members"), key("slots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	v := fleetView{slots: map[int64]int{}}
+	for rows.Next() {
+		var class, pid int64
+		if err := rows.Scan(&class, &pid); err != nil {
+			t.Fatal(err)
+		}
+		if class == key("members") {
+			v.members++
+		} else {
+			v.slots[pid]++
+			v.total++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// checkFleet asserts the fleet's promise at this instant: the slots held
+// on the server add up to at most total, and no gate's B exceeds the slots
+// its session holds.
+func checkFleet(t *testing.T, ctx context.Context, admin *sql.DB, name string, total int, gs []*bulkhead.Gate) fleetView {
+	t.Helper()
+	v := fleetSlots(t, ctx, admin, name)
+	if v.total > total {
+		t.Fatalf("the fleet's sessions hold %d slots, want at most T=%d", v.total, total)
+	}
+	for i, g := range gs {
+		s := g.Stats()
+		if held := v.slots[s.Fleet.Backend]; s.MaxConcurrent > held {
+			t.Fatalf("instance %d: B=%d with %d slots held by its session (pid %d)", i, s.MaxConcurrent, held, s.Fleet.Backend)
+		}
+	}
+	return v
+}
+
+func adminDB(t *testing.T) *sql.DB {
+	t.Helper()
+	db := sql.OpenDB(stdlib.GetConnector(*pgConfig(t)))
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func shares(gs []*bulkhead.Gate) (b, q []int) {
+	for _, g := range gs {
+		s := g.Stats()
+		b = append(b, s.MaxConcurrent)
+		q = append(q, s.MaxQueue)
+	}
+	return b, q
+}
+
+func TestFleetSharesSplitTheTotalAndSettleWithinTwoRounds(t *testing.T) {
+	ctx := pgTestCtx(t)
+	admin := adminDB(t)
+	name := fleetName(t)
+	const total, queue = 8, 6
+	var gs []*bulkhead.Gate
+	round := func() {
+		t.Helper()
+		for _, g := range gs {
+			if err := g.SyncFleet(ctx); err != nil {
+				t.Fatal(err)
+			}
+			checkFleet(t, ctx, admin, name, total, gs)
+		}
+	}
+	// Expected shares by instance count, members in pid order: ⌊T/n⌋ and
+	// one more for the first T mod n. Instances join in pid order here
+	// (each one's session opens after the previous one's), so creation
+	// order is pid order unless pids wrapped around: compare sorted.
+	want := map[int]string{1: "[8] [6]", 2: "[4 4] [3 3]", 3: "[3 3 2] [2 2 2]", 4: "[2 2 2 2] [2 2 1 1]"}
+	for n := 1; n <= 4; n++ {
+		g := fleetGate(t, fleetPolicy(name, total, queue))
+		gs = append(gs, g)
+		if err := g.SyncFleet(ctx); err != nil {
+			t.Fatal(err)
+		}
+		checkFleet(t, ctx, admin, name, total, gs)
+		round()
+		round()
+		b, q := shares(gs)
+		if got := fmt.Sprint(sortDesc(b), sortDesc(q)); got != want[n] {
+			t.Fatalf("%d instances, after two rounds: shares B, Q = %s, want %s", n, got, want[n])
+		}
+		for i, g := range gs {
+			if s := g.Stats().Fleet; s.Instances != n || s.Total != total || s.Degraded || s.Name != name {
+				t.Fatalf("%d instances: instance %d's fleet stats %+v", n, i, s)
+			}
+		}
+	}
+	// Graceful stops: the others take the share back in one round.
+	want = map[int]string{3: "[3 3 2] [2 2 2]", 2: "[4 4] [3 3]", 1: "[8] [6]"}
+	for len(gs) > 1 {
+		if err := gs[0].OpenDB().Close(); err != nil {
+			t.Fatal(err)
+		}
+		gs = gs[1:]
+		if v := fleetSlots(t, ctx, admin, name); v.members != len(gs) {
+			t.Fatalf("after a Close, %d members in pg_locks, want %d", v.members, len(gs))
+		}
+		round()
+		b, q := shares(gs)
+		if got := fmt.Sprint(sortDesc(b), sortDesc(q)); got != want[len(gs)] {
+			t.Fatalf("%d instances, one round after a stop: shares %s, want %s", len(gs), got, want[len(gs)])
+		}
+	}
+}
+
+func sortDesc(xs []int) []int {
+	out := append([]int(nil), xs...)
+	for i := range out {
+		for j := i + 1; j < len(out); j++ {
+			if out[j] > out[i] {
+				out[i], out[j] = out[j], out[i]
+			}
+		}
+	}
+	return out
+}
+
+func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
+	ctx := pgTestCtx(t)
+	admin := adminDB(t)
+	name := fleetName(t)
+	p := fleetPolicy(name, 4, 0)
+	p.QueueWait = 0
+	g1 := fleetGate(t, p)
+	if err := g1.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	db1 := g1.OpenDB()
+	var txs []*sql.Tx
+	for range 4 {
+		tx := pgBegin(t, ctx, db1)
+		if _, err := tx.ExecContext(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+		txs = append(txs, tx)
+	}
+	g2 := fleetGate(t, p)
+	gs := []*bulkhead.Gate{g1, g2}
+	if err := g2.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// g1's target is 2: its B goes down at once, its slots stay locked
+	// while 4 transactions run.
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	if err := g1.SyncFleet(short); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	v := checkFleet(t, ctx, admin, name, 4, gs)
+	if s := g1.Stats(); s.MaxConcurrent != 2 || s.Running != 4 || v.slots[s.Fleet.Backend] != 4 {
+		t.Fatalf("with 4 transactions open and a target of 2: B=%d, running %d, %d slots held; want 2, 4, 4", s.MaxConcurrent, s.Running, v.slots[s.Fleet.Backend])
+	}
+	if err := g2.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := g2.Stats(); s.MaxConcurrent != 0 {
+		t.Fatalf("the newcomer got B=%d while the other still runs on all 4 slots, want 0", s.MaxConcurrent)
+	}
+	// With no share, the newcomer rejects at once.
+	if _, err := g2.OpenDB().ExecContext(ctx, "SELECT 1"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("an operation on an instance without share: %v, want ErrAdmissionFull", err)
+	}
+	for _, tx := range txs[:2] {
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := g1.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkFleet(t, ctx, admin, name, 4, gs)
+	if err := g2.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	v = checkFleet(t, ctx, admin, name, 4, gs)
+	if b, _ := shares(gs); fmt.Sprint(b) != "[2 2]" || v.total != 4 {
+		t.Fatalf("once 2 transactions ended: shares %v, %d slots held, want [2 2] and 4", b, v.total)
+	}
+	for _, tx := range txs[2:] {
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := g2.OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// terminate ends a backend as a network failure or an administrator
+// would.
+func terminate(t *testing.T, ctx context.Context, admin *sql.DB, pid int64) {
+	t.Helper()
+	var ok bool
+	if err := admin.QueryRowContext(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%d): %v, %v", pid, ok, err)
+	}
+	awaitGone(t, ctx, admin, pid)
+}
+
+// awaitGone waits until the backend pid has left pg_stat_activity, and
+// so its locks are free: the server ends it asynchronously.
+func awaitGone(t *testing.T, ctx context.Context, admin *sql.DB, pid int64) {
+	t.Helper()
+	for i := 0; ; i++ {
+		var n int
+		if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if i == 1000 {
+			t.Fatalf("backend %d still in pg_stat_activity after 1000 looks", pid)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.T) {
+	ctx := pgTestCtx(t)
+	admin := adminDB(t)
+	name := fleetName(t)
+	var mu sync.Mutex
+	var events []bulkhead.FleetEvent
+	onFleet := bulkhead.WithEvents(bulkhead.Events{OnFleet: func(e bulkhead.FleetEvent) {
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+	}})
+	g1 := fleetGate(t, fleetPolicy(name, 8, 0), onFleet)
+	if err := g1.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := g1.Stats(); s.MaxConcurrent != 8 {
+		t.Fatalf("alone: B=%d, want 8", s.MaxConcurrent)
+	}
+	terminate(t, ctx, admin, g1.Stats().Fleet.Backend)
+	err := g1.SyncFleet(ctx)
+	if !errors.Is(err, bulkhead.ErrFleet) {
+		t.Fatalf("a round on a terminated session: %v, want ErrFleet", err)
+	}
+	s := g1.Stats()
+	if s.MaxConcurrent != bulkhead.DefaultFleetFallback || !s.Fleet.Degraded || s.Fleet.Failures == 0 || !errors.Is(s.Fleet.LastError, bulkhead.ErrFleet) {
+		t.Fatalf("after a failed round: B=%d, fleet %+v; want B=%d, degraded, the error", s.MaxConcurrent, s.Fleet, bulkhead.DefaultFleetFallback)
+	}
+	mu.Lock()
+	last := events[len(events)-1]
+	mu.Unlock()
+	if !errors.Is(last.Err, bulkhead.ErrFleet) || last.MaxConcurrent != bulkhead.DefaultFleetFallback {
+		t.Fatalf("last fleet event %+v, want the failure with B=%d", last, bulkhead.DefaultFleetFallback)
+	}
+	// The next round opens a new session and takes the share back.
+	if err := g1.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := g1.Stats(); s.MaxConcurrent != 8 || s.Fleet.Degraded || s.Fleet.LastError != nil {
+		t.Fatalf("after recovery: B=%d, fleet %+v, want 8, not degraded", s.MaxConcurrent, s.Fleet)
+	}
+	// An instance without share keeps none when its round fails.
+	g2 := fleetGate(t, fleetPolicy(name, 8, 0))
+	if err := g2.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := g2.Stats(); s.MaxConcurrent != 0 {
+		t.Fatalf("newcomer in a full fleet: B=%d, want 0", s.MaxConcurrent)
+	}
+	terminate(t, ctx, admin, g2.Stats().Fleet.Backend)
+	if err := g2.SyncFleet(ctx); !errors.Is(err, bulkhead.ErrFleet) {
+		t.Fatalf("%v, want ErrFleet", err)
+	}
+	if s := g2.Stats(); s.MaxConcurrent != 0 {
+		t.Fatalf("a failed round raised a share from 0 to %d", s.MaxConcurrent)
+	}
+	// WithFleetFallback(0): nothing runs while coordination fails.
+	g3 := fleetGate(t, fleetPolicy(fleetName(t)+"z", 8, 0), bulkhead.WithFleetFallback(0))
+	if err := g3.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	terminate(t, ctx, admin, g3.Stats().Fleet.Backend)
+	if err := g3.SyncFleet(ctx); !errors.Is(err, bulkhead.ErrFleet) {
+		t.Fatalf("%v, want ErrFleet", err)
+	}
+	if s := g3.Stats(); s.MaxConcurrent != 0 {
+		t.Fatalf("fallback 0: B=%d after a failed round, want 0", s.MaxConcurrent)
+	}
+}
+
+// The child side of TestFleetKilledInstanceFreesItsShare: one fleet
+// instance in its own process, stepped through stdin ("sync"), answering
+// "pid <backend> b <B>" on stdout. TestMain runs it when EnvFleetChild is
+// set.
+const EnvFleetChild = "BULKHEAD_TEST_FLEET_CHILD"
+
+func fleetChild(name string) int {
+	cfg, err := pgx.ParseConfig(os.Getenv(EnvDatabaseURL))
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	g, err := bulkhead.New(stdlib.GetConnector(*cfg), fleetPolicy(name, 8, 0), bulkhead.WithFleetInterval(time.Hour))
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		if err := g.SyncFleet(context.Background()); err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		s := g.Stats()
+		fmt.Printf("pid %d b %d\n", s.Fleet.Backend, s.MaxConcurrent)
+	}
+	return 0
+}
+
+func TestFleetKilledInstanceFreesItsShare(t *testing.T) {
+	ctx := pgTestCtx(t)
+	admin := adminDB(t)
+	name := fleetName(t)
+	g := fleetGate(t, fleetPolicy(name, 8, 0))
+	if err := g.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), EnvFleetChild+"="+name, EnvDatabaseURL+"="+postgresURL(t))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	out := bufio.NewScanner(stdout)
+	child := func() (pid int64, b int) {
+		t.Helper()
+		if _, err := fmt.Fprintln(stdin, "sync"); err != nil {
+			t.Fatal(err)
+		}
+		if !out.Scan() {
+			t.Fatalf("child: no answer (%v)", out.Err())
+		}
+		f := strings.Fields(out.Text())
+		if len(f) != 4 || f[0] != "pid" {
+			t.Fatalf("child: %q", out.Text())
+		}
+		pid, _ = strconv.ParseInt(f[1], 10, 64)
+		b, _ = strconv.Atoi(f[3])
+		return pid, b
+	}
+	child()
+	if err := g.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pid, b := child()
+	if s := g.Stats(); s.MaxConcurrent != 4 || b != 4 || s.Fleet.Instances != 2 {
+		t.Fatalf("two processes: B=%d here and %d in the child, %d instances; want 4, 4, 2", s.MaxConcurrent, b, s.Fleet.Instances)
+	}
+	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no goodbye
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	killed = true
+	awaitGone(t, ctx, admin, pid)
+	if err := g.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := g.Stats(); s.MaxConcurrent != 8 || s.Fleet.Instances != 1 {
+		t.Fatalf("one round after the other process was killed: B=%d, %d instances; want 8, 1", s.MaxConcurrent, s.Fleet.Instances)
+	}
+}
+
+// Under load, while instances join and leave, the fleet's transactions on
+// the server never exceed T.
+func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *testing.T) {
+	ctx := pgTestCtx(t)
+	admin := adminDB(t)
+	name := fleetName(t)
+	const total = 4
+	p := fleetPolicy(name, total, 4)
+	p.QueueWait = 20 * time.Millisecond
+	var ran, rejected, goal atomic.Int64
+	goal.Store(1 << 62)
+	stop, enough := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	// load runs 6 workers on g's pool until stop, or until it returns
+	// and they ended.
+	load := func(g *bulkhead.Gate) (halt func()) {
+		db := g.OpenDB()
+		mine := make(chan struct{})
+		var mwg sync.WaitGroup
+		for range 6 {
+			wg.Add(1)
+			mwg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer mwg.Done()
+				for i := 0; i < 2000; i++ {
+					select {
+					case <-stop:
+						return
+					case <-mine:
+						return
+					default:
+					}
+					err := func() error {
+						tx, err := db.BeginTx(ctx, nil)
+						if err != nil {
+							return err
+						}
+						if _, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.002)"); err != nil {
+							tx.Rollback()
+							return err
+						}
+						return tx.Commit()
+					}()
+					switch {
+					case err == nil:
+						if ran.Add(1) >= goal.Load() {
+							once.Do(func() { close(enough) })
+						}
+					case errors.Is(err, bulkhead.ErrRejected):
+						rejected.Add(1)
+						time.Sleep(time.Millisecond) // pacing, not synchronisation: keep the CPU for the server
+					default:
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		return func() { close(mine); mwg.Wait() }
+	}
+	// The poller counts the fleet's open transactions that began before
+	// its own statement, at each look.
+	peak, looks := 0, 0
+	pollDone := make(chan struct{})
+	go func() {
+		defer close(pollDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var n int
+			err := admin.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE application_name = $1 AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()`, appName(t)).Scan(&n)
+			if err != nil {
+				if ctx.Err() == nil {
+					t.Error(err)
+				}
+				return
+			}
+			looks++
+			peak = max(peak, n)
+		}
+	}()
+	var gs []*bulkhead.Gate
+	var halts []func()
+	step := func() {
+		t.Helper()
+		for _, g := range gs {
+			if err := g.SyncFleet(ctx); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	for range 3 {
+		g := fleetGate(t, p)
+		gs = append(gs, g)
+		halts = append(halts, load(g))
+		step()
+		step()
+	}
+	// A rolling deploy: a fourth joins, then the first leaves.
+	g := fleetGate(t, p)
+	gs = append(gs, g)
+	load(g)
+	step()
+	step()
+	halts[0]()
+	gs[0].OpenDB().Close()
+	gs = gs[1:]
+	step()
+	step()
+	// Let 50 more transactions run after the changes.
+	before := ran.Load()
+	goal.Store(before + 50)
+	select {
+	case <-enough:
+	case <-ctx.Done():
+	}
+	close(stop)
+	wg.Wait()
+	<-pollDone
+	t.Logf("%d transactions ran, %d rejected; %d looks at pg_stat_activity, peak %d", ran.Load(), rejected.Load(), looks, peak)
+	if peak > total {
+		t.Fatalf("the fleet had %d transactions open on the server at once, want at most T=%d", peak, total)
+	}
+	if ran.Load() <= before || looks == 0 {
+		t.Fatalf("no work ran after the deploy (%d before, %d after) or no look (%d)", before, ran.Load(), looks)
+	}
+}
