@@ -102,19 +102,21 @@ type fleet struct {
 	// cur is the share in force; set under g.mu (apply reads it there).
 	cur share
 
-	roundMu sync.Mutex // one round at a time
-	db      *sql.DB    // the coordination pool, one session; nil between sessions
-	sess    *sql.Conn
-	pid     int64
-	held    []int // slots this session holds, as the server last said or we locked since
+	roundMu  sync.Mutex        // one round at a time
+	newStore func() fleetStore // opens a coordination session: pgStore, or a test's
+	store    fleetStore        // the session; nil between sessions
+	pid      int64             // its id among the members
+	held     []int             // slots it holds, as the last read said
+	stale    bool              // a round failed with operations beyond the fallback running: drop the session once they end
 
 	instances, rounds, failures, backend atomic.Int64
-	degraded                    atomic.Bool
-	lastErr                     atomic.Pointer[error]
+	degraded                             atomic.Bool
+	lastErr                              atomic.Pointer[error]
 
-	quit chan struct{}
-	done chan struct{}
-	once sync.Once
+	quit    chan struct{}
+	done    chan struct{}
+	started bool
+	once    sync.Once
 }
 
 func newFleet(g *Gate, name string) *fleet {
@@ -137,6 +139,10 @@ func newFleet(g *Gate, name string) *fleet {
 	}
 	if f.conn == nil {
 		f.conn = g.inner
+	}
+	f.newStore = func() fleetStore { return &pgStore{conn: f.conn, member: f.member, slot: f.slot, interval: f.interval} }
+	if g.opt.fleetStore != nil {
+		f.newStore = g.opt.fleetStore
 	}
 	return f
 }
@@ -205,6 +211,7 @@ func (f *fleet) stats() FleetStats {
 // start runs the coordination loop: a round at once, then one per
 // interval, until stop.
 func (f *fleet) start() {
+	f.started = true
 	go func() {
 		defer close(f.done)
 		t := time.NewTimer(0)
@@ -223,21 +230,44 @@ func (f *fleet) start() {
 	}()
 }
 
-// stop ends the loop, then leaves the fleet: the share goes to zero, the
-// operations running beyond it are waited for (at most one interval), and
-// the session that holds the slots is closed, which frees them.
+// stop ends the loop, then leaves the fleet: the share goes to zero and
+// the session that holds the slots is closed, which frees them, once no
+// operation runs: at once if none does, else from a goroutine that waits
+// for the last one to end.
 func (f *fleet) stop() {
 	f.once.Do(func() {
 		close(f.quit)
-		<-f.done
+		if f.started {
+			<-f.done
+		}
 		f.roundMu.Lock()
-		defer f.roundMu.Unlock()
 		f.setShare(share{}, nil)
-		ctx, cancel := context.WithTimeout(context.Background(), f.interval)
-		defer cancel()
-		f.waitDrained(ctx)
-		f.dropSession()
+		if f.drainedNow() {
+			f.dropSession()
+			f.roundMu.Unlock()
+			return
+		}
+		drained := f.g.lim.drained()
+		go func() {
+			defer f.roundMu.Unlock()
+			<-drained
+			f.dropSession()
+		}()
 	})
+}
+
+// drainedNow reports whether the operations running are within the share
+// in force.
+func (f *fleet) drainedNow() bool {
+	if f.g.policy.Load().DryRun {
+		return true
+	}
+	select {
+	case <-f.g.lim.drained():
+		return true
+	default:
+		return false
+	}
 }
 
 // SyncFleet runs one coordination round of the gate's fleet now, beside
@@ -253,6 +283,11 @@ func (g *Gate) SyncFleet(ctx context.Context) error {
 
 // sync is one round: read the fleet, then give back or take slots.
 func (f *fleet) sync(ctx context.Context) error {
+	select {
+	case <-f.quit:
+		return ErrClosed
+	default:
+	}
 	f.roundMu.Lock()
 	defer f.roundMu.Unlock()
 	select {
@@ -269,13 +304,13 @@ func (f *fleet) sync(ctx context.Context) error {
 		f.degraded.Store(true)
 		cur := f.share()
 		f.setShare(share{b: min(cur.b, f.fallback), q: cur.q}, err)
-		if f.db != nil {
-			// The session may be alive and hold slots: give them back
-			// only once the operations beyond the fallback ended.
-			wctx, cancel := context.WithTimeout(context.Background(), f.interval)
-			f.waitDrained(wctx)
-			cancel()
+		// The session may still be alive and hold slots: it is closed
+		// only once the operations beyond the fallback ended (here, or at
+		// a later round).
+		if f.store != nil && f.drainedNow() {
 			f.dropSession()
+		} else if f.store != nil {
+			f.stale = true
 		}
 		return err
 	}
@@ -285,18 +320,30 @@ func (f *fleet) sync(ctx context.Context) error {
 }
 
 func (f *fleet) round(ctx context.Context) error {
-	if f.db == nil {
-		if err := f.join(ctx); err != nil {
+	if f.stale {
+		if !f.waitDrained(ctx) {
+			return errors.New("operations beyond the fallback share still run: the failed session, and its slots, are kept until they end")
+		}
+		f.dropSession()
+	}
+	if f.store == nil {
+		st := f.newStore()
+		pid, err := st.join(ctx)
+		if err != nil {
 			return err
 		}
+		f.store, f.pid, f.held = st, pid, nil
+		f.backend.Store(pid)
 	}
-	members, slots, err := f.read(ctx)
+	var gs Stats
+	f.g.lim.stats(&gs)
+	members, slots, err := f.store.read(ctx, fmt.Sprintf("bulkhead fleet b=%d q=%d running=%d waiting=%d", gs.MaxConcurrent, gs.MaxQueue, gs.Running, gs.Waiting))
 	if err != nil {
 		return err
 	}
 	rank := slices.Index(members, f.pid)
 	if rank < 0 {
-		return fmt.Errorf("this process's membership lock (pid %d) is not in pg_locks", f.pid)
+		return fmt.Errorf("this process's membership lock (pid %d) is gone", f.pid)
 	}
 	total := f.g.policy.Load()
 	t, tq, n := total.MaxConcurrent, total.MaxQueue, len(members)
@@ -340,7 +387,7 @@ func (f *fleet) round(ctx context.Context) error {
 			}
 			give = append(give, s)
 		}
-		if err := f.unlock(ctx, give); err != nil {
+		if err := f.store.unlock(ctx, give); err != nil {
 			return err
 		}
 	case inRange < target:
@@ -350,7 +397,7 @@ func (f *fleet) round(ctx context.Context) error {
 				free = append(free, s)
 			}
 		}
-		got, err := f.tryLock(ctx, free)
+		got, err := f.store.tryLock(ctx, free)
 		if err != nil {
 			return err
 		}
@@ -365,7 +412,7 @@ func (f *fleet) round(ctx context.Context) error {
 // force, or ctx ends; it reports which. In dry-run nothing is enforced and
 // nothing is waited for.
 func (f *fleet) waitDrained(ctx context.Context) bool {
-	if f.g.policy.Load().DryRun {
+	if f.drainedNow() {
 		return true
 	}
 	select {
@@ -376,66 +423,92 @@ func (f *fleet) waitDrained(ctx context.Context) bool {
 	}
 }
 
-// join opens the coordination session and takes its membership lock.
-func (f *fleet) join(ctx context.Context) error {
-	db := sql.OpenDB(noCloseConnector{f.conn})
+// dropSession closes the coordination session: the server frees its
+// locks.
+func (f *fleet) dropSession() {
+	if f.store == nil {
+		return
+	}
+	f.store.leave()
+	f.store, f.pid, f.held, f.stale = nil, 0, nil, false
+	f.backend.Store(0)
+}
+
+// fleetStore is one coordination session: where the fleet's membership and
+// slot locks live. pgStore is PostgreSQL's; the package's tests have an
+// in-memory one.
+type fleetStore interface {
+	// join opens the session and takes its membership lock; it returns
+	// the member's id (the backend pid).
+	join(ctx context.Context) (int64, error)
+	// read returns the members' ids, in order, and which member holds
+	// each slot; state describes this process for whoever looks.
+	read(ctx context.Context, state string) (members []int64, slots map[int]int64, err error)
+	// tryLock tries, without waiting, to lock each of slots, and returns
+	// those it got.
+	tryLock(ctx context.Context, slots []int) ([]int, error)
+	unlock(ctx context.Context, slots []int) error
+	// leave ends the session, freeing its locks.
+	leave()
+}
+
+// pgStore keeps a fleet's locks as session-level advisory locks of one
+// dedicated PostgreSQL session, keys (member, backend pid) and (slot,
+// index), read back from pg_locks.
+type pgStore struct {
+	conn         driver.Connector
+	member, slot int32
+	interval     time.Duration
+
+	db   *sql.DB
+	sess *sql.Conn
+}
+
+func (p *pgStore) join(ctx context.Context) (int64, error) {
+	db := sql.OpenDB(noCloseConnector{p.conn})
 	db.SetMaxIdleConns(1)
 	sess, err := db.Conn(ctx)
 	if err != nil {
 		db.Close()
-		return err
+		return 0, err
 	}
 	var pid int64
 	var ok bool
-	err = sess.QueryRowContext(ctx, "SELECT pg_backend_pid(), pg_try_advisory_lock("+itoa32(f.member)+", pg_backend_pid())").Scan(&pid, &ok)
+	err = sess.QueryRowContext(ctx, "SELECT pg_backend_pid(), pg_try_advisory_lock("+itoa32(p.member)+", pg_backend_pid())").Scan(&pid, &ok)
 	if err == nil && !ok {
-		err = fmt.Errorf("membership lock (%d, %d) held by another session", f.member, pid)
+		err = fmt.Errorf("membership lock (%d, %d) held by another session", p.member, pid)
 	}
 	if err != nil {
 		sess.Close()
 		db.Close()
-		return err
+		return 0, err
 	}
-	f.db, f.sess, f.pid, f.held = db, sess, pid, nil
-	f.backend.Store(pid)
-	return nil
+	p.db, p.sess = db, sess
+	return pid, nil
 }
 
-// dropSession closes the coordination session: the server frees its
-// locks.
-func (f *fleet) dropSession() {
-	if f.db == nil {
-		return
-	}
-	if f.sess != nil {
-		// Unlock explicitly when the session still answers, so the locks
-		// are free before this returns whatever database/sql does with the
-		// connection; closing it frees them anyway.
-		ctx, cancel := context.WithTimeout(context.Background(), f.interval)
-		_, _ = f.sess.ExecContext(ctx, "SELECT pg_advisory_unlock_all()")
-		cancel()
-		f.sess.Close()
-	}
-	f.db.Close()
-	f.db, f.sess, f.pid, f.held = nil, nil, 0, nil
-	f.backend.Store(0)
+func (p *pgStore) leave() {
+	// Unlock explicitly when the session still answers, so that the
+	// locks are free before this returns, whatever database/sql then does
+	// with the connection; closing it frees them anyway.
+	ctx, cancel := context.WithTimeout(context.Background(), p.interval)
+	_, _ = p.sess.ExecContext(ctx, "SELECT pg_advisory_unlock_all()")
+	cancel()
+	p.sess.Close()
+	p.db.Close()
 }
 
-// read returns the pids of the fleet's members, in order, and which
-// member holds each slot, from one look at pg_locks. The same statement
-// sets the session's application_name to this process's state, which
-// `bulkhead budget` shows: pg_stat_activity then tells, for each member,
-// its share and use as of its last round.
-func (f *fleet) read(ctx context.Context) (members []int64, slots map[int]int64, err error) {
-	var s Stats
-	f.g.lim.stats(&s)
-	state := fmt.Sprintf("bulkhead fleet b=%d q=%d running=%d waiting=%d", s.MaxConcurrent, s.MaxQueue, s.Running, s.Waiting)
+// read looks at pg_locks once. The same statement sets the session's
+// application_name to state, which `bulkhead budget` shows:
+// pg_stat_activity then tells each member's share and use as of its last
+// round.
+func (p *pgStore) read(ctx context.Context, state string) (members []int64, slots map[int]int64, err error) {
 	q := "WITH me AS (SELECT set_config('application_name', '" + state + "', false))" +
 		" SELECT classid::int8, objid::int8, pid FROM pg_locks, me" +
 		" WHERE locktype = 'advisory' AND objsubid = 2 AND granted" +
 		" AND database = (SELECT oid FROM pg_database WHERE datname = current_database())" +
-		" AND classid::int8 IN (" + strconv.FormatInt(int64(uint32(f.member)), 10) + ", " + strconv.FormatInt(int64(uint32(f.slot)), 10) + ")"
-	rows, err := f.sess.QueryContext(ctx, q)
+		" AND classid::int8 IN (" + strconv.FormatInt(int64(uint32(p.member)), 10) + ", " + strconv.FormatInt(int64(uint32(p.slot)), 10) + ")"
+	rows, err := p.sess.QueryContext(ctx, q)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -446,7 +519,7 @@ func (f *fleet) read(ctx context.Context) (members []int64, slots map[int]int64,
 		if err := rows.Scan(&class, &obj, &pid); err != nil {
 			return nil, nil, err
 		}
-		if class == int64(uint32(f.member)) {
+		if class == int64(uint32(p.member)) {
 			members = append(members, obj)
 		} else {
 			slots[int(obj)] = pid
@@ -459,13 +532,11 @@ func (f *fleet) read(ctx context.Context) (members []int64, slots map[int]int64,
 	return members, slots, nil
 }
 
-// tryLock tries, without waiting, to lock each of slots; it returns those
-// it got.
-func (f *fleet) tryLock(ctx context.Context, slots []int) ([]int, error) {
+func (p *pgStore) tryLock(ctx context.Context, slots []int) ([]int, error) {
 	if len(slots) == 0 {
 		return nil, nil
 	}
-	rows, err := f.sess.QueryContext(ctx, "SELECT s FROM unnest(ARRAY["+join(slots)+"]) AS s WHERE pg_try_advisory_lock("+itoa32(f.slot)+", s)")
+	rows, err := p.sess.QueryContext(ctx, "SELECT s FROM unnest(ARRAY["+join(slots)+"]) AS s WHERE pg_try_advisory_lock("+itoa32(p.slot)+", s)")
 	if err != nil {
 		return nil, err
 	}
@@ -478,15 +549,14 @@ func (f *fleet) tryLock(ctx context.Context, slots []int) ([]int, error) {
 		}
 		got = append(got, s)
 	}
-	f.held = append(f.held, got...)
 	return got, rows.Err()
 }
 
-func (f *fleet) unlock(ctx context.Context, slots []int) error {
+func (p *pgStore) unlock(ctx context.Context, slots []int) error {
 	if len(slots) == 0 {
 		return nil
 	}
-	_, err := f.sess.ExecContext(ctx, "SELECT pg_advisory_unlock("+itoa32(f.slot)+", s) FROM unnest(ARRAY["+join(slots)+"]) AS s")
+	_, err := p.sess.ExecContext(ctx, "SELECT pg_advisory_unlock("+itoa32(p.slot)+", s) FROM unnest(ARRAY["+join(slots)+"]) AS s")
 	return err
 }
 

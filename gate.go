@@ -25,8 +25,9 @@ import (
 // A Gate serves one *sql.DB: OpenDB returns the same one every time.
 //
 // A Gate is safe for concurrent use. The only goroutines it starts are
-// dials of server connections (see WithDialTimeout) and, with
-// WithHoldWarning, timers.
+// dials of server connections (see WithDialTimeout), with
+// WithHoldWarning timers, and in a fleet (Policy.Fleet) its coordination
+// loop, which Close ends.
 type Gate struct {
 	inner driver.Connector
 	lim   *limiter // the global budget
@@ -449,6 +450,11 @@ func checkDSN(name string) error {
 // end, and their connections are closed then. Idle server connections are
 // closed at once. It then closes the inner connector if it is an
 // io.Closer. database/sql calls it from db.Close.
+//
+// In a fleet, Close first ends the coordination loop and gives the
+// process's share back: its B becomes 0, and the session that holds its
+// slots is closed (freeing them for the other instances) once no operation
+// runs: at once if none does, else from a goroutine when the last ends.
 func (g *Gate) Close() error {
 	if g.fleet != nil {
 		g.fleet.stop()

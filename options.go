@@ -23,6 +23,7 @@ type options struct {
 	fleetInterval time.Duration
 	fleetFallback *int
 	fleetConn     driver.Connector
+	fleetStore    func() fleetStore // the package's tests: an in-memory coordination
 
 	err error // the first invalid option: New returns it
 }
