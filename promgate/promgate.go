@@ -39,6 +39,17 @@
 //	bulkhead_queue_wait_seconds{workload}  histogram  wait for the permits of each admitted operation (0 if none)
 //	bulkhead_hold_seconds{kind,workload}   histogram  time each operation held its permits; kind="transaction", "statement" or "query"
 //
+// In a fleet (Policy.Fleet), with a fleet label, and absent outside one
+// (bulkhead_max_concurrent and bulkhead_max_queue are then this process's
+// share):
+//
+//	bulkhead_fleet_max_concurrent{fleet}   gauge      T, the fleet's execution permits (the policy's MaxConcurrent)
+//	bulkhead_fleet_instances{fleet}        gauge      instances of the fleet alive at the last successful coordination round
+//	bulkhead_fleet_share{fleet}            gauge      this process's share of T
+//	bulkhead_fleet_degraded{fleet}         gauge      1 while coordination fails: the share is at most the fallback
+//	bulkhead_fleet_rounds_total{fleet}     counter    coordination rounds
+//	bulkhead_fleet_failures_total{fleet}   counter    coordination rounds that failed
+//
 // For each workload of the policy (Policy.Workloads), the same gauges and
 // counters of its own budget, with a workload label, in families of their
 // own so that summing them never double-counts the global ones (every
@@ -96,6 +107,8 @@ type Collector struct {
 	wl     budgetDescs // each workload's, with a workload label
 	// the gate's server connections
 	open, idle, waitingConn, maxConns, dials, kept, bad, dryRun *prometheus.Desc
+	// the gate's fleet, if any
+	fleetTotal, fleetInstances, fleetShare, fleetDegraded, fleetRounds, fleetFailures *prometheus.Desc
 
 	wait *prometheus.HistogramVec
 	hold *prometheus.HistogramVec
@@ -181,6 +194,13 @@ func New(o Opts) *Collector {
 		kept:        desc("dials_kept_total", "Dials that went on after the operation that asked for them gave up, their connection kept for the next one."),
 		bad:         desc("bad_connections_total", "Server connections closed because the driver found them bad when reset or given back."),
 		dryRun:      desc("dry_run", "1 while the policy is a dry run: rejections are counted and reported, not made."),
+
+		fleetTotal:     desc("fleet_max_concurrent", "T: the execution permits of the whole fleet (the policy's MaxConcurrent).", "fleet"),
+		fleetInstances: desc("fleet_instances", "Instances of the fleet alive at the last successful coordination round.", "fleet"),
+		fleetShare:     desc("fleet_share", "This process's share of the fleet's execution permits.", "fleet"),
+		fleetDegraded:  desc("fleet_degraded", "1 while the fleet coordination fails: the share is at most the fallback.", "fleet"),
+		fleetRounds:    desc("fleet_rounds_total", "Fleet coordination rounds.", "fleet"),
+		fleetFailures:  desc("fleet_failures_total", "Fleet coordination rounds that failed.", "fleet"),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: o.Namespace, Subsystem: "bulkhead", Name: "queue_wait_seconds",
 			Help:        "Time each admitted operation waited for its permits (0 when they were free), by workload (\"\" for none).",
@@ -243,7 +263,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.wl.all() {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{c.open, c.idle, c.waitingConn, c.maxConns, c.dials, c.kept, c.bad, c.dryRun} {
+	for _, d := range []*prometheus.Desc{c.open, c.idle, c.waitingConn, c.maxConns, c.dials, c.kept, c.bad, c.dryRun,
+		c.fleetTotal, c.fleetInstances, c.fleetShare, c.fleetDegraded, c.fleetRounds, c.fleetFailures} {
 		ch <- d
 	}
 	c.wait.Describe(ch)
@@ -268,6 +289,18 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			dry = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.dryRun, prometheus.GaugeValue, dry)
+		if f := s.Fleet; f.Name != "" {
+			degraded := 0.0
+			if f.Degraded {
+				degraded = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.fleetTotal, prometheus.GaugeValue, float64(f.Total), f.Name)
+			ch <- prometheus.MustNewConstMetric(c.fleetInstances, prometheus.GaugeValue, float64(f.Instances), f.Name)
+			ch <- prometheus.MustNewConstMetric(c.fleetShare, prometheus.GaugeValue, float64(f.Share), f.Name)
+			ch <- prometheus.MustNewConstMetric(c.fleetDegraded, prometheus.GaugeValue, degraded, f.Name)
+			ch <- prometheus.MustNewConstMetric(c.fleetRounds, prometheus.CounterValue, float64(f.Rounds), f.Name)
+			ch <- prometheus.MustNewConstMetric(c.fleetFailures, prometheus.CounterValue, float64(f.Failures), f.Name)
+		}
 		for name := range g.Policy().Workloads {
 			if ws, ok := g.WorkloadStats(name); ok {
 				c.wl.collect(ch, ws, name)

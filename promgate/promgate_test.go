@@ -437,3 +437,56 @@ bulkhead_would_wait_total 1
 		t.Error(err)
 	}
 }
+
+// On the fake driver the fleet's coordination fails (it knows no
+// pg_locks): the fleet metrics show the gate degraded, with no share.
+func TestCollectorReportsTheFleetOnlyForAGateInOne(t *testing.T) {
+	c := promgate.New(promgate.Opts{})
+	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 8, Fleet: "orders"}, bulkhead.WithFleetInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.OpenDB().Close()
+	c.Attach(g)
+	await(t, "the loop's first round", func() bool { return g.Stats().Fleet.Rounds > 0 })
+	if err := g.SyncFleet(t.Context()); !errors.Is(err, bulkhead.ErrFleet) {
+		t.Fatalf("SyncFleet on the fake driver: %v, want ErrFleet", err)
+	}
+	rounds := g.Stats().Fleet.Rounds // the loop's first round, and ours: 2
+	want := fmt.Sprintf(`
+# HELP bulkhead_fleet_degraded 1 while the fleet coordination fails: the share is at most the fallback.
+# TYPE bulkhead_fleet_degraded gauge
+bulkhead_fleet_degraded{fleet="orders"} 1
+# HELP bulkhead_fleet_failures_total Fleet coordination rounds that failed.
+# TYPE bulkhead_fleet_failures_total counter
+bulkhead_fleet_failures_total{fleet="orders"} %d
+# HELP bulkhead_fleet_instances Instances of the fleet alive at the last successful coordination round.
+# TYPE bulkhead_fleet_instances gauge
+bulkhead_fleet_instances{fleet="orders"} 0
+# HELP bulkhead_fleet_max_concurrent T: the execution permits of the whole fleet (the policy's MaxConcurrent).
+# TYPE bulkhead_fleet_max_concurrent gauge
+bulkhead_fleet_max_concurrent{fleet="orders"} 8
+# HELP bulkhead_fleet_rounds_total Fleet coordination rounds.
+# TYPE bulkhead_fleet_rounds_total counter
+bulkhead_fleet_rounds_total{fleet="orders"} %d
+# HELP bulkhead_fleet_share This process's share of the fleet's execution permits.
+# TYPE bulkhead_fleet_share gauge
+bulkhead_fleet_share{fleet="orders"} 0
+# HELP bulkhead_max_concurrent Execution permits (B): operations that may run at once.
+# TYPE bulkhead_max_concurrent gauge
+bulkhead_max_concurrent 0
+`, rounds, rounds)
+	names := []string{"bulkhead_fleet_degraded", "bulkhead_fleet_failures_total", "bulkhead_fleet_instances", "bulkhead_fleet_rounds_total", "bulkhead_fleet_share", "bulkhead_fleet_max_concurrent", "bulkhead_max_concurrent"}
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) != 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+	// A gate outside a fleet has no fleet series.
+	c2 := promgate.New(promgate.Opts{})
+	gated(t, c2, bulkhead.Policy{MaxConcurrent: 1})
+	if n := testutil.CollectAndCount(c2, names[:6]...); n != 0 {
+		t.Errorf("%d fleet series for a gate outside a fleet, want 0", n)
+	}
+}
