@@ -147,6 +147,17 @@ func newFleet(g *Gate, name string) *fleet {
 	return f
 }
 
+// FleetLockKeys returns the first keys of a fleet's PostgreSQL advisory
+// locks: each member holds (members, its coordination backend's pid), and
+// each slot is (slots, its index from 0 to T−1). In pg_locks they are the
+// rows with locktype 'advisory', objsubid 2 and classid the key as an
+// unsigned 32-bit number; `bulkhead budget --fleet` reads them. The keys
+// are 32 bits of a hash of the name: two fleets of one database whose
+// names collide would share a budget, which a different name avoids.
+func FleetLockKeys(name string) (members, slots int32) {
+	return fleetKey(name, "members"), fleetKey(name, "slots")
+}
+
 // fleetKey is the first key of a fleet's advisory locks: 32 bits of a hash
 // of the fleet's name, for the membership locks or the slots.
 func fleetKey(name, what string) int32 {
@@ -337,7 +348,8 @@ func (f *fleet) round(ctx context.Context) error {
 	}
 	var gs Stats
 	f.g.lim.stats(&gs)
-	members, slots, err := f.store.read(ctx, fmt.Sprintf("bulkhead fleet b=%d q=%d running=%d waiting=%d", gs.MaxConcurrent, gs.MaxQueue, gs.Running, gs.Waiting))
+	state := fmt.Sprintf("bulkhead fleet t=%d b=%d q=%d running=%d waiting=%d", f.g.policy.Load().MaxConcurrent, gs.MaxConcurrent, gs.MaxQueue, gs.Running, gs.Waiting)
+	members, slots, err := f.store.read(ctx, state)
 	if err != nil {
 		return err
 	}

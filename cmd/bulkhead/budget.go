@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -20,6 +21,16 @@ Checks the connection budget of a live PostgreSQL server:
 
   instances × connections per instance + other ≤ max_connections − reserved
 
+With a fleet (--fleet or BULKHEAD_FLEET), B+Q are the whole fleet's, and
+each instance adds its coordination session:
+
+  B + Q + instances + other ≤ max_connections − reserved
+
+and the fleet is shown live, as the database sees it: each instance alive,
+its share (the slots it holds), what it reported at the start of its
+last round (T, B, Q, running, waiting), and the slots held against T = B. Exit 1 also when the
+slots held exceed T.
+
 where reserved is superuser_reserved_connections plus reserved_connections
 (PostgreSQL 16 and later). Count instances at their peak: autoscaling
 maximum plus the overlap of a rolling deploy. Connections per instance are
@@ -31,6 +42,7 @@ user. Exit 0 when the budget fits, 1 when it does not, 2 on an error.
 const budgetExamples = `  bulkhead budget --dsn postgres://postgres@127.0.0.1:5432/test --instances 6 --max-concurrent 4 --max-queue 4
   bulkhead budget --dsn postgres://postgres@127.0.0.1:5432/test --instances 12 --conns-per-instance 10 --other 15
   BULKHEAD_MAX_CONCURRENT=8 BULKHEAD_MAX_QUEUE=8 DATABASE_URL=postgres://app@db:5432/app bulkhead budget --instances 4
+  BULKHEAD_FLEET=orders BULKHEAD_MAX_CONCURRENT=8 BULKHEAD_MAX_QUEUE=8 bulkhead budget --dsn postgres://app@db:5432/app --instances 8
 `
 
 // budgetLimit bounds the numeric flags of budget, so that the products
@@ -63,12 +75,14 @@ func (e *env) budget(ctx context.Context, args []string) int {
 			return e.fail(fmt.Errorf("budget: --conns-per-instance is %d, want 1 to %d", per, budgetLimit))
 		}
 		// The connections are given: the policy is not read.
-		for _, name := range []string{setB, setQ, setDryRun} {
+		for _, name := range []string{setB, setQ, setDryRun, setFleet} {
 			if set[name] {
 				return e.fail(fmt.Errorf("budget: --%s does nothing with --conns-per-instance, which gives the connections per instance; want one or the other", name))
 			}
 		}
-	} else {
+	}
+	var fleet bulkhead.Policy
+	if !set["conns-per-instance"] {
 		r, err := pi.resolve(e.lookup, set, bulkhead.DefaultPolicy)
 		if err != nil {
 			return e.fail(fmt.Errorf("budget: %w", err))
@@ -84,6 +98,10 @@ func (e *env) budget(ctx context.Context, args []string) int {
 		if per > budgetLimit {
 			return e.fail(fmt.Errorf("budget: B+Q is %d, want at most %d", per, budgetLimit))
 		}
+		if p.Fleet != "" {
+			fleet = p
+			per, perWhy = 1, fmt.Sprintf("its coordination session; fleet %s (%s) keeps at most B+Q = %d+%d in all", p.Fleet, r.describe(setFleet), p.MaxConcurrent, p.MaxQueue)
+		}
 	}
 	t, err := e.resolveTarget(*dsn, set["dsn"])
 	if err != nil {
@@ -94,7 +112,7 @@ func (e *env) budget(ctx context.Context, args []string) int {
 	}
 	readCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	srv, err := readServer(readCtx, t)
+	srv, err := readServer(readCtx, t, fleet.Fleet)
 	if err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintln(e.stderr, "bulkhead: budget: interrupted")
@@ -103,8 +121,15 @@ func (e *env) budget(ctx context.Context, args []string) int {
 		return e.fail(fmt.Errorf("budget: %s: %w", t.display, err))
 	}
 	b := budgetCheck{srv: srv, instances: *instances, perInstance: per, perWhy: perWhy, other: *other, otherGiven: set["other"]}
+	if fleet.Fleet != "" {
+		b.fleetConns = fleet.MaxConcurrent + fleet.MaxQueue
+	}
 	b.print(e.stdout, t.display)
-	if !b.fits() {
+	fleetOK := true
+	if fleet.Fleet != "" {
+		fleetOK = srv.fleet.print(e.stdout, fleet.Fleet, fleet.MaxConcurrent)
+	}
+	if !b.fits() || !fleetOK {
 		return exitFinding
 	}
 	return exitOK
@@ -119,6 +144,21 @@ type serverFacts struct {
 	reservedExists bool // reserved_connections: PostgreSQL 16 and later
 	inUse          []usage
 	inUseTotal     int
+	fleet          fleetView
+}
+
+// fleetView is a fleet as pg_locks and pg_stat_activity show it.
+type fleetView struct {
+	members []fleetMember
+	slots   int // slots held, by members or not
+}
+
+type fleetMember struct {
+	pid      int64
+	client   string
+	since    time.Time
+	slots    int
+	reported string // its application_name, set at its last round
 }
 
 type usage struct {
@@ -130,7 +170,7 @@ type usage struct {
 // with the process id: two checks at once tell their connections apart.
 func budgetAppName() string { return fmt.Sprintf("bulkhead-budget-%d", os.Getpid()) }
 
-func readServer(ctx context.Context, t *target) (*serverFacts, error) {
+func readServer(ctx context.Context, t *target, fleet string) (*serverFacts, error) {
 	db := sql.OpenDB(t.plainConnector(budgetAppName()))
 	defer db.Close()
 	db.SetMaxOpenConns(1)
@@ -193,12 +233,68 @@ func readServer(ctx context.Context, t *target) (*serverFacts, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("reading pg_stat_activity: %w", err)
 	}
+	if fleet != "" {
+		if f.fleet, err = readFleet(ctx, db, fleet); err != nil {
+			return nil, fmt.Errorf("reading fleet %s from pg_locks: %w", fleet, err)
+		}
+	}
 	return f, nil
+}
+
+// readFleet reads a fleet's members and slots: its advisory locks
+// (bulkhead.FleetLockKeys) and the members' sessions.
+func readFleet(ctx context.Context, db *sql.DB, name string) (fleetView, error) {
+	mk, sk := bulkhead.FleetLockKeys(name)
+	var v fleetView
+	const advisory = "locktype = 'advisory' AND objsubid = 2 AND granted" +
+		" AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+	rows, err := db.QueryContext(ctx, `SELECT m.pid, coalesce(host(a.client_addr), 'local socket'), coalesce(a.backend_start, now()),
+		coalesce(a.application_name, ''),
+		(SELECT count(*) FROM pg_locks s WHERE s.`+strings.ReplaceAll(advisory, " AND ", " AND s.")+` AND s.classid::int8 = $2 AND s.pid = m.pid)
+		FROM pg_locks m LEFT JOIN pg_stat_activity a ON a.pid = m.pid
+		WHERE m.`+strings.ReplaceAll(advisory, " AND ", " AND m.")+` AND m.classid::int8 = $1
+		ORDER BY m.pid`, int64(uint32(mk)), int64(uint32(sk)))
+	if err != nil {
+		return v, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var m fleetMember
+		if err := rows.Scan(&m.pid, &m.client, &m.since, &m.reported, &m.slots); err != nil {
+			return v, err
+		}
+		m.reported = strings.TrimPrefix(m.reported, "bulkhead fleet ")
+		v.members = append(v.members, m)
+	}
+	if err := rows.Err(); err != nil {
+		return v, err
+	}
+	err = db.QueryRowContext(ctx, "SELECT count(*) FROM pg_locks WHERE "+advisory+" AND classid::int8 = $1", int64(uint32(sk))).Scan(&v.slots)
+	return v, err
+}
+
+// print shows the fleet; it returns false when its slots exceed T.
+func (v fleetView) print(w io.Writer, name string, total int) bool {
+	fmt.Fprintf(w, "\nfleet %s, live: %d instances, %d slots held of T=%d\n", name, len(v.members), v.slots, total)
+	if len(v.members) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(tw, "  backend pid\tclient\tsince\tshare (slots)\treported at the start of its last round\n")
+		for _, m := range v.members {
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%d\t%s\n", m.pid, m.client, m.since.Format(time.DateTime), m.slots, m.reported)
+		}
+		tw.Flush()
+	}
+	if v.slots > total {
+		fmt.Fprintf(w, "fleet: OVER T by %d slots: the instances were given a larger T than this check's --max-concurrent, or T was lowered and they have not given the slots back yet\n", v.slots-total)
+		return false
+	}
+	return true
 }
 
 // budgetCheck is the inequality with its numbers.
 type budgetCheck struct {
 	srv         *serverFacts
+	fleetConns  int // a fleet's B+Q, counted once; 0 outside a fleet
 	instances   int
 	perInstance int
 	perWhy      string
@@ -206,7 +302,7 @@ type budgetCheck struct {
 	otherGiven  bool
 }
 
-func (b budgetCheck) need() int { return b.instances*b.perInstance + b.other }
+func (b budgetCheck) need() int { return b.fleetConns + b.instances*b.perInstance + b.other }
 func (b budgetCheck) available() int {
 	return b.srv.maxConnections - b.srv.superReserved - b.srv.reserved
 }
@@ -240,14 +336,21 @@ func (b budgetCheck) print(w io.Writer, where string) {
 	if !b.otherGiven && s.inUseTotal > 0 {
 		fmt.Fprintf(w, "other clients: %d (--other; %d connections are in use now, pass --other to count those that are not this application)\n", b.other, s.inUseTotal)
 	}
-	fmt.Fprintf(w, "\nbudget: instances × conns + other ≤ max_connections − reserved\n")
 	verb := "≤"
 	if !b.fits() {
 		verb = ">"
 	}
-	fmt.Fprintf(w, "        %d × %d + %d = %d %s %d − %d = %d\n",
-		b.instances, b.perInstance, b.other, b.need(), verb,
-		s.maxConnections, s.superReserved+s.reserved, b.available())
+	if b.fleetConns > 0 {
+		fmt.Fprintf(w, "\nbudget: fleet B+Q + instances × 1 + other ≤ max_connections − reserved\n")
+		fmt.Fprintf(w, "        %d + %d × %d + %d = %d %s %d − %d = %d\n",
+			b.fleetConns, b.instances, b.perInstance, b.other, b.need(), verb,
+			s.maxConnections, s.superReserved+s.reserved, b.available())
+	} else {
+		fmt.Fprintf(w, "\nbudget: instances × conns + other ≤ max_connections − reserved\n")
+		fmt.Fprintf(w, "        %d × %d + %d = %d %s %d − %d = %d\n",
+			b.instances, b.perInstance, b.other, b.need(), verb,
+			s.maxConnections, s.superReserved+s.reserved, b.available())
+	}
 	if b.fits() {
 		fmt.Fprintf(w, "verdict: fits, %d connections to spare\n", b.available()-b.need())
 		return

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -156,5 +157,61 @@ func TestBudgetRejectsBadInput(t *testing.T) {
 			r := runCmd(t, c.vars, append([]string{"budget"}, c.args...)...)
 			wantOneLineError(t, r, append([]string{"budget:"}, c.want...)...)
 		})
+	}
+}
+
+// budget --fleet shows a live fleet as PostgreSQL sees it: two gates of
+// one fleet, each with its share after their rounds.
+func TestBudgetShowsALiveFleet(t *testing.T) {
+	url := postgresURL(t)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("budget-%d", os.Getpid())
+	p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 2, QueueWait: time.Second, Fleet: name}
+	var gs []*bulkhead.Gate
+	for range 2 {
+		g, err := bulkhead.New(stdlib.GetConnector(*cfg), p, bulkhead.WithFleetInterval(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.OpenDB().Close()
+		gs = append(gs, g)
+	}
+	for range 2 {
+		for _, g := range gs {
+			if err := g.SyncFleet(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	maxConns, available := serverLimit(t)
+	r := runCmd(t, map[string]string{bulkhead.EnvFleet: name}, "budget", "--dsn", url, "--instances", "3", "--max-concurrent", "4", "--max-queue", "2")
+	if r.code != exitOK || r.stderr != "" {
+		t.Fatalf("exit %d, stderr %q\n%s", r.code, r.stderr, r.stdout)
+	}
+	want := []string{
+		"budget: fleet B+Q + instances × 1 + other ≤ max_connections − reserved",
+		fmt.Sprintf("6 + 3 × 1 + 0 = 9 ≤ %d − %d = %d", maxConns, maxConns-available, available),
+		fmt.Sprintf("fleet %s, live: 2 instances, 4 slots held of T=4", name),
+		"  2              t=4 b=",
+	}
+	for _, g := range gs {
+		s := g.Stats()
+		want = append(want, fmt.Sprintf("%d  ", s.Fleet.Backend))
+		if s.MaxConcurrent != 2 {
+			t.Fatalf("a gate of the fleet has B=%d, want 2", s.MaxConcurrent)
+		}
+	}
+	for _, w := range want {
+		if !strings.Contains(r.stdout, w) {
+			t.Errorf("output lacks %q:\n%s", w, r.stdout)
+		}
+	}
+	// A check told a smaller T finds the fleet over it.
+	r = runCmd(t, nil, "budget", "--dsn", url, "--fleet", name, "--max-concurrent", "3", "--max-queue", "0")
+	if r.code != exitFinding || !strings.Contains(r.stdout, "fleet: OVER T by 1 slots") {
+		t.Fatalf("T=3 against 4 slots held: exit %d\n%s", r.code, r.stdout)
 	}
 }

@@ -380,7 +380,7 @@ func openBaselineRun(cfg *loadConfig, app string) (*loadRun, error) {
 
 // runPhase runs the clients of one run and returns what was measured.
 func (e *env) runPhase(ctx context.Context, cfg *loadConfig, r *loadRun) (*runResult, error) {
-	pingCtx, cancel := context.WithTimeout(ctx, 2*connectTimeout)
+	pingCtx, cancel := context.WithTimeout(ctx, cfg.target.startTimeout())
 	err := r.db.PingContext(pingCtx)
 	cancel()
 	if err != nil {

@@ -164,7 +164,7 @@ func TestLoadInterruptedStillReportsWhatWasMeasured(t *testing.T) {
 }
 
 func TestLoadProgressRewritesOneLineOnATerminal(t *testing.T) {
-	r := runCmdTerm(t, context.Background(), nil, nil, true, "load", "--clients", "2", "--count", "10", "--hold", "1ms")
+	r := runCmdTerm(t, context.Background(), nil, nil, true, "load", "--clients", "2", "--count", "10", "--hold", "1ms", "--deadline", "1m")
 	if r.code != exitOK {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 	}
@@ -180,7 +180,7 @@ func TestLoadProgressRewritesOneLineOnATerminal(t *testing.T) {
 }
 
 func TestLoadProgressIsPlainLinesOffATerminal(t *testing.T) {
-	r := runCmd(t, nil, "load", "--clients", "2", "--count", "10", "--hold", "1ms", "--progress", "1ns")
+	r := runCmd(t, nil, "load", "--clients", "2", "--count", "10", "--hold", "1ms", "--deadline", "1m", "--progress", "1ns")
 	if r.code != exitOK {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 	}

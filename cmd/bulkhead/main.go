@@ -336,16 +336,18 @@ func commandUses(cmd string) func(string) bool {
 // the flag is then an error, the variable not read.
 var unusedSettings = map[string]map[string]string{
 	"demo": {
-		setB: demoFixed, setQ: demoFixed, setWait: demoFixed, setDryRun: demoFixed, setWorkloads: demoFixed,
+		setB: demoFixed, setQ: demoFixed, setWait: demoFixed, setDryRun: demoFixed, setWorkloads: demoFixed, setFleet: demoFixed,
 	},
-	"load":     {},
-	"overload": {},
+	"load":     {setFleet: oneProcess},
+	"overload": {setFleet: oneProcess},
 	"budget": {
 		setWait:      "the budget counts connections, B+Q; the queue wait does not change them",
 		setWorkloads: "workloads share the policy's B+Q; they do not change the connections",
 	},
 	"policy": {setDSN: "the policy command connects to no database"},
 }
+
+const oneProcess = "it measures one process, which in a fleet of one holds the whole budget; `bulkhead budget --fleet` shows a live fleet"
 
 const demoFixed = "the demonstration's policy is fixed (B=1, Q=0, no wait) so that the second operation is rejected"
 

@@ -8,12 +8,13 @@ import (
 	"github.com/dbbulkhead/bulkhead"
 )
 
-const policyUsage = `Usage: bulkhead policy [--max-concurrent B] [--max-queue Q] [--queue-wait D] [--dry-run] [--workloads W]
+const policyUsage = `Usage: bulkhead policy [--max-concurrent B] [--max-queue Q] [--queue-wait D] [--dry-run] [--workloads W] [--fleet NAME]
 
 Prints the policy that the flags and the BULKHEAD_* environment give, as
 bulkhead.PolicyFromEnv reads the variables: each setting, its value and
 where it came from (flag, variable or default), dry-run, the workloads,
-and the connections one instance keeps at most (B+Q). A malformed
+the fleet, and the connections one instance keeps at most (B+Q; in a
+fleet, its share of them plus its coordination session). A malformed
 variable is an error that names it, its value and what is expected, and
 the flag that overrides it (exit 2).
 `
@@ -21,6 +22,7 @@ the flag that overrides it (exit 2).
 const policyExamples = `  bulkhead policy
   BULKHEAD_MAX_CONCURRENT=4 BULKHEAD_MAX_QUEUE=8 BULKHEAD_QUEUE_WAIT=20ms bulkhead policy
   BULKHEAD_WORKLOADS=batch:2:4:50ms bulkhead policy --dry-run
+  BULKHEAD_FLEET=orders BULKHEAD_MAX_CONCURRENT=8 bulkhead policy
 `
 
 func (e *env) policy(_ context.Context, args []string) int {
@@ -57,7 +59,15 @@ func (e *env) policy(_ context.Context, args []string) int {
 			fmt.Fprintf(tw, "  workload %s\tB=%d Q=%d wait=%v\twithin the policy's B and B+Q\n", n, w.MaxConcurrent, w.MaxQueue, w.QueueWait)
 		}
 	}
+	if p.Fleet == "" {
+		fmt.Fprintf(tw, "fleet\tnone\t%s\n", r.describe(setFleet))
+	} else {
+		fmt.Fprintf(tw, "fleet\t%s\t%s: B=%d and Q=%d are the whole fleet's, each instance runs on its share\n", p.Fleet, r.describe(setFleet), p.MaxConcurrent, p.MaxQueue)
+	}
 	conns := fmt.Sprintf("%d\tat most B+Q", p.MaxConcurrent+p.MaxQueue)
+	if p.Fleet != "" {
+		conns = fmt.Sprintf("at most its share of B+Q, + 1\tthe fleet's: at most B+Q = %d, + 1 coordination session per instance", p.MaxConcurrent+p.MaxQueue)
+	}
 	if p.DryRun {
 		conns = fmt.Sprintf("%d\tB+Q; in dry-run the gate dials beyond it when needed", p.MaxConcurrent+p.MaxQueue)
 	}

@@ -41,6 +41,7 @@ const (
 	setWait      = "queue-wait"
 	setDryRun    = "dry-run"
 	setWorkloads = "workloads"
+	setFleet     = "fleet"
 )
 
 var settings = []setting{
@@ -50,6 +51,7 @@ var settings = []setting{
 	{flag: setWait, env: bulkhead.EnvQueueWait, what: "longest wait for a permit", form: "duration 0s to 1h, e.g. 20ms", def: "100ms (overload: deadline − 2·B/C)"},
 	{flag: setDryRun, env: bulkhead.EnvDryRun, what: "count what the gate would reject, reject nothing", form: "true or false", def: "false"},
 	{flag: setWorkloads, env: bulkhead.EnvWorkloads, what: "named budgets inside the policy", form: "name:B:Q:wait,... e.g. batch:2:4:50ms", def: "none"},
+	{flag: setFleet, env: bulkhead.EnvFleet, what: "a fleet budget: B and Q are the whole fleet's, shared by its instances", form: "name of a-z, 0-9, _ and -", def: "none"},
 }
 
 // knownEnv are the BULKHEAD_* variables the library and the tool read.
@@ -246,6 +248,7 @@ type policyInput struct {
 	wait optDuration
 	dry  optBool
 	wl   optString
+	flt  optString
 }
 
 // addPolicyFlags defines the policy flags on fs. unused maps each setting
@@ -259,6 +262,7 @@ func (e *env) addPolicyFlags(fs *flag.FlagSet, unused map[string]string) *policy
 	fs.Var(&pi.wait, setWait, "longest wait for a permit")
 	fs.Var(&pi.dry, setDryRun, "dry run: count what the gate would reject, reject nothing")
 	fs.Var(&pi.wl, setWorkloads, "workloads, name:B:Q:wait entries separated by commas, e.g. batch:2:4:50ms (\"\" for none)")
+	fs.Var(&pi.flt, setFleet, "fleet: B and Q are those of the whole fleet of that name (see README: Fleets)")
 	return pi
 }
 
@@ -393,6 +397,8 @@ func (pi *policyInput) resolve(lookup func(string) (string, bool), set map[strin
 			r.p.DryRun = p.DryRun
 		case setWorkloads:
 			r.p.Workloads = p.Workloads
+		case setFleet:
+			r.p.Fleet = p.Fleet
 		}
 	}
 	return r, nil
@@ -427,6 +433,13 @@ func (pi *policyInput) fromFlag(name string, p *bulkhead.Policy) error {
 			return errors.New(strings.Replace(strings.TrimPrefix(err.Error(), "bulkhead: "), bulkhead.EnvWorkloads, "--workloads", 1))
 		}
 		p.Workloads = w.Workloads
+	case setFleet:
+		lookup := func(k string) (string, bool) { return pi.flt.v, k == bulkhead.EnvFleet }
+		f, err := parseEnvAlone(lookup, bulkhead.EnvFleet)
+		if err != nil {
+			return errors.New(strings.Replace(strings.TrimPrefix(err.Error(), "bulkhead: "), bulkhead.EnvFleet, "--fleet", 1))
+		}
+		p.Fleet = f.Fleet
 	}
 	return nil
 }
@@ -442,6 +455,9 @@ func (r *resolvedPolicy) check() error {
 		}
 		if len(r.p.Workloads) > 0 {
 			parts = append(parts, "workloads "+r.describe(setWorkloads))
+		}
+		if r.p.Fleet != "" {
+			parts = append(parts, "fleet "+r.describe(setFleet))
 		}
 		return fmt.Errorf("%w (%s)", err, strings.Join(parts, ", "))
 	}

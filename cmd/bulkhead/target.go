@@ -54,6 +54,16 @@ const dsnForms = "want postgres://user:password@host:5432/database or mysql://us
 // connectTimeout bounds a dial when the DSN does not say otherwise.
 const connectTimeout = 5 * time.Second
 
+// startTimeout bounds the first connection of a run: two dials of a
+// server, or, for the embedded SQLite, the compilation of its WebAssembly
+// engine, which takes seconds of CPU and many more on a busy machine.
+func (t *target) startTimeout() time.Duration {
+	if t.dialect == dialectSQLite {
+		return 2 * time.Minute
+	}
+	return 2 * connectTimeout
+}
+
 // target is the database a command runs against: PostgreSQL or MySQL from
 // a URL, or an embedded in-memory SQLite database when none is given.
 type target struct {
