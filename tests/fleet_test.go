@@ -611,3 +611,38 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 		t.Fatalf("no work ran after the deploy (%d before, %d after) or no look (%d)", before, ran.Load(), looks)
 	}
 }
+
+// BenchmarkFleetRound is the cost of one coordination round of an
+// instance whose share does not change: the statement that reads pg_locks
+// (and sets application_name), on a fleet of 1 or 8 instances.
+func BenchmarkFleetRound(b *testing.B) {
+	for _, n := range []int{1, 8} {
+		b.Run(fmt.Sprintf("instances=%d", n), func(b *testing.B) {
+			cfg := pgConfig(b)
+			name := fleetName(b)
+			var gs []*bulkhead.Gate
+			for range n {
+				g, err := bulkhead.New(stdlib.GetConnector(*cfg), fleetPolicy(name, 8, 8), bulkhead.WithFleetInterval(time.Hour))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer g.OpenDB().Close()
+				gs = append(gs, g)
+			}
+			ctx := context.Background()
+			for range 2 {
+				for _, g := range gs {
+					if err := g.SyncFleet(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				if err := gs[0].SyncFleet(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
