@@ -233,7 +233,10 @@ func (f *fleet) start() {
 				return
 			case <-t.C:
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), f.interval)
+			// A round has at least a second: a busy server may answer the
+			// round's statement slower than a short interval, and a round
+			// cut off by its context counts as a failure.
+			ctx, cancel := context.WithTimeout(context.Background(), max(f.interval, time.Second))
 			f.sync(ctx) // its error is in the stats and events
 			cancel()
 			t.Reset(f.interval)
