@@ -1,6 +1,7 @@
 package bulkhead
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -107,6 +108,9 @@ type fleet struct {
 	store    fleetStore        // the session; nil between sessions
 	pid      int64             // its id among the members
 	held     []int             // slots it holds, as the last read said
+	lending  bool              // WithFleetLending
+	seen     Stats             // the counters at the last round (load)
+	fair     int               // the fair share at the last round
 	stale    bool              // a round failed with operations beyond the fallback running: drop the session once they end
 
 	instances, rounds, failures, backend atomic.Int64
@@ -140,6 +144,7 @@ func newFleet(g *Gate, name string) *fleet {
 	if f.conn == nil {
 		f.conn = g.inner
 	}
+	f.lending = g.opt.fleetLending
 	f.newStore = func() fleetStore { return &pgStore{conn: f.conn, member: f.member, slot: f.slot, interval: f.interval} }
 	if g.opt.fleetStore != nil {
 		f.newStore = g.opt.fleetStore
@@ -351,22 +356,22 @@ func (f *fleet) round(ctx context.Context) error {
 	}
 	var gs Stats
 	f.g.lim.stats(&gs)
-	state := fmt.Sprintf("bulkhead fleet t=%d b=%d q=%d running=%d waiting=%d", f.g.policy.Load().MaxConcurrent, gs.MaxConcurrent, gs.MaxQueue, gs.Running, gs.Waiting)
+	load := f.load(gs)
+	state := fmt.Sprintf("bulkhead fleet t=%d b=%d q=%d running=%d waiting=%d load=%s", f.g.policy.Load().MaxConcurrent, gs.MaxConcurrent, gs.MaxQueue, gs.Running, gs.Waiting, load)
 	members, slots, err := f.store.read(ctx, state)
 	if err != nil {
 		return err
 	}
-	rank := slices.Index(members, f.pid)
+	rank := slices.IndexFunc(members, func(m fleetMember) bool { return m.pid == f.pid })
 	if rank < 0 {
 		return fmt.Errorf("this process's membership lock (pid %d) is gone", f.pid)
 	}
+	members[rank].state = state // as the others will read it
 	total := f.g.policy.Load()
 	t, tq, n := total.MaxConcurrent, total.MaxQueue, len(members)
 	f.instances.Store(int64(n))
-	target := t / n
-	if rank < t%n {
-		target++
-	}
+	target := fleetTargets(t, members, f.lending)[rank]
+	f.fair = fleetTargets(t, members, false)[rank]
 	q := tq / n
 	if rank < tq%n {
 		q++
@@ -449,6 +454,97 @@ func (f *fleet) dropSession() {
 	f.backend.Store(0)
 }
 
+// fleetMember is a member of the fleet as a round reads it: its id and
+// the state it published at its last round.
+type fleetMember struct {
+	pid   int64
+	state string
+}
+
+// Loads an instance publishes at each round (WithFleetLending uses them):
+// idle (no operation since its last round), busy (some had to wait or
+// were rejected: it could use more), active (neither).
+const (
+	loadIdle   = "idle"
+	loadActive = "active"
+	loadBusy   = "busy"
+)
+
+// load classifies this process's work since the last round. An instance
+// that runs on borrowed slots and still works stays busy, so that it does
+// not give them back just because they sufficed.
+func (f *fleet) load(s Stats) string {
+	prev := f.seen
+	f.seen = s
+	worked := s.Running > 0 || s.Admitted > prev.Admitted
+	switch {
+	case s.Waiting > 0 || s.WaitCount > prev.WaitCount || s.RejectedFull > prev.RejectedFull || s.RejectedTimeout > prev.RejectedTimeout:
+		return loadBusy
+	case worked && s.MaxConcurrent > f.fair:
+		return loadBusy
+	case worked:
+		return loadActive
+	}
+	return loadIdle
+}
+
+// memberLoad reads the load a member published; a member that published
+// none yet (it has not finished a round) counts as active.
+func memberLoad(state string) string {
+	for _, f := range strings.Fields(state) {
+		if v, ok := strings.CutPrefix(f, "load="); ok && (v == loadIdle || v == loadBusy) {
+			return v
+		}
+	}
+	return loadActive
+}
+
+// fleetTargets returns each member's target share of t slots, members in
+// pid order. Without lending: ⌊t/n⌋, plus one for the first t mod n.
+// With lending, active and busy members keep that fair share; an idle
+// member keeps one slot of it (so that its next operation runs at once)
+// and lends the rest, which goes to the busy members one slot at a time
+// in pid order; with no busy member nothing is lent. Every member
+// computes the same targets from the same reading; readings a round apart
+// may differ, which the slots' locks make harmless: a member only takes
+// free slots.
+func fleetTargets(t int, members []fleetMember, lending bool) []int {
+	n := len(members)
+	targets := make([]int, n)
+	for i := range targets {
+		targets[i] = t / n
+		if i < t%n {
+			targets[i]++
+		}
+	}
+	if !lending {
+		return targets
+	}
+	pool := 0
+	var busy []int
+	for i, m := range members {
+		switch memberLoad(m.state) {
+		case loadIdle:
+			pool += targets[i] - min(targets[i], 1)
+		case loadBusy:
+			busy = append(busy, i)
+		}
+	}
+	if len(busy) == 0 || pool == 0 {
+		return targets
+	}
+	for i, m := range members {
+		if memberLoad(m.state) == loadIdle {
+			targets[i] = min(targets[i], 1)
+		}
+	}
+	for i := 0; pool > 0; i++ {
+		targets[busy[i%len(busy)]]++
+		pool--
+	}
+	return targets
+}
+
 // fleetStore is one coordination session: where the fleet's membership and
 // slot locks live. pgStore is PostgreSQL's; the package's tests have an
 // in-memory one.
@@ -456,9 +552,11 @@ type fleetStore interface {
 	// join opens the session and takes its membership lock; it returns
 	// the member's id (the backend pid).
 	join(ctx context.Context) (int64, error)
-	// read returns the members' ids, in order, and which member holds
-	// each slot; state describes this process for whoever looks.
-	read(ctx context.Context, state string) (members []int64, slots map[int]int64, err error)
+	// read returns the members, in pid order, each with the state it
+	// published at its last round, and which member holds each slot;
+	// state is this process's, published for the others and for whoever
+	// looks.
+	read(ctx context.Context, state string) (members []fleetMember, slots map[int]int64, err error)
 	// tryLock tries, without waiting, to lock each of slots, and returns
 	// those it got.
 	tryLock(ctx context.Context, slots []int) ([]int, error)
@@ -517,12 +615,13 @@ func (p *pgStore) leave() {
 // application_name to state, which `bulkhead budget` shows:
 // pg_stat_activity then tells each member's share and use as of its last
 // round.
-func (p *pgStore) read(ctx context.Context, state string) (members []int64, slots map[int]int64, err error) {
+func (p *pgStore) read(ctx context.Context, state string) (members []fleetMember, slots map[int]int64, err error) {
 	q := "WITH me AS (SELECT set_config('application_name', '" + state + "', false))" +
-		" SELECT classid::int8, objid::int8, pid FROM pg_locks, me" +
-		" WHERE locktype = 'advisory' AND objsubid = 2 AND granted" +
-		" AND database = (SELECT oid FROM pg_database WHERE datname = current_database())" +
-		" AND classid::int8 IN (" + strconv.FormatInt(int64(uint32(p.member)), 10) + ", " + strconv.FormatInt(int64(uint32(p.slot)), 10) + ")"
+		" SELECT l.classid::int8, l.objid::int8, l.pid, coalesce(a.application_name, '')" +
+		" FROM me, pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid" +
+		" WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted" +
+		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())" +
+		" AND l.classid::int8 IN (" + strconv.FormatInt(int64(uint32(p.member)), 10) + ", " + strconv.FormatInt(int64(uint32(p.slot)), 10) + ")"
 	rows, err := p.sess.QueryContext(ctx, q)
 	if err != nil {
 		return nil, nil, err
@@ -531,11 +630,12 @@ func (p *pgStore) read(ctx context.Context, state string) (members []int64, slot
 	slots = map[int]int64{}
 	for rows.Next() {
 		var class, obj, pid int64
-		if err := rows.Scan(&class, &obj, &pid); err != nil {
+		var app string
+		if err := rows.Scan(&class, &obj, &pid, &app); err != nil {
 			return nil, nil, err
 		}
 		if class == int64(uint32(p.member)) {
-			members = append(members, obj)
+			members = append(members, fleetMember{pid: obj, state: app})
 		} else {
 			slots[int(obj)] = pid
 		}
@@ -543,7 +643,7 @@ func (p *pgStore) read(ctx context.Context, state string) (members []int64, slot
 	if err := rows.Err(); err != nil {
 		return nil, nil, err
 	}
-	slices.Sort(members)
+	slices.SortFunc(members, func(a, b fleetMember) int { return cmp.Compare(a.pid, b.pid) })
 	return members, slots, nil
 }
 

@@ -26,14 +26,14 @@ import (
 type memLocks struct {
 	mu      sync.Mutex
 	next    int64
-	members map[int64]bool
+	members map[int64]string // the state each published
 	slots   map[int]int64
 	fail    map[int64]bool // the member's next call fails (a query error; the session lives)
 	dead    map[int64]bool // the member's session is gone (its locks freed)
 }
 
 func newMemLocks() *memLocks {
-	return &memLocks{members: map[int64]bool{}, slots: map[int]int64{}, fail: map[int64]bool{}, dead: map[int64]bool{}}
+	return &memLocks{members: map[int64]string{}, slots: map[int]int64{}, fail: map[int64]bool{}, dead: map[int64]bool{}}
 }
 
 // drop frees the member's locks, as the server does when a session ends.
@@ -79,21 +79,22 @@ func (s *memStore) join(context.Context) (int64, error) {
 	defer s.m.mu.Unlock()
 	s.m.next++
 	s.pid = s.m.next
-	s.m.members[s.pid] = true
+	s.m.members[s.pid] = ""
 	return s.pid, nil
 }
 
-func (s *memStore) read(context.Context, string) ([]int64, map[int]int64, error) {
+func (s *memStore) read(_ context.Context, state string) ([]fleetMember, map[int]int64, error) {
 	s.m.mu.Lock()
 	defer s.m.mu.Unlock()
 	if err := s.check(); err != nil {
 		return nil, nil, err
 	}
-	var members []int64
-	for p := range s.m.members {
-		members = append(members, p)
+	s.m.members[s.pid] = state
+	var members []fleetMember
+	for p, st := range s.m.members {
+		members = append(members, fleetMember{pid: p, state: st})
 	}
-	slices.Sort(members)
+	slices.SortFunc(members, func(a, b fleetMember) int { return int(a.pid - b.pid) })
 	slots := map[int]int64{}
 	for k, v := range s.m.slots {
 		slots[k] = v
@@ -161,7 +162,7 @@ func TestFleetModelKeepsRunningWorkWithinTheTotalAndSettlesWithinTwoRounds(t *te
 
 func fleetModel(t *testing.T, seed int64) {
 	rng := rand.New(rand.NewSource(seed))
-	total, queue, fallback := 1+rng.Intn(9), rng.Intn(5), rng.Intn(2)
+	total, queue, fallback, lending := 1+rng.Intn(9), rng.Intn(5), rng.Intn(2), rng.Intn(2) == 1
 	m := newMemLocks()
 	p := Policy{MaxConcurrent: total, MaxQueue: queue, QueueWait: time.Millisecond, Fleet: "model"}
 	var all []*fleetInst
@@ -224,7 +225,7 @@ func fleetModel(t *testing.T, seed int64) {
 		}
 	}
 	join := func() {
-		g, err := New(fakedb.New(), p, WithFleetInterval(time.Hour), WithFleetFallback(fallback),
+		g, err := New(fakedb.New(), p, WithFleetInterval(time.Hour), WithFleetFallback(fallback), WithFleetLending(lending),
 			withFleetStore(func() fleetStore { return &memStore{m: m} }))
 		if err != nil {
 			t.Fatal(err)
@@ -347,5 +348,40 @@ func fleetModel(t *testing.T, seed int64) {
 	slices.Sort(want)
 	if !slices.Equal(got, want) || sum != total {
 		t.Fatalf("seed %d: T=%d over %d instances settled at %v, want %v", seed, total, n, got, want)
+	}
+}
+
+func TestFleetTargetsSplitFairlyAndLendOnlyFromIdleToBusy(t *testing.T) {
+	m := func(loads ...string) []fleetMember {
+		var ms []fleetMember
+		for i, l := range loads {
+			st := ""
+			if l != "" {
+				st = "bulkhead fleet t=8 b=2 q=0 running=0 waiting=0 load=" + l
+			}
+			ms = append(ms, fleetMember{pid: int64(i + 1), state: st})
+		}
+		return ms
+	}
+	for _, c := range []struct {
+		t       int
+		members []fleetMember
+		lending bool
+		want    []int
+	}{
+		{8, m("", "", "", ""), false, []int{2, 2, 2, 2}},
+		{8, m("", "", ""), false, []int{3, 3, 2}},
+		{3, m("", "", "", ""), false, []int{1, 1, 1, 0}},
+		{8, m("busy", "idle", "idle", "idle"), false, []int{2, 2, 2, 2}},
+		{8, m("busy", "idle", "idle", "idle"), true, []int{5, 1, 1, 1}},
+		{8, m("busy", "idle", "busy", "active"), true, []int{3, 1, 2, 2}},
+		{8, m("idle", "idle", "idle", "idle"), true, []int{2, 2, 2, 2}},  // nobody to lend to
+		{8, m("active", "idle", "", "idle"), true, []int{2, 2, 2, 2}},   // nor here: a member yet to report counts as active
+		{3, m("busy", "idle", "idle", "idle"), true, []int{1, 1, 1, 0}}, // one slot each is kept: nothing to lend
+		{9, m("idle", "busy", "busy"), true, []int{1, 4, 4}},
+	} {
+		if got := fleetTargets(c.t, c.members, c.lending); !slices.Equal(got, c.want) {
+			t.Errorf("T=%d, loads %v, lending %v: targets %v, want %v", c.t, c.members, c.lending, got, c.want)
+		}
 	}
 }

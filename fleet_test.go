@@ -26,7 +26,7 @@ func TestAFleetInstanceWhoseCoordinationFailsHasNoShareAndSaysSo(t *testing.T) {
 	fc.Define("work", fakedb.ResultSet{})
 	var mu sync.Mutex
 	var events []bulkhead.FleetEvent
-	var logs bytes.Buffer
+	var logs lockedBuffer // the coordination loop logs from its goroutine
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	ev := bulkhead.JoinEvents(bulkhead.Events{OnFleet: func(e bulkhead.FleetEvent) {
 		mu.Lock()
@@ -70,6 +70,23 @@ func TestAFleetInstanceWhoseCoordinationFailsHasNoShareAndSaysSo(t *testing.T) {
 	if out := logs.String(); !strings.Contains(out, "level=WARN") || !strings.Contains(out, `msg="bulkhead: fleet coordination failed"`) || !strings.Contains(out, "fleet=orders") {
 		t.Fatalf("log: %s, want a WARN record of the failure", out)
 	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func TestAGatesFleetCannotChangeButItsOtherLimitsCan(t *testing.T) {

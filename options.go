@@ -24,6 +24,7 @@ type options struct {
 	fleetFallback *int
 	fleetConn     driver.Connector
 	fleetStore    func() fleetStore // the package's tests: an in-memory coordination
+	fleetLending  bool
 
 	err error // the first invalid option: New returns it
 }
@@ -218,3 +219,11 @@ func WithFleetConnector(c driver.Connector) Option {
 		o.fleetConn = c
 	}
 }
+
+// WithFleetLending makes a gate in a fleet lend: an instance that ran
+// nothing since its last round keeps one slot of its fair share and lends
+// the rest to the instances that had operations waiting or rejected, still
+// within T. The price is the way back: an idle instance that gets busy
+// again runs on its one slot until the borrowers give its share back, two
+// to three intervals later. Every instance of a fleet should set the same.
+func WithFleetLending(on bool) Option { return func(o *options) { o.fleetLending = on } }

@@ -646,3 +646,79 @@ func BenchmarkFleetRound(b *testing.B) {
 		})
 	}
 }
+
+// WithFleetLending: an idle instance lends all but one slot of its share
+// to a busy one, and gets it back two rounds after it works again.
+func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
+	ctx := pgTestCtx(t)
+	admin := adminDB(t)
+	name := fleetName(t)
+	p := fleetPolicy(name, 4, 0)
+	p.QueueWait = 0
+	busy := fleetGate(t, p, bulkhead.WithFleetLending(true))
+	idle := fleetGate(t, p, bulkhead.WithFleetLending(true))
+	gs := []*bulkhead.Gate{busy, idle}
+	sync := func(g *bulkhead.Gate) {
+		t.Helper()
+		if err := g.SyncFleet(ctx); err != nil {
+			t.Fatal(err)
+		}
+		checkFleet(t, ctx, admin, name, 4, gs)
+	}
+	for range 2 {
+		sync(busy)
+		sync(idle)
+	}
+	if b, _ := shares(gs); fmt.Sprint(b) != "[2 2]" {
+		t.Fatalf("two instances, nothing run yet: shares %v, want [2 2]", b)
+	}
+	// The busy instance runs on both its slots and rejects a third
+	// operation, before each of its rounds.
+	db := busy.OpenDB()
+	var txs []*sql.Tx
+	overload := func() {
+		t.Helper()
+		for len(txs) < busy.Stats().MaxConcurrent {
+			tx := pgBegin(t, ctx, db)
+			txs = append(txs, tx)
+		}
+		if _, err := db.ExecContext(ctx, "SELECT 1"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+			t.Fatalf("an operation beyond B=%d: %v, want ErrAdmissionFull", busy.Stats().MaxConcurrent, err)
+		}
+	}
+	overload()
+	sync(busy) // publishes busy
+	sync(idle) // idle: keeps 1, lends 1
+	overload()
+	sync(busy) // takes the lent slot
+	if b, _ := shares(gs); fmt.Sprint(b) != "[3 1]" {
+		t.Fatalf("busy and idle: shares %v, want [3 1]", b)
+	}
+	overload() // runs 3 now
+	// The idle instance works again: it publishes it, the borrower gives
+	// the slot back once its operations beyond its fair share ended, and
+	// the lender takes it at its next round.
+	if _, err := idle.OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	sync(idle) // publishes active
+	for _, tx := range txs {
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	txs = []*sql.Tx{pgBegin(t, ctx, db), pgBegin(t, ctx, db)} // it still works, on its fair share
+	sync(busy) // its target is its fair share again: gives one back
+	if _, err := idle.OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	sync(idle)
+	if b, _ := shares(gs); fmt.Sprint(b) != "[2 2]" {
+		t.Fatalf("both working: shares %v, want [2 2]", b)
+	}
+	for _, tx := range txs {
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
