@@ -375,7 +375,7 @@ func TestFleetTargetsSplitFairlyAndLendOnlyFromIdleToBusy(t *testing.T) {
 		{8, m("busy", "idle", "idle", "idle"), false, []int{2, 2, 2, 2}},
 		{8, m("busy", "idle", "idle", "idle"), true, []int{5, 1, 1, 1}},
 		{8, m("busy", "idle", "busy", "active"), true, []int{3, 1, 2, 2}},
-		{8, m("idle", "idle", "idle", "idle"), true, []int{2, 2, 2, 2}},  // nobody to lend to
+		{8, m("idle", "idle", "idle", "idle"), true, []int{2, 2, 2, 2}}, // nobody to lend to
 		{8, m("active", "idle", "", "idle"), true, []int{2, 2, 2, 2}},   // nor here: a member yet to report counts as active
 		{3, m("busy", "idle", "idle", "idle"), true, []int{1, 1, 1, 0}}, // one slot each is kept: nothing to lend
 		{9, m("idle", "busy", "busy"), true, []int{1, 4, 4}},

@@ -708,7 +708,7 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 		}
 	}
 	txs = []*sql.Tx{pgBegin(t, ctx, db), pgBegin(t, ctx, db)} // it still works, on its fair share
-	sync(busy) // its target is its fair share again: gives one back
+	sync(busy)                                                // its target is its fair share again: gives one back
 	if _, err := idle.OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
 		t.Fatal(err)
 	}
