@@ -57,4 +57,11 @@
 //	})
 //
 // Work done through Raw on the driver's connection is not gated.
+//
+// Many instances of a service share one database's budget with a fleet
+// budget: Policy.Fleet (or BULKHEAD_FLEET) names the fleet, MaxConcurrent
+// and MaxQueue become the whole fleet's, and each process runs on its
+// share, kept through PostgreSQL advisory locks so that the fleet never
+// runs more than MaxConcurrent operations at once, through deploys,
+// scale-outs and crashes (see fleet.go and the README's "Fleets").
 package bulkhead
