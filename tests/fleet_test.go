@@ -399,6 +399,16 @@ func fleetChild(name string) int {
 		fmt.Println("error", err)
 		return 1
 	}
+	// The loop's first round starts at once: let it start, so that the
+	// first "sync" waits for it to end and nothing runs on the session
+	// after an answer (a kill then never cuts a statement short).
+	for i := 0; g.Stats().Fleet.Rounds == 0; i++ {
+		if i == 10000 {
+			fmt.Println("error the fleet loop's first round did not start")
+			return 1
+		}
+		time.Sleep(time.Millisecond)
+	}
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		if err := g.SyncFleet(context.Background()); err != nil {
