@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/internal/demo"
 )
 
 const demoUsage = `Usage: bulkhead demo [--dsn URL]
@@ -75,68 +73,5 @@ func runDemo(ctx context.Context, t *target) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	g, err := bulkhead.New(inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
-	if err != nil {
-		return nil, err
-	}
-	db := sql.OpenDB(g)
-	defer db.Close()
-	// A pool of 2: the second operation gets past database/sql's pool
-	// and reaches the gate, which has no permit left for it.
-	db.SetMaxOpenConns(2)
-	if err := db.PingContext(ctx); err != nil {
-		return nil, fmt.Errorf("cannot connect: %w", err)
-	}
-
-	// The first transaction: takes the permit, reports that it holds it,
-	// and waits for the latch before its query and commit.
-	began := make(chan error, 1)
-	latch := make(chan struct{})
-	result := make(chan demoResult, 1)
-	go func() {
-		tx, err := db.BeginTx(ctx, nil)
-		began <- err
-		if err != nil {
-			return
-		}
-		select {
-		case <-latch:
-		case <-ctx.Done():
-			tx.Rollback()
-			result <- demoResult{err: ctx.Err()}
-			return
-		}
-		var v int
-		if err := tx.QueryRowContext(ctx, "SELECT 42").Scan(&v); err != nil {
-			tx.Rollback()
-			result <- demoResult{err: fmt.Errorf("SELECT 42 in the held transaction: %w", err)}
-			return
-		}
-		result <- demoResult{v: v, err: tx.Commit()}
-	}()
-	if err := <-began; err != nil {
-		return nil, fmt.Errorf("first transaction: %w", err)
-	}
-
-	// The overload: a second operation while the permit is held.
-	_, err = db.ExecContext(ctx, "SELECT 1")
-	close(latch)
-	r := <-result
-	if r.err != nil {
-		return nil, fmt.Errorf("first transaction: %w", r.err)
-	}
-	if !errors.Is(err, bulkhead.ErrRejected) {
-		return nil, fmt.Errorf("the second operation was not rejected while the permit was held (error: %v)", err)
-	}
-	st := g.Stats()
-	return []string{
-		"overload=rejected",
-		fmt.Sprintf("query=%d", r.v),
-		fmt.Sprintf("available=%d", st.MaxConcurrent-st.Running),
-	}, nil
-}
-
-type demoResult struct {
-	v   int
-	err error
+	return demo.Run(ctx, inner)
 }

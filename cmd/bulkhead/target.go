@@ -12,9 +12,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
-	sqlite "github.com/ncruces/go-sqlite3/driver"
-	_ "github.com/ncruces/go-sqlite3/embed" // the SQLite build, WebAssembly run by wazero
 
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/internal/demo"
 	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
@@ -165,7 +164,7 @@ func (t *target) connector(app string, keepApp bool) (driver.Connector, error) {
 	}
 	// The commands' statements read no table: a private in-memory
 	// database per connection is all they need.
-	return (&sqlite.SQLite{}).OpenConnector(":memory:")
+	return demo.SQLite()
 }
 
 // gatedConnector is connector for the gated runs: on PostgreSQL it makes
