@@ -46,7 +46,7 @@ overload: ## open-loop overload on local PostgreSQL, S = 5, 10, 20 ms: pool as s
 	  --json overload.json --chart docs/overload.svg
 
 fleet: ## issue 12's fleet experiment on local PostgreSQL: 4 processes, T = 8; one process, static B = T/4 and T/8, the fleet budget, PgBouncer; deploy, SIGKILL, scale-down; prints the table, redraws docs/fleet.svg (~2 min; pgbouncer arm: apt-get install pgbouncer)
-	$(GO) run ./cmd/bulkhead fleet --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
+	$(GO) run ./cmd/bulkhead fleet --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} \
 	  --json fleet.json --chart docs/fleet.svg
 
 generate: ## regenerate wrap_gen.go and the fake driver's types

@@ -434,6 +434,8 @@ type (
 		SuccessMs        *pct           `json:"success_ms,omitempty"`
 		FailureMs        *pct           `json:"failure_ms,omitempty"`
 		ServerMaxTx      *int           `json:"server_max_transactions,omitempty"`
+		ServerMaxConns   *int           `json:"server_max_connections,omitempty"` // the service's sessions, coordination sessions aside
+		Dials            int64          `json:"dials"`                            // server connections the members' gates dialed
 		Polls            int            `json:"polls"`
 		SettleMaxS       *float64       `json:"settle_max_s,omitempty"` // the fleet: the slowest of the phase's events to settle
 		Unsettled        int            `json:"unsettled,omitempty"`    // events whose shares had not settled by the next event
@@ -663,8 +665,8 @@ type eventRec struct {
 }
 
 type fleetSample struct {
-	t  int64
-	tx int
+	t         int64
+	tx, conns int
 }
 
 // arm runs one arm from start to end: its members are all gone when it
@@ -720,8 +722,8 @@ func (r *fleetRun) arm(ctx context.Context, name string) (*fleetArm, error) {
 		arm.Policy = &policyJSON{MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, QueueWaitMs: ms(p.QueueWait)}
 	}
 	arm.Interrupted = ctx.Err() != nil
-	if err := mon.error(); err != nil {
-		arm.PollError = oneLine(err)
+	if n, err := mon.failures(); err != nil {
+		arm.PollError = fmt.Sprintf("%d polls failed, the first: %s", n, oneLine(err))
 	}
 	if a.pgbErr != "" {
 		arm.Errors = append(arm.Errors, a.pgbErr)
@@ -1147,9 +1149,10 @@ type fleetPoller struct {
 	quit  chan struct{}
 	done  chan struct{}
 
-	mu   sync.Mutex
-	list []fleetSample
-	err  error
+	mu     sync.Mutex
+	list   []fleetSample
+	err    error // the first failed poll
+	failed int   // polls that failed
 }
 
 func startFleetPoller(ctx context.Context, t *target, app string, every time.Duration) (*fleetPoller, error) {
@@ -1179,14 +1182,16 @@ func (p *fleetPoller) loop() {
 	defer tick.Stop()
 	for {
 		t := time.Now().UnixNano()
-		tx, _, err := p.count()
+		tx, conns, err := p.count()
 		p.mu.Lock()
 		if err != nil {
-			p.err = err
-			p.mu.Unlock()
-			return
+			// A server too busy to answer within a second is part of
+			// what is measured: the next poll tries again.
+			p.err = cmpOr(p.err, err)
+			p.failed++
+		} else {
+			p.list = append(p.list, fleetSample{t: t, tx: tx, conns: conns})
 		}
-		p.list = append(p.list, fleetSample{t: t, tx: tx})
 		p.mu.Unlock()
 		select {
 		case <-p.quit:
@@ -1229,10 +1234,11 @@ func (p *fleetPoller) samples() []fleetSample {
 	return slices.Clone(p.list)
 }
 
-func (p *fleetPoller) error() error {
+// failures returns how many polls failed, and the first one's error.
+func (p *fleetPoller) failures() (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.err
+	return p.failed, p.err
 }
 
 // fleetSplit is the shares of n members of a fleet of total, largest
@@ -1321,6 +1327,15 @@ func summarize(d *armData, deadline time.Duration, total int, fleet bool) *fleet
 			}
 		}
 	}
+	// Dials: each member's count grows; a phase gets what it grew by in
+	// the member's reports of the phase.
+	last := map[int]int64{}
+	for _, r := range d.reports {
+		if k := r.msg.Phase; k >= 0 && k < len(arm.Phases) && r.msg.Dials > last[r.member] {
+			arm.Phases[k].Dials += r.msg.Dials - last[r.member]
+			last[r.member] = r.msg.Dials
+		}
+	}
 	for _, c := range d.shares {
 		if c.failed && c.phase >= 0 && c.phase < len(arm.Phases) {
 			arm.Phases[c.phase].RoundFailures++
@@ -1334,15 +1349,15 @@ func summarize(d *armData, deadline time.Duration, total int, fleet bool) *fleet
 			ph.GoodputPerS = float64(ph.Succeeded) / secs
 		}
 		ph.SuccessMs, ph.FailureMs = percentiles(accs[k].ok), percentiles(accs[k].fail)
-		most := -1
+		most, conns := -1, -1
 		for _, s := range d.samples {
 			if s.t >= sp.begin && s.t < sp.end {
 				ph.Polls++
-				most = max(most, s.tx)
+				most, conns = max(most, s.tx), max(conns, s.conns)
 			}
 		}
 		if most >= 0 {
-			ph.ServerMaxTx = &most
+			ph.ServerMaxTx, ph.ServerMaxConns = &most, &conns
 		}
 	}
 	// Members live as each phase began, at most, and as it ended.

@@ -113,6 +113,9 @@ type memberMsg struct {
 	Degraded  bool  `json:"degraded,omitempty"`
 	Rounds    int64 `json:"rounds,omitempty"`
 	Failures  int64 `json:"failures,omitempty"`
+	OpenConns int   `json:"open_conns,omitempty"` // the gate's server connections
+	Dials     int64 `json:"dials,omitempty"`      // dials so far
+	ConnFail  int64 `json:"connect_failed,omitempty"`
 
 	Err string `json:"err,omitempty"` // a share's failed round, or the member's error
 }
@@ -291,6 +294,7 @@ func runMember(ctx context.Context, in io.Reader, w io.Writer, open memberOpener
 		if s, gated := db.stats(); gated {
 			m.B, m.Q, m.Running, m.Waiting = s.MaxConcurrent, s.MaxQueue, s.Running, s.Waiting
 			m.Instances, m.Degraded, m.Rounds, m.Failures = s.Fleet.Instances, s.Fleet.Degraded, s.Fleet.Rounds, s.Fleet.Failures
+			m.OpenConns, m.Dials, m.ConnFail = s.OpenConns, s.Dials, s.ConnectFailed
 		}
 		return m
 	}

@@ -78,7 +78,7 @@ func (rep *fleetReport) printTable(w io.Writer) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "arm\tphase\tmembers\toffered/s\tgoodput/s\tok p99\tfail p99\tsucceeded\trejected\tdeadline\tlate\tother\tsrv tx\tsettle\tround fails\t")
+	fmt.Fprintln(tw, "arm\tphase\tmembers\toffered/s\tgoodput/s\tok p99\tfail p99\tsucceeded\trejected\tdeadline\tlate\tother\tsrv tx\tsrv conns\tsettle\tround fails\t")
 	p99 := func(x *pct) string {
 		if x == nil {
 			return "-"
@@ -91,14 +91,15 @@ func (rep *fleetReport) printTable(w io.Writer) {
 			if a.Name == armFleet {
 				fails = strconv.Itoa(p.RoundFailures)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n",
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t\n",
 				a.Name, p.Name, p.members(), p.OfferedPerS, p.GoodputPerS, p99(p.SuccessMs), p99(p.FailureMs),
-				p.Succeeded, p.rejected(), p.DeadlineExceeded, p.Late, p.Other, intOr(p.ServerMaxTx), p.settle(a), fails)
+				p.Succeeded, p.rejected(), p.DeadlineExceeded, p.Late, p.Other, intOr(p.ServerMaxTx), intOr(p.ServerMaxConns), p.settle(a), fails)
 		}
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "(ms; ok = committed within the deadline; fail p99 = the time any failure took to come back: a rejection, the deadline, a late commit;")
-	fmt.Fprintln(w, " srv tx = the most transactions of the service open on the server at one poll; fleet arm: settle = the slowest of the phase's events,")
+	fmt.Fprintln(w, " srv tx, srv conns = the most transactions and sessions of the service on the server at one poll (behind PgBouncer, its server sessions);")
+	fmt.Fprintln(w, " fleet arm: settle = the slowest of the phase's events,")
 	fmt.Fprintln(w, " round fails = coordination rounds that failed, each lowering that member's share to the fallback without a slot behind it)")
 	fmt.Fprintln(w)
 	rep.printComparisons(w)

@@ -202,13 +202,13 @@ func cannedFleetArm() *armData {
 			{member: 1, t: at(3500), b: 4},
 		},
 		reports: []memberReport{
-			{member: 0, msg: memberMsg{Type: msgReport, Phase: 0, OK: 3, Full: 2, OKUs: []int64{10_000, 12_000, 30_000}, FailUs: []int64{50, 70}}},
-			{member: 1, msg: memberMsg{Type: msgReport, Phase: 0, OK: 1, Timeout: 1, OKUs: []int64{20_000}, FailUs: []int64{80_000}}},
-			{member: 1, msg: memberMsg{Type: msgReport, Phase: 1, OK: 6, Deadline: 1, Late: 1, Other: 1, NoConn: 1,
+			{member: 0, msg: memberMsg{Type: msgReport, Phase: 0, Dials: 3, OK: 3, Full: 2, OKUs: []int64{10_000, 12_000, 30_000}, FailUs: []int64{50, 70}}},
+			{member: 1, msg: memberMsg{Type: msgReport, Phase: 0, Dials: 2, OK: 1, Timeout: 1, OKUs: []int64{20_000}, FailUs: []int64{80_000}}},
+			{member: 1, msg: memberMsg{Type: msgReport, Phase: 1, Dials: 7, OK: 6, Deadline: 1, Late: 1, Other: 1, NoConn: 1,
 				OKUs: []int64{10_000, 10_000, 10_000, 10_000, 10_000, 90_000}, FailUs: []int64{100_000, 120_000, 5, 40},
 				Errors: map[string]int{"boom": 1}}},
 		},
-		samples: []fleetSample{{t: at(500), tx: 3}, {t: at(1999), tx: 4}, {t: at(2500), tx: 2}, {t: at(4999), tx: 4}, {t: at(6000), tx: 9}},
+		samples: []fleetSample{{t: at(500), tx: 3, conns: 5}, {t: at(1999), tx: 4, conns: 4}, {t: at(2500), tx: 2, conns: 6}, {t: at(4999), tx: 4, conns: 4}, {t: at(6000), tx: 9, conns: 9}},
 	}
 }
 
@@ -229,6 +229,12 @@ func TestFleetSummaryCountsEachPhaseFromTheMembersReports(t *testing.T) {
 	}
 	// The server's most per phase: a sample after the arm's end counts
 	// in none.
+	if start.Dials != 5 || steady.Dials != 5 {
+		t.Errorf("dials: start %d, steady %d; want 5 and 5", start.Dials, steady.Dials)
+	}
+	if intOr(start.ServerMaxConns) != "5" || intOr(steady.ServerMaxConns) != "6" {
+		t.Errorf("server sessions: start %s, steady %s; want 5 and 6", intOr(start.ServerMaxConns), intOr(steady.ServerMaxConns))
+	}
 	if intOr(start.ServerMaxTx) != "4" || intOr(steady.ServerMaxTx) != "4" || start.Polls != 2 || steady.Polls != 2 {
 		t.Errorf("server: start %s in %d polls, steady %s in %d polls", intOr(start.ServerMaxTx), start.Polls, intOr(steady.ServerMaxTx), steady.Polls)
 	}
@@ -304,9 +310,9 @@ func TestFleetTablePrintsEveryArmAndPhaseAndTheComparisons(t *testing.T) {
 		"fleet on postgres://postgres@127.0.0.1:5432/test (PostgreSQL 15.20), 2 CPUs",
 		"T = 8; each request BEGIN; SELECT pg_sleep(10 ms); COMMIT with a deadline of 100 ms; T/S = 800/s; offered 1.5 × T/S = 1200/s",
 		"arm phase members offered/s goodput/s ok p99 fail p99",
-		"static4 deploy 8→4 1200 750 60.0 0.4 2250 0 0 0 0 16 - -",
+		"static4 deploy 8→4 1200 750 60.0 0.4 2250 0 0 0 0 16 - - -",
 		"fleet start 4 1200 740", "1.02 s",
-		"fleet kill 4 1200 740 60.0 0.4 2220 0 0 0 0 8 > 3.00 s 0",
+		"fleet kill 4 1200 740 60.0 0.4 2220 0 0 0 0 8 - > 3.00 s 0",
 		"steady static4 0.99, static8 0.51, fleet 0.97, pgbouncer 0.86",
 		"server transactions above T = 8: static4 deploy 16 (+8); pgbouncer deploy 9 (+1)",
 		"server transactions within T = 8 in every phase: one, static8, fleet",
