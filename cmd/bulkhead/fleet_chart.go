@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -122,16 +123,24 @@ func layoutFleetChart(rep *fleetReport) (*fleetChart, error) {
 	c.groups = groups
 
 	top := 8 + captionLineH*float64(len(c.captions))
-	// Time panels, one per arm but the baseline.
-	timeLegend := []legendEntry{
-		{name: "server transactions (most per 100 ms)", st: fleetTxStroke},
+	// Time panels, one per arm but the baseline; each legend names what
+	// its panel draws.
+	timeLegend := func(a *fleetArm) []legendEntry {
+		l := []legendEntry{{name: "server transactions (most per 100 ms)", st: fleetTxStroke}}
+		if len(a.ShareSum) > 0 {
+			l = append(l, legendEntry{name: "sum of the members' B", st: fleetShareStroke})
+		}
+		l = append(l, legendEntry{name: fmt.Sprintf("T = %d", rep.Total), st: refStroke})
+		for _, k := range []string{"start", "stop", "kill"} {
+			if slices.ContainsFunc(a.Events, func(ev *fleetEvent) bool { return ev.Kind == k }) {
+				l = append(l, legendEntry{name: eventNames[k], st: stroke{color: eventColors[k], width: 2.5}})
+			}
+		}
+		return l
 	}
-	if rep.arm(armFleet) != nil {
-		timeLegend = append(timeLegend, legendEntry{name: "sum of the shares (fleet)", st: fleetShareStroke})
-	}
-	timeLegend = append(timeLegend, legendEntry{name: fmt.Sprintf("T = %d", rep.Total), st: refStroke})
-	for _, k := range []string{"start", "stop", "kill"} {
-		timeLegend = append(timeLegend, legendEntry{name: eventNames[k], st: stroke{color: eventColors[k], width: 2.5}})
+	timeLegendW := 0.0
+	for _, s := range c.series {
+		timeLegendW = max(timeLegendW, legendWidth(timeLegend(rep.arm(s))))
 	}
 	one := rep.arm(armOne).phase(phaseSteady)
 	bars := []fleetBarCell{
@@ -168,7 +177,7 @@ func layoutFleetChart(rep *fleetReport) (*fleetChart, error) {
 			{name: fmt.Sprintf("0.9 × that: %.0f/s", 0.9*one.GoodputPerS), y: 0.9 * one.GoodputPerS, st: fleetRef2Stroke},
 		}
 	}
-	timeLegendW, legendW := legendWidth(timeLegend), 0.0
+	legendW := 0.0
 	for i := range bars {
 		for _, s := range c.series {
 			bars[i].legend = append(bars[i].legend, legendEntry{name: s, fill: armColors[s]})
@@ -199,7 +208,7 @@ func layoutFleetChart(rep *fleetReport) (*fleetChart, error) {
 			ymax = max(ymax, p.V)
 		}
 		ticks, dec := niceTicks(0, ymax*1.1, 5)
-		c.times = append(c.times, fleetTimeCell{arm: a, lay: lay, band: band, ticks: ticks, ydec: dec, legend: timeLegend,
+		c.times = append(c.times, fleetTimeCell{arm: a, lay: lay, band: band, ticks: ticks, ydec: dec, legend: timeLegend(a),
 			title: fmt.Sprintf("%s (%s): the service's transactions on the server", a.Name, a.Setup)})
 		y += fleetTimeH
 	}
@@ -297,7 +306,7 @@ func drawFleetTime(d *svgDoc, cell fleetTimeCell, xmax float64, xticks []float64
 			pts = append(pts, point{x(p.T), y(p.V)})
 		}
 		pts = append(pts, point{x(a.Phases[len(a.Phases)-1].EndS), y(a.ShareSum[len(a.ShareSum)-1].V)})
-		d.comment("series: sum of the members' shares")
+		d.comment("series: sum of the members' B")
 		d.polyline(pts, fleetShareStroke)
 	}
 	var tx []point

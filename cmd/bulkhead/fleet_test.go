@@ -362,7 +362,7 @@ func TestFleetChartIsAWellFormedSVGWithEverySeriesAndTheLegendsOutside(t *testin
 	svg := wantSVGFile(t, path, c.w, c.h)
 	for _, want := range []string{
 		"fleet (setup of fleet): the service's transactions on the server",
-		"<!-- series: sum of the members' shares -->", ">sum of the shares (fleet)<",
+		"<!-- series: sum of the members' B -->", ">sum of the members&#39; B<",
 		"<!-- event: kill #4 at 9.00 s -->", ">member killed (SIGKILL)<", "<!-- phase: scale-down -->",
 		"<!-- bar: deploy static4 -->", "<!-- bar: scale-down pgbouncer -->",
 		">one process, B=8: 760/s<", ">0.9 × that: 684/s<", ">T = 8<", ">deadline 100 ms<",
@@ -378,8 +378,23 @@ func TestFleetChartIsAWellFormedSVGWithEverySeriesAndTheLegendsOutside(t *testin
 		if ref < 0 || tx < ref {
 			t.Errorf("panel %q: T at %d, server series at %d", panel[:30], ref, tx)
 		}
-		if sh := strings.Index(panel, "<!-- series: sum of the members' shares -->"); strings.HasPrefix(panel, "fleet") && (sh < ref || sh > tx) {
+		if sh := strings.Index(panel, "<!-- series: sum of the members' B -->"); strings.HasPrefix(panel, "fleet") && (sh < ref || sh > tx) {
 			t.Errorf("fleet panel: shares at %d, want between T (%d) and the server series (%d)", sh, ref, tx)
+		}
+	}
+	// A legend names what its panel draws: the shares in the fleet's
+	// panel alone, the kinds of event that happened.
+	for _, cell := range c.times {
+		var names []string
+		for _, e := range cell.legend {
+			names = append(names, e.name)
+		}
+		has := strings.Join(names, "|")
+		if fleet := cell.arm.Name == armFleet; strings.Contains(has, "members' B") != fleet {
+			t.Errorf("%s: legend %v", cell.arm.Name, names)
+		}
+		if !strings.Contains(has, "killed") || strings.Contains(has, "stopped") {
+			t.Errorf("%s: legend %v, want the kill and the start, no stop", cell.arm.Name, names)
 		}
 	}
 	// Nothing measured: no chart.
@@ -612,7 +627,7 @@ func TestFleetOnPostgreSQLStartsStopsAndKillsMembersAndKeepsTheFleetWithinT(t *t
 		t.Error("no request succeeded")
 	}
 	wantCells(t, r.stdout, "fleet start 0→2", "fleet shares settled after each event", "chart written to "+chartPath)
-	if svg := readFile(t, chartPath); !strings.Contains(svg, "<!-- series: sum of the members' shares -->") {
+	if svg := readFile(t, chartPath); !strings.Contains(svg, "<!-- series: sum of the members' B -->") {
 		t.Error("the chart lacks the fleet's shares")
 	}
 }
