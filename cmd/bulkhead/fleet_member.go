@@ -318,17 +318,20 @@ func runMember(ctx context.Context, in io.Reader, w io.Writer, open memberOpener
 
 	// Open-loop arrivals: each request in its own goroutine, with its
 	// own deadline, whatever became of the ones before. They run on a
-	// context of their own: a stopping member lets them end.
+	// context of their own: a stopping member lets them end. The arrival
+	// times are drawn on a timeline of their own: a late wake-up starts
+	// the requests due at once, and delays none after them.
 	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Index)+0x9e3779b97f4a7c15))
 	rate := cfg.Rate
-	next := func() time.Duration {
+	gap := func() time.Duration {
 		if rate <= 0 {
 			return time.Hour
 		}
 		return time.Duration(rng.ExpFloat64() / rate * float64(time.Second))
 	}
+	due := time.Now().Add(gap())
 	var inflight sync.WaitGroup
-	arrival := time.NewTimer(next())
+	arrival := time.NewTimer(time.Until(due))
 	defer arrival.Stop()
 	report := time.NewTicker(cfg.Report)
 	defer report.Stop()
@@ -336,15 +339,17 @@ loop:
 	for {
 		select {
 		case <-arrival.C:
-			arrival.Reset(next())
-			inflight.Go(func() {
-				t0 := time.Now()
-				opCtx, cancel := context.WithTimeout(context.Background(), cfg.Deadline)
-				err := db.do(opCtx)
-				lat := time.Since(t0)
-				rec.add(classifyMember(err, lat, cfg.Deadline, opCtx), lat, err)
-				cancel()
-			})
+			for now := time.Now(); !due.After(now); due = due.Add(gap()) {
+				inflight.Go(func() {
+					t0 := time.Now()
+					opCtx, cancel := context.WithTimeout(context.Background(), cfg.Deadline)
+					err := db.do(opCtx)
+					lat := time.Since(t0)
+					rec.add(classifyMember(err, lat, cfg.Deadline, opCtx), lat, err)
+					cancel()
+				})
+			}
+			arrival.Reset(time.Until(due))
 		case <-report.C:
 			phaseMu.Lock()
 			ph := phase
@@ -354,7 +359,8 @@ loop:
 			if c.Rate != nil && *c.Rate >= 0 {
 				// Memoryless arrivals: the next one is drawn anew.
 				rate = *c.Rate
-				arrival.Reset(next())
+				due = time.Now().Add(gap())
+				arrival.Reset(time.Until(due))
 			}
 			if c.Phase != nil {
 				phaseMu.Lock()
