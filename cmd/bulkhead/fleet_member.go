@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -27,13 +29,15 @@ import (
 //
 //	stdin   the first line is the member's memberConfig; then commands
 //	        ({"rate": r}: arrivals per second from now on; {"phase": k}:
-//	        what follows belongs to phase k, and the report so far is sent
-//	        at once). End of input (or SIGTERM) stops the member
+//	        the requests arriving from now on belong to phase k, and the
+//	        reports so far are sent at once). End of input (or SIGTERM) stops the member
 //	        gracefully: no new arrivals, the requests in flight end, a last
 //	        report, the *sql.DB is closed (a fleet's gate leaves the fleet),
 //	        then "bye".
-//	stdout  memberMsg lines: "ready" once the database is open, a "report"
-//	        every cfg.Report and at each phase mark, a "share" each time a
+//	stdout  memberMsg lines: "ready" once the database is open, "report"s
+//	        every cfg.Report and at each phase mark (one per phase whose
+//	        requests ended since the last: a request counts in the phase
+//	        it arrived in), a "share" each time a
 //	        fleet's gate changes its share (Events.OnFleet), "bye" at the
 //	        end, or "error" and exit 2 if the member cannot run.
 //
@@ -84,8 +88,9 @@ const (
 )
 
 // memberMsg is one line of a member's output. A report counts the
-// requests that ended in (From, T], by outcome, with the time each took
-// (µs) to succeed or to fail.
+// requests of one phase (the one each arrived in) that ended in
+// (From, T], by outcome, with the time each took (µs) to succeed or to
+// fail.
 type memberMsg struct {
 	Type  string `json:"type"`
 	T     int64  `json:"t"`
@@ -152,53 +157,73 @@ func classifyMember(err error, lat, deadline time.Duration, opCtx context.Contex
 	return moOther
 }
 
-// memberRec accumulates the outcomes of the current report.
+// memberRec accumulates the outcomes of the current reports, by the
+// phase the requests arrived in.
 type memberRec struct {
 	mu     sync.Mutex
-	phase  int
+	phase  int // the phase a report is sent for when nothing ended
 	from   int64
+	phases map[int]*phaseCounts
+}
+
+type phaseCounts struct {
 	n      [moOther + 1]int64
 	okUs   []int64
 	failUs []int64
 	errs   map[string]int
 }
 
-func (r *memberRec) add(o memberOutcome, lat time.Duration, err error) {
+func (r *memberRec) add(phase int, o memberOutcome, lat time.Duration, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.n[o]++
+	if r.phases == nil {
+		r.phases = map[int]*phaseCounts{}
+	}
+	c := r.phases[phase]
+	if c == nil {
+		c = &phaseCounts{}
+		r.phases[phase] = c
+	}
+	c.n[o]++
 	us := lat.Microseconds()
 	if o == moOK {
-		r.okUs = append(r.okUs, us)
+		c.okUs = append(c.okUs, us)
 		return
 	}
-	r.failUs = append(r.failUs, us)
+	c.failUs = append(c.failUs, us)
 	if o == moOther {
-		if r.errs == nil {
-			r.errs = map[string]int{}
+		if c.errs == nil {
+			c.errs = map[string]int{}
 		}
 		msg := strings.Join(strings.Fields(err.Error()), " ")
 		if len(msg) > 200 {
 			msg = msg[:200] + "..."
 		}
-		if _, ok := r.errs[msg]; ok || len(r.errs) < maxErrSamples {
-			r.errs[msg]++
+		if _, ok := c.errs[msg]; ok || len(c.errs) < maxErrSamples {
+			c.errs[msg]++
 		}
 	}
 }
 
-// cut returns the report of what ended since the last one, and starts the
-// next in phase.
-func (r *memberRec) cut(now int64, phase int) memberMsg {
+// cut returns the reports of what ended since the last ones, one per
+// phase, in phase order (a single empty one for the current phase when
+// nothing ended), and makes phase the current one.
+func (r *memberRec) cut(now int64, phase int) []memberMsg {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	m := memberMsg{Type: msgReport, T: now, Phase: r.phase, From: r.from,
-		OK: r.n[moOK], Late: r.n[moLate], Full: r.n[moFull], Timeout: r.n[moTimeout], NoConn: r.n[moNoConn],
-		Deadline: r.n[moDeadline], Other: r.n[moOther], OKUs: r.okUs, FailUs: r.failUs, Errors: r.errs}
-	r.n = [moOther + 1]int64{}
-	r.okUs, r.failUs, r.errs = nil, nil, nil
+	var out []memberMsg
+	for _, k := range slices.Sorted(maps.Keys(r.phases)) {
+		c := r.phases[k]
+		out = append(out, memberMsg{Type: msgReport, T: now, Phase: k, From: r.from,
+			OK: c.n[moOK], Late: c.n[moLate], Full: c.n[moFull], Timeout: c.n[moTimeout], NoConn: c.n[moNoConn],
+			Deadline: c.n[moDeadline], Other: c.n[moOther], OKUs: c.okUs, FailUs: c.failUs, Errors: c.errs})
+	}
+	if len(out) == 0 {
+		out = append(out, memberMsg{Type: msgReport, T: now, Phase: r.phase, From: r.from})
+	}
+	r.phases = nil
 	r.from, r.phase = now, phase
-	return m
+	return out
 }
 
 // memberDB is what a member runs its requests on.
@@ -287,16 +312,20 @@ func runMember(ctx context.Context, in io.Reader, w io.Writer, open memberOpener
 
 	var db memberDB
 	rec := &memberRec{phase: cfg.Phase, from: time.Now().UnixNano()}
-	withStats := func(m memberMsg) memberMsg {
-		if db == nil {
-			return m
-		}
+	// report sends the reports cut now, each with the gate's state.
+	report := func(phase int) {
+		ms := rec.cut(time.Now().UnixNano(), phase)
 		if s, gated := db.stats(); gated {
-			m.B, m.Q, m.Running, m.Waiting = s.MaxConcurrent, s.MaxQueue, s.Running, s.Waiting
-			m.Instances, m.Degraded, m.Rounds, m.Failures = s.Fleet.Instances, s.Fleet.Degraded, s.Fleet.Rounds, s.Fleet.Failures
-			m.OpenConns, m.Dials, m.ConnFail = s.OpenConns, s.Dials, s.ConnectFailed
+			for i := range ms {
+				m := &ms[i]
+				m.B, m.Q, m.Running, m.Waiting = s.MaxConcurrent, s.MaxQueue, s.Running, s.Waiting
+				m.Instances, m.Degraded, m.Rounds, m.Failures = s.Fleet.Instances, s.Fleet.Degraded, s.Fleet.Rounds, s.Fleet.Failures
+				m.OpenConns, m.Dials, m.ConnFail = s.OpenConns, s.Dials, s.ConnectFailed
+			}
 		}
-		return m
+		for _, m := range ms {
+			out.send(m)
+		}
 	}
 	var phaseMu sync.Mutex // the phase share events are tagged with
 	phase := cfg.Phase
@@ -333,28 +362,26 @@ func runMember(ctx context.Context, in io.Reader, w io.Writer, open memberOpener
 	var inflight sync.WaitGroup
 	arrival := time.NewTimer(time.Until(due))
 	defer arrival.Stop()
-	report := time.NewTicker(cfg.Report)
-	defer report.Stop()
+	tick := time.NewTicker(cfg.Report)
+	defer tick.Stop()
 loop:
 	for {
 		select {
 		case <-arrival.C:
 			for now := time.Now(); !due.After(now); due = due.Add(gap()) {
+				ph := phase // the main loop alone sets it
 				inflight.Go(func() {
 					t0 := time.Now()
 					opCtx, cancel := context.WithTimeout(context.Background(), cfg.Deadline)
 					err := db.do(opCtx)
 					lat := time.Since(t0)
-					rec.add(classifyMember(err, lat, cfg.Deadline, opCtx), lat, err)
+					rec.add(ph, classifyMember(err, lat, cfg.Deadline, opCtx), lat, err)
 					cancel()
 				})
 			}
 			arrival.Reset(time.Until(due))
-		case <-report.C:
-			phaseMu.Lock()
-			ph := phase
-			phaseMu.Unlock()
-			out.send(withStats(rec.cut(time.Now().UnixNano(), ph)))
+		case <-tick.C:
+			report(phase)
 		case c := <-cmds:
 			if c.Rate != nil && *c.Rate >= 0 {
 				// Memoryless arrivals: the next one is drawn anew.
@@ -366,7 +393,7 @@ loop:
 				phaseMu.Lock()
 				phase = *c.Phase
 				phaseMu.Unlock()
-				out.send(withStats(rec.cut(time.Now().UnixNano(), *c.Phase)))
+				report(phase)
 			}
 		case <-inDone:
 			break loop
@@ -384,13 +411,10 @@ loop:
 	case <-flown:
 	case <-limit.C:
 	}
-	phaseMu.Lock()
-	ph := phase
-	phaseMu.Unlock()
-	out.send(withStats(rec.cut(time.Now().UnixNano(), ph)))
+	report(phase)
 	cerr := db.close()
 	<-flown // bounded: db.close ends what still ran
-	bye := memberMsg{Type: msgBye, T: time.Now().UnixNano(), Phase: ph}
+	bye := memberMsg{Type: msgBye, T: time.Now().UnixNano(), Phase: phase}
 	if cerr != nil {
 		bye.Err = oneLine(cerr)
 	}

@@ -189,6 +189,9 @@ func (rep *fleetReport) printComparisons(w io.Writer) {
 			if ev.SettleS != nil {
 				s = fmtSeconds(*ev.SettleS)
 			}
+			if ev.ReadyS != nil {
+				s += " (processes ready after " + fmtSeconds(*ev.ReadyS) + ")"
+			}
 			line = append(line, fmt.Sprintf("%s %s → %d live: %s", ev.Kind, memberList(ev.Members), ev.Live, s))
 		}
 		flush()

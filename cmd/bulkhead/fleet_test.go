@@ -42,7 +42,7 @@ func TestFleetRejectsBadInput(t *testing.T) {
 	}{
 		{[]string{"--arms", "fleet,proxy"}, []string{"--arms", `"proxy"`, "one, static4, static8, fleet or pgbouncer"}},
 		{[]string{"--members", "0"}, []string{"--members is 0", "1 to 16"}},
-		{[]string{"--service", "100ms"}, []string{"--service is 100ms", "less than the deadline (100ms)"}},
+		{[]string{"--service", "500ms"}, []string{"--service is 500ms", "less than the deadline (500ms)"}},
 		{[]string{"--load", "0"}, []string{"--load is 0", "more than 0"}},
 		{[]string{"--load", "lots"}, []string{`--load "lots": want a number`}},
 		{[]string{"--phase", "0s"}, []string{"--phase is 0s"}},
@@ -115,13 +115,13 @@ func TestFleetArmsGetTheirShareOfTAndTheQueueByTheRule(t *testing.T) {
 		}
 		return strings.Join(out, "; ")
 	}
-	// T = 8, S = 10ms, D = 100ms: wait = 80ms; Q = max(B, ⌊B/S·wait⌋) = 8·B.
+	// T = 8, S = 50ms, D = 500ms: wait = 400ms; Q = max(B, ⌊B/S·wait⌋) = 8·B.
 	cfg := parse(nil)
-	if got, want := policies(cfg), "one B=8 Q=64 wait=80ms; static4 B=2 Q=16 wait=80ms; static8 B=1 Q=8 wait=80ms; fleet B=8 Q=64 wait=80ms"; got != want {
+	if got, want := policies(cfg), "one B=8 Q=64 wait=400ms; static4 B=2 Q=16 wait=400ms; static8 B=1 Q=8 wait=400ms; fleet B=8 Q=64 wait=400ms"; got != want {
 		t.Errorf("defaults: %s\nwant %s", got, want)
 	}
-	if cfg.rate() != 1200 || !slices.Equal(cfg.arms, fleetArms) || cfg.members != 4 {
-		t.Errorf("rate %v, arms %v, members %d; want 1200/s, all, 4", cfg.rate(), cfg.arms, cfg.members)
+	if cfg.rate() != 240 || !slices.Equal(cfg.arms, fleetArms) || cfg.members != 4 {
+		t.Errorf("rate %v, arms %v, members %d; want 240/s, all, 4", cfg.rate(), cfg.arms, cfg.members)
 	}
 	// T from the environment, Q (the fleet's total) and the wait by flag:
 	// the static gates get Q in proportion to B.
@@ -133,7 +133,7 @@ func TestFleetArmsGetTheirShareOfTAndTheQueueByTheRule(t *testing.T) {
 		t.Errorf("arms %v, want the experiment's order", cfg.arms)
 	}
 	// A T below 8 still gives every static member a permit.
-	cfg = parse(nil, "--max-concurrent", "2", "--service", "40ms")
+	cfg = parse(nil, "--max-concurrent", "2", "--service", "40ms", "--deadline", "100ms")
 	if got, want := policies(cfg), "one B=2 Q=2 wait=20ms; static4 B=1 Q=1 wait=20ms; static8 B=1 Q=1 wait=20ms; fleet B=2 Q=2 wait=20ms"; got != want {
 		t.Errorf("T=2: %s\nwant %s", got, want)
 	}
@@ -190,6 +190,7 @@ func cannedFleetArm() *armData {
 			{name: phaseStart, begin: t0, end: at(2000)},
 			{name: phaseSteady, begin: at(2000), end: at(5000)},
 		},
+		members: []fleetMemberInfo{{Index: 0, ReadyS: ptr(0.05)}, {Index: 1, ReadyS: ptr(0.08)}},
 		events: []eventRec{
 			{t: t0, kind: "start", members: []int{0, 1}, live: []int{0, 1}, phase: 0},
 			{t: at(3000), kind: "stop", members: []int{0}, live: []int{1}, phase: 1},
@@ -244,6 +245,9 @@ func TestFleetSummaryCountsEachPhaseFromTheMembersReports(t *testing.T) {
 	// Settled [2 2] at 1.2s; after the stop, [4] at 3.5s.
 	if len(arm.Events) != 2 || arm.Events[0].SettleS == nil || *arm.Events[0].SettleS != 1.2 || arm.Events[1].SettleS == nil || *arm.Events[1].SettleS != 0.5 {
 		t.Fatalf("events %+v", arm.Events)
+	}
+	if r := arm.Events[0].ReadyS; r == nil || *r != 0.08 || arm.Events[1].ReadyS != nil {
+		t.Errorf("start: processes ready after %v, stop: %v; want 0.08s and nothing", r, arm.Events[1].ReadyS)
 	}
 	if *start.SettleMaxS != 1.2 || *steady.SettleMaxS != 0.5 {
 		t.Errorf("settle per phase: %v, %v", *start.SettleMaxS, *steady.SettleMaxS)
@@ -632,6 +636,8 @@ func TestFleetOnPostgreSQLStartsStopsAndKillsMembersAndKeepsTheFleetWithinT(t *t
 	}
 }
 
+func ptr[T any](v T) *T { return &v }
+
 func readFile(t *testing.T, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -639,4 +645,25 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+func TestFleetMemberCountsARequestInThePhaseItArrivedIn(t *testing.T) {
+	rec := &memberRec{phase: 0}
+	rec.add(0, moOK, 10*time.Millisecond, nil)
+	ms := rec.cut(100, 1) // the mark of phase 1
+	if len(ms) != 1 || ms[0].Phase != 0 || ms[0].OK != 1 || ms[0].From != 0 || ms[0].T != 100 {
+		t.Fatalf("first cut %+v", ms)
+	}
+	// A request of phase 0 ends after the mark: it still counts in 0.
+	rec.add(0, moTimeout, 400*time.Millisecond, nil)
+	rec.add(1, moOK, 20*time.Millisecond, nil)
+	rec.add(1, moOther, time.Millisecond, errors.New("boom"))
+	ms = rec.cut(200, 1)
+	if len(ms) != 2 || ms[0].Phase != 0 || ms[0].Timeout != 1 || ms[1].Phase != 1 || ms[1].OK != 1 || ms[1].Other != 1 || ms[1].Errors["boom"] != 1 || ms[1].From != 100 {
+		t.Fatalf("second cut %+v", ms)
+	}
+	// Nothing ended: one empty report, of the current phase.
+	if ms = rec.cut(300, 2); len(ms) != 1 || ms[0].Phase != 1 || ms[0].OK+ms[0].Other != 0 {
+		t.Fatalf("empty cut %+v", ms)
+	}
 }
