@@ -11,9 +11,8 @@ import (
 // service's transactions on the server over time, with T, the phases, the
 // members' starts, stops and kills and, for the fleet, the members' shares
 // added up; then bars per phase and arm: goodput (against one process
-// holding B = T), the most server transactions (against T), and the p99
-// times of successes and failures (against the deadline). Every legend
-// stands beside its plot area.
+// holding B = T) and the most server transactions (against T). The p99
+// times are in the table. Every legend stands beside its plot area.
 
 // Colours of the arms' bars.
 var armColors = map[string]string{
@@ -41,10 +40,10 @@ var (
 const (
 	fleetW       = 1344.0
 	fleetTimeH   = 250.0
-	fleetBarH    = 400.0
+	fleetBarH    = 330.0
 	fleetBandH   = 16.0 // the phase names above a time panel's plot
 	fleetEventH  = 12.0 // the event marks under them
-	fleetBarCols = 2
+	fleetBarCols = 1    // full width: four bars a phase, each labelled
 )
 
 // fleetChart is the chart laid out: what fleetChartSVG draws and what the
@@ -154,22 +153,6 @@ func layoutFleetChart(rep *fleetReport) (*fleetChart, error) {
 				return float64(*p.ServerMaxTx), true
 			},
 			refs: []fleetRef{{name: fmt.Sprintf("T = %d", rep.Total), y: float64(rep.Total), st: overloadRefStroke}}},
-		{title: "p99 latency of successes", ylabel: "ms", format: "%.0f",
-			value: func(p *fleetPhase) (float64, bool) {
-				if p.SuccessMs == nil {
-					return 0, false
-				}
-				return p.SuccessMs.P99, true
-			},
-			refs: []fleetRef{{name: fmt.Sprintf("deadline %g ms", rep.DeadlineMs), y: rep.DeadlineMs, st: overloadRefStroke}}},
-		{title: "p99 time for a failure to come back", ylabel: "ms", format: "%.1f",
-			value: func(p *fleetPhase) (float64, bool) {
-				if p.FailureMs == nil {
-					return 0, false
-				}
-				return p.FailureMs.P99, true
-			},
-			refs: []fleetRef{{name: fmt.Sprintf("deadline %g ms", rep.DeadlineMs), y: rep.DeadlineMs, st: overloadRefStroke}}},
 	}
 	if one != nil && one.GoodputPerS > 0 && !(len(c.series) == 1 && c.series[0] == armOne) {
 		bars[0].refs = []fleetRef{
@@ -209,7 +192,7 @@ func layoutFleetChart(rep *fleetReport) (*fleetChart, error) {
 		}
 		ticks, dec := niceTicks(0, ymax*1.1, 5)
 		c.times = append(c.times, fleetTimeCell{arm: a, lay: lay, band: band, ticks: ticks, ydec: dec, legend: timeLegend(a),
-			title: fmt.Sprintf("%s (%s): the service's transactions on the server", a.Name, a.Setup)})
+			title: fmt.Sprintf("%s (%s): the service's transactions on the server", a.Name, armBrief(a, rep))})
 		y += fleetTimeH
 	}
 	rows := (len(bars) + fleetBarCols - 1) / fleetBarCols
@@ -220,6 +203,19 @@ func layoutFleetChart(rep *fleetReport) (*fleetChart, error) {
 	c.bars = bars
 	c.h = y + float64(rows)*fleetBarH + 8
 	return c, nil
+}
+
+// armBrief describes an arm in a few words, for a panel's title.
+func armBrief(a *fleetArm, rep *fleetReport) string {
+	switch {
+	case a.Name == armPgBouncer:
+		return fmt.Sprintf("ungated members through PgBouncer, transaction mode, pool %d", rep.Total)
+	case a.Name == armFleet && a.Policy != nil:
+		return fmt.Sprintf("a fleet budget T=%d Q=%d, interval %gs", a.Policy.MaxConcurrent, a.Policy.MaxQueue, rep.IntervalS)
+	case a.Policy != nil:
+		return fmt.Sprintf("each member B=%d Q=%d", a.Policy.MaxConcurrent, a.Policy.MaxQueue)
+	}
+	return a.Setup
 }
 
 func containsStr(xs []string, s string) bool {
@@ -297,15 +293,22 @@ func drawFleetTime(d *svgDoc, cell fleetTimeCell, xmax float64, xticks []float64
 	d.comment(fmt.Sprintf("reference: T = %d", total))
 	d.line(plot.x, y(float64(total)), plot.right(), y(float64(total)), refStroke)
 	if len(a.ShareSum) > 0 {
-		// A step line: a share holds until the next change.
+		// A step line: a share holds until the next change; the changes
+		// after the last phase (the members' last stops) are not drawn.
+		end := min(a.Phases[len(a.Phases)-1].EndS, xmax)
 		var pts []point
+		last := 0.0
 		for i, p := range a.ShareSum {
+			if p.T > end {
+				break
+			}
 			if i > 0 {
-				pts = append(pts, point{x(p.T), y(a.ShareSum[i-1].V)})
+				pts = append(pts, point{x(p.T), y(last)})
 			}
 			pts = append(pts, point{x(p.T), y(p.V)})
+			last = p.V
 		}
-		pts = append(pts, point{x(a.Phases[len(a.Phases)-1].EndS), y(a.ShareSum[len(a.ShareSum)-1].V)})
+		pts = append(pts, point{x(end), y(last)})
 		d.comment("series: sum of the members' B")
 		d.polyline(pts, fleetShareStroke)
 	}

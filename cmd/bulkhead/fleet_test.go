@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -298,11 +299,14 @@ func cannedFleetReport() *fleetReport {
 	}
 	one := &fleetArm{Name: armOne, Setup: "one process", Phases: []*fleetPhase{phase(phaseStart, 0, 700, 8), phase(phaseSteady, 2, 760, 8)}}
 	fleet := arm(armFleet, 740, 8)
-	fleet.ShareSum = []fleetPoint{{0, 0}, {0.2, 8}, {6.5, 6}, {7.5, 8}}
+	fleet.Policy = &policyJSON{MaxConcurrent: 8, MaxQueue: 64}
+	fleet.ShareSum = []fleetPoint{{0, 0}, {0.2, 8}, {6.5, 6}, {7.5, 8}, {15.5, 0}} // the last after the arm's end
 	s1, s2 := 1.02, 1.95
 	fleet.Events[0].SettleS, fleet.Events[1].SettleS, fleet.Events[2].WithinS = &s1, &s2, 3
 	fleet.Phases[0].SettleMaxS, fleet.Phases[2].SettleMaxS, fleet.Phases[3].Unsettled = &s1, &s2, 1
-	rep.Arms = []*fleetArm{one, arm(armStatic4, 750, 16), arm(armStatic8, 390, 8), fleet, arm(armPgBouncer, 650, 9)}
+	static8 := arm(armStatic8, 390, 8)
+	static8.Policy = &policyJSON{MaxConcurrent: 1, MaxQueue: 8}
+	rep.Arms = []*fleetArm{one, arm(armStatic4, 750, 16), static8, fleet, arm(armPgBouncer, 650, 9)}
 	return rep
 }
 
@@ -334,7 +338,7 @@ func TestFleetChartIsAWellFormedSVGWithEverySeriesAndTheLegendsOutside(t *testin
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.times) != 4 || len(c.bars) != 4 || !slices.Equal(c.groups, comparedPhases) {
+	if len(c.times) != 4 || len(c.bars) != 2 || !slices.Equal(c.groups, comparedPhases) {
 		t.Fatalf("%d time panels, %d bar panels, groups %v", len(c.times), len(c.bars), c.groups)
 	}
 	page := box{0, 0, c.w, c.h}
@@ -346,7 +350,7 @@ func TestFleetChartIsAWellFormedSVGWithEverySeriesAndTheLegendsOutside(t *testin
 		if used.right() > lay.outer.right() || used.bottom() > lay.outer.bottom() || !used.overlaps(page) {
 			t.Errorf("%s: legend %+v leaves its panel %+v", title, used, lay.outer)
 		}
-		if lay.plot.w < 300 || lay.plot.h < 120 {
+		if lay.plot.w < 600 || lay.plot.h < 120 {
 			t.Errorf("%s: plot area %+v too small", title, lay.plot)
 		}
 	}
@@ -365,14 +369,26 @@ func TestFleetChartIsAWellFormedSVGWithEverySeriesAndTheLegendsOutside(t *testin
 	}
 	svg := wantSVGFile(t, path, c.w, c.h)
 	for _, want := range []string{
-		"fleet (setup of fleet): the service's transactions on the server",
+		"fleet (a fleet budget T=8 Q=64, interval 1s): the service's transactions on the server",
+		"static8 (each member B=1 Q=8): the service's transactions on the server",
 		"<!-- series: sum of the members' B -->", ">sum of the members&#39; B<",
 		"<!-- event: kill #4 at 9.00 s -->", ">member killed (SIGKILL)<", "<!-- phase: scale-down -->",
 		"<!-- bar: deploy static4 -->", "<!-- bar: scale-down pgbouncer -->",
-		">one process, B=8: 760/s<", ">0.9 × that: 684/s<", ">T = 8<", ">deadline 100 ms<",
+		">one process, B=8: 760/s<", ">0.9 × that: 684/s<", ">T = 8<",
 	} {
 		if !strings.Contains(svg, want) {
 			t.Errorf("chart lacks %q", want)
+		}
+	}
+	// No line leaves its plot area: the shares' changes after the last
+	// phase are not drawn.
+	for _, m := range regexp.MustCompile(`<polyline points="([^"]*)"`).FindAllStringSubmatch(svg, -1) {
+		for _, xy := range strings.Fields(m[1]) {
+			var x, y float64
+			fmt.Sscanf(xy, "%g,%g", &x, &y)
+			if x > c.times[0].lay.plot.right()+0.01 {
+				t.Errorf("a line reaches x=%g, right of the plot areas (%g)", x, c.times[0].lay.plot.right())
+			}
 		}
 	}
 	// In every time panel the server's series is drawn, over T (drawn
