@@ -415,6 +415,7 @@ type (
 		Members     []fleetMemberInfo `json:"members"`
 		ServerTx    []fleetPoint      `json:"server_tx"`           // the most in each 100 ms
 		ShareSum    []fleetPoint      `json:"share_sum,omitempty"` // the fleet: the members' shares added up, at each change
+		Shares      []fleetShare      `json:"shares,omitempty"`    // the fleet: each member's share changes, as it reported them
 		Polls       int               `json:"polls"`
 		PollError   string            `json:"poll_error,omitempty"`
 		Errors      []string          `json:"errors,omitempty"`
@@ -470,6 +471,12 @@ type (
 	fleetPoint struct {
 		T float64 `json:"t"`
 		V float64 `json:"v"`
+	}
+	fleetShare struct {
+		T      float64 `json:"t"`
+		Member int     `json:"member"`
+		B      int     `json:"b"`
+		Failed bool    `json:"failed,omitempty"` // a failed round set it (the fallback)
 	}
 )
 
@@ -1442,6 +1449,9 @@ func summarize(d *armData, deadline time.Duration, total int, fleet bool) *fleet
 	}
 	if fleet {
 		arm.ShareSum = shareSum(d, rel)
+		for _, c := range d.shares {
+			arm.Shares = append(arm.Shares, fleetShare{T: rel(c.t), Member: c.member, B: c.b, Failed: c.failed})
+		}
 	}
 	return arm
 }

@@ -261,6 +261,9 @@ func TestFleetSummaryCountsEachPhaseFromTheMembersReports(t *testing.T) {
 	if got, want := strings.Join(sum, " "), "0:0 0.1:4 1:2 1.2:4 3.01:2 3.5:4"; got != want {
 		t.Errorf("share sum %s, want %s", got, want)
 	}
+	if len(arm.Shares) != 5 || arm.Shares[0] != (fleetShare{T: 0.1, Member: 0, B: 4}) {
+		t.Errorf("shares %+v", arm.Shares)
+	}
 	if len(arm.ServerTx) != 4 || arm.ServerTx[0].V != 3 || arm.ServerTx[3].V != 4 {
 		t.Errorf("server series %+v", arm.ServerTx)
 	}
