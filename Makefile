@@ -9,7 +9,7 @@ SQLC := github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
 # The oldest Go the root module says it builds with (its go line).
 MIN_GO := go1.22.12
 
-.PHONY: help test test-short lint compat bench bench-pg bench-smoke overload generate chart sqlc sqlc-check
+.PHONY: help test test-short lint compat bench bench-pg bench-smoke overload fleet generate chart sqlc sqlc-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -44,6 +44,10 @@ overload: ## open-loop overload on local PostgreSQL, S = 5, 10, 20 ms: pool as s
 	$(GO) run ./cmd/bulkhead overload --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
 	  --service 5ms,10ms,20ms --configs semaphore,waitfirst,gate --max-concurrent 2 --rounds 3 --duration 3s \
 	  --json overload.json --chart docs/overload.svg
+
+fleet: ## issue 12's fleet experiment on local PostgreSQL: 4 processes, T = 8; one process, static B = T/4 and T/8, the fleet budget, PgBouncer; deploy, SIGKILL, scale-down; prints the table, redraws docs/fleet.svg (~2 min; pgbouncer arm: apt-get install pgbouncer)
+	$(GO) run ./cmd/bulkhead fleet --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} \
+	  --json fleet.json --chart docs/fleet.svg
 
 generate: ## regenerate wrap_gen.go and the fake driver's types
 	$(GO) generate ./...

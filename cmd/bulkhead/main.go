@@ -4,6 +4,7 @@
 //	bulkhead demo     the gate rejects the overload, the held transaction commits
 //	bulkhead load     N clients against the gate (and, with --baseline, without it)
 //	bulkhead overload open-loop arrivals at 1, 3, 6 × capacity: plain pool, pool as semaphore, gate
+//	bulkhead fleet    several processes of one service against one budget T: static gates, a fleet budget, PgBouncer
 //	bulkhead budget   instances × connections + other ≤ max_connections − reserved
 //	bulkhead policy   the policy that the flags and BULKHEAD_* in the environment give
 //	bulkhead version  the tool's version and the Go it was built with
@@ -65,16 +66,18 @@ func main() {
 // run is the whole command: args without the program name, the process
 // environment, output on stdout and stderr; it returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	e := &env{stdout: stdout, stderr: stderr, lookup: os.LookupEnv, environ: os.Environ, isTerminal: isTerminal}
+	e := &env{stdin: os.Stdin, stdout: stdout, stderr: stderr, lookup: os.LookupEnv, environ: os.Environ, isTerminal: isTerminal}
 	return e.run(ctx, args)
 }
 
 // env is what a command sees of the outside world; tests give their own.
 type env struct {
+	stdin          io.Reader // read by the fleet's members alone
 	stdout, stderr io.Writer
 	lookup         func(string) (string, bool)
 	environ        func() []string
 	isTerminal     func(io.Writer) bool
+	self           func() (string, error) // this program, for the fleet's members; nil: os.Executable
 }
 
 const topUsageHead = `bulkhead: a database/sql gate that caps database work (B), queues a little (Q), rejects the rest.
@@ -83,6 +86,7 @@ Usage:
   bulkhead demo   [--dsn URL]      the demonstration: overload rejected, held transaction commits
   bulkhead load   [flags]          N clients through the gate (--baseline: also without it)
   bulkhead overload [flags]        open-loop arrivals at multiples of capacity: plain, semaphore, gate
+  bulkhead fleet --dsn URL ...     processes of one service sharing T: static gates, fleet budget, PgBouncer
   bulkhead budget --dsn URL ...    connection budget of a PostgreSQL server
   bulkhead policy [flags]          the policy that the flags and BULKHEAD_* variables give
   bulkhead version                 the tool's version and the Go it was built with
@@ -108,7 +112,7 @@ func topUsage() string {
 
 // settingsMatrix is the table of the settings each command uses.
 func settingsMatrix() string {
-	cmds := []string{"demo", "load", "overload", "budget", "policy"}
+	cmds := []string{"demo", "load", "overload", "fleet", "budget", "policy"}
 	row := func(first string, cell func(cmd string) string) string {
 		line := fmt.Sprintf("  %-17s", first)
 		for _, c := range cmds {
@@ -135,7 +139,11 @@ func (e *env) run(ctx context.Context, args []string) int {
 	}
 	cmd, rest := args[0], args[1:]
 	commands := map[string]func(context.Context, []string) int{
-		"demo": e.demo, "load": e.load, "overload": e.overload, "budget": e.budget, "policy": e.policy, "version": e.version,
+		"demo": e.demo, "load": e.load, "overload": e.overload, "fleet": e.fleet, "budget": e.budget, "policy": e.policy, "version": e.version,
+	}
+	if cmd == fleetMemberCmd {
+		// Hidden: a member of "bulkhead fleet", which warned already.
+		return e.fleetMember(ctx, rest)
 	}
 	if f, ok := commands[cmd]; ok {
 		if cmd != "version" {
@@ -150,7 +158,7 @@ func (e *env) run(ctx context.Context, args []string) int {
 	case "-version", "--version":
 		return e.version(ctx, nil)
 	}
-	return e.fail(fmt.Errorf("unknown command %q; want demo, load, overload, budget, policy or version (bulkhead --help)", cmd))
+	return e.fail(fmt.Errorf("unknown command %q; want demo, load, overload, fleet, budget, policy or version (bulkhead --help)", cmd))
 }
 
 const versionUsage = `Usage: bulkhead version
@@ -297,6 +305,16 @@ func helpDefault(cmd, name string) (string, bool) {
 		return "", false
 	}
 	d := map[string]string{setB: "10", setQ: "10", setWait: "100ms", setDryRun: "false", setWorkloads: "none"}[name]
+	if cmd == "fleet" {
+		switch name {
+		case setB:
+			d = "8, T: the service's total"
+		case setQ:
+			d = "max(B, ⌊B/S·wait⌋) per gate, by the rule"
+		case setWait:
+			d = "deadline − 2·S, by the rule"
+		}
+	}
 	if cmd == "overload" {
 		switch name {
 		case setB:
@@ -309,7 +327,7 @@ func helpDefault(cmd, name string) (string, bool) {
 	}
 	if name == setDSN {
 		d = "embedded SQLite"
-		if cmd == "budget" {
+		if cmd == "budget" || cmd == "fleet" {
 			d = "none: required"
 		}
 	}
@@ -340,6 +358,11 @@ var unusedSettings = map[string]map[string]string{
 	},
 	"load":     {setFleet: oneProcess},
 	"overload": {setFleet: oneProcess},
+	"fleet": {
+		setDryRun:    "the experiment measures what each arm enforces",
+		setWorkloads: "the experiment's requests are of one kind",
+		setFleet:     "the experiment names the fleet of its fleet arm itself, one per run",
+	},
 	"budget": {
 		setWait:      "the budget counts connections, B+Q; the queue wait does not change them",
 		setWorkloads: "workloads share the policy's B+Q; they do not change the connections",

@@ -14,6 +14,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The fleet command starts its members as its own program again: in
+	// the tests, this test binary, which then runs the member and exits.
+	if len(os.Args) > 1 && os.Args[1] == fleetMemberCmd {
+		main()
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -149,7 +154,7 @@ func TestNoCommandIsAUsageError(t *testing.T) {
 }
 
 func TestUnknownCommandIsNamed(t *testing.T) {
-	wantOneLineError(t, runCmd(t, nil, "frobnicate"), `"frobnicate"`, "demo, load, overload, budget, policy or version")
+	wantOneLineError(t, runCmd(t, nil, "frobnicate"), `"frobnicate"`, "demo, load, overload, fleet, budget, policy or version")
 }
 
 func TestBadFlagsAndArgumentsAreNamedForEveryCommand(t *testing.T) {

@@ -45,10 +45,10 @@ const (
 )
 
 var settings = []setting{
-	{flag: setDSN, env: "DATABASE_URL", what: "the database", form: "postgres://... or mysql://...", def: "embedded SQLite (budget: none, required)"},
-	{flag: setB, env: bulkhead.EnvMaxConcurrent, what: "B, operations running at once", form: "integer ≥ 1", def: "10 (overload: the number of CPUs)"},
-	{flag: setQ, env: bulkhead.EnvMaxQueue, what: "Q, operations waiting for a permit", form: "integer ≥ 0", def: "10 (overload: max(B, ⌊C·wait⌋))"},
-	{flag: setWait, env: bulkhead.EnvQueueWait, what: "longest wait for a permit", form: "duration 0s to 1h, e.g. 20ms", def: "100ms (overload: deadline − 2·B/C)"},
+	{flag: setDSN, env: "DATABASE_URL", what: "the database", form: "postgres://... or mysql://...", def: "embedded SQLite (budget, fleet: none, required)"},
+	{flag: setB, env: bulkhead.EnvMaxConcurrent, what: "B, operations running at once", form: "integer ≥ 1", def: "10 (overload: the number of CPUs; fleet: T = 8)"},
+	{flag: setQ, env: bulkhead.EnvMaxQueue, what: "Q, operations waiting for a permit", form: "integer ≥ 0", def: "10 (overload: max(B, ⌊C·wait⌋); fleet: max(B, ⌊B/S·wait⌋))"},
+	{flag: setWait, env: bulkhead.EnvQueueWait, what: "longest wait for a permit", form: "duration 0s to 1h, e.g. 20ms", def: "100ms (overload: deadline − 2·B/C; fleet: deadline − 2·S)"},
 	{flag: setDryRun, env: bulkhead.EnvDryRun, what: "count what the gate would reject, reject nothing", form: "true or false", def: "false"},
 	{flag: setWorkloads, env: bulkhead.EnvWorkloads, what: "named budgets inside the policy", form: "name:B:Q:wait,... e.g. batch:2:4:50ms", def: "none"},
 	{flag: setFleet, env: bulkhead.EnvFleet, what: "a fleet budget: B and Q are the whole fleet's, shared by its instances", form: "name of a-z, 0-9, _ and -", def: "none"},
