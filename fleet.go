@@ -238,10 +238,10 @@ func (f *fleet) start() {
 				return
 			case <-t.C:
 			}
-			// A round has at least a second: a busy server may answer the
-			// round's statement slower than a short interval, and a round
-			// cut off by its context counts as a failure.
-			ctx, cancel := context.WithTimeout(context.Background(), max(f.interval, time.Second))
+			// A round has at least 5 s, a dial's time: a busy server may
+			// answer a join or the round's statement slower than a short
+			// interval, and a round cut off by its context is a failure.
+			ctx, cancel := context.WithTimeout(context.Background(), max(f.interval, 5*time.Second))
 			f.sync(ctx) // its error is in the stats and events
 			cancel()
 			t.Reset(f.interval)
