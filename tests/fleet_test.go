@@ -6,10 +6,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -429,8 +428,41 @@ func TestFleetKilledInstanceFreesItsShare(t *testing.T) {
 	if err := g.SyncFleet(ctx); err != nil {
 		t.Fatal(err)
 	}
+	c := startFleetChild(t, ctx, name, postgresURL(t))
+	c.sync()
+	if err := g.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pid, b := c.sync()
+	if s := g.Stats(); s.MaxConcurrent != 4 || b != 4 || s.Fleet.Instances != 2 {
+		t.Fatalf("two processes: B=%d here and %d in the child, %d instances; want 4, 4, 2", s.MaxConcurrent, b, s.Fleet.Instances)
+	}
+	c.kill()
+	awaitGone(t, ctx, admin, pid)
+	if err := g.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := g.Stats(); s.MaxConcurrent != 8 || s.Fleet.Instances != 1 {
+		t.Fatalf("one round after the other process was killed: B=%d, %d instances; want 8, 1", s.MaxConcurrent, s.Fleet.Instances)
+	}
+}
+
+// fleetChild's process, seen from the test.
+type fleetChildProc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stdin  io.Writer
+	out    *bufio.Scanner
+	killed bool
+}
+
+// startFleetChild starts an instance of the fleet name in a process of
+// its own (fleetChild), on the server at url; it is killed at the end of
+// the test if the test did not.
+func startFleetChild(t *testing.T, ctx context.Context, name, url string) *fleetChildProc {
+	t.Helper()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), EnvFleetChild+"="+name, EnvDatabaseURL+"="+postgresURL(t))
+	cmd.Env = append(os.Environ(), EnvFleetChild+"="+name, EnvDatabaseURL+"="+url)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -442,50 +474,38 @@ func TestFleetKilledInstanceFreesItsShare(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	killed := false
+	c := &fleetChildProc{t: t, cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)}
 	t.Cleanup(func() {
-		if !killed {
-			cmd.Process.Kill()
-			cmd.Wait()
+		if !c.killed {
+			c.kill()
 		}
 	})
-	out := bufio.NewScanner(stdout)
-	child := func() (pid int64, b int) {
-		t.Helper()
-		if _, err := fmt.Fprintln(stdin, "sync"); err != nil {
-			t.Fatal(err)
-		}
-		if !out.Scan() {
-			t.Fatalf("child: no answer (%v)", out.Err())
-		}
-		f := strings.Fields(out.Text())
-		if len(f) != 4 || f[0] != "pid" {
-			t.Fatalf("child: %q", out.Text())
-		}
-		pid, _ = strconv.ParseInt(f[1], 10, 64)
-		b, _ = strconv.Atoi(f[3])
-		return pid, b
+	return c
+}
+
+// sync makes the child run a round and returns its coordination
+// backend's pid and its B.
+func (c *fleetChildProc) sync() (pid int64, b int) {
+	c.t.Helper()
+	if _, err := fmt.Fprintln(c.stdin, "sync"); err != nil {
+		c.t.Fatal(err)
 	}
-	child()
-	if err := g.SyncFleet(ctx); err != nil {
-		t.Fatal(err)
+	if !c.out.Scan() {
+		c.t.Fatalf("child: no answer (%v)", c.out.Err())
 	}
-	pid, b := child()
-	if s := g.Stats(); s.MaxConcurrent != 4 || b != 4 || s.Fleet.Instances != 2 {
-		t.Fatalf("two processes: B=%d here and %d in the child, %d instances; want 4, 4, 2", s.MaxConcurrent, b, s.Fleet.Instances)
+	if _, err := fmt.Sscanf(c.out.Text(), "pid %d b %d", &pid, &b); err != nil {
+		c.t.Fatalf("child: %q (%v)", c.out.Text(), err)
 	}
-	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no goodbye
-		t.Fatal(err)
+	return pid, b
+}
+
+// kill sends SIGKILL: no goodbye.
+func (c *fleetChildProc) kill() {
+	c.killed = true
+	if err := c.cmd.Process.Kill(); err != nil {
+		c.t.Error(err)
 	}
-	cmd.Wait()
-	killed = true
-	awaitGone(t, ctx, admin, pid)
-	if err := g.SyncFleet(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if s := g.Stats(); s.MaxConcurrent != 8 || s.Fleet.Instances != 1 {
-		t.Fatalf("one round after the other process was killed: B=%d, %d instances; want 8, 1", s.MaxConcurrent, s.Fleet.Instances)
-	}
+	c.cmd.Wait()
 }
 
 // Under load, while instances join and leave, the fleet's transactions on

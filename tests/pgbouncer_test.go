@@ -8,7 +8,6 @@ package tests
 // the test server, and stops it when the test ends.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"database/sql"
@@ -692,43 +691,12 @@ func TestPgBouncerFleet(t *testing.T) {
 		name := fleetName(t) + "-killed"
 		// One instance in a process of its own (fleetChild, T = 8),
 		// operations and coordination through PgBouncer.
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), EnvFleetChild+"="+name, EnvDatabaseURL+"="+b.url(b.dbname)+"&default_query_exec_mode=exec")
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
+		c := startFleetChild(t, ctx, name, b.url(b.dbname)+"&default_query_exec_mode=exec")
+		pid, share := c.sync()
+		if share != 8 {
+			t.Fatalf("child: B=%d, want its share of 8", share)
 		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		killed := false
-		t.Cleanup(func() {
-			if !killed {
-				cmd.Process.Kill()
-				cmd.Wait()
-			}
-		})
-		if _, err := fmt.Fprintln(stdin, "sync"); err != nil {
-			t.Fatal(err)
-		}
-		out := bufio.NewScanner(stdout)
-		if !out.Scan() {
-			t.Fatalf("child: no answer (%v)", out.Err())
-		}
-		var pid int64
-		var share int
-		if _, err := fmt.Sscanf(out.Text(), "pid %d b %d", &pid, &share); err != nil || share != 8 {
-			t.Fatalf("child: %q (%v), want its share of 8", out.Text(), err)
-		}
-		if err := cmd.Process.Kill(); err != nil { // SIGKILL: no goodbye
-			t.Fatal(err)
-		}
-		cmd.Wait()
-		killed = true
+		c.kill()
 		awaitState(t, "PgBouncer saw its client go", func() bool { return len(bouncer.show(t, ctx, "CLIENTS")) == 0 })
 		if servers := bouncer.serverPIDs(t, ctx); len(servers) != 1 || servers[0] != strconv.FormatInt(pid, 10) {
 			t.Fatalf("PgBouncer's server connections %v, want the killed instance's session's backend %d, kept", servers, pid)

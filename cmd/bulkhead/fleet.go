@@ -157,16 +157,7 @@ func (e *env) fleet(ctx context.Context, args []string) int {
 		fmt.Fprintf(out, "chart written to %s\n", cfg.chart)
 	}
 	if cfg.jsonOut != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err == nil {
-			b = append(b, '\n')
-			if cfg.jsonOut == "-" {
-				_, err = e.stdout.Write(b)
-			} else {
-				err = os.WriteFile(cfg.jsonOut, b, 0o644)
-			}
-		}
-		if err != nil {
+		if err := writeJSON(cfg.jsonOut, e.stdout, rep); err != nil {
 			return e.fail(fmt.Errorf("fleet: --json %s: %w", cfg.jsonOut, err))
 		}
 	}
@@ -302,23 +293,7 @@ func (e *env) parseFleet(args []string) (*fleetConfig, int, bool) {
 
 // parseArms parses "fleet,one": arms, each once, run in the experiment's
 // order whatever the order given.
-func parseArms(s string) ([]string, error) {
-	seen := map[string]bool{}
-	for f := range strings.SplitSeq(s, ",") {
-		f = strings.TrimSpace(f)
-		if !slices.Contains(fleetArms, f) {
-			return nil, fmt.Errorf("%q is not an arm; want one, static4, static8, fleet or pgbouncer", f)
-		}
-		seen[f] = true
-	}
-	var out []string
-	for _, a := range fleetArms {
-		if seen[a] {
-			out = append(out, a)
-		}
-	}
-	return out, nil
-}
+func parseArms(s string) ([]string, error) { return parseSubset(s, fleetArms, "an arm") }
 
 // rate is the requests per second offered in all: --load × T/S.
 func (cfg *fleetConfig) rate() float64 {

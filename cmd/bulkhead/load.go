@@ -1131,8 +1131,10 @@ func (rep *loadReport) describe() string {
 	return fmt.Sprintf("%s, %d clients; each operation %s", cfg.target.dialect.title(), cfg.clients, rep.operation())
 }
 
-func writeJSON(path string, stdout io.Writer, rep *loadReport) error {
-	b, err := json.MarshalIndent(rep, "", "  ")
+// writeJSON writes v as indented JSON to the file path, or to stdout for
+// "-".
+func writeJSON(path string, stdout io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -162,16 +161,7 @@ func (e *env) overload(ctx context.Context, args []string) int {
 		if len(cfg.services) == 0 {
 			v = reps[0] // one run: the report itself, as before --service
 		}
-		b, err := json.MarshalIndent(v, "", "  ")
-		if err == nil {
-			b = append(b, '\n')
-			if cfg.jsonOut == "-" {
-				_, err = e.stdout.Write(b)
-			} else {
-				err = os.WriteFile(cfg.jsonOut, b, 0o644)
-			}
-		}
-		if err != nil {
+		if err := writeJSON(cfg.jsonOut, e.stdout, v); err != nil {
 			return e.fail(fmt.Errorf("overload: --json %s: %w", cfg.jsonOut, err))
 		}
 	}
@@ -358,16 +348,23 @@ func parseLoads(s string) ([]float64, error) {
 // parseConfigs parses "plain,gate": configurations, each once, run in the
 // experiment's order whatever the order given.
 func parseConfigs(s string) ([]string, error) {
+	return parseSubset(s, overloadConfigs, "a configuration")
+}
+
+// parseSubset parses a comma-separated subset of all, each once, and
+// returns it in all's order whatever the order given; what names an
+// element for the error.
+func parseSubset(s string, all []string, what string) ([]string, error) {
 	seen := map[string]bool{}
 	for f := range strings.SplitSeq(s, ",") {
 		f = strings.TrimSpace(f)
-		if !slices.Contains(overloadConfigs, f) {
-			return nil, fmt.Errorf("%q is not a configuration; want plain, semaphore, waitfirst or gate", f)
+		if !slices.Contains(all, f) {
+			return nil, fmt.Errorf("%q is not %s; want %s or %s", f, what, strings.Join(all[:len(all)-1], ", "), all[len(all)-1])
 		}
 		seen[f] = true
 	}
 	var out []string
-	for _, c := range overloadConfigs {
+	for _, c := range all {
 		if seen[c] {
 			out = append(out, c)
 		}
