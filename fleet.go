@@ -39,7 +39,8 @@ import (
 // pid order, and then either gives back its excess, or tries (without
 // waiting) to lock free slots up to its target. A process joining a full
 // fleet therefore starts with no share; the others give back their excess
-// at their next round, and it takes it at its next: two intervals. The
+// at their next round, and it takes it at its next, which comes after
+// half an interval while it is short of its target: within two intervals. The
 // queue, which holds no server connection, is split the same way without
 // locks.
 //
@@ -114,7 +115,7 @@ type fleet struct {
 	stale    bool              // a round failed with operations beyond the fallback running: drop the session once they end
 
 	instances, rounds, failures, backend atomic.Int64
-	degraded                             atomic.Bool
+	degraded, short                      atomic.Bool // short: the last round left the share below its target
 	lastErr                              atomic.Pointer[error]
 
 	quit    chan struct{}
@@ -244,7 +245,15 @@ func (f *fleet) start() {
 			ctx, cancel := context.WithTimeout(context.Background(), max(f.interval, 5*time.Second))
 			f.sync(ctx) // its error is in the stats and events
 			cancel()
-			t.Reset(f.interval)
+			// Short of its target, the instance waits for the others to
+			// give back slots: it looks again after half an interval, so
+			// that a give-back that landed just after its read does not
+			// cost it a whole interval more.
+			next := f.interval
+			if f.short.Load() {
+				next = f.interval / 2
+			}
+			t.Reset(next)
 		}
 	}()
 }
@@ -389,6 +398,7 @@ func (f *fleet) round(ctx context.Context) error {
 			inRange++
 		}
 	}
+	f.short.Store(false)
 	switch {
 	case inRange > target || inRange < len(f.held):
 		// Give back: first lower B, then wait for the operations beyond
@@ -422,6 +432,8 @@ func (f *fleet) round(ctx context.Context) error {
 			return err
 		}
 		f.setShare(share{b: inRange + len(got), q: q}, nil)
+		f.short.Store(inRange+len(got) < target)
+		return nil
 	default:
 		f.setShare(share{b: inRange, q: q}, nil)
 	}
