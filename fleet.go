@@ -31,23 +31,26 @@ import (
 // coordination session's backend pid, which is how the others count it.
 // All these locks belong to one dedicated session per process: when the
 // process dies, however it dies, the server ends that session and the
-// locks are free at once.
+// locks are free at once. (Statements the dead process had running go on
+// until they end: README "Fleets" says what that costs.)
 //
 // Once per interval (WithFleetInterval), and never on an operation's
 // path, a process reads the fleet from pg_locks in one statement, works
-// out its target, ⌊T/n⌋ slots plus one for the first T mod n members in
-// pid order, and then either gives back its excess, or tries (without
+// out its target (fleetTargets: ⌊T/n⌋ slots plus one for the first T mod
+// n members in pid order, or with WithFleetLending what the idle lend to
+// the busy), and then either gives back its excess, or tries (without
 // waiting) to lock free slots up to its target. A process joining a full
 // fleet therefore starts with no share; the others give back their excess
-// at their next round, and it takes it at its next, which comes after
-// half an interval while it is short of its target: within two intervals. The
+// at their next round, and it takes it at its next, which comes after half
+// an interval while it is short of its target: within two intervals. The
 // queue, which holds no server connection, is split the same way without
 // locks.
 //
 // A failed round (the query, or the coordination session lost) makes the
-// share min(share, the fallback share; WithFleetFallback, default 1) and
-// drops the session, whose locks the server then frees; the next round
-// starts a new one. Stats.Fleet and Events.OnFleet say so.
+// share min(share, the fallback share; WithFleetFallback, default 1); the
+// session is dropped, and its locks freed, once the operations beyond the
+// fallback ended, and a later round starts a new one. Stats.Fleet and
+// Events.OnFleet say so.
 
 // FleetStats describes this process's part of a fleet budget.
 type FleetStats struct {
