@@ -385,3 +385,48 @@ func TestFleetTargetsSplitFairlyAndLendOnlyFromIdleToBusy(t *testing.T) {
 		}
 	}
 }
+
+// A policy's workloads fit in the process's share: their B at most the
+// share's, their B+Q at most the share's B+Q; with no share, none runs.
+func TestFleetShareClampsTheWorkloads(t *testing.T) {
+	m := newMemLocks()
+	p := Policy{MaxConcurrent: 4, MaxQueue: 2, QueueWait: time.Millisecond, Fleet: "wl",
+		Workloads: map[string]Workload{"batch": {MaxConcurrent: 3, MaxQueue: 3, QueueWait: time.Millisecond}}}
+	var gs []*Gate
+	for range 2 {
+		g, err := New(fakedb.New(), p, WithFleetInterval(time.Hour), withFleetStore(func() fleetStore { return &memStore{m: m} }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		for i := 0; g.fleet.rounds.Load() == 0; i++ {
+			if i == 1e7 {
+				t.Fatal("the fleet loop's first round did not start")
+			}
+			runtime.Gosched()
+		}
+		gs = append(gs, g)
+	}
+	for range 2 {
+		for _, g := range gs {
+			if err := g.SyncFleet(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i, g := range gs {
+		s, _ := g.WorkloadStats("batch")
+		if gs := g.Stats(); gs.MaxConcurrent != 2 || gs.MaxQueue != 1 || s.MaxConcurrent != 2 || s.MaxQueue != 1 {
+			t.Fatalf("instance %d: share B=%d Q=%d, workload B=%d Q=%d; want 2, 1, 2, 1", i, gs.MaxConcurrent, gs.MaxQueue, s.MaxConcurrent, s.MaxQueue)
+		}
+	}
+	if err := gs[1].SetPolicy(p); err != nil { // a reload keeps the share
+		t.Fatal(err)
+	}
+	if s, _ := gs[1].WorkloadStats("batch"); s.MaxConcurrent != 2 || gs[1].Stats().MaxConcurrent != 2 {
+		t.Fatalf("after SetPolicy: B=%d, workload B=%d, want the share kept: 2, 2", gs[1].Stats().MaxConcurrent, s.MaxConcurrent)
+	}
+	if p := gs[1].Policy(); p.MaxConcurrent != 4 || p.Workloads["batch"].MaxConcurrent != 3 {
+		t.Fatalf("Policy() = %+v, want the policy as set", p)
+	}
+}
