@@ -692,7 +692,7 @@ func (r *fleetRun) arm(ctx context.Context, name string) (*fleetArm, error) {
 		}
 		pgb.stop()
 	}
-	mon.drain(drainLimit)
+	mon.drain(drainLimit, 20*time.Millisecond)
 	mon.stop()
 
 	a.mu.Lock()
@@ -1132,8 +1132,7 @@ func (m *memberProc) info(t0 int64) fleetMemberInfo {
 // fleetPoller reads pg_stat_activity every few milliseconds on its own
 // connection: the service's transactions open on the server.
 type fleetPoller struct {
-	db    *sql.DB
-	app   string
+	*activityDB
 	every time.Duration
 	quit  chan struct{}
 	done  chan struct{}
@@ -1145,24 +1144,13 @@ type fleetPoller struct {
 }
 
 func startFleetPoller(ctx context.Context, t *target, app string, every time.Duration) (*fleetPoller, error) {
-	db := sql.OpenDB(t.plainConnector("bulkhead-monitor"))
-	db.SetMaxOpenConns(1)
-	pctx, cancel := context.WithTimeout(ctx, 2*connectTimeout)
-	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("monitor connection to %s: %w", t.display, err)
+	a, err := openActivityDB(ctx, t, app)
+	if err != nil {
+		return nil, err
 	}
-	p := &fleetPoller{db: db, app: app, every: every, quit: make(chan struct{}), done: make(chan struct{})}
+	p := &fleetPoller{activityDB: a, every: every, quit: make(chan struct{}), done: make(chan struct{})}
 	go p.loop()
 	return p, nil
-}
-
-func (p *fleetPoller) count() (tx, conns int, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	err = p.db.QueryRowContext(ctx, activityQuery, p.app).Scan(&tx, &conns)
-	return tx, conns, err
 }
 
 func (p *fleetPoller) loop() {
@@ -1190,19 +1178,6 @@ func (p *fleetPoller) loop() {
 	}
 }
 
-// drain waits, at most limit, until the server shows no session of the
-// service: the next arm starts on an idle server.
-func (p *fleetPoller) drain(limit time.Duration) {
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		_, conns, err := p.count()
-		if err != nil || conns == 0 {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func (p *fleetPoller) stop() {
 	select {
 	case <-p.quit:
@@ -1214,7 +1189,7 @@ func (p *fleetPoller) stop() {
 
 func (p *fleetPoller) close() {
 	p.stop()
-	p.db.Close()
+	p.activityDB.close()
 }
 
 func (p *fleetPoller) samples() []fleetSample {

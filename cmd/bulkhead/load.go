@@ -579,37 +579,24 @@ func scanOne(query string, args ...any) func(ctx context.Context, tx *sql.Tx) er
 // serverMonitor polls pg_stat_activity on its own plain connection for
 // the transactions and connections of one application_name.
 type serverMonitor struct {
-	db   *sql.DB
-	app  string
+	*activityDB
 	err  error // the first failed poll
 	seen bool  // a poll succeeded
 }
 
 func startMonitor(ctx context.Context, t *target, app string) (*serverMonitor, error) {
-	db := sql.OpenDB(t.plainConnector("bulkhead-monitor"))
-	db.SetMaxOpenConns(1)
-	ctx, cancel := context.WithTimeout(ctx, 2*connectTimeout)
-	defer cancel()
-	if err := db.PingContext(ctx); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("monitor connection to %s: %w", t.display, err)
+	a, err := openActivityDB(ctx, t, app)
+	if err != nil {
+		return nil, err
 	}
-	return &serverMonitor{db: db, app: app}, nil
+	return &serverMonitor{activityDB: a}, nil
 }
 
 func (m *serverMonitor) poll(rec *recorder) {
 	if m.err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	var tx, conns int
-	// Only transactions that began before this statement count: the view
-	// is not an atomic snapshot. pgx's session-reset ping is not gated work.
-	err := m.db.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE xact_start < statement_timestamp()
-		    AND NOT (state = 'active' AND query = '-- ping')), count(*)
-		FROM pg_stat_activity
-		WHERE application_name = $1 AND backend_type = 'client backend' AND pid <> pg_backend_pid()`, m.app).Scan(&tx, &conns)
+	tx, conns, err := m.count()
 	if err != nil {
 		m.err = err
 		return
@@ -617,8 +604,6 @@ func (m *serverMonitor) poll(rec *recorder) {
 	m.seen = true
 	rec.server(tx, conns)
 }
-
-func (m *serverMonitor) close() { m.db.Close() }
 
 // recorder collects the measurements of one run. Its methods are safe for
 // concurrent use.

@@ -907,7 +907,7 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Conte
 	ph := &overloadPhase{Config: name, Setup: setup}
 	if mon != nil {
 		t0 := time.Now()
-		mon.drain(drainLimit)
+		mon.drain(drainLimit, overloadPoll)
 		ph.ServerDrainMs = ms(time.Since(t0))
 		mon.stop()
 		if mon.seen {
@@ -976,8 +976,7 @@ func warmPool(ctx context.Context, db *sql.DB, n int) error {
 // connection, for the most transactions and connections of one
 // application_name.
 type activityMonitor struct {
-	db   *sql.DB
-	app  string
+	*activityDB
 	quit chan struct{}
 	done chan struct{}
 
@@ -987,34 +986,14 @@ type activityMonitor struct {
 	err             error
 }
 
-// activityQuery counts the transactions (those that began before this
-// statement did: pg_stat_activity is not an atomic snapshot, see
-// main_test.go's monitor) and the connections of an application_name,
-// leaving out pgx's session-reset ping, which runs without a permit.
-const activityQuery = `SELECT count(*) FILTER (WHERE xact_start < statement_timestamp()
-	    AND NOT (state = 'active' AND query = '-- ping')), count(*)
-	FROM pg_stat_activity
-	WHERE application_name = $1 AND backend_type = 'client backend' AND pid <> pg_backend_pid()`
-
 func startActivityMonitor(ctx context.Context, t *target, app string) (*activityMonitor, error) {
-	db := sql.OpenDB(t.plainConnector("bulkhead-monitor"))
-	db.SetMaxOpenConns(1)
-	pctx, cancel := context.WithTimeout(ctx, 2*connectTimeout)
-	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("monitor connection to %s: %w", t.display, err)
+	a, err := openActivityDB(ctx, t, app)
+	if err != nil {
+		return nil, err
 	}
-	m := &activityMonitor{db: db, app: app, quit: make(chan struct{}), done: make(chan struct{})}
+	m := &activityMonitor{activityDB: a, quit: make(chan struct{}), done: make(chan struct{})}
 	go m.loop()
 	return m, nil
-}
-
-func (m *activityMonitor) count() (tx, conns int, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	err = m.db.QueryRowContext(ctx, activityQuery, m.app).Scan(&tx, &conns)
-	return tx, conns, err
 }
 
 func (m *activityMonitor) loop() {
@@ -1039,22 +1018,6 @@ func (m *activityMonitor) loop() {
 	}
 }
 
-// drain waits, at most limit, until the server shows no connection of the
-// application left: work cancelled by the client may still be running
-// there and would load the next phase.
-func (m *activityMonitor) drain(limit time.Duration) {
-	deadline := time.Now().Add(limit)
-	tick := time.NewTicker(overloadPoll)
-	defer tick.Stop()
-	for time.Now().Before(deadline) {
-		_, conns, err := m.count()
-		if err != nil || conns == 0 {
-			return
-		}
-		<-tick.C
-	}
-}
-
 // stop ends the polling; the maxima may be read after it.
 func (m *activityMonitor) stop() {
 	select {
@@ -1067,7 +1030,7 @@ func (m *activityMonitor) stop() {
 
 func (m *activityMonitor) close() {
 	m.stop()
-	m.db.Close()
+	m.activityDB.close()
 }
 
 // phase returns the result of one load and configuration, or nil.
