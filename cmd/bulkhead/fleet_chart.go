@@ -71,15 +71,9 @@ type fleetTimeCell struct {
 type fleetBarCell struct {
 	title, ylabel, format string
 	value                 func(*fleetPhase) (float64, bool)
-	refs                  []fleetRef
+	refs                  []refLine
 	lay                   panelLayout
 	legend                []legendEntry
-}
-
-type fleetRef struct {
-	name string
-	y    float64
-	st   stroke
 }
 
 func writeFleetChart(path string, rep *fleetReport) error {
@@ -107,7 +101,7 @@ func layoutFleetChart(rep *fleetReport) (*fleetChart, error) {
 	}
 	for _, s := range c.series {
 		for _, p := range rep.arm(s).Phases {
-			if p.Name != phaseStart && !containsStr(c.groups, p.Name) {
+			if p.Name != phaseStart && !slices.Contains(c.groups, p.Name) {
 				c.groups = append(c.groups, p.Name)
 			}
 		}
@@ -115,7 +109,7 @@ func layoutFleetChart(rep *fleetReport) (*fleetChart, error) {
 	// The phases in their order.
 	var groups []string
 	for _, ph := range []string{phaseSteady, phaseDeploy, phaseKill, phaseScaleDown} {
-		if containsStr(c.groups, ph) {
+		if slices.Contains(c.groups, ph) {
 			groups = append(groups, ph)
 		}
 	}
@@ -152,10 +146,10 @@ func layoutFleetChart(rep *fleetReport) (*fleetChart, error) {
 				}
 				return float64(*p.ServerMaxTx), true
 			},
-			refs: []fleetRef{{name: fmt.Sprintf("T = %d", rep.Total), y: float64(rep.Total), st: overloadRefStroke}}},
+			refs: []refLine{{name: fmt.Sprintf("T = %d", rep.Total), y: float64(rep.Total), st: overloadRefStroke}}},
 	}
 	if one != nil && one.GoodputPerS > 0 && !(len(c.series) == 1 && c.series[0] == armOne) {
-		bars[0].refs = []fleetRef{
+		bars[0].refs = []refLine{
 			{name: fmt.Sprintf("one process, B=%d: %.0f/s", rep.Total, one.GoodputPerS), y: one.GoodputPerS, st: overloadRefStroke},
 			{name: fmt.Sprintf("0.9 × that: %.0f/s", 0.9*one.GoodputPerS), y: 0.9 * one.GoodputPerS, st: fleetRef2Stroke},
 		}
@@ -218,15 +212,6 @@ func armBrief(a *fleetArm, rep *fleetReport) string {
 	return a.Setup
 }
 
-func containsStr(xs []string, s string) bool {
-	for _, x := range xs {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
 // captions are the chart's two caption lines.
 func (rep *fleetReport) captions() []string {
 	db := "PostgreSQL"
@@ -259,7 +244,20 @@ func fleetChartSVG(rep *fleetReport) ([]byte, error) {
 		drawFleetTime(d, cell, c.xmax, xticks, xdec, rep.Total)
 	}
 	for _, cell := range c.bars {
-		drawFleetBars(d, rep, cell, c.groups, c.series)
+		colors := make([]string, len(c.series))
+		for i, a := range c.series {
+			colors[i] = armColors[a]
+		}
+		d.drawBars(barPanel{
+			title: cell.title, ylabel: cell.ylabel, format: cell.format,
+			groups: c.groups, series: c.series, colors: colors, refs: cell.refs,
+			value: func(g, s int) (float64, bool) {
+				if p := rep.arm(c.series[s]).phase(c.groups[g]); p != nil {
+					return cell.value(p)
+				}
+				return 0, false
+			},
+		}, cell.lay, cell.legend)
 	}
 	return d.bytes(), nil
 }
@@ -320,55 +318,6 @@ func drawFleetTime(d *svgDoc, cell fleetTimeCell, xmax float64, xticks []float64
 	}
 	d.comment("series: server transactions")
 	d.polyline(tx, fleetTxStroke)
-	d.frame(plot)
-	d.drawLegend(cell.lay.legend, cell.legend)
-}
-
-// drawFleetBars draws one bar panel: bars grouped by phase, one per arm,
-// the value above each, the reference lines over them.
-func drawFleetBars(d *svgDoc, rep *fleetReport, cell fleetBarCell, groups, series []string) {
-	plot := cell.lay.plot
-	d.comment("panel: " + cell.title)
-	d.text(plot.x, cell.lay.outer.y+20, textStyle{size: chartTitleSize, bold: true}, cell.title)
-	ymax := 1.0
-	for _, g := range groups {
-		for _, s := range series {
-			if p := rep.arm(s).phase(g); p != nil {
-				if v, ok := cell.value(p); ok {
-					ymax = max(ymax, v)
-				}
-			}
-		}
-	}
-	for _, r := range cell.refs {
-		ymax = max(ymax, r.y)
-	}
-	ticks, dec := niceTicks(0, ymax*1.1, 5)
-	top := ticks[len(ticks)-1]
-	d.yAxis(plot, ticks, dec, cell.ylabel)
-	y := func(v float64) float64 { return plot.bottom() - v/top*plot.h }
-	group := plot.w / float64(max(len(groups), 1))
-	barW := min(36, group*0.8/float64(max(len(series), 1)))
-	for gi, g := range groups {
-		cx := plot.x + (float64(gi)+0.5)*group
-		d.text(cx, plot.bottom()+18, textStyle{size: chartFontSize, anchor: "middle", color: axisColor}, g)
-		for si, s := range series {
-			bx := cx + (float64(si)-float64(len(series))/2)*barW
-			label, v := "-", 0.0
-			if p := rep.arm(s).phase(g); p != nil {
-				if val, ok := cell.value(p); ok {
-					v, label = val, fmt.Sprintf(cell.format, val)
-				}
-			}
-			d.comment(fmt.Sprintf("bar: %s %s", g, s))
-			d.rect(bx+1, y(v), barW-2, plot.bottom()-y(v), armColors[s], "")
-			d.text(bx+barW/2, y(v)-4, textStyle{size: 10, anchor: "middle"}, label)
-		}
-	}
-	for _, r := range cell.refs {
-		d.comment("reference: " + r.name)
-		d.line(plot.x, y(r.y), plot.right(), y(r.y), r.st)
-	}
 	d.frame(plot)
 	d.drawLegend(cell.lay.legend, cell.legend)
 }

@@ -29,11 +29,6 @@ type overloadPanel struct {
 	refs          []refLine
 }
 
-type refLine struct {
-	name string
-	y    float64
-}
-
 // Size of the overload chart: two rows of two panels.
 const (
 	overloadW      = 1344.0
@@ -115,12 +110,12 @@ func overloadPanels(rep *overloadReport) []overloadPanel {
 			return 0, false
 		}
 	}
-	deadline := refLine{name: fmt.Sprintf("deadline %.0f ms", rep.DeadlineMs), y: rep.DeadlineMs}
+	deadline := refLine{name: fmt.Sprintf("deadline %.0f ms", rep.DeadlineMs), y: rep.DeadlineMs, st: overloadRefStroke}
 	return []overloadPanel{
 		{
 			title: "goodput: committed within the deadline", ylabel: "transactions/s", format: "%.0f",
 			value: func(ph *overloadPhase) (float64, bool) { return ph.GoodputPerS, true },
-			refs:  []refLine{{name: fmt.Sprintf("capacity C = %.0f/s", rep.Capacity), y: rep.Capacity}},
+			refs:  []refLine{{name: fmt.Sprintf("capacity C = %.0f/s", rep.Capacity), y: rep.Capacity, st: overloadRefStroke}},
 		},
 		{
 			title: "p99 latency of successes", ylabel: "ms", format: "%.0f",
@@ -140,7 +135,7 @@ func overloadPanels(rep *overloadReport) []overloadPanel {
 				}
 				return float64(*ph.ServerMaxTx), true
 			},
-			refs: []refLine{{name: fmt.Sprintf("B = %d", rep.Policy.MaxConcurrent), y: float64(rep.Policy.MaxConcurrent)}},
+			refs: []refLine{{name: fmt.Sprintf("B = %d", rep.Policy.MaxConcurrent), y: float64(rep.Policy.MaxConcurrent), st: overloadRefStroke}},
 		},
 	}
 }
@@ -159,9 +154,14 @@ func overloadChartSVG(rep *overloadReport) ([]byte, error) {
 			configs = append(configs, ph.Config)
 		}
 	}
-	names := make([]string, len(loads))
+	names, keys := make([]string, len(loads)), make([]string, len(loads))
 	for i, l := range loads {
 		names[i] = fmt.Sprintf("%s×C (%.0f/s)", fmtLoad(l), l*rep.Capacity)
+		keys[i] = fmtLoad(l) + "×C"
+	}
+	colors := make([]string, len(configs))
+	for i, c := range configs {
+		colors[i] = configColors[c]
 	}
 	panels := overloadPanels(rep)
 	legends := make([][]legendEntry, len(panels))
@@ -171,7 +171,7 @@ func overloadChartSVG(rep *overloadReport) ([]byte, error) {
 			legends[i] = append(legends[i], legendEntry{name: c, fill: configColors[c]})
 		}
 		for _, r := range pn.refs {
-			legends[i] = append(legends[i], legendEntry{name: r.name, st: overloadRefStroke})
+			legends[i] = append(legends[i], legendEntry{name: r.name, st: r.st})
 		}
 		legendW = max(legendW, legendWidth(legends[i]))
 	}
@@ -188,61 +188,18 @@ func overloadChartSVG(rep *overloadReport) ([]byte, error) {
 	for i, pn := range panels {
 		outer := box{x: float64(i%cols) * w / cols, y: top + float64(i/cols)*overloadPanelH, w: w / cols, h: overloadPanelH}
 		lay := layoutPanel(outer, legendW)
-		drawBarPanel(d, rep, pn, lay, loads, configs, names, legends[i])
+		d.drawBars(barPanel{
+			title: pn.title, ylabel: pn.ylabel, format: pn.format,
+			groups: names, keys: keys, series: configs, colors: colors, refs: pn.refs,
+			value: func(g, s int) (float64, bool) {
+				if ph := rep.phase(loads[g], configs[s]); ph != nil {
+					return pn.value(ph)
+				}
+				return 0, false
+			},
+		}, lay, legends[i])
 	}
 	return d.bytes(), nil
-}
-
-// drawBarPanel draws one panel: bars grouped by load, the value above
-// each bar, the reference lines over them, the legend beside.
-func drawBarPanel(d *svgDoc, rep *overloadReport, pn overloadPanel, lay panelLayout, loads []float64, configs, names []string, legend []legendEntry) {
-	plot := lay.plot
-	d.comment("panel: " + pn.title)
-	d.text(plot.x, lay.outer.y+20, textStyle{size: chartTitleSize, bold: true}, pn.title)
-	ymax := 1.0
-	for _, l := range loads {
-		for _, c := range configs {
-			if ph := rep.phase(l, c); ph != nil {
-				if v, ok := pn.value(ph); ok {
-					ymax = max(ymax, v)
-				}
-			}
-		}
-	}
-	for _, r := range pn.refs {
-		ymax = max(ymax, r.y)
-	}
-	// Headroom for the value labels above the bars.
-	ticks, dec := niceTicks(0, ymax*1.1, 5)
-	top := ticks[len(ticks)-1]
-	d.yAxis(plot, ticks, dec, pn.ylabel)
-	y := func(v float64) float64 { return plot.bottom() - v/top*plot.h }
-
-	group := plot.w / float64(len(loads))
-	barW := min(36, group*0.8/float64(len(configs)))
-	for li, l := range loads {
-		cx := plot.x + (float64(li)+0.5)*group
-		d.text(cx, plot.bottom()+18, textStyle{size: chartFontSize, anchor: "middle", color: axisColor}, names[li])
-		for ci, c := range configs {
-			x := cx + (float64(ci)-float64(len(configs))/2)*barW
-			label := "-"
-			v := 0.0
-			if ph := rep.phase(l, c); ph != nil {
-				if val, ok := pn.value(ph); ok {
-					v, label = val, fmt.Sprintf(pn.format, val)
-				}
-			}
-			d.comment(fmt.Sprintf("bar: %s×C %s", fmtLoad(l), c))
-			d.rect(x+1, y(v), barW-2, plot.bottom()-y(v), configColors[c], "")
-			d.text(x+barW/2, y(v)-4, textStyle{size: 10, anchor: "middle"}, label)
-		}
-	}
-	for _, r := range pn.refs {
-		d.comment("reference: " + r.name)
-		d.line(plot.x, y(r.y), plot.right(), y(r.y), overloadRefStroke)
-	}
-	d.frame(plot)
-	d.drawLegend(lay.legend, legend)
 }
 
 // caption returns the chart's caption, line i of two.

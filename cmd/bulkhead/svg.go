@@ -245,3 +245,77 @@ func (d *svgDoc) yAxis(plot box, ticks []float64, decimals int, ylabel string) {
 func (d *svgDoc) frame(plot box) {
 	d.rect(plot.x, plot.y, plot.w, plot.h, "none", axisColor)
 }
+
+// barPanel is a panel of bars grouped along x (overload: by offered load;
+// fleet: by phase), one bar per series in each group, with reference
+// lines over them.
+type barPanel struct {
+	title, ylabel string
+	format        string   // of the value above each bar
+	groups        []string // labels under the groups
+	keys          []string // the groups' names in the SVG's comments; nil: groups
+	series        []string
+	colors        []string // of each series
+	// value is series s's value in group g; ok false draws no bar and
+	// labels it "-".
+	value func(g, s int) (v float64, ok bool)
+	refs  []refLine
+}
+
+// refLine is a horizontal reference line of a bar panel.
+type refLine struct {
+	name string
+	y    float64
+	st   stroke
+}
+
+// drawBars draws p in lay: the title, the y axis from 0 with room for
+// the value labels, the bars with their values, the reference lines and
+// the legend beside.
+func (d *svgDoc) drawBars(p barPanel, lay panelLayout, legend []legendEntry) {
+	plot := lay.plot
+	d.comment("panel: " + p.title)
+	d.text(plot.x, lay.outer.y+20, textStyle{size: chartTitleSize, bold: true}, p.title)
+	ymax := 1.0
+	for g := range p.groups {
+		for s := range p.series {
+			if v, ok := p.value(g, s); ok {
+				ymax = max(ymax, v)
+			}
+		}
+	}
+	for _, r := range p.refs {
+		ymax = max(ymax, r.y)
+	}
+	// Headroom for the value labels above the bars.
+	ticks, dec := niceTicks(0, ymax*1.1, 5)
+	top := ticks[len(ticks)-1]
+	d.yAxis(plot, ticks, dec, p.ylabel)
+	y := func(v float64) float64 { return plot.bottom() - v/top*plot.h }
+	group := plot.w / float64(max(len(p.groups), 1))
+	barW := min(36, group*0.8/float64(max(len(p.series), 1)))
+	keys := p.keys
+	if keys == nil {
+		keys = p.groups
+	}
+	for g, gname := range p.groups {
+		cx := plot.x + (float64(g)+0.5)*group
+		d.text(cx, plot.bottom()+18, textStyle{size: chartFontSize, anchor: "middle", color: axisColor}, gname)
+		for s, sname := range p.series {
+			x := cx + (float64(s)-float64(len(p.series))/2)*barW
+			label, v := "-", 0.0
+			if val, ok := p.value(g, s); ok {
+				v, label = val, fmt.Sprintf(p.format, val)
+			}
+			d.comment(fmt.Sprintf("bar: %s %s", keys[g], sname))
+			d.rect(x+1, y(v), barW-2, plot.bottom()-y(v), p.colors[s], "")
+			d.text(x+barW/2, y(v)-4, textStyle{size: 10, anchor: "middle"}, label)
+		}
+	}
+	for _, r := range p.refs {
+		d.comment("reference: " + r.name)
+		d.line(plot.x, y(r.y), plot.right(), y(r.y), r.st)
+	}
+	d.frame(plot)
+	d.drawLegend(lay.legend, legend)
+}
