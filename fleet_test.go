@@ -8,7 +8,6 @@ package bulkhead_test
 // lock table) and, on PostgreSQL, in tests/fleet_test.go.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -26,7 +25,7 @@ func TestAFleetInstanceWhoseCoordinationFailsHasNoShareAndSaysSo(t *testing.T) {
 	fc.Define("work", fakedb.ResultSet{})
 	var mu sync.Mutex
 	var events []bulkhead.FleetEvent
-	var logs lockedBuffer // the coordination loop logs from its goroutine
+	var logs syncBuffer // the coordination loop logs from its goroutine (panic_test.go)
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	ev := bulkhead.JoinEvents(bulkhead.Events{OnFleet: func(e bulkhead.FleetEvent) {
 		mu.Lock()
@@ -70,23 +69,6 @@ func TestAFleetInstanceWhoseCoordinationFailsHasNoShareAndSaysSo(t *testing.T) {
 	if out := logs.String(); !strings.Contains(out, "level=WARN") || !strings.Contains(out, `msg="bulkhead: fleet coordination failed"`) || !strings.Contains(out, "fleet=orders") {
 		t.Fatalf("log: %s, want a WARN record of the failure", out)
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func TestAGatesFleetCannotChangeButItsOtherLimitsCan(t *testing.T) {
