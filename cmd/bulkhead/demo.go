@@ -33,7 +33,9 @@ const demoExamples = `  bulkhead demo
   DATABASE_URL=postgres://postgres@127.0.0.1:5432/test bulkhead demo
 `
 
-// demoTimeout bounds the whole demonstration, dial included.
+// demoTimeout bounds the demonstration once connected; the first
+// connection has the target's startTimeout on top (the embedded SQLite
+// compiles its engine then: seconds, many more on a busy machine).
 const demoTimeout = 30 * time.Second
 
 func (e *env) demo(ctx context.Context, args []string) int {
@@ -51,7 +53,7 @@ func (e *env) demo(ctx context.Context, args []string) int {
 	if err != nil {
 		return e.fail(fmt.Errorf("demo: %w", err))
 	}
-	runCtx, cancel := context.WithTimeout(ctx, demoTimeout)
+	runCtx, cancel := context.WithTimeout(ctx, t.startTimeout()+demoTimeout)
 	defer cancel()
 	lines, err := runDemo(runCtx, t)
 	if err != nil {

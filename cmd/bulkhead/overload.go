@@ -851,7 +851,7 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Conte
 		wf, run := &waitFirst{b: p.MaxConcurrent, wait: p.QueueWait}, op
 		op = func(ctx context.Context, db *sql.DB) error { return wf.do(ctx, db, run) }
 	}
-	if err := warmPool(ctx, db, idle); err != nil {
+	if err := warmPool(ctx, db, idle, cfg.target.startTimeout()); err != nil {
 		if ctx.Err() != nil {
 			return nil, errors.New("interrupted before the run started")
 		}
@@ -949,9 +949,10 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Conte
 	return ph, nil
 }
 
-// warmPool dials n connections in db's pool and leaves them idle.
-func warmPool(ctx context.Context, db *sql.DB, n int) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*connectTimeout)
+// warmPool dials n connections in db's pool, within limit, and leaves
+// them idle.
+func warmPool(ctx context.Context, db *sql.DB, n int, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	conns := make([]*sql.Conn, 0, n)
 	defer func() {
