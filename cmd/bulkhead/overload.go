@@ -743,7 +743,7 @@ func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*
 	if name == cfgGate {
 		// The gate as the README recommends it: on PostgreSQL, pgx returns
 		// from a cancelled statement only once the server stopped it
-		// (pgxgate.WaitForServer), so that the server runs at most B.
+		// (pgxgate.Connector), so that the server runs at most B.
 		inner, err := cfg.target.gatedConnector(app, false)
 		if err != nil {
 			return nil, "", err

@@ -167,10 +167,11 @@ func (t *target) connector(app string, keepApp bool) (driver.Connector, error) {
 	return demo.SQLite()
 }
 
-// gatedConnector is connector for the gated runs: on PostgreSQL it makes
-// pgx return from a cancelled statement only after the server stopped it
-// (pgxgate.WaitForServer), as the library recommends, so that the gate
-// bounds the server and not only the process.
+// gatedConnector is connector for the gated runs: on PostgreSQL it is
+// pgxgate's connector, as the library recommends, so that the gate bounds
+// the server and not only the process: a cancelled statement returns
+// only after the server stopped it, and a transaction ends on the server
+// whatever happened to its context.
 func (t *target) gatedConnector(app string, keepApp bool) (driver.Connector, error) {
 	if t.dialect != dialectPostgres {
 		return t.connector(app, keepApp)
@@ -179,8 +180,7 @@ func (t *target) gatedConnector(app string, keepApp bool) (driver.Connector, err
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok || !keepApp {
 		cfg.RuntimeParams["application_name"] = app
 	}
-	pgxgate.WaitForServer(cfg)
-	return stdlib.GetConnector(*cfg), nil
+	return pgxgate.Connector(cfg), nil
 }
 
 // plainConnector returns a connector to a PostgreSQL target with
