@@ -126,6 +126,11 @@ func (c *conn) start(ctx context.Context, k Kind, p *permit) error {
 			return err
 		}
 	}
+	if c.sess.untagged {
+		if err := c.tagFor(ctx, p); err != nil {
+			return err
+		}
+	}
 	c.g.admitted(p)
 	return nil
 }
@@ -147,6 +152,33 @@ func (c *conn) bindFor(ctx context.Context, p *permit) error {
 		c.g.abort(p, err)
 		return err
 	}
+	return nil
+}
+
+// tagFor runs a fleet's tag (fleet.tag) on c's session before the first
+// operation on it, for an operation holding p: within that operation's
+// permits, so that the tag's statement is part of the work the budget
+// counts. A session the tag fails or panics on is closed, and p's permits
+// given back.
+func (c *conn) tagFor(ctx context.Context, p *permit) error {
+	s := c.sess
+	done := false
+	defer func() {
+		if !done { // a panic in the driver
+			c.sess = nil
+			c.g.pool.closeSession(s)
+			c.g.abort(p, errPanicked)
+		}
+	}()
+	err := c.g.pool.tag(ctx, s.ci)
+	done = true
+	if err != nil {
+		c.sess = nil
+		c.g.pool.closeSession(s)
+		c.g.abort(p, err)
+		return err
+	}
+	s.untagged = false
 	return nil
 }
 

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"math"
+	"math/rand/v2"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -27,19 +29,34 @@ import (
 // operations at once as it holds slots, so the sum over the fleet cannot
 // exceed T whatever the processes do: a slot is locked before the process's
 // B grows, and unlocked only after B shrank and the operations beyond it
-// ended. Each process also holds a membership lock keyed by its
-// coordination session's backend pid, which is how the others count it.
-// All these locks belong to one dedicated session per process: when the
-// process dies, however it dies, the server ends that session and the
-// locks are free at once. (Statements the dead process had running go on
-// until they end: README "Fleets" says what that costs.)
+// ended. Each process also holds a membership lock keyed by its id (a
+// random 31-bit number drawn when the gate is made), which is how the
+// others count it. All these locks belong to one dedicated session per
+// process: when the process dies, however it dies, the server ends that
+// session and the locks are free at once.
+//
+// The statements a dead process had running go on until they end (the
+// server sees the dead client only when it next reads from it), so its
+// freed slots must not be reused before they end. Each server connection
+// of the gate is tagged with the process's id before its first operation:
+// a shared advisory lock (Conns, id), held as long as the connection lives
+// (WithFleetTagging; conn.tagFor).
+// A connection tagged with an id that has no membership lock, and not
+// idle, is an orphan: the work of a process that died, or that lost its
+// coordination session. The targets are shares of T minus the orphans, and
+// slots are locked under a fleet-wide transaction lock (grow) by a
+// statement that counts, in one reading of pg_locks, the slots held and
+// the orphans, and takes no more than T minus both: held slots plus
+// orphans never exceed T, since a process's death frees at least as many
+// slots as it leaves orphans (it ran no more than it held).
 //
 // Once per interval (WithFleetInterval), and never on an operation's
 // path, a process reads the fleet from pg_locks in one statement, works
-// out its target (fleetTargets: ⌊T/n⌋ slots plus one for the first T mod
-// n members in pid order, or with WithFleetLending what the idle lend to
-// the busy), and then either gives back its excess, or tries (without
-// waiting) to lock free slots up to its target. A process joining a full
+// out its target (fleetTargets of T minus the orphans: ⌊T/n⌋ slots plus
+// one for the first T mod n members in id order, or with WithFleetLending
+// what the idle lend to the busy), and then either gives back its excess,
+// or tries (without waiting for a slot) to lock free slots up to its
+// target. A process joining a full
 // fleet therefore starts with no share; the others give back their excess
 // at their next round, and it takes it at its next, which comes after half
 // an interval while it is short of its target: within two intervals. The
@@ -58,6 +75,8 @@ type FleetStats struct {
 	Total     int    // T: the fleet's MaxConcurrent (the policy's)
 	Instances int    // processes of the fleet alive at the last successful round
 	Share     int    // slots this process holds (its B is at most this)
+	Orphans   int    // at the last successful round, busy server connections of processes no longer in the fleet (killed, or without coordination): the shares leave room for them
+	ID        int64  // this process's id in the fleet: the second key of its membership lock and of its connections' tags
 	Backend   int64  // the coordination session's backend pid (pg_stat_activity.pid), 0 between sessions
 	Degraded  bool   // the last round failed: the share is at most the fallback
 	Rounds    int64  // coordination rounds done
@@ -98,8 +117,9 @@ type share struct{ b, q int }
 type fleet struct {
 	g        *Gate
 	name     string
-	member   int32 // advisory lock key1 of the membership locks
-	slot     int32 // advisory lock key1 of the slots
+	keys     FleetKeys
+	id       atomic.Int64 // the process's id in the fleet: 1 to 2³¹−1
+	joined   bool         // a session of this id joined once (under roundMu)
 	interval time.Duration
 	fallback int
 	conn     driver.Connector
@@ -110,16 +130,16 @@ type fleet struct {
 	roundMu  sync.Mutex        // one round at a time
 	newStore func() fleetStore // opens a coordination session: pgStore, or a test's
 	store    fleetStore        // the session; nil between sessions
-	pid      int64             // its id among the members
+	pid      int64             // its backend pid: the holder of its slots
 	held     []int             // slots it holds, as the last read said
 	lending  bool              // WithFleetLending
 	seen     Stats             // the counters at the last round (load)
 	fair     int               // the fair share at the last round
 	stale    bool              // a round failed with operations beyond the fallback running: drop the session once they end
 
-	instances, rounds, failures, backend atomic.Int64
-	degraded, short                      atomic.Bool // short: the last round left the share below its target
-	lastErr                              atomic.Pointer[error]
+	instances, orphans, rounds, failures, backend atomic.Int64
+	degraded, short                               atomic.Bool // short: the last round left the share below its target
+	lastErr                                       atomic.Pointer[error]
 
 	quit    chan struct{}
 	done    chan struct{}
@@ -131,8 +151,7 @@ func newFleet(g *Gate, name string) *fleet {
 	f := &fleet{
 		g:        g,
 		name:     name,
-		member:   fleetKey(name, "members"),
-		slot:     fleetKey(name, "slots"),
+		keys:     FleetLockKeys(name),
 		interval: g.opt.fleetInterval,
 		fallback: DefaultFleetFallback,
 		conn:     g.opt.fleetConn,
@@ -149,23 +168,40 @@ func newFleet(g *Gate, name string) *fleet {
 		f.conn = g.inner
 	}
 	f.lending = g.opt.fleetLending
-	f.newStore = func() fleetStore { return &pgStore{conn: f.conn, member: f.member, slot: f.slot, interval: f.interval} }
+	f.id.Store(newFleetID())
+	if g.opt.fleetID != 0 {
+		f.id.Store(g.opt.fleetID)
+	}
+	f.newStore = func() fleetStore { return &pgStore{conn: f.conn, keys: f.keys, interval: f.interval} }
 	if g.opt.fleetStore != nil {
 		f.newStore = g.opt.fleetStore
 	}
 	return f
 }
 
-// FleetLockKeys returns the first keys of a fleet's PostgreSQL advisory
-// locks: each member holds (members, its coordination backend's pid), and
-// each slot is (slots, its index from 0 to T−1). In pg_locks they are the
-// rows with locktype 'advisory', objsubid 2 and classid the key as an
-// unsigned 32-bit number; `bulkhead budget --fleet` reads them. The keys
-// are 32 bits of a hash of the name: two fleets of one database whose
-// names collide would share a budget, which a different name avoids.
-func FleetLockKeys(name string) (members, slots int32) {
-	return fleetKey(name, "members"), fleetKey(name, "slots")
+// FleetKeys are the first keys of a fleet's PostgreSQL advisory locks
+// (two-key form). In pg_locks they are the rows with locktype 'advisory',
+// objsubid 2 and classid the key as an unsigned 32-bit number, objid the
+// second key; `bulkhead budget --fleet` reads them.
+type FleetKeys struct {
+	Members int32 // (Members, id): each member's coordination session holds its own, exclusive
+	Slots   int32 // (Slots, i), i from 0 to T−1: the slots, exclusive, held by the coordination sessions
+	Conns   int32 // (Conns, id): every server connection a member's gate dialed holds one, shared (WithFleetTagging)
+	Grow    int32 // (Grow, 0): a transaction-level lock that serializes the taking of slots
 }
+
+// FleetLockKeys returns the keys of the fleet name's advisory locks: 32
+// bits of a hash of the name each, so that two fleets of one database
+// whose names collide would share a budget, which a different name
+// avoids.
+func FleetLockKeys(name string) FleetKeys {
+	return FleetKeys{Members: fleetKey(name, "members"), Slots: fleetKey(name, "slots"), Conns: fleetKey(name, "conns"), Grow: fleetKey(name, "grow")}
+}
+
+// newFleetID draws a process's id in a fleet: at random, so that no two
+// live processes are likely to draw the same (a join then fails, and the
+// process draws again).
+func newFleetID() int64 { return 1 + rand.Int64N(math.MaxInt32) }
 
 // fleetKey is the first key of a fleet's advisory locks: 32 bits of a hash
 // of the fleet's name, for the membership locks or the slots.
@@ -217,6 +253,8 @@ func (f *fleet) stats() FleetStats {
 		Total:     f.g.policy.Load().MaxConcurrent,
 		Instances: int(f.instances.Load()),
 		Share:     f.share().b,
+		Orphans:   int(f.orphans.Load()),
+		ID:        f.id.Load(),
 		Backend:   f.backend.Load(),
 		Degraded:  f.degraded.Load(),
 		Rounds:    f.rounds.Load(),
@@ -359,31 +397,46 @@ func (f *fleet) round(ctx context.Context) error {
 	}
 	if f.store == nil {
 		st := f.newStore()
-		pid, err := st.join(ctx)
+		pid, err := st.join(ctx, f.id.Load())
 		if err != nil {
+			// Another process drew the same id: draw again (the
+			// connections already tagged with this one count as the
+			// other's, at worst as orphans once it is gone). A process
+			// that joined before keeps its id: the session holding it
+			// is most likely its own previous one, which the server has
+			// not ended yet, and its connections are tagged with it.
+			if errors.Is(err, errIDTaken) && !f.joined {
+				f.id.Store(newFleetID())
+			}
 			return err
 		}
-		f.store, f.pid, f.held = st, pid, nil
+		f.store, f.pid, f.held, f.joined = st, pid, nil, true
 		f.backend.Store(pid)
 	}
 	var gs Stats
 	f.g.lim.stats(&gs)
 	load := f.load(gs)
 	state := fmt.Sprintf("bulkhead fleet t=%d b=%d q=%d running=%d waiting=%d load=%s", f.g.policy.Load().MaxConcurrent, gs.MaxConcurrent, gs.MaxQueue, gs.Running, gs.Waiting, load)
-	members, slots, err := f.store.read(ctx, state)
+	v, err := f.store.read(ctx, state)
 	if err != nil {
 		return err
 	}
-	rank := slices.IndexFunc(members, func(m fleetMember) bool { return m.pid == f.pid })
+	members, slots := v.members, v.slots
+	id := f.id.Load()
+	rank := slices.IndexFunc(members, func(m fleetMember) bool { return m.id == id })
 	if rank < 0 {
-		return fmt.Errorf("this process's membership lock (pid %d) is gone", f.pid)
+		return fmt.Errorf("this process's membership lock (id %d, session pid %d) is gone", id, f.pid)
 	}
 	members[rank].state = state // as the others will read it
 	total := f.g.policy.Load()
 	t, tq, n := total.MaxConcurrent, total.MaxQueue, len(members)
 	f.instances.Store(int64(n))
-	target := fleetTargets(t, members, f.lending)[rank]
-	f.fair = fleetTargets(t, members, false)[rank]
+	f.orphans.Store(int64(v.orphans))
+	// The orphans run on slots their dead owner no longer holds: the
+	// shares are of what is left.
+	avail := max(0, t-v.orphans)
+	target := fleetTargets(avail, members, f.lending)[rank]
+	f.fair = fleetTargets(avail, members, false)[rank]
 	q := tq / n
 	if rank < tq%n {
 		q++
@@ -424,13 +477,7 @@ func (f *fleet) round(ctx context.Context) error {
 			return err
 		}
 	case inRange < target:
-		var free []int
-		for s := 0; s < t && len(free) < target-inRange; s++ {
-			if _, taken := slots[s]; !taken {
-				free = append(free, s)
-			}
-		}
-		got, err := f.store.tryLock(ctx, free)
+		got, err := f.store.grow(ctx, t, target-inRange)
 		if err != nil {
 			return err
 		}
@@ -469,11 +516,19 @@ func (f *fleet) dropSession() {
 	f.backend.Store(0)
 }
 
-// fleetMember is a member of the fleet as a round reads it: its id and
-// the state it published at its last round.
+// fleetMember is a member of the fleet as a round reads it: its id, its
+// coordination session's backend pid, and the state it published at its
+// last round.
 type fleetMember struct {
-	pid   int64
-	state string
+	id, pid int64
+	state   string
+}
+
+// fleetView is the fleet as a round reads it.
+type fleetView struct {
+	members []fleetMember // in id order
+	slots   map[int]int64 // the holder's backend pid, by slot
+	orphans int           // connections tagged with the id of no member, and not idle
 }
 
 // Loads an instance publishes at each round (WithFleetLending uses them):
@@ -515,14 +570,14 @@ func memberLoad(state string) string {
 }
 
 // fleetTargets returns each member's target share of t slots, members in
-// pid order. Without lending: ⌊t/n⌋, plus one for the first t mod n.
+// id order. Without lending: ⌊t/n⌋, plus one for the first t mod n.
 // With lending, active and busy members keep that fair share; an idle
 // member keeps one slot of it (so that its next operation runs at once)
 // and lends the rest, which goes to the busy members one slot at a time
-// in pid order; with no busy member nothing is lent. Every member
+// in id order; with no busy member nothing is lent. Every member
 // computes the same targets from the same reading; readings a round apart
 // may differ, which the slots' locks make harmless: a member only takes
-// free slots.
+// free slots, and no more than T minus the slots held and the orphans.
 func fleetTargets(t int, members []fleetMember, lending bool) []int {
 	n := len(members)
 	targets := make([]int, n)
@@ -564,35 +619,42 @@ func fleetTargets(t int, members []fleetMember, lending bool) []int {
 // slot locks live. pgStore is PostgreSQL's; the package's tests have an
 // in-memory one.
 type fleetStore interface {
-	// join opens the session and takes its membership lock; it returns
-	// the member's id (the backend pid).
-	join(ctx context.Context) (int64, error)
-	// read returns the members, in pid order, each with the state it
-	// published at its last round, and which member holds each slot;
+	// join opens the session and takes the membership lock of id; it
+	// returns the session's backend pid, which holds the slots it will
+	// lock, or an error matching errIDTaken if another session holds
+	// that membership lock.
+	join(ctx context.Context, id int64) (int64, error)
+	// read returns the fleet: the members with the state each published
+	// at its last round, which session holds each slot, and the orphans;
 	// state is this process's, published for the others and for whoever
 	// looks.
-	read(ctx context.Context, state string) (members []fleetMember, slots map[int]int64, err error)
-	// tryLock tries, without waiting, to lock each of slots, and returns
-	// those it got.
-	tryLock(ctx context.Context, slots []int) ([]int, error)
+	read(ctx context.Context, state string) (fleetView, error)
+	// grow locks up to n free slots below t, without waiting for any,
+	// and returns those it got: under the fleet's grow lock, it takes no
+	// more than t minus the slots held and the orphans, as one reading
+	// finds them.
+	grow(ctx context.Context, t, n int) ([]int, error)
 	unlock(ctx context.Context, slots []int) error
 	// leave ends the session, freeing its locks.
 	leave()
 }
 
+// errIDTaken: another session holds the membership lock of the id.
+var errIDTaken = errors.New("membership lock held by another session")
+
 // pgStore keeps a fleet's locks as session-level advisory locks of one
-// dedicated PostgreSQL session, keys (member, backend pid) and (slot,
-// index), read back from pg_locks.
+// dedicated PostgreSQL session, keys (Members, id) and (Slots, index),
+// read back from pg_locks with the connections' tags (Conns, id).
 type pgStore struct {
-	conn         driver.Connector
-	member, slot int32
-	interval     time.Duration
+	conn     driver.Connector
+	keys     FleetKeys
+	interval time.Duration
 
 	db   *sql.DB
 	sess *sql.Conn
 }
 
-func (p *pgStore) join(ctx context.Context) (int64, error) {
+func (p *pgStore) join(ctx context.Context, id int64) (int64, error) {
 	db := sql.OpenDB(noCloseConnector{p.conn})
 	db.SetMaxIdleConns(1)
 	sess, err := db.Conn(ctx)
@@ -602,9 +664,9 @@ func (p *pgStore) join(ctx context.Context) (int64, error) {
 	}
 	var pid int64
 	var ok bool
-	err = sess.QueryRowContext(ctx, "SELECT pg_backend_pid(), pg_try_advisory_lock("+itoa32(p.member)+", pg_backend_pid())").Scan(&pid, &ok)
+	err = sess.QueryRowContext(ctx, "SELECT pg_backend_pid(), pg_try_advisory_lock("+itoa32(p.keys.Members)+", "+strconv.FormatInt(id, 10)+")").Scan(&pid, &ok)
 	if err == nil && !ok {
-		err = fmt.Errorf("membership lock (%d, %d) held by another session", p.member, pid)
+		err = fmt.Errorf("%w: (%d, %d)", errIDTaken, p.keys.Members, id)
 	}
 	if err != nil {
 		sess.Close()
@@ -630,67 +692,145 @@ func (p *pgStore) leave() {
 // application_name to state, which `bulkhead budget` shows:
 // pg_stat_activity then tells each member's share and use as of its last
 // round.
-func (p *pgStore) read(ctx context.Context, state string) (members []fleetMember, slots map[int]int64, err error) {
-	q := "WITH me AS (SELECT set_config('application_name', '" + state + "', false))" +
-		" SELECT l.classid::int8, l.objid::int8, l.pid, coalesce(a.application_name, '')" +
-		" FROM me, pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid" +
+func (p *pgStore) read(ctx context.Context, state string) (fleetView, error) {
+	return p.scan(ctx, p.sess, state)
+}
+
+// queryer is a session or a transaction on it.
+type queryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// scan reads the fleet's locks from pg_locks in one statement, and, if
+// state is not empty, publishes it as the session's application_name.
+func (p *pgStore) scan(ctx context.Context, q queryer, state string) (fleetView, error) {
+	var sb strings.Builder
+	from := " FROM pg_locks l"
+	if state != "" {
+		sb.WriteString("WITH me AS (SELECT set_config('application_name', '" + state + "', false)) ")
+		from = " FROM me, pg_locks l"
+	}
+	// An orphan is told by its state: a connection of a dead client
+	// that is idle will never run again (the server ends it at its next
+	// read); one whose state cannot be seen (another role's, without
+	// pg_read_all_stats) counts as busy.
+	sb.WriteString("SELECT l.classid::int8, l.objid::int8, l.pid, coalesce(a.application_name, ''), a.state IS DISTINCT FROM 'idle'" +
+		from + " LEFT JOIN pg_stat_activity a ON a.pid = l.pid" +
 		" WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted" +
 		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())" +
-		" AND l.classid::int8 IN (" + strconv.FormatInt(int64(uint32(p.member)), 10) + ", " + strconv.FormatInt(int64(uint32(p.slot)), 10) + ")"
-	rows, err := p.sess.QueryContext(ctx, q)
+		" AND l.classid::int8 IN (" + uint32s(p.keys.Members, p.keys.Slots, p.keys.Conns) + ")")
+	rows, err := q.QueryContext(ctx, sb.String())
 	if err != nil {
-		return nil, nil, err
+		return fleetView{}, err
 	}
 	defer rows.Close()
-	slots = map[int]int64{}
+	v := fleetView{slots: map[int]int64{}}
+	busy := map[int64]int{} // tagged connections not idle, by id
 	for rows.Next() {
 		var class, obj, pid int64
 		var app string
-		if err := rows.Scan(&class, &obj, &pid, &app); err != nil {
-			return nil, nil, err
+		var notIdle bool
+		if err := rows.Scan(&class, &obj, &pid, &app, &notIdle); err != nil {
+			return fleetView{}, err
 		}
-		if class == int64(uint32(p.member)) {
-			members = append(members, fleetMember{pid: obj, state: app})
-		} else {
-			slots[int(obj)] = pid
+		switch class {
+		case int64(uint32(p.keys.Members)):
+			v.members = append(v.members, fleetMember{id: obj, pid: pid, state: app})
+		case int64(uint32(p.keys.Slots)):
+			v.slots[int(obj)] = pid
+		default:
+			if notIdle {
+				busy[obj]++
+			}
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, err
+		return fleetView{}, err
 	}
-	slices.SortFunc(members, func(a, b fleetMember) int { return cmp.Compare(a.pid, b.pid) })
-	return members, slots, nil
+	slices.SortFunc(v.members, func(a, b fleetMember) int { return cmp.Compare(a.id, b.id) })
+	for id, n := range busy {
+		if !slices.ContainsFunc(v.members, func(m fleetMember) bool { return m.id == id }) {
+			v.orphans += n
+		}
+	}
+	return v, nil
 }
 
-func (p *pgStore) tryLock(ctx context.Context, slots []int) ([]int, error) {
-	if len(slots) == 0 {
-		return nil, nil
-	}
-	rows, err := p.sess.QueryContext(ctx, "SELECT s FROM unnest(ARRAY["+join(slots)+"]) AS s WHERE pg_try_advisory_lock("+itoa32(p.slot)+", s)")
+// grow takes slots in a transaction that first takes the fleet's grow
+// lock: two instances growing at once would each see room for the same
+// orphans.
+func (p *pgStore) grow(ctx context.Context, t, n int) ([]int, error) {
+	tx, err := p.sess.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock("+itoa32(p.keys.Grow)+", 0)"); err != nil {
+		return nil, err
+	}
+	v, err := p.scan(ctx, tx, "")
+	if err != nil {
+		return nil, err
+	}
+	free := freeSlots(v, t, n)
+	if len(free) == 0 {
+		return nil, tx.Commit()
+	}
+	// Session-level locks taken in a transaction outlive it.
+	rows, err := tx.QueryContext(ctx, "SELECT s FROM unnest(ARRAY["+join(free)+"]) AS s WHERE pg_try_advisory_lock("+itoa32(p.keys.Slots)+", s)")
+	if err != nil {
+		return nil, err
+	}
 	var got []int
 	for rows.Next() {
 		var s int
 		if err := rows.Scan(&s); err != nil {
+			rows.Close()
 			return got, err
 		}
 		got = append(got, s)
 	}
-	return got, rows.Err()
+	if err := rows.Err(); err != nil {
+		return got, err
+	}
+	return got, tx.Commit()
+}
+
+// freeSlots returns the slots to try to lock: up to n of those below t no
+// session holds, and no more than t minus the slots held (any, even above
+// t) and the orphans.
+func freeSlots(v fleetView, t, n int) []int {
+	n = min(n, t-len(v.slots)-v.orphans)
+	var free []int
+	for s := 0; s < t && len(free) < n; s++ {
+		if _, taken := v.slots[s]; !taken {
+			free = append(free, s)
+		}
+	}
+	return free
 }
 
 func (p *pgStore) unlock(ctx context.Context, slots []int) error {
 	if len(slots) == 0 {
 		return nil
 	}
-	_, err := p.sess.ExecContext(ctx, "SELECT pg_advisory_unlock("+itoa32(p.slot)+", s) FROM unnest(ARRAY["+join(slots)+"]) AS s")
+	_, err := p.sess.ExecContext(ctx, "SELECT pg_advisory_unlock("+itoa32(p.keys.Slots)+", s) FROM unnest(ARRAY["+join(slots)+"]) AS s")
 	return err
 }
 
 func itoa32(v int32) string { return strconv.FormatInt(int64(v), 10) }
+
+// uint32s lists keys as pg_locks shows them: unsigned.
+func uint32s(keys ...int32) string {
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strconv.FormatUint(uint64(uint32(k)), 10))
+	}
+	return b.String()
+}
 
 func join(xs []int) string {
 	var b strings.Builder
@@ -710,6 +850,46 @@ type noCloseConnector struct{ c driver.Connector }
 
 func (n noCloseConnector) Connect(ctx context.Context) (driver.Conn, error) { return n.c.Connect(ctx) }
 func (n noCloseConnector) Driver() driver.Driver                            { return n.c.Driver() }
+
+// tag marks a server connection of the gate as this process's, before its
+// first operation (conn.tagFor): a shared advisory lock (Conns, id) that
+// the connection holds as long as it lives, so that the others count its
+// work as an orphan's if this process dies while it runs. A connection
+// that cannot be tagged is closed: its work would be invisible.
+func (f *fleet) tag(ctx context.Context, c driver.Conn) error {
+	q := "SELECT pg_advisory_lock_shared(" + itoa32(f.keys.Conns) + ", " + strconv.FormatInt(f.id.Load(), 10) + ")"
+	if err := execConn(ctx, c, q); err != nil {
+		return fmt.Errorf("bulkhead: fleet %s: tagging a new server connection (WithFleetTagging): %w", f.name, err)
+	}
+	return nil
+}
+
+// execConn runs query, which takes no argument, on a driver connection.
+func execConn(ctx context.Context, c driver.Conn, query string) error {
+	if e, ok := c.(driver.ExecerContext); ok {
+		_, err := e.ExecContext(ctx, query, nil)
+		if err != driver.ErrSkip {
+			return err
+		}
+	}
+	var st driver.Stmt
+	var err error
+	if p, ok := c.(driver.ConnPrepareContext); ok {
+		st, err = p.PrepareContext(ctx, query)
+	} else {
+		st, err = c.Prepare(query)
+	}
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if e, ok := st.(driver.StmtExecContext); ok {
+		_, err = e.ExecContext(ctx, nil)
+	} else {
+		_, err = st.Exec(nil) //nolint:staticcheck // the driver's only way
+	}
+	return err
+}
 
 // emitFleet calls OnFleet; as emit, a panic in it is logged and
 // recovered: it would otherwise end the coordination loop.

@@ -15,6 +15,7 @@ import (
 	"math/rand"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,23 +23,40 @@ import (
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 )
 
-// memLocks is the server: membership and slot locks, by member id.
+// memLocks is the server: membership locks by id, slot locks by the
+// holding session's backend pid, and the operations each process runs on
+// the server, by id (what its connections' tags show).
 type memLocks struct {
 	mu      sync.Mutex
-	next    int64
-	members map[int64]string // the state each published
+	next    int64 // the last backend pid given
+	members map[int64]*memMember
 	slots   map[int]int64
-	fail    map[int64]bool // the member's next call fails (a query error; the session lives)
-	dead    map[int64]bool // the member's session is gone (its locks freed)
+	busy    map[int64]int  // operations running on the server, by the id of the process that started them
+	fail    map[int64]bool // the session's next call fails (a query error; the session lives)
+	dead    map[int64]bool // the session is gone (its locks freed)
+
+	// beforeGrow, if set, runs once at the start of the next grow, before
+	// it reads the locks: what happens between a round's reading and its
+	// taking slots.
+	beforeGrow func()
+}
+
+type memMember struct {
+	pid   int64
+	state string
 }
 
 func newMemLocks() *memLocks {
-	return &memLocks{members: map[int64]string{}, slots: map[int]int64{}, fail: map[int64]bool{}, dead: map[int64]bool{}}
+	return &memLocks{members: map[int64]*memMember{}, slots: map[int]int64{}, busy: map[int64]int{}, fail: map[int64]bool{}, dead: map[int64]bool{}}
 }
 
-// drop frees the member's locks, as the server does when a session ends.
+// drop frees the session's locks, as the server does when a session ends.
 func (m *memLocks) drop(pid int64) {
-	delete(m.members, pid)
+	for id, mm := range m.members {
+		if mm.pid == pid {
+			delete(m.members, id)
+		}
+	}
 	for s, p := range m.slots {
 		if p == pid {
 			delete(m.slots, s)
@@ -58,9 +76,27 @@ func (m *memLocks) held(pid int64) int {
 	return n
 }
 
+// view is what one reading of pg_locks shows. m.mu is held.
+func (m *memLocks) view() fleetView {
+	v := fleetView{slots: map[int]int64{}}
+	for id, mm := range m.members {
+		v.members = append(v.members, fleetMember{id: id, pid: mm.pid, state: mm.state})
+	}
+	slices.SortFunc(v.members, func(a, b fleetMember) int { return int(a.id - b.id) })
+	for k, p := range m.slots {
+		v.slots[k] = p
+	}
+	for id, n := range m.busy {
+		if m.members[id] == nil {
+			v.orphans += n
+		}
+	}
+	return v
+}
+
 type memStore struct {
-	m   *memLocks
-	pid int64
+	m       *memLocks
+	pid, id int64
 }
 
 func (s *memStore) check() error {
@@ -74,46 +110,43 @@ func (s *memStore) check() error {
 	return nil
 }
 
-func (s *memStore) join(context.Context) (int64, error) {
+func (s *memStore) join(_ context.Context, id int64) (int64, error) {
 	s.m.mu.Lock()
 	defer s.m.mu.Unlock()
+	if s.m.members[id] != nil {
+		return 0, errIDTaken
+	}
 	s.m.next++
-	s.pid = s.m.next
-	s.m.members[s.pid] = ""
+	s.pid, s.id = s.m.next, id
+	s.m.members[id] = &memMember{pid: s.pid}
 	return s.pid, nil
 }
 
-func (s *memStore) read(_ context.Context, state string) ([]fleetMember, map[int]int64, error) {
+func (s *memStore) read(_ context.Context, state string) (fleetView, error) {
 	s.m.mu.Lock()
 	defer s.m.mu.Unlock()
 	if err := s.check(); err != nil {
-		return nil, nil, err
+		return fleetView{}, err
 	}
-	s.m.members[s.pid] = state
-	var members []fleetMember
-	for p, st := range s.m.members {
-		members = append(members, fleetMember{pid: p, state: st})
-	}
-	slices.SortFunc(members, func(a, b fleetMember) int { return int(a.pid - b.pid) })
-	slots := map[int]int64{}
-	for k, v := range s.m.slots {
-		slots[k] = v
-	}
-	return members, slots, nil
+	s.m.members[s.id].state = state
+	return s.m.view(), nil
 }
 
-func (s *memStore) tryLock(_ context.Context, want []int) ([]int, error) {
+func (s *memStore) grow(_ context.Context, t, n int) ([]int, error) {
 	s.m.mu.Lock()
+	if h := s.m.beforeGrow; h != nil {
+		s.m.beforeGrow = nil
+		s.m.mu.Unlock()
+		h()
+		s.m.mu.Lock()
+	}
 	defer s.m.mu.Unlock()
 	if err := s.check(); err != nil {
 		return nil, err
 	}
-	var got []int
-	for _, k := range want {
-		if _, taken := s.m.slots[k]; !taken {
-			s.m.slots[k] = s.pid
-			got = append(got, k)
-		}
+	got := freeSlots(s.m.view(), t, n)
+	for _, k := range got {
+		s.m.slots[k] = s.pid
 	}
 	return got, nil
 }
@@ -141,14 +174,16 @@ func (s *memStore) leave() {
 // fleetInst is one process of the model.
 type fleetInst struct {
 	g       *Gate
-	running int  // operations holding permits, started by the model
+	id      int64
+	running int  // operations running on the server, started by the model
 	closed  bool // stopped gracefully (its running operations still count)
-	killed  bool // SIGKILL: gone, with its operations
+	killed  bool // SIGKILL: gone; its running operations go on, orphans, until they end
 }
 
 func (in *fleetInst) pid() int64 { return in.g.fleet.backend.Load() }
 
 func withFleetStore(f func() fleetStore) Option { return func(o *options) { o.fleetStore = f } }
+func withFleetID(id int64) Option               { return func(o *options) { o.fleetID = id } }
 
 func TestFleetModelKeepsRunningWorkWithinTheTotalAndSettlesWithinTwoRounds(t *testing.T) {
 	seeds := 150
@@ -174,6 +209,14 @@ func fleetModel(t *testing.T, seed int64) {
 			in.g.Close()
 		}
 	}()
+	// An operation starts and ends on the server: the tags of its
+	// connection show it under the process's id.
+	busy := func(in *fleetInst, d int) {
+		in.running += d
+		m.mu.Lock()
+		m.busy[in.id] += d
+		m.mu.Unlock()
+	}
 	live := func() []*fleetInst {
 		var l []*fleetInst
 		for _, in := range all {
@@ -195,11 +238,18 @@ func fleetModel(t *testing.T, seed int64) {
 	}
 	// check asserts the promise: an instance runs no more operations
 	// than its session holds slots, and its B is no more than those
-	// slots; the only excess allowed is a failed instance's fallback
-	// share (WithFleetFallback), none with a fallback of 0.
+	// slots; the operations on the server, the killed instances' orphans
+	// included, are no more than T; the only excess allowed is a failed
+	// instance's fallback share (WithFleetFallback), none with a
+	// fallback of 0.
 	check := func(step string) {
 		t.Helper()
 		sum, failed := 0, 0
+		for _, in := range all {
+			if in.killed {
+				sum += in.running
+			}
+		}
 		for _, in := range live() {
 			s := in.g.Stats()
 			held := 0
@@ -221,16 +271,17 @@ func fleetModel(t *testing.T, seed int64) {
 			}
 		}
 		if sum > total+failed*fallback {
-			t.Fatalf("seed %d, %s: %d operations run across the fleet, T=%d, %d instances failed a round, fallback %d", seed, step, sum, total, failed, fallback)
+			t.Fatalf("seed %d, %s: %d operations run on the server (orphans included), T=%d, %d instances failed a round, fallback %d", seed, step, sum, total, failed, fallback)
 		}
 	}
 	join := func() {
+		id := int64(len(all) + 1)
 		g, err := New(fakedb.New(), p, WithFleetInterval(time.Hour), WithFleetFallback(fallback), WithFleetLending(lending),
-			withFleetStore(func() fleetStore { return &memStore{m: m} }))
+			withFleetStore(func() fleetStore { return &memStore{m: m} }), withFleetID(id))
 		if err != nil {
 			t.Fatal(err)
 		}
-		in := &fleetInst{g: g}
+		in := &fleetInst{g: g, id: id}
 		all = append(all, in)
 		// The loop's first round starts at once, with an hour to wait
 		// for operations to end: let it start (SyncFleet then waits for
@@ -259,6 +310,15 @@ func fleetModel(t *testing.T, seed int64) {
 			what = "stop"
 			in.closed = true
 			in.g.Close()
+		case r < 18 && slices.ContainsFunc(all, func(in *fleetInst) bool { return in.killed && in.running > 0 }):
+			what = "orphan ends"
+			for _, in := range all {
+				if in.killed && in.running > 0 {
+					busy(in, -1)
+					in.g.lim.release()
+					break
+				}
+			}
 		case r < 15 && len(l) > 1:
 			what = "kill"
 			in.killed = true
@@ -268,7 +328,7 @@ func fleetModel(t *testing.T, seed int64) {
 				m.drop(pid)
 			}
 			m.mu.Unlock()
-		case r < 20:
+		case r < 22:
 			what = "fail"
 			m.mu.Lock()
 			m.fail[in.pid()] = true
@@ -281,12 +341,12 @@ func fleetModel(t *testing.T, seed int64) {
 		case r < 75:
 			what = "start"
 			if in.g.lim.tryNow() {
-				in.running++
+				busy(in, 1)
 			}
 		default:
 			what = "end"
 			if in.running > 0 {
-				in.running--
+				busy(in, -1)
 				in.g.lim.release()
 			}
 		}
@@ -299,8 +359,9 @@ func fleetModel(t *testing.T, seed int64) {
 	m.mu.Unlock()
 	var up []*fleetInst
 	for _, in := range all {
-		for ; in.running > 0; in.running-- {
-			in.g.lim.release()
+		for in.running > 0 {
+			busy(in, -1)
+			in.g.lim.release() // a killed instance's gate is the model's no more: releasing lets it close
 		}
 		if !in.closed && !in.killed {
 			up = append(up, in)
@@ -359,7 +420,7 @@ func TestFleetTargetsSplitFairlyAndLendOnlyFromIdleToBusy(t *testing.T) {
 			if l != "" {
 				st = "bulkhead fleet t=8 b=2 q=0 running=0 waiting=0 load=" + l
 			}
-			ms = append(ms, fleetMember{pid: int64(i + 1), state: st})
+			ms = append(ms, fleetMember{id: int64(i + 1), state: st})
 		}
 		return ms
 	}
@@ -429,4 +490,251 @@ func TestFleetShareClampsTheWorkloads(t *testing.T) {
 	if p := gs[1].Policy(); p.MaxConcurrent != 4 || p.Workloads["batch"].MaxConcurrent != 3 {
 		t.Fatalf("Policy() = %+v, want the policy as set", p)
 	}
+}
+
+// kill ends the instance's session as a SIGKILL would: its locks are freed,
+// and its operations still running stay on the server (m.busy) as
+// orphans.
+func (m *memLocks) kill(pid int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dead[pid] = true
+	m.drop(pid)
+}
+
+// modelGate makes an instance of the fleet p.Fleet on m with the given id
+// (0: drawn), its loop's first round done; inner is the fake driver, a new
+// one if nil.
+func modelGate(t *testing.T, m *memLocks, p Policy, id int64, inner *fakedb.Connector, opts ...Option) *Gate {
+	t.Helper()
+	if inner == nil {
+		inner = fakedb.New()
+	}
+	opts = append([]Option{WithFleetInterval(time.Hour), withFleetStore(func() fleetStore { return &memStore{m: m} }), withFleetID(id)}, opts...)
+	g, err := New(inner, p, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; g.fleet.rounds.Load() == 0; i++ {
+		if i == 1e7 {
+			t.Fatal("the fleet loop's first round did not start")
+		}
+		runtime.Gosched()
+	}
+	if err := g.SyncFleet(context.Background()); err != nil { // waits for the first round to end
+		t.Fatal(err)
+	}
+	return g
+}
+
+// run starts n operations on g, shown on the server under id.
+func (m *memLocks) run(t *testing.T, g *Gate, id int64, n int) {
+	t.Helper()
+	for range n {
+		if !g.lim.tryNow() {
+			t.Fatalf("instance %d: no permit for an operation (B=%d)", id, g.Stats().MaxConcurrent)
+		}
+	}
+	m.mu.Lock()
+	m.busy[id] += n
+	m.mu.Unlock()
+}
+
+func syncAll(t *testing.T, gs ...*Gate) {
+	t.Helper()
+	for _, g := range gs {
+		if err := g.SyncFleet(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A killed instance's operations run on after its slots are freed: the
+// survivor's share leaves room for them until they end, then takes all.
+func TestFleetShareLeavesRoomForAKilledInstancesOrphans(t *testing.T) {
+	m := newMemLocks()
+	p := Policy{MaxConcurrent: 8, QueueWait: time.Millisecond, Fleet: "orphans"}
+	a, c := modelGate(t, m, p, 1, nil), modelGate(t, m, p, 2, nil)
+	defer a.Close()
+	defer c.Close()
+	syncAll(t, a, c, a, c)
+	if a.Stats().MaxConcurrent != 4 || c.Stats().MaxConcurrent != 4 {
+		t.Fatalf("two instances, T=8: B=%d and %d, want 4 and 4", a.Stats().MaxConcurrent, c.Stats().MaxConcurrent)
+	}
+	m.run(t, c, 2, 3)
+	m.kill(c.fleet.backend.Load())
+	syncAll(t, a)
+	if s := a.Stats(); s.MaxConcurrent != 5 || s.Fleet.Orphans != 3 || s.Fleet.Instances != 1 {
+		t.Fatalf("after the kill, 3 of its operations running: B=%d, %d orphans, %d instances; want 5, 3, 1", s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances)
+	}
+	// Its target is what is left: it is not short of it, so it does not
+	// look again after half an interval while the orphans run.
+	if a.fleet.short.Load() {
+		t.Fatal("after the kill: the instance counts itself short of its target")
+	}
+	m.mu.Lock()
+	m.busy[2] = 1 // two of them ended
+	m.mu.Unlock()
+	syncAll(t, a)
+	if s := a.Stats(); s.MaxConcurrent != 7 || s.Fleet.Orphans != 1 {
+		t.Fatalf("one orphan left: B=%d, %d orphans; want 7, 1", s.MaxConcurrent, s.Fleet.Orphans)
+	}
+	m.mu.Lock()
+	delete(m.busy, 2)
+	m.mu.Unlock()
+	syncAll(t, a)
+	if s := a.Stats(); s.MaxConcurrent != 8 || s.Fleet.Orphans != 0 {
+		t.Fatalf("no orphan left: B=%d, %d orphans; want 8, 0", s.MaxConcurrent, s.Fleet.Orphans)
+	}
+	for range 3 {
+		c.lim.release()
+	}
+}
+
+// An instance dies between another's reading of the fleet and its taking
+// slots: the taker read it alive, holding all the slots, and finds them
+// free when it takes; it must still leave room for the dead one's orphans.
+// T = 4: c held the 4 slots and ran 3 operations; a joined, so c's target
+// fell to 2, but c keeps its slots until the operations beyond its new B
+// end. a, short of its target of 2, takes slots just after c died: room
+// for T − held − orphans = 4 − 0 − 3 = 1.
+func TestFleetSlotsTakenAfterADeathLeaveRoomForItsOrphans(t *testing.T) {
+	m := newMemLocks()
+	p := Policy{MaxConcurrent: 4, QueueWait: time.Millisecond, Fleet: "race"}
+	c := modelGate(t, m, p, 1, nil)
+	defer c.Close()
+	m.run(t, c, 1, 3)
+	a := modelGate(t, m, p, 2, nil)
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	err := c.SyncFleet(ctx) // B 4 → 2; its context ends before the 3 operations do: the slots stay
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, h := c.Stats(), m.held(c.fleet.backend.Load()); s.MaxConcurrent != 2 || h != 4 {
+		t.Fatalf("c: B=%d on %d slots, want 2 on 4 (3 operations running)", s.MaxConcurrent, h)
+	}
+	m.mu.Lock()
+	m.beforeGrow = func() { m.kill(c.fleet.backend.Load()) }
+	m.mu.Unlock()
+	syncAll(t, a)
+	if s, h := a.Stats(), m.held(a.fleet.backend.Load()); s.MaxConcurrent != 1 || h != 1 || s.Fleet.Orphans != 0 {
+		// The round read c alive: it counts no orphan, but took only the
+		// room the orphans left.
+		t.Fatalf("a, after c died between its reading and its taking: B=%d on %d slots, %d orphans counted; want 1, 1, 0", s.MaxConcurrent, h, s.Fleet.Orphans)
+	}
+	syncAll(t, a) // now it sees them
+	if s := a.Stats(); s.MaxConcurrent != 1 || s.Fleet.Orphans != 3 || s.Fleet.Instances != 1 {
+		t.Fatalf("a's next round: B=%d, %d orphans, %d instances; want 1, 3, 1", s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances)
+	}
+	m.mu.Lock()
+	delete(m.busy, 1)
+	m.mu.Unlock()
+	syncAll(t, a)
+	if s := a.Stats(); s.MaxConcurrent != 4 || s.Fleet.Orphans != 0 {
+		t.Fatalf("once the orphans ended: B=%d, %d orphans; want 4, 0", s.MaxConcurrent, s.Fleet.Orphans)
+	}
+	for range 3 {
+		c.lim.release()
+	}
+}
+
+// Each server connection a fleet's gate dials is tagged with the process's
+// id before it serves anything, through whichever way the driver runs a
+// statement; WithFleetTagging(false) leaves the connections alone; a
+// connection the tag fails on is closed and the dial fails, naming it.
+func TestAFleetGateTagsEachServerConnectionItDials(t *testing.T) {
+	keys := FleetLockKeys("tags")
+	for _, c := range []struct {
+		name    string
+		conn    fakedb.ConnIface
+		stmt    fakedb.StmtIface
+		tagging bool
+		want    fakedb.Op // 0: no tag
+	}{
+		{"ExecerContext", fakedb.ConnAll, fakedb.StmtAll, true, fakedb.OpExec},
+		{"Prepare then StmtExecContext", 0, fakedb.StmtAll, true, fakedb.OpStmtExec},
+		{"Prepare then Exec", 0, 0, true, fakedb.OpStmtExec},
+		{"tagging off", fakedb.ConnAll, fakedb.StmtAll, false, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fc := fakedb.New()
+			fc.Conn, fc.Stmt = c.conn, c.stmt
+			fc.Define("work", fakedb.ResultSet{})
+			var mu sync.Mutex
+			var tags []string
+			fc.SetHook(func(_ context.Context, op fakedb.Op, q string) error {
+				if strings.Contains(q, "pg_advisory_lock_shared") && op != fakedb.OpPrepare {
+					mu.Lock()
+					tags = append(tags, fmt.Sprint(op, " ", q))
+					mu.Unlock()
+				}
+				return nil
+			})
+			p := Policy{MaxConcurrent: 4, QueueWait: time.Second, Fleet: "tags"}
+			g := modelGate(t, newMemLocks(), p, 0, fc, WithFleetTagging(c.tagging))
+			db := g.OpenDB()
+			defer db.Close()
+			if _, err := db.ExecContext(context.Background(), "work"); err != nil {
+				t.Fatal(err)
+			}
+			var want []string
+			q := fmt.Sprintf("SELECT pg_advisory_lock_shared(%d, %d)", keys.Conns, g.Stats().Fleet.ID)
+			switch c.want {
+			case fakedb.OpExec:
+				want = []string{"Exec " + q}
+			case fakedb.OpStmtExec: // and the statement is closed
+				want = []string{"StmtExec " + q, "StmtClose " + q}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if g.Stats().Fleet.ID <= 0 || fmt.Sprint(tags) != fmt.Sprint(want) {
+				t.Fatalf("id %d; tags run %q, want %q", g.Stats().Fleet.ID, tags, want)
+			}
+		})
+	}
+	t.Run("tag panics", func(t *testing.T) {
+		fc := fakedb.New()
+		fc.SetHook(func(_ context.Context, op fakedb.Op, q string) error {
+			if strings.Contains(q, "pg_advisory_lock_shared") {
+				panic("driver bug")
+			}
+			return nil
+		})
+		g := modelGate(t, newMemLocks(), Policy{MaxConcurrent: 4, QueueWait: time.Second, Fleet: "tags"}, 0, fc)
+		db := g.OpenDB()
+		defer db.Close()
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Error("the driver's panic did not propagate")
+				}
+			}()
+			db.ExecContext(context.Background(), "work")
+		}()
+		if s := g.Stats(); s.Running != 0 || s.OpenConns != 0 {
+			t.Fatalf("after the tag panicked: Running %d, OpenConns %d; want 0, 0", s.Running, s.OpenConns)
+		}
+	})
+	t.Run("tag fails", func(t *testing.T) {
+		fc := fakedb.New()
+		boom := errors.New("boom")
+		fc.SetHook(func(_ context.Context, op fakedb.Op, q string) error {
+			if strings.Contains(q, "pg_advisory_lock_shared") {
+				return boom
+			}
+			return nil
+		})
+		g := modelGate(t, newMemLocks(), Policy{MaxConcurrent: 4, QueueWait: time.Second, Fleet: "tags"}, 0, fc)
+		db := g.OpenDB()
+		defer db.Close()
+		_, err := db.ExecContext(context.Background(), "work")
+		if !errors.Is(err, boom) || !strings.Contains(err.Error(), "bulkhead: fleet tags: tagging a new server connection") {
+			t.Fatalf("an operation whose connection could not be tagged: %v, want the tag's error, named", err)
+		}
+		if open := fc.Count(fakedb.OpConnect) - fc.Count(fakedb.OpConnClose); open != 0 || fc.Count(fakedb.OpConnect) == 0 {
+			t.Fatalf("%d connections left open after the failed tag, want 0", open)
+		}
+	})
 }

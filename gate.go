@@ -71,6 +71,9 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 	g.pool = newPool(inner, &g.opt, 0)
 	if p.Fleet != "" {
 		g.fleet = newFleet(g, p.Fleet)
+		if !g.opt.fleetNoTags {
+			g.pool.tag = g.fleet.tag
+		}
 	}
 	g.setPolicy(p)
 	if g.fleet != nil {

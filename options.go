@@ -24,7 +24,9 @@ type options struct {
 	fleetFallback *int
 	fleetConn     driver.Connector
 	fleetStore    func() fleetStore // the package's tests: an in-memory coordination
+	fleetID       int64             // the package's tests: the process's id in the fleet
 	fleetLending  bool
+	fleetNoTags   bool // WithFleetTagging(false)
 
 	err error // the first invalid option: New returns it
 }
@@ -227,3 +229,16 @@ func WithFleetConnector(c driver.Connector) Option {
 // again runs on its one slot until the borrowers give its share back, two
 // to three intervals later. Every instance of a fleet should set the same.
 func WithFleetLending(on bool) Option { return func(o *options) { o.fleetLending = on } }
+
+// WithFleetTagging sets whether a gate in a fleet tags each server
+// connection with its process's id in the fleet (one statement per
+// connection, run before its first operation within that operation's
+// permits: a shared advisory lock the connection holds as long as it
+// lives), on by default. The tags let the others see the statements a
+// killed process left running on the server, and leave room for them
+// until they end; untagged, those run beside the slots the others take.
+// Turn it off only when the operations go through a pooler in transaction
+// mode (PgBouncer's), where a session-level lock would stay on the
+// pooler's server connection, shared by other clients. See README
+// "Fleets".
+func WithFleetTagging(on bool) Option { return func(o *options) { o.fleetNoTags = !on } }

@@ -71,9 +71,10 @@ type session struct {
 	// Owned by whoever holds the session: the logical connection bound
 	// to it, or the pool while it is idle. Handing it over is a
 	// compare-and-swap of state.
-	used    bool   // bound before: reset before it is bound again
-	discard bool   // close it instead of keeping it when it is given back
-	checked uint64 // the pool's deadEpoch when it was last known alive
+	used     bool   // bound before: reset before it is bound again
+	discard  bool   // close it instead of keeping it when it is given back
+	untagged bool   // a fleet's tag (pool.tag) has not run on it yet: it runs before its first operation (conn.tagFor)
+	checked  uint64 // the pool's deadEpoch when it was last known alive
 }
 
 const (
@@ -130,6 +131,7 @@ func (s *session) mask() uint {
 type pool struct {
 	connector driver.Connector
 	opt       *options
+	tag       func(context.Context, driver.Conn) error // set before the first dial: a fleet's tag (fleet.tag), run on each session before its first operation
 
 	ctx    context.Context // cancelled by close: ends the dials in flight
 	cancel context.CancelFunc
@@ -500,6 +502,7 @@ func (p *pool) runDial(ctx context.Context, d *dialing) {
 	}
 	s := newSession(ci)
 	s.checked = p.deadEpoch.Load()
+	s.untagged = p.tag != nil
 	p.mu.Lock()
 	all := append(append(make([]*session, 0, len(*p.all.Load())+1), *p.all.Load()...), s)
 	p.all.Store(&all)

@@ -46,6 +46,7 @@
 //	bulkhead_fleet_max_concurrent{fleet}   gauge      T, the fleet's execution permits (the policy's MaxConcurrent)
 //	bulkhead_fleet_instances{fleet}        gauge      instances of the fleet alive at the last successful coordination round
 //	bulkhead_fleet_share{fleet}            gauge      this process's share of T
+//	bulkhead_fleet_orphans{fleet}          gauge      busy server connections of instances gone from the fleet, at the last successful round: the shares leave room for them
 //	bulkhead_fleet_degraded{fleet}         gauge      1 while coordination fails: the share is at most the fallback
 //	bulkhead_fleet_rounds_total{fleet}     counter    coordination rounds
 //	bulkhead_fleet_failures_total{fleet}   counter    coordination rounds that failed
@@ -108,7 +109,7 @@ type Collector struct {
 	// the gate's server connections
 	open, idle, waitingConn, maxConns, dials, kept, bad, dryRun *prometheus.Desc
 	// the gate's fleet, if any
-	fleetTotal, fleetInstances, fleetShare, fleetDegraded, fleetRounds, fleetFailures *prometheus.Desc
+	fleetTotal, fleetInstances, fleetShare, fleetOrphans, fleetDegraded, fleetRounds, fleetFailures *prometheus.Desc
 
 	wait *prometheus.HistogramVec
 	hold *prometheus.HistogramVec
@@ -198,6 +199,7 @@ func New(o Opts) *Collector {
 		fleetTotal:     desc("fleet_max_concurrent", "T: the execution permits of the whole fleet (the policy's MaxConcurrent).", "fleet"),
 		fleetInstances: desc("fleet_instances", "Instances of the fleet alive at the last successful coordination round.", "fleet"),
 		fleetShare:     desc("fleet_share", "This process's share of the fleet's execution permits.", "fleet"),
+		fleetOrphans:   desc("fleet_orphans", "Busy server connections of instances gone from the fleet (killed, or without coordination), at the last successful round: the shares leave room for them.", "fleet"),
 		fleetDegraded:  desc("fleet_degraded", "1 while the fleet coordination fails: the share is at most the fallback.", "fleet"),
 		fleetRounds:    desc("fleet_rounds_total", "Fleet coordination rounds.", "fleet"),
 		fleetFailures:  desc("fleet_failures_total", "Fleet coordination rounds that failed.", "fleet"),
@@ -264,7 +266,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	for _, d := range []*prometheus.Desc{c.open, c.idle, c.waitingConn, c.maxConns, c.dials, c.kept, c.bad, c.dryRun,
-		c.fleetTotal, c.fleetInstances, c.fleetShare, c.fleetDegraded, c.fleetRounds, c.fleetFailures} {
+		c.fleetTotal, c.fleetInstances, c.fleetShare, c.fleetOrphans, c.fleetDegraded, c.fleetRounds, c.fleetFailures} {
 		ch <- d
 	}
 	c.wait.Describe(ch)
@@ -297,6 +299,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.fleetTotal, prometheus.GaugeValue, float64(f.Total), f.Name)
 			ch <- prometheus.MustNewConstMetric(c.fleetInstances, prometheus.GaugeValue, float64(f.Instances), f.Name)
 			ch <- prometheus.MustNewConstMetric(c.fleetShare, prometheus.GaugeValue, float64(f.Share), f.Name)
+			ch <- prometheus.MustNewConstMetric(c.fleetOrphans, prometheus.GaugeValue, float64(f.Orphans), f.Name)
 			ch <- prometheus.MustNewConstMetric(c.fleetDegraded, prometheus.GaugeValue, degraded, f.Name)
 			ch <- prometheus.MustNewConstMetric(c.fleetRounds, prometheus.CounterValue, float64(f.Rounds), f.Name)
 			ch <- prometheus.MustNewConstMetric(c.fleetFailures, prometheus.CounterValue, float64(f.Failures), f.Name)

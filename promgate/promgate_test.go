@@ -466,6 +466,9 @@ bulkhead_fleet_instances{fleet="orders"} 0
 # HELP bulkhead_fleet_max_concurrent T: the execution permits of the whole fleet (the policy's MaxConcurrent).
 # TYPE bulkhead_fleet_max_concurrent gauge
 bulkhead_fleet_max_concurrent{fleet="orders"} 8
+# HELP bulkhead_fleet_orphans Busy server connections of instances gone from the fleet (killed, or without coordination), at the last successful round: the shares leave room for them.
+# TYPE bulkhead_fleet_orphans gauge
+bulkhead_fleet_orphans{fleet="orders"} 0
 # HELP bulkhead_fleet_rounds_total Fleet coordination rounds.
 # TYPE bulkhead_fleet_rounds_total counter
 bulkhead_fleet_rounds_total{fleet="orders"} %d
@@ -476,7 +479,7 @@ bulkhead_fleet_share{fleet="orders"} 0
 # TYPE bulkhead_max_concurrent gauge
 bulkhead_max_concurrent 0
 `, rounds, rounds)
-	names := []string{"bulkhead_fleet_degraded", "bulkhead_fleet_failures_total", "bulkhead_fleet_instances", "bulkhead_fleet_rounds_total", "bulkhead_fleet_share", "bulkhead_fleet_max_concurrent", "bulkhead_max_concurrent"}
+	names := []string{"bulkhead_fleet_degraded", "bulkhead_fleet_failures_total", "bulkhead_fleet_instances", "bulkhead_fleet_orphans", "bulkhead_fleet_rounds_total", "bulkhead_fleet_share", "bulkhead_fleet_max_concurrent", "bulkhead_max_concurrent"}
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want), names...); err != nil {
 		t.Error(err)
 	}
@@ -486,7 +489,7 @@ bulkhead_max_concurrent 0
 	// A gate outside a fleet has no fleet series.
 	c2 := promgate.New(promgate.Opts{})
 	gated(t, c2, bulkhead.Policy{MaxConcurrent: 1})
-	if n := testutil.CollectAndCount(c2, names[:6]...); n != 0 {
+	if n := testutil.CollectAndCount(c2, names[:7]...); n != 0 {
 		t.Errorf("%d fleet series for a gate outside a fleet, want 0", n)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -60,12 +61,14 @@ func fleetGate(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) *bulkhe
 	return g
 }
 
-// fleetLocks reads the fleet's slots from pg_locks as the server holds
-// them: the number held by each coordination backend pid.
+// fleetSlots reads the fleet's locks from pg_locks as the server holds
+// them: the membership locks, the slots held by each coordination backend
+// pid, and the connections' tags by backend pid.
 type fleetView struct {
 	members int
 	slots   map[int64]int // by backend pid
 	total   int
+	tags    map[int64]int // by backend pid
 }
 
 func fleetSlots(t *testing.T, ctx context.Context, admin *sql.DB, name string) fleetView {
@@ -80,22 +83,25 @@ func fleetSlots(t *testing.T, ctx context.Context, admin *sql.DB, name string) f
 		return int64(h)
 	}
 	rows, err := admin.QueryContext(ctx, `SELECT classid::int8, pid FROM pg_locks
-		WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND classid::int8 IN ($1, $2)`, key("members"), key("slots"))
+		WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND classid::int8 IN ($1, $2, $3)`, key("members"), key("slots"), key("conns"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
-	v := fleetView{slots: map[int64]int{}}
+	v := fleetView{slots: map[int64]int{}, tags: map[int64]int{}}
 	for rows.Next() {
 		var class, pid int64
 		if err := rows.Scan(&class, &pid); err != nil {
 			t.Fatal(err)
 		}
-		if class == key("members") {
+		switch class {
+		case key("members"):
 			v.members++
-		} else {
+		case key("slots"):
 			v.slots[pid]++
 			v.total++
+		default:
+			v.tags[pid]++
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -382,10 +388,16 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 }
 
 // The child side of TestFleetKilledInstanceFreesItsShare: one fleet
-// instance in its own process, stepped through stdin ("sync"), answering
-// "pid <backend> b <B>" on stdout. TestMain runs it when EnvFleetChild is
-// set.
-const EnvFleetChild = "BULKHEAD_TEST_FLEET_CHILD"
+// instance in its own process, stepped through stdin, answering on stdout:
+// "sync" runs a round and answers "pid <backend> b <B>"; "run N <query>"
+// starts N operations running query, which the test makes wait on a lock
+// it holds, and answers "started". TestMain runs it when EnvFleetChild is
+// set; with EnvFleetChildUntagged set, the instance does not tag its
+// connections (WithFleetTagging(false)).
+const (
+	EnvFleetChild         = "BULKHEAD_TEST_FLEET_CHILD"
+	EnvFleetChildUntagged = "BULKHEAD_TEST_FLEET_CHILD_UNTAGGED"
+)
 
 func fleetChild(name string) int {
 	cfg, err := pgx.ParseConfig(os.Getenv(EnvDatabaseURL))
@@ -393,7 +405,8 @@ func fleetChild(name string) int {
 		fmt.Println("error", err)
 		return 1
 	}
-	g, err := bulkhead.New(stdlib.GetConnector(*cfg), fleetPolicy(name, 8, 0), bulkhead.WithFleetInterval(time.Hour))
+	g, err := bulkhead.New(stdlib.GetConnector(*cfg), fleetPolicy(name, 8, 0), bulkhead.WithFleetInterval(time.Hour),
+		bulkhead.WithFleetTagging(os.Getenv(EnvFleetChildUntagged) == ""))
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
@@ -408,8 +421,22 @@ func fleetChild(name string) int {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	db := g.OpenDB()
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
+		var n int
+		if query, ok := strings.CutPrefix(in.Text(), "run "); ok {
+			if _, err := fmt.Sscanf(query, "%d", &n); err != nil {
+				fmt.Println("error", err)
+				return 1
+			}
+			_, query, _ = strings.Cut(query, " ")
+			for range n {
+				go db.Exec(query) // the process is killed while they run
+			}
+			fmt.Println("started")
+			continue
+		}
 		if err := g.SyncFleet(context.Background()); err != nil {
 			fmt.Println("error", err)
 			return 1
@@ -447,6 +474,93 @@ func TestFleetKilledInstanceFreesItsShare(t *testing.T) {
 	}
 }
 
+// The statements a killed process left running go on until they end: the
+// others' shares leave room for them, through the tags of its server
+// connections, and take the room back once they ended. Without the tags
+// (the child's WithFleetTagging(false)), the survivor takes the whole T at
+// once while they still run: T + 3 on the server, the hole the tags close.
+func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
+	for _, tagged := range []bool{true, false} {
+		t.Run(fmt.Sprintf("tagged=%v", tagged), func(t *testing.T) {
+			ctx := pgTestCtx(t)
+			admin := adminDB(t)
+			name := fleetName(t)
+			g := fleetGate(t, fleetPolicy(name, 8, 0))
+			if err := g.SyncFleet(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var env []string
+			if !tagged {
+				env = append(env, EnvFleetChildUntagged+"=1")
+			}
+			c := startFleetChild(t, ctx, name, postgresURL(t), env...)
+			c.sync()
+			if err := g.SyncFleet(ctx); err != nil {
+				t.Fatal(err)
+			}
+			pid, b := c.sync()
+			if s := g.Stats(); s.MaxConcurrent != 4 || b != 4 {
+				t.Fatalf("two processes: B=%d here and %d in the child; want 4, 4", s.MaxConcurrent, b)
+			}
+			// The child's 3 statements wait for a lock the test holds,
+			// as long as it holds it.
+			lock, err := admin.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lock.Close()
+			key := time.Now().UnixNano() % 1e9
+			if _, err := lock.ExecContext(ctx, "SELECT pg_advisory_lock(7, $1)", key); err != nil {
+				t.Fatal(err)
+			}
+			stmt := fmt.Sprintf("SELECT pg_advisory_xact_lock_shared(7, %d)", key)
+			c.run(3, stmt)
+			waiting := func() int {
+				var n int
+				if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = $1", stmt).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			awaitState(t, "the child's 3 statements wait on the server", func() bool { return waiting() == 3 })
+			c.kill()
+			awaitGone(t, ctx, admin, pid)
+			if n := waiting(); n != 3 {
+				t.Fatalf("after the kill: %d of the child's statements still run, want 3 (they end only when they get the lock)", n)
+			}
+			if err := g.SyncFleet(ctx); err != nil {
+				t.Fatal(err)
+			}
+			s := g.Stats()
+			if !tagged {
+				if s.MaxConcurrent != 8 || s.Fleet.Orphans != 0 {
+					t.Fatalf("untagged: B=%d, %d orphans; want 8, 0 (the hole: nothing shows the statements)", s.MaxConcurrent, s.Fleet.Orphans)
+				}
+				t.Logf("untagged: one round after the kill, B=%d beside the dead process's 3 running statements: room for %d on the server with T=8", s.MaxConcurrent, s.MaxConcurrent+3)
+			} else {
+				if s.MaxConcurrent != 5 || s.Fleet.Orphans != 3 || s.Fleet.Instances != 1 {
+					t.Fatalf("one round after the kill, its 3 statements running: B=%d, %d orphans, %d instances; want 5, 3, 1", s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances)
+				}
+				if v := fleetSlots(t, ctx, admin, name); v.total+3 > 8 {
+					t.Fatalf("%d slots held beside 3 orphans, T=8", v.total)
+				}
+			}
+			// The statements get the lock, end, and their sessions
+			// with them (the server finds the client gone).
+			if _, err := lock.ExecContext(ctx, "SELECT pg_advisory_unlock(7, $1)", key); err != nil {
+				t.Fatal(err)
+			}
+			awaitState(t, "the dead process's statements ended", func() bool { return waiting() == 0 })
+			if err := g.SyncFleet(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if s := g.Stats(); s.MaxConcurrent != 8 || s.Fleet.Orphans != 0 {
+				t.Fatalf("once they ended: B=%d, %d orphans; want 8, 0", s.MaxConcurrent, s.Fleet.Orphans)
+			}
+		})
+	}
+}
+
 // fleetChild's process, seen from the test.
 type fleetChildProc struct {
 	t      *testing.T
@@ -457,12 +571,12 @@ type fleetChildProc struct {
 }
 
 // startFleetChild starts an instance of the fleet name in a process of
-// its own (fleetChild), on the server at url; it is killed at the end of
-// the test if the test did not.
-func startFleetChild(t *testing.T, ctx context.Context, name, url string) *fleetChildProc {
+// its own (fleetChild), on the server at url, with env added to its
+// environment; it is killed at the end of the test if the test did not.
+func startFleetChild(t *testing.T, ctx context.Context, name, url string, env ...string) *fleetChildProc {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), EnvFleetChild+"="+name, EnvDatabaseURL+"="+url)
+	cmd.Env = append(append(os.Environ(), EnvFleetChild+"="+name, EnvDatabaseURL+"="+url), env...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -497,6 +611,17 @@ func (c *fleetChildProc) sync() (pid int64, b int) {
 		c.t.Fatalf("child: %q (%v)", c.out.Text(), err)
 	}
 	return pid, b
+}
+
+// run makes the child start n operations running query.
+func (c *fleetChildProc) run(n int, query string) {
+	c.t.Helper()
+	if _, err := fmt.Fprintf(c.stdin, "run %d %s\n", n, query); err != nil {
+		c.t.Fatal(err)
+	}
+	if !c.out.Scan() || c.out.Text() != "started" {
+		c.t.Fatalf("child: %q (%v), want started", c.out.Text(), c.out.Err())
+	}
 }
 
 // kill sends SIGKILL: no goodbye.

@@ -620,11 +620,13 @@ func pgbSync(t *testing.T, ctx context.Context, gs ...*bulkhead.Gate) {
 // mode. Through PgBouncer (default_pool_size = 1, so that what happens is
 // deterministic: every statement of every client runs on one server
 // connection):
-//   - two instances get the same backend pid (the server connection's), so
-//     they share one membership lock and count one instance, and each
-//     takes the whole T: B = 4 and 4 with T = 4;
+//   - two instances count each other (each has a membership lock keyed by
+//     its own id), but their slots are held by the same backend, so each
+//     counts them all as its own: B = 2 and 2 on 2 slots with T = 4; a
+//     third instance coordinating directly finds 2 free slots and takes
+//     its share: the three Bs add up to more than T;
 //   - one instance's goodbye (pg_advisory_unlock_all) frees the other's
-//     locks too: the other runs on with B = 4 and no slot, until its next
+//     locks too: the other runs on with its B and no slot, until its next
 //     round fails (its membership lock is gone), drops it to the fallback,
 //     and the round after takes the whole T again;
 //   - an instance killed with SIGKILL leaves its locks on the server
@@ -632,8 +634,11 @@ func pgbSync(t *testing.T, ctx context.Context, gs ...*bulkhead.Gate) {
 //     slots are never freed (until PgBouncer closes that connection), and a
 //     new instance counts it as alive and gets B = 0.
 //
-// With WithFleetConnector pointing at PostgreSQL and the operations
-// through PgBouncer, two instances with T = 4 settle at 2 and 2.
+// With WithFleetConnector pointing at PostgreSQL, WithFleetTagging(false)
+// and the operations through PgBouncer, two instances with T = 4 settle at
+// 2 and 2. Left on, the tags land on PgBouncer's server connection and stay
+// there after the instance left: while that connection then serves
+// another client's transaction, the fleet counts it as an orphan.
 func TestPgBouncerFleet(t *testing.T) {
 	ctx := pgTestCtx(t)
 	b := startPgBouncer(t, 1)
@@ -654,15 +659,25 @@ func TestPgBouncerFleet(t *testing.T) {
 		}
 		for i, g := range []*bulkhead.Gate{g1, g2} {
 			s := g.Stats()
-			if s.MaxConcurrent != 4 || s.Fleet.Instances != 1 || strconv.FormatInt(s.Fleet.Backend, 10) != servers[0] {
-				t.Fatalf("instance %d: B=%d, %d instances, backend %d; want 4, 1, PgBouncer's server connection %s", i+1, s.MaxConcurrent, s.Fleet.Instances, s.Fleet.Backend, servers[0])
+			if s.MaxConcurrent != 2 || s.Fleet.Instances != 2 || strconv.FormatInt(s.Fleet.Backend, 10) != servers[0] {
+				t.Fatalf("instance %d: B=%d, %d instances, backend %d; want 2, 2, PgBouncer's server connection %s", i+1, s.MaxConcurrent, s.Fleet.Instances, s.Fleet.Backend, servers[0])
 			}
 		}
 		v := fleetSlots(t, ctx, admin, name)
-		if v.members != 1 || v.total != 4 || v.slots[g1.Stats().Fleet.Backend] != 4 {
-			t.Fatalf("pg_locks: %d membership locks, slots %v; want 1 and 4 held by %s", v.members, v.slots, servers[0])
+		if v.members != 2 || v.total != 2 || v.slots[g1.Stats().Fleet.Backend] != 2 {
+			t.Fatalf("pg_locks: %d membership locks, slots %v; want 2 and 2 held by %s", v.members, v.slots, servers[0])
 		}
-		t.Logf("two instances, T=4: B = 4 and 4, one backend (pid %s) holding 1 membership lock and 4 slots", servers[0])
+		t.Logf("two instances, T=4: B = 2 and 2, one backend (pid %s) holding 2 membership locks and 2 slots", servers[0])
+		g3 := fleetGate(t, p) // coordinating directly
+		pgbSync(t, ctx, g3, g3)
+		b3 := g3.Stats().MaxConcurrent
+		if v := fleetSlots(t, ctx, admin, name); b3 == 0 || v.total > 4 || 2+2+b3 <= 4 {
+			t.Fatalf("a third instance, direct: B=%d, %d slots held; want a share, the slots within T=4 and the Bs over it", b3, v.total)
+		}
+		t.Logf("a third instance coordinating directly: B=%d; the three Bs add up to %d with T=4", b3, 2+2+b3)
+		if err := g3.OpenDB().Close(); err != nil {
+			t.Fatal(err)
+		}
 
 		if err := g1.OpenDB().Close(); err != nil {
 			t.Fatal(err)
@@ -670,8 +685,8 @@ func TestPgBouncerFleet(t *testing.T) {
 		if v := fleetSlots(t, ctx, admin, name); v.members != 0 || v.total != 0 {
 			t.Fatalf("after instance 1 left: pg_locks %d membership locks, %d slots; want 0, 0", v.members, v.total)
 		}
-		if s := g2.Stats(); s.MaxConcurrent != 4 {
-			t.Fatalf("instance 2 after instance 1 left: B=%d, want 4 (no round yet)", s.MaxConcurrent)
+		if s := g2.Stats(); s.MaxConcurrent != 2 {
+			t.Fatalf("instance 2 after instance 1 left: B=%d, want 2 (no round yet)", s.MaxConcurrent)
 		}
 		err := g2.SyncFleet(ctx)
 		if !errors.Is(err, bulkhead.ErrFleet) || !strings.Contains(err.Error(), "membership lock") {
@@ -720,9 +735,10 @@ func TestPgBouncerFleet(t *testing.T) {
 		coord := pgConfig(t)
 		coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
 		direct := bulkhead.WithFleetConnector(stdlib.GetConnector(*coord))
-		g1 := pgbFleetGate(t, inner, p, direct)
+		untagged := bulkhead.WithFleetTagging(false)
+		g1 := pgbFleetGate(t, inner, p, direct, untagged)
 		pgbSync(t, ctx, g1)
-		g2 := pgbFleetGate(t, inner, p, direct)
+		g2 := pgbFleetGate(t, inner, p, direct, untagged)
 		gs := []*bulkhead.Gate{g1, g2}
 		pgbSync(t, ctx, g1, g2, g1, g2)
 		checkFleet(t, ctx, admin, name, 4, gs)
@@ -730,19 +746,66 @@ func TestPgBouncerFleet(t *testing.T) {
 			t.Fatalf("two instances, T=4, after two rounds each: B = %v, want [2 2]", bs)
 		}
 		servers := bouncer.serverPIDs(t, ctx)
-		v := fleetSlots(t, ctx, admin, name)
 		for i, g := range gs {
 			s := g.Stats()
-			if s.Fleet.Instances != 2 || v.slots[s.Fleet.Backend] != 2 || slices.Contains(servers, strconv.FormatInt(s.Fleet.Backend, 10)) {
-				t.Fatalf("instance %d: %d instances, backend %d holding %d slots (PgBouncer's servers %v); want 2 instances, 2 slots on a backend of its own", i+1, s.Fleet.Instances, s.Fleet.Backend, v.slots[s.Fleet.Backend], servers)
-			}
 			// The operations still go through PgBouncer.
 			if _, err := g.OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
 				t.Fatal(err)
 			}
+			v := fleetSlots(t, ctx, admin, name)
+			if s.Fleet.Instances != 2 || v.slots[s.Fleet.Backend] != 2 || slices.Contains(servers, strconv.FormatInt(s.Fleet.Backend, 10)) {
+				t.Fatalf("instance %d: %d instances, backend %d holding %d slots (PgBouncer's servers %v); want 2 instances, 2 slots on a backend of its own", i+1, s.Fleet.Instances, s.Fleet.Backend, v.slots[s.Fleet.Backend], servers)
+			}
 		}
-		if v.members != 2 || v.total != 4 {
-			t.Fatalf("pg_locks: %d membership locks, %d slots; want 2, 4", v.members, v.total)
+		v := fleetSlots(t, ctx, admin, name)
+		if v.members != 2 || v.total != 4 || len(v.tags) != 0 {
+			t.Fatalf("pg_locks: %d membership locks, %d slots, tags %v; want 2, 4, none", v.members, v.total, v.tags)
 		}
+	})
+
+	t.Run("tags behind PgBouncer", func(t *testing.T) {
+		name := fleetName(t) + "-tags"
+		p := fleetPolicy(name, 4, 0)
+		coord := pgConfig(t)
+		coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
+		direct := bulkhead.WithFleetConnector(stdlib.GetConnector(*coord))
+		g1 := pgbFleetGate(t, inner, p, direct) // tagging on: the default
+		pgbSync(t, ctx, g1)
+		if _, err := g1.OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+		servers := bouncer.serverPIDs(t, ctx)
+		pid, _ := strconv.ParseInt(servers[0], 10, 64)
+		if v := fleetSlots(t, ctx, admin, name); len(servers) != 1 || v.tags[pid] != 1 {
+			t.Fatalf("after an operation through PgBouncer: tags %v, PgBouncer's servers %v; want 1 tag on its server connection", v.tags, servers)
+		}
+		if err := g1.OpenDB().Close(); err != nil {
+			t.Fatal(err)
+		}
+		if v := fleetSlots(t, ctx, admin, name); v.members != 0 || v.tags[pid] != 1 {
+			t.Fatalf("after the instance left: %d membership locks, tags %v; want 0, the tag still on PgBouncer's server connection %d", v.members, v.tags, pid)
+		}
+		// Another client of PgBouncer opens a transaction: it runs on
+		// that server connection, which the fleet now counts as an
+		// orphan.
+		other, err := pgx.ConnectConfig(ctx, b.config(t, pgx.QueryExecModeExec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Close(context.Background())
+		tx, err := other.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(context.Background())
+		if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+		g2 := fleetGate(t, p)
+		pgbSync(t, ctx, g2)
+		if s := g2.Stats(); s.Fleet.Orphans != 1 || s.MaxConcurrent != 3 {
+			t.Fatalf("a new instance while another client's transaction runs on the tagged server connection: %d orphans, B=%d; want 1, 3", s.Fleet.Orphans, s.MaxConcurrent)
+		}
+		t.Logf("a left instance's tag stays on PgBouncer's server connection %d: while another client's transaction runs there, the fleet counts an orphan (B=3 of T=4)", pid)
 	})
 }

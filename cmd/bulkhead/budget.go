@@ -151,13 +151,16 @@ type serverFacts struct {
 type fleetView struct {
 	members []fleetMember
 	slots   int // slots held, by members or not
+	orphans int // busy connections tagged with the id of no member
 }
 
 type fleetMember struct {
-	pid      int64
+	id, pid  int64
 	client   string
 	since    time.Time
 	slots    int
+	conns    int    // server connections tagged with its id
+	busy     int    // of which not idle
 	reported string // its application_name, set at its last round
 }
 
@@ -241,51 +244,64 @@ func readServer(ctx context.Context, t *target, fleet string) (*serverFacts, err
 	return f, nil
 }
 
-// readFleet reads a fleet's members and slots: its advisory locks
-// (bulkhead.FleetLockKeys) and the members' sessions.
+// readFleet reads a fleet's members, slots and tagged connections: its
+// advisory locks (bulkhead.FleetLockKeys) and the members' sessions.
 func readFleet(ctx context.Context, db *sql.DB, name string) (fleetView, error) {
-	mk, sk := bulkhead.FleetLockKeys(name)
+	k := bulkhead.FleetLockKeys(name)
 	var v fleetView
-	const advisory = "locktype = 'advisory' AND objsubid = 2 AND granted" +
-		" AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-	rows, err := db.QueryContext(ctx, `SELECT m.pid, coalesce(host(a.client_addr), 'local socket'), coalesce(a.backend_start, now()),
-		coalesce(a.application_name, ''),
-		(SELECT count(*) FROM pg_locks s WHERE s.`+strings.ReplaceAll(advisory, " AND ", " AND s.")+` AND s.classid::int8 = $2 AND s.pid = m.pid)
-		FROM pg_locks m LEFT JOIN pg_stat_activity a ON a.pid = m.pid
-		WHERE m.`+strings.ReplaceAll(advisory, " AND ", " AND m.")+` AND m.classid::int8 = $1
-		ORDER BY m.pid`, int64(uint32(mk)), int64(uint32(sk)))
+	rows, err := db.QueryContext(ctx, `WITH l AS (
+			SELECT l.classid::int8 AS class, l.objid::int8 AS obj, l.pid, a.state IS DISTINCT FROM 'idle' AS busy
+			FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
+			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND l.classid::int8 IN ($1, $2, $3))
+		SELECT m.obj, m.pid, coalesce(host(a.client_addr), 'local socket'), coalesce(a.backend_start, now()),
+			coalesce(a.application_name, ''),
+			(SELECT count(*) FROM l s WHERE s.class = $2 AND s.pid = m.pid),
+			(SELECT count(*) FROM l c WHERE c.class = $3 AND c.obj = m.obj),
+			(SELECT count(*) FROM l c WHERE c.class = $3 AND c.obj = m.obj AND c.busy)
+		FROM l m LEFT JOIN pg_stat_activity a ON a.pid = m.pid
+		WHERE m.class = $1
+		UNION ALL
+		SELECT -1, -1, '', now(), '', (SELECT count(*) FROM l WHERE class = $2), 0,
+			(SELECT count(*) FROM l c WHERE c.class = $3 AND c.busy AND NOT EXISTS (SELECT 1 FROM l m WHERE m.class = $1 AND m.obj = c.obj))
+		ORDER BY 1`, int64(uint32(k.Members)), int64(uint32(k.Slots)), int64(uint32(k.Conns)))
 	if err != nil {
 		return v, err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var m fleetMember
-		if err := rows.Scan(&m.pid, &m.client, &m.since, &m.reported, &m.slots); err != nil {
+		if err := rows.Scan(&m.id, &m.pid, &m.client, &m.since, &m.reported, &m.slots, &m.conns, &m.busy); err != nil {
 			return v, err
+		}
+		if m.id == -1 { // the totals
+			v.slots, v.orphans = m.slots, m.busy
+			continue
 		}
 		m.reported = strings.TrimPrefix(m.reported, "bulkhead fleet ")
 		v.members = append(v.members, m)
 	}
-	if err := rows.Err(); err != nil {
-		return v, err
-	}
-	err = db.QueryRowContext(ctx, "SELECT count(*) FROM pg_locks WHERE "+advisory+" AND classid::int8 = $1", int64(uint32(sk))).Scan(&v.slots)
-	return v, err
+	return v, rows.Err()
 }
 
-// print shows the fleet; it returns false when its slots exceed T.
+// print shows the fleet; it returns false when its slots and orphans
+// exceed T.
 func (v fleetView) print(w io.Writer, name string, total int) bool {
 	fmt.Fprintf(w, "\nfleet %s, live: %d instances, %d slots held of T=%d\n", name, len(v.members), v.slots, total)
 	if len(v.members) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "  backend pid\tclient\tsince\tshare (slots)\treported at the start of its last round\n")
+		fmt.Fprintf(tw, "  id\tbackend pid\tclient\tsince\tshare (slots)\tconnections (busy)\treported at the start of its last round\n")
 		for _, m := range v.members {
-			fmt.Fprintf(tw, "  %d\t%s\t%s\t%d\t%s\n", m.pid, m.client, m.since.Format(time.DateTime), m.slots, m.reported)
+			fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%d\t%d (%d)\t%s\n", m.id, m.pid, m.client, m.since.Format(time.DateTime), m.slots, m.conns, m.busy, m.reported)
 		}
 		tw.Flush()
 	}
-	if v.slots > total {
-		fmt.Fprintf(w, "fleet: OVER T by %d slots: the instances were given a larger T than this check's --max-concurrent, or T was lowered and they have not given the slots back yet\n", v.slots-total)
+	if v.orphans > 0 {
+		fmt.Fprintf(w, "orphans: %d busy connections of instances no longer in the fleet (killed, or without coordination): the shares leave room for them until they end\n", v.orphans)
+	}
+	if v.slots+v.orphans > total {
+		fmt.Fprintf(w, "fleet: OVER T by %d (%d slots held, %d orphans, T=%d): the instances were given a larger T than this check's --max-concurrent, or T was lowered and they have not given the slots back yet\n", v.slots+v.orphans-total, v.slots, v.orphans, total)
 		return false
 	}
 	return true

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -186,6 +187,11 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 			}
 		}
 	}
+	// One operation on the first gate: its server connection is tagged
+	// with its id, and idle again.
+	if _, err := gs[0].OpenDB().ExecContext(t.Context(), "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
 	maxConns, available := serverLimit(t)
 	r := runCmd(t, map[string]string{bulkhead.EnvFleet: name}, "budget", "--dsn", url, "--instances", "3", "--max-concurrent", "4", "--max-queue", "2")
 	if r.code != exitOK || r.stderr != "" {
@@ -195,23 +201,32 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 		"budget: fleet B+Q + instances × 1 + other ≤ max_connections − reserved",
 		fmt.Sprintf("6 + 3 × 1 + 0 = 9 ≤ %d − %d = %d", maxConns, maxConns-available, available),
 		fmt.Sprintf("fleet %s, live: 2 instances, 4 slots held of T=4", name),
-		"  2              t=4 b=",
-	}
-	for _, g := range gs {
-		s := g.Stats()
-		want = append(want, fmt.Sprintf("%d  ", s.Fleet.Backend))
-		if s.MaxConcurrent != 2 {
-			t.Fatalf("a gate of the fleet has B=%d, want 2", s.MaxConcurrent)
-		}
+		"share (slots)  connections (busy)",
 	}
 	for _, w := range want {
 		if !strings.Contains(r.stdout, w) {
 			t.Errorf("output lacks %q:\n%s", w, r.stdout)
 		}
 	}
+	// Each member's line: id, backend pid, client, since, share,
+	// connections (busy), what it reported.
+	for i, g := range gs {
+		s := g.Stats()
+		if s.MaxConcurrent != 2 {
+			t.Fatalf("a gate of the fleet has B=%d, want 2", s.MaxConcurrent)
+		}
+		conns := "0 (0)"
+		if i == 0 {
+			conns = "1 (0)"
+		}
+		line := regexp.MustCompile(fmt.Sprintf(`(?m)^  %d +%d +\S+ +\S+ \S+ +2 +%s +t=4 b=\d `, s.Fleet.ID, s.Fleet.Backend, regexp.QuoteMeta(conns)))
+		if !line.MatchString(r.stdout) {
+			t.Errorf("output lacks instance %d's line (%s):\n%s", i, line, r.stdout)
+		}
+	}
 	// A check told a smaller T finds the fleet over it.
 	r = runCmd(t, nil, "budget", "--dsn", url, "--fleet", name, "--max-concurrent", "3", "--max-queue", "0")
-	if r.code != exitFinding || !strings.Contains(r.stdout, "fleet: OVER T by 1 slots") {
+	if r.code != exitFinding || !strings.Contains(r.stdout, "fleet: OVER T by 1 (4 slots held, 0 orphans, T=3)") {
 		t.Fatalf("T=3 against 4 slots held: exit %d\n%s", r.code, r.stdout)
 	}
 }
