@@ -41,14 +41,18 @@ import (
 // of the gate is tagged with the process's id before its first operation:
 // a shared advisory lock (Conns, id), held as long as the connection lives
 // (WithFleetTagging; conn.tagFor).
-// A connection tagged with an id that has no membership lock, and not
-// idle, is an orphan: the work of a process that died, or that lost its
-// coordination session. The targets are shares of T minus the orphans, and
-// slots are locked under a fleet-wide transaction lock (grow) by a
-// statement that counts, in one reading of pg_locks, the slots held and
-// the orphans, and takes no more than T minus both: held slots plus
-// orphans never exceed T, since a process's death frees at least as many
-// slots as it leaves orphans (it ran no more than it held).
+// The orphans are the busy (not idle) connections of an id beyond the
+// slots its member holds: all of them when the id has no membership lock
+// (a process that died, or that lost its coordination session and runs on
+// its fallback share), the excess while a dying session's locks are being
+// released (the server frees them one lock partition at a time, so a
+// reading may find its slots free and its membership lock still held).
+// The targets are shares of T minus the orphans, and slots are locked
+// under a fleet-wide transaction lock (Grow) by a statement that counts,
+// in one reading of pg_locks, the slots held and the orphans, and takes no
+// more than T minus both: held slots plus orphans never exceed T, since a
+// process runs no more than it holds, and whatever it frees as it dies
+// reappears as orphans, at most as many.
 //
 // Once per interval (WithFleetInterval), and never on an operation's
 // path, a process reads the fleet from pg_locks in one statement, works
@@ -75,7 +79,7 @@ type FleetStats struct {
 	Total     int    // T: the fleet's MaxConcurrent (the policy's)
 	Instances int    // processes of the fleet alive at the last successful round
 	Share     int    // slots this process holds (its B is at most this)
-	Orphans   int    // at the last successful round, busy server connections of processes no longer in the fleet (killed, or without coordination): the shares leave room for them
+	Orphans   int    // at the last successful round, busy server connections beyond their process's slots (a killed process's, or one's without coordination): the shares leave room for them
 	ID        int64  // this process's id in the fleet: the second key of its membership lock and of its connections' tags
 	Backend   int64  // the coordination session's backend pid (pg_stat_activity.pid), 0 between sessions
 	Degraded  bool   // the last round failed: the share is at most the fallback
@@ -397,14 +401,14 @@ func (f *fleet) round(ctx context.Context) error {
 	}
 	if f.store == nil {
 		st := f.newStore()
-		pid, err := st.join(ctx, f.id.Load())
+		// A process that joined before keeps its id, and reclaims it
+		// if a session still holds it: its own previous one, which the
+		// server has not ended yet (a network cut), and its connections
+		// are tagged with it. One that never joined draws again: another
+		// process drew the same id (the connections already tagged with
+		// it count as the other's, at worst as orphans once it is gone).
+		pid, err := st.join(ctx, f.id.Load(), f.joined)
 		if err != nil {
-			// Another process drew the same id: draw again (the
-			// connections already tagged with this one count as the
-			// other's, at worst as orphans once it is gone). A process
-			// that joined before keeps its id: the session holding it
-			// is most likely its own previous one, which the server has
-			// not ended yet, and its connections are tagged with it.
 			if errors.Is(err, errIDTaken) && !f.joined {
 				f.id.Store(newFleetID())
 			}
@@ -528,7 +532,32 @@ type fleetMember struct {
 type fleetView struct {
 	members []fleetMember // in id order
 	slots   map[int]int64 // the holder's backend pid, by slot
-	orphans int           // connections tagged with the id of no member, and not idle
+	orphans int           // busy tagged connections beyond the slots of their id's member (orphans)
+}
+
+// orphans counts, from the busy tagged connections by id, those beyond
+// the slots of the id's member: all of an id without a member. A
+// member's connections whose state cannot be seen (unknown, by id: another
+// role's, without pg_read_all_stats) are not counted; a dead id's are.
+func orphans(members []fleetMember, slots map[int]int64, busy, unknown map[int64]int) int {
+	held := map[int64]int{} // by holder pid
+	for _, pid := range slots {
+		held[pid]++
+	}
+	n := 0
+	for id, b := range busy {
+		if i := slices.IndexFunc(members, func(m fleetMember) bool { return m.id == id }); i >= 0 {
+			n += max(0, b-held[members[i].pid])
+		} else {
+			n += b
+		}
+	}
+	for id, u := range unknown {
+		if !slices.ContainsFunc(members, func(m fleetMember) bool { return m.id == id }) {
+			n += u
+		}
+	}
+	return n
 }
 
 // Loads an instance publishes at each round (WithFleetLending uses them):
@@ -622,8 +651,9 @@ type fleetStore interface {
 	// join opens the session and takes the membership lock of id; it
 	// returns the session's backend pid, which holds the slots it will
 	// lock, or an error matching errIDTaken if another session holds
-	// that membership lock.
-	join(ctx context.Context, id int64) (int64, error)
+	// that membership lock. With reclaim, it also ends that session (the
+	// process's own previous one): the next join finds the lock free.
+	join(ctx context.Context, id int64, reclaim bool) (int64, error)
 	// read returns the fleet: the members with the state each published
 	// at its last round, which session holds each slot, and the orphans;
 	// state is this process's, published for the others and for whoever
@@ -632,7 +662,8 @@ type fleetStore interface {
 	// grow locks up to n free slots below t, without waiting for any,
 	// and returns those it got: under the fleet's grow lock, it takes no
 	// more than t minus the slots held and the orphans, as one reading
-	// finds them.
+	// finds them. It takes none, without waiting, while another member
+	// holds the grow lock.
 	grow(ctx context.Context, t, n int) ([]int, error)
 	unlock(ctx context.Context, slots []int) error
 	// leave ends the session, freeing its locks.
@@ -654,7 +685,7 @@ type pgStore struct {
 	sess *sql.Conn
 }
 
-func (p *pgStore) join(ctx context.Context, id int64) (int64, error) {
+func (p *pgStore) join(ctx context.Context, id int64, reclaim bool) (int64, error) {
 	db := sql.OpenDB(noCloseConnector{p.conn})
 	db.SetMaxIdleConns(1)
 	sess, err := db.Conn(ctx)
@@ -664,9 +695,26 @@ func (p *pgStore) join(ctx context.Context, id int64) (int64, error) {
 	}
 	var pid int64
 	var ok bool
-	err = sess.QueryRowContext(ctx, "SELECT pg_backend_pid(), pg_try_advisory_lock("+itoa32(p.keys.Members)+", "+strconv.FormatInt(id, 10)+")").Scan(&pid, &ok)
+	// A grow's transaction left open by a member that stopped answering
+	// (a pause, a network cut) would keep the others from growing until
+	// the server ends the session: the server ends it after a round's
+	// time instead, and the member's locks with it.
+	idle := strconv.FormatInt(max(p.interval, 5*time.Second).Milliseconds(), 10)
+	key := itoa32(p.keys.Members) + ", " + strconv.FormatInt(id, 10)
+	err = sess.QueryRowContext(ctx, "SELECT pg_backend_pid(), pg_try_advisory_lock("+key+"), set_config('idle_in_transaction_session_timeout', '"+idle+"', false)").Scan(&pid, &ok, new(string))
 	if err == nil && !ok {
-		err = fmt.Errorf("%w: (%d, %d)", errIDTaken, p.keys.Members, id)
+		err = fmt.Errorf("%w: (%s)", errIDTaken, key)
+		if reclaim {
+			var ended int
+			if rerr := sess.QueryRowContext(ctx, "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_locks"+
+				" WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND pid <> pg_backend_pid()"+
+				" AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"+
+				" AND classid::int8 = "+uint32s(p.keys.Members)+" AND objid::int8 = "+strconv.FormatInt(id, 10)).Scan(&ended); rerr != nil {
+				err = fmt.Errorf("%w; ending it: %w", err, rerr)
+			} else {
+				err = fmt.Errorf("%w: by this process's previous session, which the server had not ended; ended %d session(s), the next round joins", err, ended)
+			}
+		}
 	}
 	if err != nil {
 		sess.Close()
@@ -712,9 +760,9 @@ func (p *pgStore) scan(ctx context.Context, q queryer, state string) (fleetView,
 	}
 	// An orphan is told by its state: a connection of a dead client
 	// that is idle will never run again (the server ends it at its next
-	// read); one whose state cannot be seen (another role's, without
-	// pg_read_all_stats) counts as busy.
-	sb.WriteString("SELECT l.classid::int8, l.objid::int8, l.pid, coalesce(a.application_name, ''), a.state IS DISTINCT FROM 'idle'" +
+	// read). A state that cannot be seen (another role's session, without
+	// pg_read_all_stats) is NULL.
+	sb.WriteString("SELECT l.classid::int8, l.objid::int8, l.pid, coalesce(a.application_name, ''), coalesce(a.state, '')" +
 		from + " LEFT JOIN pg_stat_activity a ON a.pid = l.pid" +
 		" WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted" +
 		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())" +
@@ -725,12 +773,11 @@ func (p *pgStore) scan(ctx context.Context, q queryer, state string) (fleetView,
 	}
 	defer rows.Close()
 	v := fleetView{slots: map[int]int64{}}
-	busy := map[int64]int{} // tagged connections not idle, by id
+	busy, unknown := map[int64]int{}, map[int64]int{} // tagged connections by id: not idle, state not seen
 	for rows.Next() {
 		var class, obj, pid int64
-		var app string
-		var notIdle bool
-		if err := rows.Scan(&class, &obj, &pid, &app, &notIdle); err != nil {
+		var app, state string
+		if err := rows.Scan(&class, &obj, &pid, &app, &state); err != nil {
 			return fleetView{}, err
 		}
 		switch class {
@@ -739,7 +786,11 @@ func (p *pgStore) scan(ctx context.Context, q queryer, state string) (fleetView,
 		case int64(uint32(p.keys.Slots)):
 			v.slots[int(obj)] = pid
 		default:
-			if notIdle {
+			switch state {
+			case "idle":
+			case "":
+				unknown[obj]++
+			default:
 				busy[obj]++
 			}
 		}
@@ -748,24 +799,22 @@ func (p *pgStore) scan(ctx context.Context, q queryer, state string) (fleetView,
 		return fleetView{}, err
 	}
 	slices.SortFunc(v.members, func(a, b fleetMember) int { return cmp.Compare(a.id, b.id) })
-	for id, n := range busy {
-		if !slices.ContainsFunc(v.members, func(m fleetMember) bool { return m.id == id }) {
-			v.orphans += n
-		}
-	}
+	v.orphans = orphans(v.members, v.slots, busy, unknown)
 	return v, nil
 }
 
 // grow takes slots in a transaction that first takes the fleet's grow
 // lock: two instances growing at once would each see room for the same
-// orphans.
+// orphans. It does not wait for the lock: the round is then short of its
+// target, and the next comes after half an interval.
 func (p *pgStore) grow(ctx context.Context, t, n int) ([]int, error) {
 	tx, err := p.sess.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock("+itoa32(p.keys.Grow)+", 0)"); err != nil {
+	var mine bool
+	if err := tx.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock("+itoa32(p.keys.Grow)+", 0)").Scan(&mine); err != nil || !mine {
 		return nil, err
 	}
 	v, err := p.scan(ctx, tx, "")

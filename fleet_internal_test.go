@@ -86,11 +86,7 @@ func (m *memLocks) view() fleetView {
 	for k, p := range m.slots {
 		v.slots[k] = p
 	}
-	for id, n := range m.busy {
-		if m.members[id] == nil {
-			v.orphans += n
-		}
-	}
+	v.orphans = orphans(v.members, v.slots, m.busy, nil)
 	return v
 }
 
@@ -110,10 +106,14 @@ func (s *memStore) check() error {
 	return nil
 }
 
-func (s *memStore) join(_ context.Context, id int64) (int64, error) {
+func (s *memStore) join(_ context.Context, id int64, reclaim bool) (int64, error) {
 	s.m.mu.Lock()
 	defer s.m.mu.Unlock()
-	if s.m.members[id] != nil {
+	if mm := s.m.members[id]; mm != nil {
+		if reclaim {
+			s.m.dead[mm.pid] = true
+			s.m.drop(mm.pid)
+		}
 		return 0, errIDTaken
 	}
 	s.m.next++
@@ -295,7 +295,8 @@ func fleetModel(t *testing.T, seed int64) {
 		round(in)
 	}
 	join()
-	for step := 0; step < 80; step++ {
+	var dying []int64 // killed halfway (killSlotsFirst): their membership locks are still held
+	for step := 0; step < 200; step++ {
 		l := live()
 		var in *fleetInst
 		if len(l) > 0 {
@@ -310,6 +311,18 @@ func fleetModel(t *testing.T, seed int64) {
 			what = "stop"
 			in.closed = true
 			in.g.Close()
+		case r < 15 && len(l) > 1:
+			what = "kill"
+			in.killed = true
+			if pid := in.pid(); pid != 0 && rng.Intn(2) == 0 {
+				// Caught halfway: the slots are free first, the
+				// membership lock at a later step.
+				what = "kill, slots first"
+				m.killSlotsFirst(pid)
+				dying = append(dying, pid)
+			} else if pid != 0 {
+				m.kill(pid)
+			}
 		case r < 18 && slices.ContainsFunc(all, func(in *fleetInst) bool { return in.killed && in.running > 0 }):
 			what = "orphan ends"
 			for _, in := range all {
@@ -319,25 +332,42 @@ func fleetModel(t *testing.T, seed int64) {
 					break
 				}
 			}
-		case r < 15 && len(l) > 1:
-			what = "kill"
-			in.killed = true
-			m.mu.Lock()
-			if pid := in.pid(); pid != 0 {
-				m.dead[pid] = true
-				m.drop(pid)
-			}
-			m.mu.Unlock()
-		case r < 22:
+		case r < 20 && len(dying) > 0:
+			what = "reap"
+			m.reap(dying[0])
+			dying = dying[1:]
+		case r < 24:
 			what = "fail"
 			m.mu.Lock()
 			m.fail[in.pid()] = true
 			m.mu.Unlock()
 		case r < 50:
 			what = "round"
+			// Now and then another instance dies between this round's
+			// reading and its taking of slots, if it takes any.
+			var victim *fleetInst
+			if others := slices.DeleteFunc(slices.Clone(l), func(o *fleetInst) bool { return o == in || o.pid() == 0 }); len(others) > 0 && rng.Intn(3) == 0 {
+				victim = others[rng.Intn(len(others))]
+				halfway := rng.Intn(2) == 0
+				m.mu.Lock()
+				m.beforeGrow = func() {
+					what = "round, a death before its grow"
+					victim.killed = true
+					if halfway {
+						m.killSlotsFirst(victim.pid())
+						dying = append(dying, victim.pid())
+					} else {
+						m.kill(victim.pid())
+					}
+				}
+				m.mu.Unlock()
+			}
 			if !in.closed {
 				round(in)
 			}
+			m.mu.Lock()
+			m.beforeGrow = nil
+			m.mu.Unlock()
 		case r < 75:
 			what = "start"
 			if in.g.lim.tryNow() {
@@ -357,6 +387,9 @@ func fleetModel(t *testing.T, seed int64) {
 	m.mu.Lock()
 	clear(m.fail)
 	m.mu.Unlock()
+	for _, pid := range dying {
+		m.reap(pid)
+	}
 	var up []*fleetInst
 	for _, in := range all {
 		for in.running > 0 {
@@ -502,6 +535,27 @@ func (m *memLocks) kill(pid int64) {
 	m.drop(pid)
 }
 
+// killSlotsFirst is kill caught halfway, as a reading of pg_locks may
+// catch the server releasing a dead session's locks one partition at a
+// time: its slots are free, its membership lock still held, until reap.
+func (m *memLocks) killSlotsFirst(pid int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dead[pid] = true
+	for k, p := range m.slots {
+		if p == pid {
+			delete(m.slots, k)
+		}
+	}
+}
+
+// reap ends what killSlotsFirst began.
+func (m *memLocks) reap(pid int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.drop(pid)
+}
+
 // modelGate makes an instance of the fleet p.Fleet on m with the given id
 // (0: drawn), its loop's first round done; inner is the fake driver, a new
 // one if nil.
@@ -572,16 +626,12 @@ func TestFleetShareLeavesRoomForAKilledInstancesOrphans(t *testing.T) {
 	if a.fleet.short.Load() {
 		t.Fatal("after the kill: the instance counts itself short of its target")
 	}
-	m.mu.Lock()
-	m.busy[2] = 1 // two of them ended
-	m.mu.Unlock()
+	m.setBusy(2, 1) // two of them ended
 	syncAll(t, a)
 	if s := a.Stats(); s.MaxConcurrent != 7 || s.Fleet.Orphans != 1 {
 		t.Fatalf("one orphan left: B=%d, %d orphans; want 7, 1", s.MaxConcurrent, s.Fleet.Orphans)
 	}
-	m.mu.Lock()
-	delete(m.busy, 2)
-	m.mu.Unlock()
+	m.setBusy(2, 0)
 	syncAll(t, a)
 	if s := a.Stats(); s.MaxConcurrent != 8 || s.Fleet.Orphans != 0 {
 		t.Fatalf("no orphan left: B=%d, %d orphans; want 8, 0", s.MaxConcurrent, s.Fleet.Orphans)
@@ -599,22 +649,7 @@ func TestFleetShareLeavesRoomForAKilledInstancesOrphans(t *testing.T) {
 // end. a, short of its target of 2, takes slots just after c died: room
 // for T − held − orphans = 4 − 0 − 3 = 1.
 func TestFleetSlotsTakenAfterADeathLeaveRoomForItsOrphans(t *testing.T) {
-	m := newMemLocks()
-	p := Policy{MaxConcurrent: 4, QueueWait: time.Millisecond, Fleet: "race"}
-	c := modelGate(t, m, p, 1, nil)
-	defer c.Close()
-	m.run(t, c, 1, 3)
-	a := modelGate(t, m, p, 2, nil)
-	defer a.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-	err := c.SyncFleet(ctx) // B 4 → 2; its context ends before the 3 operations do: the slots stay
-	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s, h := c.Stats(), m.held(c.fleet.backend.Load()); s.MaxConcurrent != 2 || h != 4 {
-		t.Fatalf("c: B=%d on %d slots, want 2 on 4 (3 operations running)", s.MaxConcurrent, h)
-	}
+	m, c, a := drainingPair(t)
 	m.mu.Lock()
 	m.beforeGrow = func() { m.kill(c.fleet.backend.Load()) }
 	m.mu.Unlock()
@@ -628,23 +663,133 @@ func TestFleetSlotsTakenAfterADeathLeaveRoomForItsOrphans(t *testing.T) {
 	if s := a.Stats(); s.MaxConcurrent != 1 || s.Fleet.Orphans != 3 || s.Fleet.Instances != 1 {
 		t.Fatalf("a's next round: B=%d, %d orphans, %d instances; want 1, 3, 1", s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances)
 	}
-	m.mu.Lock()
-	delete(m.busy, 1)
-	m.mu.Unlock()
+	m.setBusy(1, 0)
 	syncAll(t, a)
 	if s := a.Stats(); s.MaxConcurrent != 4 || s.Fleet.Orphans != 0 {
 		t.Fatalf("once the orphans ended: B=%d, %d orphans; want 4, 0", s.MaxConcurrent, s.Fleet.Orphans)
 	}
-	for range 3 {
-		c.lim.release()
+}
+
+// drainingPair makes a fleet of T = 4 on c (id 1) and a (id 2): c held the
+// 4 slots and runs 3 operations; a joined, so c's target fell to 2, but c
+// keeps its slots until the operations beyond its new B end; a has none.
+func drainingPair(t *testing.T) (m *memLocks, c, a *Gate) {
+	t.Helper()
+	m = newMemLocks()
+	p := Policy{MaxConcurrent: 4, QueueWait: time.Millisecond, Fleet: "draining"}
+	c = modelGate(t, m, p, 1, nil)
+	t.Cleanup(func() { c.Close() })
+	m.run(t, c, 1, 3)
+	t.Cleanup(func() { // before c.Close
+		for range 3 {
+			c.lim.release()
+		}
+	})
+	a = modelGate(t, m, p, 2, nil)
+	t.Cleanup(func() { a.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	err := c.SyncFleet(ctx) // B 4 → 2; its context ends before the 3 operations do: the slots stay
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, h := c.Stats(), m.held(c.fleet.backend.Load()); s.MaxConcurrent != 2 || h != 4 {
+		t.Fatalf("c: B=%d on %d slots, want 2 on 4 (3 operations running)", s.MaxConcurrent, h)
+	}
+	if s := a.Stats(); s.MaxConcurrent != 0 {
+		t.Fatalf("a: B=%d, want 0", s.MaxConcurrent)
+	}
+	return m, c, a
+}
+
+// setBusy sets how many operations the process id runs on the server.
+func (m *memLocks) setBusy(id int64, n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.busy[id] = n
+}
+
+// The server frees a dead session's locks one lock partition at a time: a
+// reading may find its slots free and its membership lock still held. Its
+// operations then count beyond its slots (none), so that the others leave
+// room for them as for orphans. T = 4: c held the 4 slots and ran 3
+// operations (its target fell to 2 when a joined); c dies halfway.
+func TestFleetSlotsFreedBeforeTheMembershipLeaveRoomForTheWork(t *testing.T) {
+	m, c, a := drainingPair(t)
+	m.killSlotsFirst(c.fleet.backend.Load())
+	syncAll(t, a)
+	// Two members, 3 operations beyond c's slots: 4 − 3 = 1 to share,
+	// which goes to c (first in id order).
+	if s, h := a.Stats(), m.held(a.fleet.backend.Load()); s.MaxConcurrent != 0 || h != 0 || s.Fleet.Orphans != 3 || s.Fleet.Instances != 2 {
+		t.Fatalf("a, c's slots free and its membership held: B=%d on %d slots, %d orphans, %d instances; want 0, 0, 3, 2", s.MaxConcurrent, h, s.Fleet.Orphans, s.Fleet.Instances)
+	}
+	m.reap(c.fleet.backend.Load())
+	syncAll(t, a)
+	if s := a.Stats(); s.MaxConcurrent != 1 || s.Fleet.Orphans != 3 || s.Fleet.Instances != 1 {
+		t.Fatalf("a, c gone: B=%d, %d orphans, %d instances; want 1, 3, 1", s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances)
+	}
+	m.setBusy(1, 0)
+	syncAll(t, a)
+	if s := a.Stats(); s.MaxConcurrent != 4 {
+		t.Fatalf("once c's operations ended: B=%d, want 4", s.MaxConcurrent)
 	}
 }
 
-// Each server connection a fleet's gate dials is tagged with the process's
-// id before it serves anything, through whichever way the driver runs a
+// Two processes drew the same id: the second's first join fails, it draws
+// another, and joins at its next round. A process that joined before keeps
+// its id and ends the session that still holds it (its own previous one,
+// which the server has not ended: a network cut), then joins.
+func TestFleetIDTakenIsDrawnAgainOrReclaimed(t *testing.T) {
+	m := newMemLocks()
+	p := Policy{MaxConcurrent: 4, QueueWait: time.Millisecond, Fleet: "ids"}
+	a := modelGate(t, m, p, 7, nil)
+	defer a.Close()
+	b, err := New(fakedb.New(), p, WithFleetInterval(time.Hour), withFleetStore(func() fleetStore { return &memStore{m: m} }), withFleetID(7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	for b.fleet.rounds.Load() == 0 { // the loop's first round: it fails
+		runtime.Gosched()
+	}
+	if err := b.SyncFleet(ctx); err != nil { // waits for the first round, then joins with a new id
+		t.Fatal(err)
+	}
+	if s := b.Stats().Fleet; s.ID == 7 || s.Failures != 1 || s.LastError != nil || s.Instances != 2 {
+		t.Fatalf("the second process with id 7: %+v; want a new id, one failure, then 2 instances", s)
+	}
+	syncAll(t, a, b)
+	// a's session is lost while the server still holds its membership
+	// lock: its next round fails, and it drops the session; the lock
+	// stays with a session the server has not ended yet.
+	m.mu.Lock()
+	old := a.fleet.backend.Load()
+	m.fail[old] = true
+	m.mu.Unlock()
+	if err := a.SyncFleet(ctx); !errors.Is(err, ErrFleet) {
+		t.Fatalf("a's round with its session failing: %v, want ErrFleet", err)
+	}
+	m.mu.Lock()
+	m.members[7] = &memMember{pid: old} // the stale session still holds the lock
+	m.mu.Unlock()
+	if err := a.SyncFleet(ctx); !errors.Is(err, errIDTaken) {
+		t.Fatalf("a's next round: %v, want its id taken (and the stale session ended)", err)
+	}
+	if err := a.SyncFleet(ctx); err != nil {
+		t.Fatalf("the round after: %v, want a joined again", err)
+	}
+	if s := a.Stats().Fleet; s.ID != 7 || s.Instances != 2 || s.Degraded {
+		t.Fatalf("a after reclaiming its id: %+v; want id 7, 2 instances", s)
+	}
+}
+
+// Each server connection of a fleet's gate is tagged with the process's id
+// before its first operation, through whichever way the driver runs a
 // statement; WithFleetTagging(false) leaves the connections alone; a
-// connection the tag fails on is closed and the dial fails, naming it.
-func TestAFleetGateTagsEachServerConnectionItDials(t *testing.T) {
+// connection the tag fails or panics on is closed, the operation fails
+// (naming the tag) or panics, and its permits are back.
+func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T) {
 	keys := FleetLockKeys("tags")
 	for _, c := range []struct {
 		name    string
@@ -732,6 +877,9 @@ func TestAFleetGateTagsEachServerConnectionItDials(t *testing.T) {
 		_, err := db.ExecContext(context.Background(), "work")
 		if !errors.Is(err, boom) || !strings.Contains(err.Error(), "bulkhead: fleet tags: tagging a new server connection") {
 			t.Fatalf("an operation whose connection could not be tagged: %v, want the tag's error, named", err)
+		}
+		if s := g.Stats(); s.Running != 0 {
+			t.Fatalf("after the tag failed: Running %d, want 0", s.Running)
 		}
 		if open := fc.Count(fakedb.OpConnect) - fc.Count(fakedb.OpConnClose); open != 0 || fc.Count(fakedb.OpConnect) == 0 {
 			t.Fatalf("%d connections left open after the failed tag, want 0", open)

@@ -46,7 +46,7 @@
 //	bulkhead_fleet_max_concurrent{fleet}   gauge      T, the fleet's execution permits (the policy's MaxConcurrent)
 //	bulkhead_fleet_instances{fleet}        gauge      instances of the fleet alive at the last successful coordination round
 //	bulkhead_fleet_share{fleet}            gauge      this process's share of T
-//	bulkhead_fleet_orphans{fleet}          gauge      busy server connections of instances gone from the fleet, at the last successful round: the shares leave room for them
+//	bulkhead_fleet_orphans{fleet}          gauge      busy server connections beyond their instance's slots (a killed one's, or one's without coordination), at the last successful round: the shares leave room for them
 //	bulkhead_fleet_degraded{fleet}         gauge      1 while coordination fails: the share is at most the fallback
 //	bulkhead_fleet_rounds_total{fleet}     counter    coordination rounds
 //	bulkhead_fleet_failures_total{fleet}   counter    coordination rounds that failed
@@ -199,7 +199,7 @@ func New(o Opts) *Collector {
 		fleetTotal:     desc("fleet_max_concurrent", "T: the execution permits of the whole fleet (the policy's MaxConcurrent).", "fleet"),
 		fleetInstances: desc("fleet_instances", "Instances of the fleet alive at the last successful coordination round.", "fleet"),
 		fleetShare:     desc("fleet_share", "This process's share of the fleet's execution permits.", "fleet"),
-		fleetOrphans:   desc("fleet_orphans", "Busy server connections of instances gone from the fleet (killed, or without coordination), at the last successful round: the shares leave room for them.", "fleet"),
+		fleetOrphans:   desc("fleet_orphans", "Busy server connections beyond their instance's slots (a killed one's, or one's without coordination), at the last successful round: the shares leave room for them.", "fleet"),
 		fleetDegraded:  desc("fleet_degraded", "1 while the fleet coordination fails: the share is at most the fallback.", "fleet"),
 		fleetRounds:    desc("fleet_rounds_total", "Fleet coordination rounds.", "fleet"),
 		fleetFailures:  desc("fleet_failures_total", "Fleet coordination rounds that failed.", "fleet"),

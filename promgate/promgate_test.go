@@ -466,7 +466,7 @@ bulkhead_fleet_instances{fleet="orders"} 0
 # HELP bulkhead_fleet_max_concurrent T: the execution permits of the whole fleet (the policy's MaxConcurrent).
 # TYPE bulkhead_fleet_max_concurrent gauge
 bulkhead_fleet_max_concurrent{fleet="orders"} 8
-# HELP bulkhead_fleet_orphans Busy server connections of instances gone from the fleet (killed, or without coordination), at the last successful round: the shares leave room for them.
+# HELP bulkhead_fleet_orphans Busy server connections beyond their instance's slots (a killed one's, or one's without coordination), at the last successful round: the shares leave room for them.
 # TYPE bulkhead_fleet_orphans gauge
 bulkhead_fleet_orphans{fleet="orders"} 0
 # HELP bulkhead_fleet_rounds_total Fleet coordination rounds.

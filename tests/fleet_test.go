@@ -39,11 +39,7 @@ func fleetPolicy(name string, total, queue int) bulkhead.Policy {
 // of the test.
 func fleetGate(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) *bulkhead.Gate {
 	t.Helper()
-	// The coordination session gets an application_name of its own: the
-	// tests count the operations' transactions by the test's name.
-	coord := pgConfig(t)
-	coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
-	opts = append([]bulkhead.Option{bulkhead.WithFleetInterval(time.Hour), bulkhead.WithFleetConnector(stdlib.GetConnector(*coord))}, opts...)
+	opts = append([]bulkhead.Option{bulkhead.WithFleetInterval(time.Hour), directCoordination(t)}, opts...)
 	g, err := bulkhead.New(stdlib.GetConnector(*pgConfig(t)), p, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -59,6 +55,15 @@ func fleetGate(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) *bulkhe
 		time.Sleep(time.Millisecond)
 	}
 	return g
+}
+
+// directCoordination opens a fleet's coordination sessions on the test's
+// PostgreSQL server itself, with an application_name of their own: the
+// tests count the operations' transactions by the test's name.
+func directCoordination(t *testing.T) bulkhead.Option {
+	coord := pgConfig(t)
+	coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
+	return bulkhead.WithFleetConnector(stdlib.GetConnector(*coord))
 }
 
 // fleetSlots reads the fleet's locks from pg_locks as the server holds
@@ -393,10 +398,14 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 // starts N operations running query, which the test makes wait on a lock
 // it holds, and answers "started". TestMain runs it when EnvFleetChild is
 // set; with EnvFleetChildUntagged set, the instance does not tag its
-// connections (WithFleetTagging(false)).
+// connections (WithFleetTagging(false)); with EnvFleetChildNoConnCheck
+// set, its connections set client_connection_check_interval to 0, so that
+// the statements a killed child leaves waiting go on waiting even on a
+// server that checks for dead clients (PgBouncer refuses the parameter).
 const (
-	EnvFleetChild         = "BULKHEAD_TEST_FLEET_CHILD"
-	EnvFleetChildUntagged = "BULKHEAD_TEST_FLEET_CHILD_UNTAGGED"
+	EnvFleetChild            = "BULKHEAD_TEST_FLEET_CHILD"
+	EnvFleetChildUntagged    = "BULKHEAD_TEST_FLEET_CHILD_UNTAGGED"
+	EnvFleetChildNoConnCheck = "BULKHEAD_TEST_FLEET_CHILD_NO_CONN_CHECK"
 )
 
 func fleetChild(name string) int {
@@ -404,6 +413,9 @@ func fleetChild(name string) int {
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
+	}
+	if os.Getenv(EnvFleetChildNoConnCheck) != "" {
+		cfg.RuntimeParams["client_connection_check_interval"] = "0"
 	}
 	g, err := bulkhead.New(stdlib.GetConnector(*cfg), fleetPolicy(name, 8, 0), bulkhead.WithFleetInterval(time.Hour),
 		bulkhead.WithFleetTagging(os.Getenv(EnvFleetChildUntagged) == ""))
@@ -450,20 +462,7 @@ func fleetChild(name string) int {
 func TestFleetKilledInstanceFreesItsShare(t *testing.T) {
 	ctx := pgTestCtx(t)
 	admin := adminDB(t)
-	name := fleetName(t)
-	g := fleetGate(t, fleetPolicy(name, 8, 0))
-	if err := g.SyncFleet(ctx); err != nil {
-		t.Fatal(err)
-	}
-	c := startFleetChild(t, ctx, name, postgresURL(t))
-	c.sync()
-	if err := g.SyncFleet(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pid, b := c.sync()
-	if s := g.Stats(); s.MaxConcurrent != 4 || b != 4 || s.Fleet.Instances != 2 {
-		t.Fatalf("two processes: B=%d here and %d in the child, %d instances; want 4, 4, 2", s.MaxConcurrent, b, s.Fleet.Instances)
-	}
+	g, c, pid := twoProcesses(t, ctx)
 	c.kill()
 	awaitGone(t, ctx, admin, pid)
 	if err := g.SyncFleet(ctx); err != nil {
@@ -484,24 +483,12 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 		t.Run(fmt.Sprintf("tagged=%v", tagged), func(t *testing.T) {
 			ctx := pgTestCtx(t)
 			admin := adminDB(t)
-			name := fleetName(t)
-			g := fleetGate(t, fleetPolicy(name, 8, 0))
-			if err := g.SyncFleet(ctx); err != nil {
-				t.Fatal(err)
-			}
-			var env []string
+			env := []string{EnvFleetChildNoConnCheck + "=1"}
 			if !tagged {
 				env = append(env, EnvFleetChildUntagged+"=1")
 			}
-			c := startFleetChild(t, ctx, name, postgresURL(t), env...)
-			c.sync()
-			if err := g.SyncFleet(ctx); err != nil {
-				t.Fatal(err)
-			}
-			pid, b := c.sync()
-			if s := g.Stats(); s.MaxConcurrent != 4 || b != 4 {
-				t.Fatalf("two processes: B=%d here and %d in the child; want 4, 4", s.MaxConcurrent, b)
-			}
+			g, c, pid := twoProcesses(t, ctx, env...)
+			name := g.Stats().Fleet.Name
 			// The child's 3 statements wait for a lock the test holds,
 			// as long as it holds it.
 			lock, err := admin.Conn(ctx)
@@ -559,6 +546,104 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A member whose coordination session is lost while the server still holds
+// its membership lock (a network cut: the server has not noticed) keeps
+// its id: its next join ends that session, and the one after joins.
+func TestFleetRejoinEndsTheSessionStillHoldingItsID(t *testing.T) {
+	ctx := pgTestCtx(t)
+	admin := adminDB(t)
+	name := fleetName(t)
+	g := fleetGate(t, fleetPolicy(name, 4, 0))
+	if err := g.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := g.Stats().Fleet
+	terminate(t, ctx, admin, s.Backend)
+	if err := g.SyncFleet(ctx); !errors.Is(err, bulkhead.ErrFleet) {
+		t.Fatalf("the round after its session was terminated: %v, want ErrFleet", err)
+	}
+	// A session of its own holds the membership lock, as the old one
+	// would until the server noticed the cut.
+	stale, err := admin.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stale.Close()
+	var stalePID int64
+	keys := bulkhead.FleetLockKeys(name)
+	if err := stale.QueryRowContext(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", keys.Members, int32(s.ID)).Scan(&stalePID); err != nil {
+		t.Fatal(err)
+	}
+	err = g.SyncFleet(ctx)
+	if !errors.Is(err, bulkhead.ErrFleet) || !strings.Contains(err.Error(), "previous session") || !strings.Contains(err.Error(), "ended 1 session") {
+		t.Fatalf("the join with its id held: %v, want ErrFleet, the previous session ended", err)
+	}
+	awaitGone(t, ctx, admin, stalePID)
+	if err := g.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if now := g.Stats(); now.Fleet.ID != s.ID || now.MaxConcurrent != 4 || now.Fleet.Degraded {
+		t.Fatalf("after the rejoin: id %d (was %d), B=%d, degraded %v; want the same id, 4, false", now.Fleet.ID, s.ID, now.MaxConcurrent, now.Fleet.Degraded)
+	}
+}
+
+// A member that needs slots while another holds the fleet's grow lock does
+// not wait for it: its round ends without them, and a later round takes
+// them.
+func TestFleetGrowDoesNotWaitForAnotherMembersGrow(t *testing.T) {
+	ctx := pgTestCtx(t)
+	admin := adminDB(t)
+	name := fleetName(t)
+	// Held before the member starts: its loop's first round too finds
+	// it taken.
+	other, err := admin.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback()
+	if _, err := other.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1, 0)", bulkhead.FleetLockKeys(name).Grow); err != nil {
+		t.Fatal(err)
+	}
+	g := fleetGate(t, fleetPolicy(name, 4, 0))
+	if err := g.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := g.Stats(); s.MaxConcurrent != 0 || s.Fleet.Instances != 1 {
+		t.Fatalf("a round while another holds the grow lock: B=%d, %d instances; want 0, 1", s.MaxConcurrent, s.Fleet.Instances)
+	}
+	if err := other.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := g.Stats(); s.MaxConcurrent != 4 {
+		t.Fatalf("a round once the grow lock is free: B=%d, want 4", s.MaxConcurrent)
+	}
+}
+
+// twoProcesses makes a fleet of T = 8 over two processes, this one's gate
+// g and a child process c (env added to its environment), settled at 4
+// and 4; pid is the child's coordination backend.
+func twoProcesses(t *testing.T, ctx context.Context, env ...string) (g *bulkhead.Gate, c *fleetChildProc, pid int64) {
+	t.Helper()
+	name := fleetName(t)
+	g = fleetGate(t, fleetPolicy(name, 8, 0))
+	if err := g.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c = startFleetChild(t, ctx, name, postgresURL(t), env...)
+	c.sync()
+	if err := g.SyncFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pid, b := c.sync()
+	if s := g.Stats(); s.MaxConcurrent != 4 || b != 4 || s.Fleet.Instances != 2 {
+		t.Fatalf("two processes: B=%d here and %d in the child, %d instances; want 4, 4, 2", s.MaxConcurrent, b, s.Fleet.Instances)
+	}
+	return g, c, pid
 }
 
 // fleetChild's process, seen from the test.
@@ -768,30 +853,55 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 }
 
 // BenchmarkFleetRound is the cost of one coordination round of an
-// instance whose share does not change: the statement that reads pg_locks
-// (and sets application_name), on a fleet of 1 or 8 instances.
+// instance whose share does not change, with 1 or 8 instances in the
+// fleet, each with 4 server connections (tagged): the pg_locks read and
+// the application_name set, one statement. grow is the cost of a round
+// that gives 4 slots back (T lowered from 8 to 4: one statement) plus one
+// that takes them again (T back to 8: the grow's transaction), per pair.
 func BenchmarkFleetRound(b *testing.B) {
-	for _, n := range []int{1, 8} {
-		b.Run(fmt.Sprintf("instances=%d", n), func(b *testing.B) {
-			cfg := pgConfig(b)
-			name := fleetName(b)
-			var gs []*bulkhead.Gate
-			for range n {
-				g, err := bulkhead.New(stdlib.GetConnector(*cfg), fleetPolicy(name, 8, 8), bulkhead.WithFleetInterval(time.Hour))
+	ctx := context.Background()
+	instances := func(b *testing.B, n int) []*bulkhead.Gate {
+		cfg := pgConfig(b)
+		name := fleetName(b)
+		var gs []*bulkhead.Gate
+		for range n {
+			g, err := bulkhead.New(stdlib.GetConnector(*cfg), fleetPolicy(name, 8, 8), bulkhead.WithFleetInterval(time.Hour))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { g.OpenDB().Close() })
+			gs = append(gs, g)
+		}
+		for range 2 {
+			for _, g := range gs {
+				if err := g.SyncFleet(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		// 4 transactions open at once on each instance (within its
+		// share when n = 1; fewer run at once otherwise): its pool keeps
+		// their connections, tagged.
+		for _, g := range gs {
+			db := g.OpenDB()
+			db.SetMaxIdleConns(4)
+			var txs []*sql.Tx
+			for range min(4, g.Stats().MaxConcurrent) {
+				tx, err := db.BeginTx(ctx, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
-				defer g.OpenDB().Close()
-				gs = append(gs, g)
+				txs = append(txs, tx)
 			}
-			ctx := context.Background()
-			for range 2 {
-				for _, g := range gs {
-					if err := g.SyncFleet(ctx); err != nil {
-						b.Fatal(err)
-					}
-				}
+			for _, tx := range txs {
+				tx.Commit()
 			}
+		}
+		return gs
+	}
+	for _, n := range []int{1, 8} {
+		b.Run(fmt.Sprintf("instances=%d", n), func(b *testing.B) {
+			gs := instances(b, n)
 			b.ResetTimer()
 			for b.Loop() {
 				if err := gs[0].SyncFleet(ctx); err != nil {
@@ -800,6 +910,24 @@ func BenchmarkFleetRound(b *testing.B) {
 			}
 		})
 	}
+	b.Run("grow", func(b *testing.B) {
+		g := instances(b, 1)[0]
+		p := g.Policy()
+		for b.Loop() {
+			for _, t := range []int{4, 8} {
+				p.MaxConcurrent = t
+				if err := g.SetPolicy(p); err != nil {
+					b.Fatal(err)
+				}
+				if err := g.SyncFleet(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if s := g.Stats(); s.MaxConcurrent != 8 {
+				b.Fatalf("B=%d after the pair of rounds, want 8", s.MaxConcurrent)
+			}
+		}
+	})
 }
 
 // WithFleetLending: an idle instance lends all but one slot of its share

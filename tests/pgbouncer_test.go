@@ -732,9 +732,7 @@ func TestPgBouncerFleet(t *testing.T) {
 	t.Run("coordination direct to PostgreSQL", func(t *testing.T) {
 		name := fleetName(t) + "-direct"
 		p := fleetPolicy(name, 4, 0)
-		coord := pgConfig(t)
-		coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
-		direct := bulkhead.WithFleetConnector(stdlib.GetConnector(*coord))
+		direct := directCoordination(t)
 		untagged := bulkhead.WithFleetTagging(false)
 		g1 := pgbFleetGate(t, inner, p, direct, untagged)
 		pgbSync(t, ctx, g1)
@@ -766,9 +764,7 @@ func TestPgBouncerFleet(t *testing.T) {
 	t.Run("tags behind PgBouncer", func(t *testing.T) {
 		name := fleetName(t) + "-tags"
 		p := fleetPolicy(name, 4, 0)
-		coord := pgConfig(t)
-		coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
-		direct := bulkhead.WithFleetConnector(stdlib.GetConnector(*coord))
+		direct := directCoordination(t)
 		g1 := pgbFleetGate(t, inner, p, direct) // tagging on: the default
 		pgbSync(t, ctx, g1)
 		if _, err := g1.OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {

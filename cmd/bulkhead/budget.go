@@ -151,7 +151,7 @@ type serverFacts struct {
 type fleetView struct {
 	members []fleetMember
 	slots   int // slots held, by members or not
-	orphans int // busy connections tagged with the id of no member
+	orphans int // busy tagged connections beyond the slots of their id's member
 }
 
 type fleetMember struct {
@@ -245,44 +245,68 @@ func readServer(ctx context.Context, t *target, fleet string) (*serverFacts, err
 }
 
 // readFleet reads a fleet's members, slots and tagged connections: its
-// advisory locks (bulkhead.FleetLockKeys) and the members' sessions.
+// advisory locks (bulkhead.FleetLockKeys) and their sessions. The orphans
+// are counted as the members count them: the busy connections of an id
+// beyond the slots its member holds, all of them for an id with no member.
 func readFleet(ctx context.Context, db *sql.DB, name string) (fleetView, error) {
 	k := bulkhead.FleetLockKeys(name)
 	var v fleetView
-	rows, err := db.QueryContext(ctx, `WITH l AS (
-			SELECT l.classid::int8 AS class, l.objid::int8 AS obj, l.pid, a.state IS DISTINCT FROM 'idle' AS busy
-			FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-			WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
-			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			AND l.classid::int8 IN ($1, $2, $3))
-		SELECT m.obj, m.pid, coalesce(host(a.client_addr), 'local socket'), coalesce(a.backend_start, now()),
-			coalesce(a.application_name, ''),
-			(SELECT count(*) FROM l s WHERE s.class = $2 AND s.pid = m.pid),
-			(SELECT count(*) FROM l c WHERE c.class = $3 AND c.obj = m.obj),
-			(SELECT count(*) FROM l c WHERE c.class = $3 AND c.obj = m.obj AND c.busy)
-		FROM l m LEFT JOIN pg_stat_activity a ON a.pid = m.pid
-		WHERE m.class = $1
-		UNION ALL
-		SELECT -1, -1, '', now(), '', (SELECT count(*) FROM l WHERE class = $2), 0,
-			(SELECT count(*) FROM l c WHERE c.class = $3 AND c.busy AND NOT EXISTS (SELECT 1 FROM l m WHERE m.class = $1 AND m.obj = c.obj))
-		ORDER BY 1`, int64(uint32(k.Members)), int64(uint32(k.Slots)), int64(uint32(k.Conns)))
+	rows, err := db.QueryContext(ctx, `SELECT l.classid::int8, l.objid::int8, l.pid,
+			coalesce(host(a.client_addr), 'local socket'), coalesce(a.backend_start, now()),
+			coalesce(a.application_name, ''), coalesce(a.state, '')
+		FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
+		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND l.classid::int8 IN ($1, $2, $3)
+		ORDER BY 2`, int64(uint32(k.Members)), int64(uint32(k.Slots)), int64(uint32(k.Conns)))
 	if err != nil {
 		return v, err
 	}
 	defer rows.Close()
+	held := map[int64]int{}                                                  // slots by holder pid
+	conns, busy, unseen := map[int64]int{}, map[int64]int{}, map[int64]int{} // tagged connections by id: all, busy, state not seen
 	for rows.Next() {
-		var m fleetMember
-		if err := rows.Scan(&m.id, &m.pid, &m.client, &m.since, &m.reported, &m.slots, &m.conns, &m.busy); err != nil {
+		var class, obj, pid int64
+		var client, app, state string
+		var since time.Time
+		if err := rows.Scan(&class, &obj, &pid, &client, &since, &app, &state); err != nil {
 			return v, err
 		}
-		if m.id == -1 { // the totals
-			v.slots, v.orphans = m.slots, m.busy
-			continue
+		switch class {
+		case int64(uint32(k.Members)):
+			v.members = append(v.members, fleetMember{id: obj, pid: pid, client: client, since: since, reported: strings.TrimPrefix(app, "bulkhead fleet ")})
+		case int64(uint32(k.Slots)):
+			held[pid]++
+			v.slots++
+		default:
+			conns[obj]++
+			switch state {
+			case "idle":
+			case "": // another role's, without pg_read_all_stats
+				unseen[obj]++
+			default:
+				busy[obj]++
+			}
 		}
-		m.reported = strings.TrimPrefix(m.reported, "bulkhead fleet ")
-		v.members = append(v.members, m)
 	}
-	return v, rows.Err()
+	if err := rows.Err(); err != nil {
+		return v, err
+	}
+	for i := range v.members {
+		m := &v.members[i]
+		m.slots, m.conns, m.busy = held[m.pid], conns[m.id], busy[m.id]
+		v.orphans += max(0, m.busy-m.slots)
+		delete(busy, m.id)
+		delete(unseen, m.id)
+	}
+	for id, n := range busy {
+		v.orphans += n + unseen[id]
+		delete(unseen, id)
+	}
+	for _, n := range unseen {
+		v.orphans += n
+	}
+	return v, nil
 }
 
 // print shows the fleet; it returns false when its slots and orphans
@@ -298,7 +322,7 @@ func (v fleetView) print(w io.Writer, name string, total int) bool {
 		tw.Flush()
 	}
 	if v.orphans > 0 {
-		fmt.Fprintf(w, "orphans: %d busy connections of instances no longer in the fleet (killed, or without coordination): the shares leave room for them until they end\n", v.orphans)
+		fmt.Fprintf(w, "orphans: %d busy connections beyond their instance's slots (a killed instance's, or one's without coordination): the shares leave room for them until they end\n", v.orphans)
 	}
 	if v.slots+v.orphans > total {
 		fmt.Fprintf(w, "fleet: OVER T by %d (%d slots held, %d orphans, T=%d): the instances were given a larger T than this check's --max-concurrent, or T was lowered and they have not given the slots back yet\n", v.slots+v.orphans-total, v.slots, v.orphans, total)
