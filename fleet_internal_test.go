@@ -750,7 +750,10 @@ func TestFleetIDTakenIsDrawnAgainOrReclaimed(t *testing.T) {
 	}
 	defer b.Close()
 	ctx := context.Background()
-	for b.fleet.rounds.Load() == 0 { // the loop's first round: it fails
+	for i := 0; b.fleet.rounds.Load() == 0; i++ { // the loop's first round: it fails
+		if i == 1e7 {
+			t.Fatal("the fleet loop's first round did not start")
+		}
 		runtime.Gosched()
 	}
 	if err := b.SyncFleet(ctx); err != nil { // waits for the first round, then joins with a new id
