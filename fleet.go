@@ -41,6 +41,7 @@ import (
 // of the gate is tagged with the process's id before its first operation:
 // a shared advisory lock (Conns, id), held as long as the connection lives
 // (WithFleetTagging; conn.tagFor).
+//
 // The orphans are the busy (not idle) connections of an id beyond the
 // slots its member holds: all of them when the id has no membership lock
 // (a process that died, or that lost its coordination session and runs on
@@ -60,12 +61,11 @@ import (
 // one for the first T mod n members in id order, or with WithFleetLending
 // what the idle lend to the busy), and then either gives back its excess,
 // or tries (without waiting for a slot) to lock free slots up to its
-// target. A process joining a full
-// fleet therefore starts with no share; the others give back their excess
-// at their next round, and it takes it at its next, which comes after half
-// an interval while it is short of its target: within two intervals. The
-// queue, which holds no server connection, is split the same way without
-// locks.
+// target. A process joining a full fleet therefore starts with no share;
+// the others give back their excess at their next round, and it takes it
+// at its next, which comes after half an interval while it is short of its
+// target: within two intervals. The queue, which holds no server
+// connection, is split the same way without locks.
 //
 // A failed round (the query, or the coordination session lost) makes the
 // share min(share, the fallback share; WithFleetFallback, default 1); the
