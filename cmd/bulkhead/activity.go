@@ -62,3 +62,46 @@ func (a *activityDB) drain(limit, every time.Duration) {
 }
 
 func (a *activityDB) close() { a.db.Close() }
+
+// poller reads a's counts every every on a goroutine of its own, and hands
+// each reading, with the time it was taken at, to see, until stop.
+type poller struct {
+	*activityDB
+	quit, done chan struct{}
+}
+
+func (a *activityDB) poll(every time.Duration, see func(at time.Time, tx, conns int, err error)) *poller {
+	p := &poller{activityDB: a, quit: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			at := time.Now()
+			tx, conns, err := a.count()
+			see(at, tx, conns, err)
+			select {
+			case <-p.quit:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return p
+}
+
+// stop ends the polling: no reading is handed over after it returns.
+func (p *poller) stop() {
+	select {
+	case <-p.quit:
+	default:
+		close(p.quit)
+	}
+	<-p.done
+}
+
+// close stops the polling and closes the connection.
+func (p *poller) close() {
+	p.stop()
+	p.activityDB.close()
+}

@@ -145,23 +145,8 @@ func (e *env) fleet(ctx context.Context, args []string) int {
 		}
 		return e.fail(fmt.Errorf("fleet: %w", err))
 	}
-	out := e.stdout
-	if cfg.jsonOut == "-" {
-		out = e.stderr
-	}
-	rep.printTable(out)
-	if cfg.chart != "" && rep.measured() {
-		if err := writeFleetChart(cfg.chart, rep); err != nil {
-			return e.fail(fmt.Errorf("fleet: --chart %s: %w", cfg.chart, err))
-		}
-		fmt.Fprintf(out, "chart written to %s\n", cfg.chart)
-	}
-	if cfg.jsonOut != "" {
-		if err := writeJSON(cfg.jsonOut, e.stdout, rep); err != nil {
-			return e.fail(fmt.Errorf("fleet: --json %s: %w", cfg.jsonOut, err))
-		}
-	}
-	return interrupted(ctx, exitOK)
+	chart := func(path string) error { return writeFleetChart(path, rep) }
+	return e.report(ctx, "fleet", cfg.jsonOut, cfg.chart, rep.measured(), rep.printTable, chart, rep)
 }
 
 func (e *env) parseFleet(args []string) (*fleetConfig, int, bool) {
@@ -1132,10 +1117,7 @@ func (m *memberProc) info(t0 int64) fleetMemberInfo {
 // fleetPoller reads pg_stat_activity every few milliseconds on its own
 // connection: the service's transactions open on the server.
 type fleetPoller struct {
-	*activityDB
-	every time.Duration
-	quit  chan struct{}
-	done  chan struct{}
+	*poller
 
 	mu     sync.Mutex
 	list   []fleetSample
@@ -1148,48 +1130,20 @@ func startFleetPoller(ctx context.Context, t *target, app string, every time.Dur
 	if err != nil {
 		return nil, err
 	}
-	p := &fleetPoller{activityDB: a, every: every, quit: make(chan struct{}), done: make(chan struct{})}
-	go p.loop()
-	return p, nil
-}
-
-func (p *fleetPoller) loop() {
-	defer close(p.done)
-	tick := time.NewTicker(p.every)
-	defer tick.Stop()
-	for {
-		t := time.Now().UnixNano()
-		tx, conns, err := p.count()
+	p := &fleetPoller{}
+	p.poller = a.poll(every, func(at time.Time, tx, conns int, err error) {
 		p.mu.Lock()
+		defer p.mu.Unlock()
 		if err != nil {
 			// A server too busy to answer within a second is part of
 			// what is measured: the next poll tries again.
 			p.err = cmpOr(p.err, err)
 			p.failed++
-		} else {
-			p.list = append(p.list, fleetSample{t: t, tx: tx, conns: conns})
-		}
-		p.mu.Unlock()
-		select {
-		case <-p.quit:
 			return
-		case <-tick.C:
 		}
-	}
-}
-
-func (p *fleetPoller) stop() {
-	select {
-	case <-p.quit:
-	default:
-		close(p.quit)
-	}
-	<-p.done
-}
-
-func (p *fleetPoller) close() {
-	p.stop()
-	p.activityDB.close()
+		p.list = append(p.list, fleetSample{t: at.UnixNano(), tx: tx, conns: conns})
+	})
+	return p, nil
 }
 
 func (p *fleetPoller) samples() []fleetSample {

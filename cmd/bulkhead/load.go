@@ -91,23 +91,8 @@ func (e *env) load(ctx context.Context, args []string) int {
 		}
 		return e.fail(fmt.Errorf("load: %w", err))
 	}
-	table := e.stdout
-	if cfg.jsonOut == "-" {
-		table = e.stderr
-	}
-	report.printTable(table)
-	if cfg.chart != "" {
-		if err := writeChart(cfg.chart, report); err != nil {
-			return e.fail(fmt.Errorf("load: --chart %s: %w", cfg.chart, err))
-		}
-		fmt.Fprintf(table, "chart written to %s\n", cfg.chart)
-	}
-	if cfg.jsonOut != "" {
-		if err := writeJSON(cfg.jsonOut, e.stdout, report); err != nil {
-			return e.fail(fmt.Errorf("load: --json %s: %w", cfg.jsonOut, err))
-		}
-	}
-	return interrupted(ctx, exitOK)
+	chart := func(path string) error { return writeChart(path, report) }
+	return e.report(ctx, "load", cfg.jsonOut, cfg.chart, true, report.printTable, chart, report)
 }
 
 // policySetup describes the gate of a run: its policy, dry-run and the
@@ -1114,6 +1099,29 @@ func (rep *loadReport) operation() string {
 func (rep *loadReport) describe() string {
 	cfg := rep.cfg
 	return fmt.Sprintf("%s, %d clients; each operation %s", cfg.target.dialect.title(), cfg.clients, rep.operation())
+}
+
+// report ends load, overload and fleet: it prints the table (on stderr
+// when the JSON goes to stdout), draws the chart to chart if given and
+// something was measured, and writes v as JSON to jsonOut if given.
+func (e *env) report(ctx context.Context, cmd, jsonOut, chart string, measured bool, table func(io.Writer), draw func(path string) error, v any) int {
+	out := e.stdout
+	if jsonOut == "-" {
+		out = e.stderr
+	}
+	table(out)
+	if chart != "" && measured {
+		if err := draw(chart); err != nil {
+			return e.fail(fmt.Errorf("%s: --chart %s: %w", cmd, chart, err))
+		}
+		fmt.Fprintf(out, "chart written to %s\n", chart)
+	}
+	if jsonOut != "" {
+		if err := writeJSON(jsonOut, e.stdout, v); err != nil {
+			return e.fail(fmt.Errorf("%s: --json %s: %w", cmd, jsonOut, err))
+		}
+	}
+	return interrupted(ctx, exitOK)
 }
 
 // writeJSON writes v as indented JSON to the file path, or to stdout for

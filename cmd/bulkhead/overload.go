@@ -141,31 +141,18 @@ func (e *env) overload(ctx context.Context, args []string) int {
 			return e.fail(fmt.Errorf("overload: %w", err))
 		}
 	}
-	out := e.stdout
-	if cfg.jsonOut == "-" {
-		out = e.stderr
-	}
-	measured := false
-	for _, rep := range reps {
-		rep.printTable(out)
-		measured = measured || len(rep.Phases) > 0
-	}
-	if cfg.chart != "" && measured {
-		if err := writeOverloadChart(cfg.chart, reps); err != nil {
-			return e.fail(fmt.Errorf("overload: --chart %s: %w", cfg.chart, err))
-		}
-		fmt.Fprintf(out, "chart written to %s\n", cfg.chart)
-	}
-	if cfg.jsonOut != "" {
-		var v any = reps
-		if len(cfg.services) == 0 {
-			v = reps[0] // one run: the report itself, as before --service
-		}
-		if err := writeJSON(cfg.jsonOut, e.stdout, v); err != nil {
-			return e.fail(fmt.Errorf("overload: --json %s: %w", cfg.jsonOut, err))
+	measured := slices.ContainsFunc(reps, func(rep *overloadReport) bool { return len(rep.Phases) > 0 })
+	table := func(w io.Writer) {
+		for _, rep := range reps {
+			rep.printTable(w)
 		}
 	}
-	return interrupted(ctx, exitOK)
+	chart := func(path string) error { return writeOverloadChart(path, reps) }
+	var v any = reps
+	if len(cfg.services) == 0 && len(reps) == 1 {
+		v = reps[0] // one run: the report itself, as before --service
+	}
+	return e.report(ctx, "overload", cfg.jsonOut, cfg.chart, measured, table, chart, v)
 }
 
 // runOverloads runs the experiment once, or once per --service with
@@ -975,11 +962,9 @@ func warmPool(ctx context.Context, db *sql.DB, n int, limit time.Duration) error
 
 // activityMonitor polls pg_stat_activity every overloadPoll, on its own
 // connection, for the most transactions and connections of one
-// application_name.
+// application_name; it stops counting at the first failed reading.
 type activityMonitor struct {
-	*activityDB
-	quit chan struct{}
-	done chan struct{}
+	*poller
 
 	// Written by the polling goroutine; read after stop.
 	maxTx, maxConns int
@@ -992,46 +977,18 @@ func startActivityMonitor(ctx context.Context, t *target, app string) (*activity
 	if err != nil {
 		return nil, err
 	}
-	m := &activityMonitor{activityDB: a, quit: make(chan struct{}), done: make(chan struct{})}
-	go m.loop()
+	m := &activityMonitor{}
+	m.poller = a.poll(overloadPoll, func(_ time.Time, tx, conns int, err error) {
+		switch {
+		case m.err != nil:
+		case err != nil:
+			m.err = err
+		default:
+			m.seen = true
+			m.maxTx, m.maxConns = max(m.maxTx, tx), max(m.maxConns, conns)
+		}
+	})
 	return m, nil
-}
-
-func (m *activityMonitor) loop() {
-	defer close(m.done)
-	tick := time.NewTicker(overloadPoll)
-	defer tick.Stop()
-	for {
-		if m.err == nil {
-			tx, conns, err := m.count()
-			if err != nil {
-				m.err = err
-			} else {
-				m.seen = true
-				m.maxTx, m.maxConns = max(m.maxTx, tx), max(m.maxConns, conns)
-			}
-		}
-		select {
-		case <-m.quit:
-			return
-		case <-tick.C:
-		}
-	}
-}
-
-// stop ends the polling; the maxima may be read after it.
-func (m *activityMonitor) stop() {
-	select {
-	case <-m.quit:
-	default:
-		close(m.quit)
-	}
-	<-m.done
-}
-
-func (m *activityMonitor) close() {
-	m.stop()
-	m.activityDB.close()
 }
 
 // phase returns the result of one load and configuration, or nil.
