@@ -18,6 +18,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
 )
 
 func TestAFleetInstanceWhoseCoordinationFailsHasNoShareAndSaysSo(t *testing.T) {
@@ -25,7 +26,7 @@ func TestAFleetInstanceWhoseCoordinationFailsHasNoShareAndSaysSo(t *testing.T) {
 	fc.Define("work", fakedb.ResultSet{})
 	var mu sync.Mutex
 	var events []bulkhead.FleetEvent
-	var logs syncBuffer // the coordination loop logs from its goroutine (panic_test.go)
+	var logs syncbuf.Buffer // the coordination loop logs from its goroutine
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	ev := bulkhead.JoinEvents(bulkhead.Events{OnFleet: func(e bulkhead.FleetEvent) {
 		mu.Lock()

@@ -8,7 +8,6 @@ package tests
 // the test server, and stops it when the test ends.
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -23,7 +22,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -33,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
 )
 
 // pgBouncer is a PgBouncer started by a test.
@@ -40,26 +39,8 @@ type pgBouncer struct {
 	port   int
 	user   string // the server's user, also PgBouncer's admin
 	dbname string // the database, under the same name in PgBouncer
-	log    *pgbLog
+	log    *syncbuf.Buffer
 	exited chan struct{}
-}
-
-// pgbLog collects PgBouncer's log (its stderr) for failure messages.
-type pgbLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *pgbLog) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *pgbLog) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // pgBouncerBinary finds pgbouncer: on PATH, or in /usr/sbin where Debian
@@ -162,7 +143,7 @@ pidfile =
 		}
 		conf := filepath.Join(dir, "pgbouncer.ini")
 		pgbWriteFile(t, conf, ini, cred)
-		b.log = &pgbLog{}
+		b.log = &syncbuf.Buffer{}
 		b.exited = make(chan struct{})
 		cmd := exec.Command(bin, conf)
 		cmd.Stdout, cmd.Stderr = b.log, b.log

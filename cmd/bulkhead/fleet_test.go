@@ -13,12 +13,12 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
 )
 
 // testEnv is an env whose outputs are buffers and whose environment is
@@ -451,24 +451,6 @@ func (f *fakeMemberDB) stats() (bulkhead.Stats, bool) {
 }
 func (f *fakeMemberDB) close() error { f.closed.Store(true); return nil }
 
-// syncBuffer is a bytes.Buffer written by one goroutine, read by another.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestFleetMemberSpeaksTheProtocol(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -481,7 +463,7 @@ func TestFleetMemberSpeaksTheProtocol(t *testing.T) {
 		return db, nil
 	}
 	in, w := io.Pipe()
-	var out syncBuffer
+	var out syncbuf.Buffer
 	done := make(chan error, 1)
 	go func() { done <- runMember(ctx, in, &out, open) }()
 	send := func(v any) {
@@ -560,9 +542,9 @@ func TestFleetMemberSpeaksTheProtocol(t *testing.T) {
 	}
 
 	// A configuration it cannot read: an error line, and an error.
-	out = syncBuffer{}
-	if err := runMember(ctx, strings.NewReader("{nope\n"), &out, open); err == nil || !strings.Contains(out.String(), `"type":"error"`) {
-		t.Errorf("bad configuration: %v, output %q", err, out.String())
+	var bad syncbuf.Buffer
+	if err := runMember(ctx, strings.NewReader("{nope\n"), &bad, open); err == nil || !strings.Contains(bad.String(), `"type":"error"`) {
+		t.Errorf("bad configuration: %v, output %q", err, bad.String())
 	}
 }
 
