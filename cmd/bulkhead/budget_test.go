@@ -229,4 +229,24 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 	if r.code != exitFinding || !strings.Contains(r.stdout, "fleet: OVER T by 1 (4 slots held, 0 orphans, T=3)") {
 		t.Fatalf("T=3 against 4 slots held: exit %d\n%s", r.code, r.stdout)
 	}
+	// An orphan: a session tagged with the id of no member, in a
+	// transaction (a killed instance's work still running). It is counted
+	// against T with the slots.
+	orphan, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orphan.Close()
+	tx, err := orphan.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(t.Context(), "SELECT pg_advisory_lock_shared($1, 12345)", bulkhead.FleetLockKeys(name).Conns); err != nil {
+		t.Fatal(err)
+	}
+	r = runCmd(t, nil, "budget", "--dsn", url, "--fleet", name, "--max-concurrent", "4", "--max-queue", "0")
+	if r.code != exitFinding || !strings.Contains(r.stdout, "orphans: 1 busy connections beyond their instance's slots") || !strings.Contains(r.stdout, "fleet: OVER T by 1 (4 slots held, 1 orphans, T=4)") {
+		t.Fatalf("T=4 against 4 slots held and an orphan: exit %d\n%s", r.code, r.stdout)
+	}
 }
