@@ -8,518 +8,165 @@ import (
 	"time"
 )
 
-// The permit protocol, whole: an operation takes an admission permit
+// The permit protocol, whole. An operation takes an admission permit
 // without waiting (refused: ErrAdmissionFull), then an execution permit in
-// FIFO order for a bounded time (timed out: ErrQueueTimeout), first in its
+// FIFO order for a bounded time (timed out: ErrQueueTimeout): first in its
 // workload's budget if it names one, then in the global budget. Only then
 // does it get a server connection (pool.go), so a refused or waiting
 // operation holds none. Its permits come back, exactly once, when the
-// driver has finished the operation: Gate.release.
+// driver has finished the operation (Gate.release).
 
-// limiter is one budget: a pair of semaphores. Admission is a counter
-// tried without waiting; execution is a FIFO semaphore waited on for a
-// bounded time. The gate has one for its global budget and one per
-// workload. It starts no goroutine and never waits without bound.
-type limiter struct {
-	workload string
-
-	admitted atomic.Int64 // admission permits held
-	maxAdmit atomic.Int64 // B+Q
-	dryRun   atomic.Bool
-	waitNs   atomic.Int64 // wait, readable without mu
-	// fullErr is the admission-full rejection for the usual case, B
-	// running and Q waiting, preallocated so that rejecting under steady
-	// overload allocates nothing.
-	fullErr  atomic.Pointer[RejectedError]
-	maxConcA atomic.Int64 // maxConc, readable without mu
-	closedA  atomic.Bool
-
-	// exec is the execution semaphore's state in one word (see
-	// execState): the free permits and the number of queued waiters.
-	// With no waiter, a permit is taken and given back by compare-and-swap
-	// alone; with waiters, only under mu, so that the FIFO queue and the
-	// word change together and no permit is ever free while an operation
-	// waits.
-	exec atomic.Uint64
+// budget is one pair of semaphores under one mutex: admission, B+Q
+// permits tried without waiting, and execution, B permits handed out in
+// FIFO order. A gate has one for its global budget and one per workload.
+// It starts no goroutine and never waits without bound.
+type budget struct {
+	name string // the workload's; "" for the global budget
 
 	mu       sync.Mutex
-	maxConc  int
-	maxQueue int
-	wait     time.Duration
+	b, q     int           // the limits in force
+	wait     time.Duration // the queue wait
+	dryRun   bool
+	admitted int // admission permits held
+	running  int // execution permits held: above b after a shrink, or in dry-run
+	waiting  int // waiters queued
 	head     *waiter
 	tail     *waiter
 	closed   bool
-	done     chan struct{} // closed by close
-	paid     chan struct{} // closed when running work is back within B (see drained)
+	done     chan struct{}  // closed by close
+	drained  chan struct{}  // closed once running ≤ b; nil when nobody waits for it
+	full     *RejectedError // admission full with b running and q waiting, made once per resize
 
-	nAdmitted, nFull, nTimeout, nNoConn, nConnFailed, nCanceled, nWait, waitNanos, nWouldWait atomic.Int64
+	nAdmitted, nFull, nTimeout, nConnFailed, nCanceled, nWait, nWaitNanos, nWouldWait atomic.Int64
 }
 
-// execState packs the execution semaphore: free, B minus the permits held,
-// in the low 32 bits as a signed number (it goes below zero when the
-// budget shrinks under running work, or in dry-run: releases then pay the
-// debt before any waiter is woken), and the waiters queued in the high 32.
-type execState uint64
-
-func packExec(free int64, waiting int64) uint64 {
-	return uint64(waiting)<<32 | uint64(uint32(int32(free)))
-}
-
-func (s execState) free() int64    { return int64(int32(uint32(s))) }
-func (s execState) waiting() int64 { return int64(s >> 32) }
-
-// counts returns the free execution permits and the queued waiters, from
-// one atomic read.
-func (l *limiter) counts() (free, waiting int) {
-	s := execState(l.exec.Load())
-	return int(s.free()), int(s.waiting())
-}
-
-// addExecLocked adds dFree to the free permits and dWaiting to the
-// waiters. mu is held, but the fast paths may take or give back a permit
-// meanwhile (while nobody waits): compare-and-swap.
-func (l *limiter) addExecLocked(dFree, dWaiting int64) {
-	for {
-		old := l.exec.Load()
-		s := execState(old)
-		if l.exec.CompareAndSwap(old, packExec(s.free()+dFree, s.waiting()+dWaiting)) {
-			return
-		}
-	}
-}
-
-// waiter is one operation in the FIFO queue for an execution permit.
-// ready is closed, under mu, when the permit is handed to it.
+// waiter is one operation queued for an execution permit. ready is closed,
+// under mu, when the permit is handed to it.
 type waiter struct {
 	ready      chan struct{}
 	next, prev *waiter
 	granted    bool
 }
 
-func newLimiter(workload string, p Policy) *limiter {
-	l := &limiter{workload: workload, done: make(chan struct{})}
-	l.resize(p)
-	return l
+func newBudget(name string) *budget {
+	return &budget{name: name, done: make(chan struct{})}
 }
 
-// resize sets new limits. Running work keeps its permits: when B shrinks,
-// releases pay for the excess before new work starts; when it grows,
-// waiters are woken in FIFO order. When B+Q shrinks below the admitted
-// count, admission refuses until enough operations ended.
-func (l *limiter) resize(p Policy) {
+// resize puts new limits in force. Running work keeps its permits: when b
+// shrinks below the permits held, releases pay the excess before a waiter
+// is served; when it grows, waiters are served in FIFO order. When b+q
+// shrinks below the admitted, admission refuses until enough ended.
+func (l *budget) resize(b, q int, wait time.Duration, dryRun bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.addExecLocked(int64(p.MaxConcurrent-l.maxConc), 0)
-	l.maxConc, l.maxQueue, l.wait = p.MaxConcurrent, p.MaxQueue, p.QueueWait
-	l.maxConcA.Store(int64(p.MaxConcurrent))
-	l.waitNs.Store(int64(p.QueueWait))
-	l.maxAdmit.Store(int64(p.MaxConcurrent) + int64(p.MaxQueue))
-	l.fullErr.Store(&RejectedError{Cause: ErrAdmissionFull, Workload: l.workload, MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, Running: p.MaxConcurrent, Waiting: p.MaxQueue})
-	l.dryRun.Store(p.DryRun)
-	for l.head != nil {
-		if free, _ := l.counts(); free <= 0 && !p.DryRun { // nobody waits in dry-run: let current waiters run
-			break
-		}
-		l.grantLocked(true)
-	}
-	l.paidLocked()
+	l.b, l.q, l.wait, l.dryRun = b, q, wait, dryRun
+	l.full = &RejectedError{Cause: ErrAdmissionFull, Workload: l.name, MaxConcurrent: b, MaxQueue: q, Running: b, Waiting: q}
+	l.grantLocked()
 }
 
-// drained returns a channel closed once the operations holding execution
-// permits are no more than B: at once if they are, else when releases
-// have paid the debt a shrinking resize left. A fleet gives back its
-// slots only then (fleet.go).
-func (l *limiter) drained() <-chan struct{} {
+// tryAcquire takes both permits if both are free and nobody waits, and
+// reports whether it did: the whole protocol of an operation of a budget
+// with room.
+func (l *budget) tryAcquire() bool {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.paid == nil {
-		l.paid = make(chan struct{})
+	ok := !l.closed && l.waiting == 0 && l.running < l.b && l.admitted < l.b+l.q
+	if ok {
+		l.admitted++
+		l.running++
 	}
-	ch := l.paid
-	l.paidLocked()
-	return ch
-}
-
-// paidLocked closes paid if running work is within B.
-func (l *limiter) paidLocked() {
-	if l.paid == nil {
-		return
-	}
-	if free, _ := l.counts(); free >= 0 {
-		close(l.paid)
-		l.paid = nil
-	}
-}
-
-// acquire takes both permits of this budget alone, with its own queue
-// wait: the whole protocol for a gate without workloads, and counts the
-// operation as admitted. On success both permits are held and must be
-// given back with release; waited is the time spent waiting (0 when a
-// permit was free). On failure nothing is held: the error is an
-// admission-full or queue-timeout *RejectedError, ErrClosed, or ctx.Err().
-func (l *limiter) acquire(ctx context.Context) (waited time.Duration, err error) {
-	if ctx.Err() == nil && l.tryNow() { // as Gate.acquire
-		l.nAdmitted.Add(1)
-		return 0, nil
-	}
-	var q queueing
-	err = q.acquire(ctx, []*limiter{l}, -1, 0)
-	if err == nil {
-		l.nAdmitted.Add(1)
-	}
-	return q.waited(), err
-}
-
-// release gives back both permits of a successful acquire. The execution
-// permit goes to the first waiter, if any; the admission permit after it,
-// so that the operations holding an execution permit or waiting for one
-// are always among those admitted (as the article's Java gate releases).
-func (l *limiter) release() {
-	l.releaseExec()
-	l.unadmit()
-}
-
-// admit takes an admission permit if one is free, without waiting. In
-// dry-run it always does, and reports the rejection it would have made.
-func (l *limiter) admit() (ok, over bool) {
-	max := l.maxAdmit.Load()
-	for {
-		n := l.admitted.Load()
-		if n >= max && !l.dryRun.Load() {
-			return false, true
-		}
-		if l.admitted.CompareAndSwap(n, n+1) {
-			return true, n >= max
-		}
-	}
-}
-
-func (l *limiter) unadmit() {
-	if l.admitted.Add(-1) < 0 {
-		panic("bulkhead: bug: admission permit released more than held")
-	}
-}
-
-// tryNow takes both permits if both are free and nobody waits, and
-// reports whether it did; if not, it holds nothing and the caller takes
-// the general path (queueing.acquire), which waits, rejects or, in
-// dry-run, lets the operation through. It is the whole protocol of an
-// operation of a budget with room: two compare-and-swaps.
-func (l *limiter) tryNow() bool {
-	if l.closedA.Load() {
-		return false
-	}
-	max := l.maxAdmit.Load()
-	for {
-		n := l.admitted.Load()
-		if n >= max {
-			return false
-		}
-		if l.admitted.CompareAndSwap(n, n+1) {
-			break
-		}
-	}
-	for {
-		old := l.exec.Load()
-		if s := execState(old); s.waiting() != 0 || s.free() <= 0 {
-			l.unadmit()
-			return false
-		}
-		if l.exec.CompareAndSwap(old, old-1) { // free-1 (free > 0: no borrow)
-			return true
-		}
-	}
-}
-
-// full returns the admission-full rejection with what the budget holds
-// now: the preallocated value when that is B running and Q waiting.
-func (l *limiter) full() error {
-	e := l.fullErr.Load()
-	free, w := l.counts()
-	r := e.MaxConcurrent - free
-	if r == e.Running && w == e.Waiting {
-		return e
-	}
-	c := *e
-	c.Running, c.Waiting = r, w
-	return &c
-}
-
-// queueing is one operation's passage through one or more budgets
-// (a workload's, then the global one): a single wait deadline and timer
-// serve them all.
-type queueing struct {
-	start time.Time     // set when the operation first has to wait
-	timer *time.Timer   // created when it first has to wait
-	wait  time.Duration // the longest wait in all
-	// deadline: the wait was cut short by the caller's deadline minus the reserve.
-	deadline bool
-	// wouldReject: in dry-run, admission was full and the rejection not made.
-	wouldReject bool
-	// running and waiting: what the budget held when the wait failed,
-	// the operation itself included among the waiting.
-	running, waiting int
-}
-
-func (q *queueing) waited() time.Duration {
-	if q.start.IsZero() {
-		return 0
-	}
-	return time.Since(q.start)
-}
-
-// acquire takes the admission permits of ls in order, then their
-// execution permits in order, waiting at most wait in all (a negative wait
-// means the first budget's own QueueWait), and never past the caller's
-// deadline minus reserve when reserve > 0. On failure nothing is held.
-// Failures are counted in every budget passed (see count); success is
-// counted by the caller, once the operation has what else it needs.
-func (q *queueing) acquire(ctx context.Context, ls []*limiter, wait time.Duration, reserve time.Duration) error {
-	if err := ctx.Err(); err != nil {
-		count(ls, func(l *limiter) { l.nCanceled.Add(1) })
-		return err
-	}
-	for i, l := range ls {
-		ok, over := l.admit()
-		if !ok {
-			for _, prev := range ls[:i] {
-				prev.unadmit()
-			}
-			count(ls, func(l *limiter) { l.nFull.Add(1) })
-			return l.full()
-		}
-		if over && !q.wouldReject {
-			q.wouldReject = true
-			count(ls, func(l *limiter) { l.nFull.Add(1) })
-		}
-	}
-	if wait < 0 {
-		wait = time.Duration(ls[0].waitNs.Load())
-	}
-	q.wait = wait
-	if reserve > 0 {
-		if d, ok := ctx.Deadline(); ok {
-			if left := time.Until(d) - reserve; left < q.wait {
-				q.wait, q.deadline = max(left, 0), true
-				if left <= 0 && !ls[0].dryRun.Load() {
-					// It could not finish in time: not started, even with
-					// a permit free.
-					for _, l := range ls {
-						l.unadmit()
-					}
-					return q.fail(ls, len(ls)-1, ErrQueueTimeout)
-				}
-			}
-		}
-	}
-	for i, l := range ls {
-		if err := l.execute(ctx, q); err != nil {
-			for _, prev := range ls[:i] {
-				prev.releaseExec()
-			}
-			for _, l := range ls {
-				l.unadmit()
-			}
-			return q.fail(ls, i, err)
-		}
-	}
-	q.stop(ls)
-	return nil
-}
-
-// count applies inc to every budget the operation passes: the global one
-// counts every operation, a workload's every operation of the workload,
-// whichever budget decided.
-func count(ls []*limiter, inc func(*limiter)) {
-	for _, l := range ls {
-		inc(l)
-	}
-}
-
-// stop ends the wait: the timer is stopped and the time waited counted in
-// every budget passed.
-func (q *queueing) stop(ls []*limiter) {
-	if q.timer != nil {
-		q.timer.Stop()
-	}
-	if !q.start.IsZero() {
-		d := int64(q.waited())
-		for _, l := range ls {
-			l.nWait.Add(1)
-			l.waitNanos.Add(d)
-		}
-	}
-}
-
-// fail turns a failed wait at ls[i] into the caller's error and counts it.
-func (q *queueing) fail(ls []*limiter, i int, err error) error {
-	q.stop(ls)
-	if err != ErrQueueTimeout {
-		count(ls, func(l *limiter) { l.nCanceled.Add(1) })
-		return err
-	}
-	count(ls, func(l *limiter) { l.nTimeout.Add(1) })
-	l := ls[i]
-	l.mu.Lock()
-	e := &RejectedError{Cause: ErrQueueTimeout, Workload: l.workload, MaxConcurrent: l.maxConc, MaxQueue: l.maxQueue,
-		Running: q.running, Waiting: q.waiting, Waited: q.waited(), Deadline: q.deadline}
 	l.mu.Unlock()
-	return e
+	return ok
 }
 
-// execute takes an execution permit of l, waiting in FIFO order until q's
-// wait ends, ctx ends or l closes. A permit granted at the instant the wait
-// ends is handed on, never kept by a caller that reports failure.
-func (l *limiter) execute(ctx context.Context, q *queueing) error {
-	// The fast path: a free permit and nobody queued.
-	if old := l.exec.Load(); execState(old).waiting() == 0 && execState(old).free() > 0 && !l.closedA.Load() {
-		if l.exec.CompareAndSwap(old, old-1) { // free-1 (free > 0: no borrow)
-			return nil
-		}
-	}
+// admit takes an admission permit without waiting. In dry-run it always
+// does, and reports the rejection it would have made (over).
+func (l *budget) admit() (over bool, err error) {
 	l.mu.Lock()
-	if l.closed {
+	defer l.mu.Unlock()
+	switch {
+	case l.admitted < l.b+l.q:
+	case l.dryRun:
+		over = true
+	case l.running == l.b && l.waiting == l.q:
+		return false, l.full
+	default:
+		e := *l.full
+		e.Running, e.Waiting = l.running, l.waiting
+		return false, &e
+	}
+	l.admitted++
+	return over, nil
+}
+
+func (l *budget) unadmit() {
+	l.mu.Lock()
+	l.admitted--
+	l.mu.Unlock()
+}
+
+// release gives back both permits: the execution permit to the first
+// waiter if there is room, then the admission permit, so that the
+// operations running or waiting are always among those admitted.
+func (l *budget) release() {
+	l.mu.Lock()
+	l.running--
+	l.admitted--
+	if l.running < 0 || l.admitted < 0 {
 		l.mu.Unlock()
-		return ErrClosed
+		panic("bulkhead: bug: permits released more than held")
 	}
-	dry := l.dryRun.Load()
-	for {
-		old := l.exec.Load()
-		s := execState(old)
-		if s.waiting() == 0 && (s.free() > 0 || dry) {
-			// Free (or, in dry-run, running anyway: its release pays
-			// the debt), and nobody ahead.
-			if l.exec.CompareAndSwap(old, packExec(s.free()-1, 0)) {
-				l.mu.Unlock()
-				if s.free() <= 0 && !q.wouldReject { // one refused at admission would never have waited
-					l.nWouldWait.Add(1)
-				}
-				return nil
-			}
-			continue
-		}
-		if dry { // waiters left by a switch to dry-run are being let go: do not queue behind them
-			if l.exec.CompareAndSwap(old, packExec(s.free()-1, s.waiting())) {
-				l.mu.Unlock()
-				if !q.wouldReject {
-					l.nWouldWait.Add(1)
-				}
-				return nil
-			}
-			continue
-		}
-		q.running, q.waiting = l.maxConc-int(s.free()), int(s.waiting())
-		left := q.wait
-		if !q.start.IsZero() {
-			left -= time.Since(q.start)
-		}
-		if left <= 0 {
-			l.mu.Unlock()
-			return ErrQueueTimeout
-		}
-		if !l.exec.CompareAndSwap(old, packExec(s.free(), s.waiting()+1)) {
-			continue
-		}
-		break
-	}
-	if q.start.IsZero() {
-		q.start = time.Now()
-	}
-	w := &waiter{ready: make(chan struct{})}
-	l.pushLocked(w)
+	l.grantLocked()
 	l.mu.Unlock()
+}
 
-	if q.timer == nil {
-		left := q.wait - time.Since(q.start)
-		q.timer = time.NewTimer(max(left, 0))
+// releaseExec gives back an execution permit alone.
+func (l *budget) releaseExec() {
+	l.mu.Lock()
+	l.running--
+	l.grantLocked()
+	l.mu.Unlock()
+}
+
+// grantLocked hands execution permits to the waiters at the head of the
+// queue while there is room (in dry-run, to all), and closes drained once
+// running work is within b.
+func (l *budget) grantLocked() {
+	for l.head != nil && (l.running < l.b || l.dryRun) {
+		w := l.head
+		l.unlinkLocked(w)
+		l.running++
+		w.granted = true
+		close(w.ready)
 	}
-	var err error
-	select {
-	case <-w.ready:
+	if l.drained != nil && (l.running <= l.b || l.dryRun) {
+		close(l.drained)
+		l.drained = nil
+	}
+}
+
+// waitDrained returns once the operations holding execution permits are
+// no more than b (at once in dry-run, where nothing is enforced), or ctx
+// ends: then it returns ctx's error.
+func (l *budget) waitDrained(ctx context.Context) error {
+	l.mu.Lock()
+	if l.running <= l.b || l.dryRun {
+		l.mu.Unlock()
 		return nil
-	case <-q.timer.C:
-		err = ErrQueueTimeout
+	}
+	if l.drained == nil {
+		l.drained = make(chan struct{})
+	}
+	ch := l.drained
+	l.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
 	case <-ctx.Done():
-		err = ctx.Err()
-	case <-l.done:
-		err = ErrClosed
+		return ctx.Err()
 	}
-	l.mu.Lock()
-	free, waiting := l.counts()
-	q.running, q.waiting = l.maxConc-free, waiting
-	if w.granted {
-		l.releaseLocked() // granted as the wait ended: hand it on
-		q.running--       // its permit counted among the running
-		q.waiting++
-	} else {
-		l.removeLocked(w)
-	}
-	l.mu.Unlock()
-	return err
 }
 
-// releaseExec gives back an execution permit: to pay a debt, to the first
-// waiter, or to the free count.
-func (l *limiter) releaseExec() {
-	// The fast path: nobody queued, no debt.
-	if old := l.exec.Load(); execState(old).waiting() == 0 && execState(old).free() >= 0 && execState(old).free() < l.maxConcA.Load() {
-		if l.exec.CompareAndSwap(old, old+1) {
-			return
-		}
-	}
-	l.mu.Lock()
-	l.releaseLocked()
-	l.mu.Unlock()
-}
-
-func (l *limiter) releaseLocked() {
-	free, _ := l.counts()
-	if free < 0 || l.head == nil {
-		if free >= l.maxConc {
-			panic("bulkhead: bug: execution permit released more than held")
-		}
-		l.addExecLocked(1, 0)
-		if free == -1 {
-			l.paidLocked()
-		}
-		return
-	}
-	l.grantLocked(false)
-}
-
-// grantLocked hands an execution permit to the first waiter: one taken
-// from the free count (fromFree, when resize wakes waiters), or one being
-// released, handed on directly.
-func (l *limiter) grantLocked(fromFree bool) {
-	w := l.head
-	l.unlinkLocked(w)
-	d := int64(0)
-	if fromFree {
-		d = -1
-	}
-	l.addExecLocked(d, -1)
-	w.granted = true
-	close(w.ready)
-}
-
-// pushLocked queues w, already counted among the waiters.
-func (l *limiter) pushLocked(w *waiter) {
-	w.prev = l.tail
-	if l.tail != nil {
-		l.tail.next = w
-	} else {
-		l.head = w
-	}
-	l.tail = w
-}
-
-// removeLocked takes w, which gives up, out of the queue.
-func (l *limiter) removeLocked(w *waiter) {
-	l.unlinkLocked(w)
-	l.addExecLocked(0, -1)
-}
-
-func (l *limiter) unlinkLocked(w *waiter) {
+func (l *budget) unlinkLocked(w *waiter) {
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {
@@ -531,142 +178,270 @@ func (l *limiter) unlinkLocked(w *waiter) {
 		l.tail = w.prev
 	}
 	w.next, w.prev = nil, nil
+	l.waiting--
 }
 
-// close makes current and future waiters return ErrClosed. Operations
-// already running keep their permits until they release them.
-func (l *limiter) close() {
+// close makes waiters, and later operations, return ErrClosed. Operations
+// running keep their permits until they release them.
+func (l *budget) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.closed {
 		l.closed = true
-		l.closedA.Store(true)
 		close(l.done)
 	}
 }
 
-func (l *limiter) isClosed() bool {
-	select {
-	case <-l.done:
-		return true
-	default:
-		return false
-	}
+func (l *budget) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
 }
 
-// stats fills the limiter's part of s.
-func (l *limiter) stats(s *Stats) {
+// stats fills the budget's part of s.
+func (l *budget) stats(s *Stats) {
 	l.mu.Lock()
-	free, waiting := l.counts()
-	s.Running = l.maxConc - free
-	s.Waiting = waiting
-	s.MaxConcurrent = l.maxConc
-	s.MaxQueue = l.maxQueue
-	s.QueueWait = l.wait
+	s.MaxConcurrent, s.MaxQueue, s.QueueWait, s.DryRun = l.b, l.q, l.wait, l.dryRun
+	s.Running, s.Waiting = l.running, l.waiting
 	l.mu.Unlock()
-	s.DryRun = l.dryRun.Load()
 	s.Admitted = l.nAdmitted.Load()
 	s.RejectedFull = l.nFull.Load()
 	s.RejectedTimeout = l.nTimeout.Load()
-	s.RejectedNoConn = l.nNoConn.Load()
 	s.ConnectFailed = l.nConnFailed.Load()
 	s.Canceled = l.nCanceled.Load()
 	s.WaitCount = l.nWait.Load()
-	s.WaitDuration = time.Duration(l.waitNanos.Load())
+	s.WaitDuration = time.Duration(l.nWaitNanos.Load())
 	s.WouldWait = l.nWouldWait.Load()
+}
+
+// passage is one operation's way through its budgets (its workload's,
+// then the global one): one wait limit and one timer serve them all.
+type passage struct {
+	limit       time.Duration // the longest wait in all
+	start       time.Time     // set when it first has to wait
+	timer       *time.Timer
+	wouldReject bool // dry-run: admission was full, the rejection not made
+}
+
+func (ps *passage) waited() time.Duration {
+	if ps.start.IsZero() {
+		return 0
+	}
+	return time.Since(ps.start)
+}
+
+// acquire takes the admission permits of ls in order, then their execution
+// permits in order. On failure nothing is held, and the error is a
+// *RejectedError, ErrClosed or ctx's error, counted in every budget of ls.
+// Success is counted by the caller once the operation has its server
+// connection too.
+func (ps *passage) acquire(ctx context.Context, ls []*budget) error {
+	if err := ctx.Err(); err != nil {
+		count(ls, func(l *budget) { l.nCanceled.Add(1) })
+		return err
+	}
+	for i, l := range ls {
+		over, err := l.admit()
+		if err != nil {
+			for _, prev := range ls[:i] {
+				prev.unadmit()
+			}
+			if err == ErrClosed {
+				count(ls, func(l *budget) { l.nCanceled.Add(1) })
+			} else {
+				count(ls, func(l *budget) { l.nFull.Add(1) })
+			}
+			return err
+		}
+		if over && !ps.wouldReject {
+			ps.wouldReject = true
+			count(ls, func(l *budget) { l.nFull.Add(1) })
+		}
+	}
+	for i, l := range ls {
+		if err := l.execute(ctx, ps); err != nil {
+			for _, prev := range ls[:i] {
+				prev.releaseExec()
+			}
+			for _, l := range ls {
+				l.unadmit()
+			}
+			ps.stop(ls)
+			if errors.Is(err, ErrQueueTimeout) {
+				count(ls, func(l *budget) { l.nTimeout.Add(1) })
+			} else {
+				count(ls, func(l *budget) { l.nCanceled.Add(1) })
+			}
+			return err
+		}
+	}
+	ps.stop(ls)
+	return nil
+}
+
+func count(ls []*budget, inc func(*budget)) {
+	for _, l := range ls {
+		inc(l)
+	}
+}
+
+// stop ends the passage's wait: the timer is stopped and the time waited
+// counted in every budget of ls.
+func (ps *passage) stop(ls []*budget) {
+	if ps.timer != nil {
+		ps.timer.Stop()
+	}
+	if !ps.start.IsZero() {
+		d := int64(ps.waited())
+		for _, l := range ls {
+			l.nWait.Add(1)
+			l.nWaitNanos.Add(d)
+		}
+	}
+}
+
+// execute takes an execution permit of l, waiting in FIFO order until the
+// passage's limit, ctx's end or l's close. A permit granted at the instant
+// the wait ends is handed on, never kept by a caller that reports failure.
+func (l *budget) execute(ctx context.Context, ps *passage) error {
+	l.mu.Lock()
+	switch {
+	case l.closed:
+		l.mu.Unlock()
+		return ErrClosed
+	case l.waiting == 0 && l.running < l.b:
+		l.running++
+		l.mu.Unlock()
+		return nil
+	case l.dryRun:
+		l.running++
+		l.mu.Unlock()
+		if !ps.wouldReject { // one refused at admission would never have waited
+			l.nWouldWait.Add(1)
+		}
+		return nil
+	}
+	left := ps.limit
+	if !ps.start.IsZero() {
+		left -= time.Since(ps.start)
+	}
+	if left <= 0 {
+		err := l.timeoutLocked(ps, 0)
+		l.mu.Unlock()
+		return err
+	}
+	if ps.start.IsZero() {
+		ps.start = time.Now()
+	}
+	w := &waiter{ready: make(chan struct{})}
+	w.prev = l.tail
+	if l.tail != nil {
+		l.tail.next = w
+	} else {
+		l.head = w
+	}
+	l.tail = w
+	l.waiting++
+	l.mu.Unlock()
+
+	if ps.timer == nil {
+		ps.timer = time.NewTimer(left)
+	}
+	var err error
+	select {
+	case <-w.ready:
+		return nil
+	case <-ps.timer.C:
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-l.done:
+		err = ErrClosed
+	}
+	l.mu.Lock()
+	if w.granted {
+		l.running-- // granted as the wait ended: hand it on
+		l.grantLocked()
+	} else {
+		l.unlinkLocked(w)
+	}
+	if err == nil {
+		err = l.timeoutLocked(ps, 1)
+	}
+	l.mu.Unlock()
+	return err
+}
+
+// timeoutLocked is the queue-timeout rejection of an operation of ps;
+// queued is 1 if it was queued (it counts among the waiting), else 0.
+func (l *budget) timeoutLocked(ps *passage, queued int) error {
+	return &RejectedError{Cause: ErrQueueTimeout, Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.q,
+		Running: l.running, Waiting: l.waiting + queued, Waited: ps.waited()}
 }
 
 // permit is the state of one gated operation while it holds its permits.
 type permit struct {
 	kind   Kind
-	wl     *limiter // the workload's budget, nil for none
+	wl     *budget // the workload's budget, nil for none
 	waited time.Duration
-	start  time.Time   // set only when something needs the hold time
+	start  time.Time   // set only when OnRelease needs the hold time
 	timer  *time.Timer // the hold warning, if set
 }
 
-// acquire takes the permits of ctx's workload (if any) and the global
-// ones for an operation of kind k, recording in p what release needs.
-// Rejections are counted and reported here; an admission is counted by
-// admitted, once the operation has its server connection too.
-//
-// conn.start calls its two halves itself: a waiting operation's goroutine
-// stack is most of what it costs, and each frame between database/sql and
-// the wait counts (BenchmarkWaitingOperation).
+// acquire takes the permits of an operation of kind k: ctx's workload's
+// (if the policy lists it) and the global ones. Rejections are counted and
+// reported here; an admission is counted by admitted, once the operation
+// has its server connection too.
 func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
-	if g.acquireNow(ctx, k, p) {
+	o := fromContext(ctx)
+	wl := g.workload(o.workload)
+	p.kind, p.wl, p.waited = k, wl, 0
+	if wl == nil && o.wait < 0 && ctx.Err() == nil && g.global.tryAcquire() {
 		return nil
 	}
-	return g.acquireSlow(ctx, k, p)
-}
-
-// acquireNow takes the global permits of an operation that names no
-// workload and has no deadline reserve to respect, if both are free and
-// nobody waits, and reports whether it did.
-func (g *Gate) acquireNow(ctx context.Context, k Kind, p *permit) bool {
-	if fromContext(ctx).workload != "" || g.opt.reserve != 0 || ctx.Err() != nil || !g.lim.tryNow() {
-		return false
-	}
-	p.kind, p.wl, p.waited = k, nil, 0
-	return true
-}
-
-// acquireSlow is acquire's general case: workloads, a deadline reserve, a
-// wait, a rejection, a cancelled context.
-func (g *Gate) acquireSlow(ctx context.Context, k Kind, p *permit) error {
-	o := fromContext(ctx)
-	var budgets [2]*limiter
-	ls := budgets[:0]
-	wl := g.workload(o.workload)
+	var ls [2]*budget
+	n := 0
 	if wl != nil {
-		ls = append(ls, wl)
+		ls[n] = wl
+		n++
 	}
-	ls = append(ls, g.lim)
-	var q queueing
-	err := q.acquire(ctx, ls, o.wait, g.opt.reserve)
-	p.kind, p.wl, p.waited = k, wl, q.waited()
-	if g.opt.events.OnReject != nil && (err != nil || q.wouldReject) {
+	ls[n] = g.global
+	n++
+	ps := passage{limit: o.wait}
+	if ps.limit < 0 {
+		ls[0].mu.Lock()
+		ps.limit = ls[0].wait
+		ls[0].mu.Unlock()
+	}
+	err := ps.acquire(ctx, ls[:n])
+	p.waited = ps.waited()
+	if g.opt.events.OnReject != nil && (ps.wouldReject || errors.Is(err, ErrRejected)) {
 		g.reportReject(p, err)
 	}
 	return err
 }
 
-// reportReject calls OnReject for an operation refused with err, or, if
-// err is nil, let through by dry-run where admission was full. It is a
-// function of its own to keep its Event off the stack of operations that
-// wait.
-//
-//go:noinline
+// reportReject calls OnReject for an operation refused with err, or, with
+// err nil, let through by dry-run where admission was full.
 func (g *Gate) reportReject(p *permit, err error) {
-	switch {
-	case err == nil:
-		emit(g.opt.events.OnReject, Event{Kind: p.kind, Workload: p.workloadName(), Reason: ErrAdmissionFull, DryRun: true})
-	case errors.Is(err, ErrRejected):
-		emit(g.opt.events.OnReject, Event{Kind: p.kind, Workload: p.workloadName(), Reason: rejectReason(err), Waited: p.waited})
+	e := Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited, Reason: ErrAdmissionFull, DryRun: err == nil}
+	if errors.Is(err, ErrQueueTimeout) {
+		e.Reason = ErrQueueTimeout
 	}
+	emit(g.opt.events.OnReject, e)
 }
 
-// workloadName is the workload whose budget the operation passes: never a
-// name the policy does not list.
+// workloadName is the name of the workload budget p passes, "" for none.
 func (p *permit) workloadName() string {
 	if p.wl == nil {
 		return ""
 	}
-	return p.wl.workload
-}
-
-// budgets calls f for each budget p passes.
-func (g *Gate) budgets(p *permit, f func(*limiter)) {
-	if p.wl != nil {
-		f(p.wl)
-	}
-	f(g.lim)
+	return p.wl.name
 }
 
 // admitted counts p's operation as admitted, now that it has its permits
 // and a server connection, and starts what watches it.
 func (g *Gate) admitted(p *permit) {
-	g.lim.nAdmitted.Add(1)
+	g.global.nAdmitted.Add(1)
 	if p.wl != nil {
 		p.wl.nAdmitted.Add(1)
 	}
@@ -674,8 +449,8 @@ func (g *Gate) admitted(p *permit) {
 		p.start = time.Now()
 	}
 	if g.opt.holdLimit > 0 {
-		k, name, waited, limit, report := p.kind, p.workloadName(), p.waited, g.opt.holdLimit, g.opt.onHold
-		p.timer = time.AfterFunc(limit, func() { emit(report, Event{Kind: k, Workload: name, Waited: waited, Held: limit}) })
+		e, report := Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited, Held: g.opt.holdLimit}, g.opt.onHold
+		p.timer = time.AfterFunc(e.Held, func() { emit(report, e) })
 	}
 	if g.opt.events.OnAdmit != nil {
 		emit(g.opt.events.OnAdmit, Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited})
@@ -683,31 +458,26 @@ func (g *Gate) admitted(p *permit) {
 }
 
 // abort gives back the permits of an operation that got them but no
-// server connection, and counts and reports why: err is a *RejectedError
-// for ErrNoConnection, the context's error or ErrClosed, or the dial's
-// error.
+// server connection, and counts why: the context ended or the gate closed
+// (Canceled), else the dial or the driver failed (ConnectFailed).
 func (g *Gate) abort(p *permit, err error) {
-	g.lim.release()
+	g.global.release()
 	if p.wl != nil {
 		p.wl.release()
 	}
-	switch {
-	case errors.Is(err, ErrNoConnection):
-		g.budgets(p, func(l *limiter) { l.nNoConn.Add(1) })
-		if g.opt.events.OnReject != nil {
-			emit(g.opt.events.OnReject, Event{Kind: p.kind, Workload: p.workloadName(), Reason: ErrNoConnection, Waited: p.waited})
-		}
-	case err == ErrClosed || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		g.budgets(p, func(l *limiter) { l.nCanceled.Add(1) })
-	default:
-		g.budgets(p, func(l *limiter) { l.nConnFailed.Add(1) })
+	c := func(l *budget) { l.nConnFailed.Add(1) }
+	if err == ErrClosed || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		c = func(l *budget) { l.nCanceled.Add(1) }
+	}
+	c(g.global)
+	if p.wl != nil {
+		c(p.wl)
 	}
 }
 
 // release gives back the permits of p, acquired by acquire and counted by
-// admitted. OnRelease is called first, while the permits are still held:
-// an admission they make possible is reported after the release, so that
-// counting admissions minus releases never exceeds B.
+// admitted. OnRelease is called first, while the permits are still held,
+// so that counting admissions minus releases never exceeds B.
 func (g *Gate) release(p *permit) {
 	if p.timer != nil {
 		p.timer.Stop()
@@ -716,23 +486,11 @@ func (g *Gate) release(p *permit) {
 	if g.opt.events.OnRelease != nil {
 		emit(g.opt.events.OnRelease, Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited, Held: time.Since(p.start)})
 	}
-	// The reverse of acquire's order: while the workload's permit is
-	// still held, no other operation of the workload can take the global
-	// permit given back, so the workload never holds more than its B of
-	// global permits.
-	g.lim.release()
+	// The global permit first: while the workload's is still held, no
+	// other operation of the workload can take the one given back, so a
+	// workload never holds more than its B of the global permits.
+	g.global.release()
 	if p.wl != nil {
 		p.wl.release()
 	}
-}
-
-// rejectReason is the sentinel behind a rejection.
-func rejectReason(err error) error {
-	switch {
-	case errors.Is(err, ErrQueueTimeout):
-		return ErrQueueTimeout
-	case errors.Is(err, ErrNoConnection):
-		return ErrNoConnection
-	}
-	return ErrAdmissionFull
 }

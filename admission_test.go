@@ -36,7 +36,7 @@ func admRead(l *limiter) admState {
 		n++
 	}
 	free, waiting := l.counts()
-	return admState{free: free, waiting: waiting, admitted: l.admitted.Load(), listLen: n}
+	return admState{free: free, waiting: waiting, admitted: int64(l.admitted), listLen: n}
 }
 
 // admCheck fails the test unless the limiter holds exactly running
@@ -44,9 +44,9 @@ func admRead(l *limiter) admState {
 func admCheck(t *testing.T, l *limiter, running, waiting int) {
 	t.Helper()
 	s := admRead(l)
-	if s.free != l.maxConc-running || s.waiting != waiting || s.admitted != int64(running+waiting) || s.listLen != waiting {
+	if s.free != l.b-running || s.waiting != waiting || s.admitted != int64(running+waiting) || s.listLen != waiting {
 		t.Fatalf("limiter state %+v, want free=%d waiting=%d admitted=%d (B=%d Q=%d)",
-			s, l.maxConc-running, waiting, running+waiting, l.maxConc, l.maxQueue)
+			s, l.b-running, waiting, running+waiting, l.b, l.q)
 	}
 	admInvariants(t, l, s)
 }
@@ -54,18 +54,18 @@ func admCheck(t *testing.T, l *limiter, running, waiting int) {
 func admInvariants(t *testing.T, l *limiter, s admState) {
 	t.Helper()
 	switch {
-	case s.free < 0 || s.free > l.maxConc:
-		t.Fatalf("free=%d, want 0..%d", s.free, l.maxConc)
-	case s.admitted < 0 || s.admitted > l.maxAdmit.Load():
-		t.Fatalf("admitted=%d, want 0..%d", s.admitted, l.maxAdmit.Load())
-	case s.waiting < 0 || s.waiting > l.maxQueue:
-		t.Fatalf("waiting=%d, want 0..%d", s.waiting, l.maxQueue)
+	case s.free < 0 || s.free > l.b:
+		t.Fatalf("free=%d, want 0..%d", s.free, l.b)
+	case s.admitted < 0 || s.admitted > int64(l.b+l.q):
+		t.Fatalf("admitted=%d, want 0..%d", s.admitted, int64(l.b+l.q))
+	case s.waiting < 0 || s.waiting > l.q:
+		t.Fatalf("waiting=%d, want 0..%d", s.waiting, l.q)
 	case s.waiting != s.listLen:
 		t.Fatalf("waiting=%d but %d waiters linked", s.waiting, s.listLen)
 	case s.waiting > 0 && s.free > 0:
 		t.Fatalf("%d execution permits idle while %d operations wait", s.free, s.waiting)
-	case s.admitted != int64(l.maxConc-s.free+s.waiting):
-		t.Fatalf("admitted=%d, want running+waiting=%d", s.admitted, l.maxConc-s.free+s.waiting)
+	case s.admitted != int64(l.b-s.free+s.waiting):
+		t.Fatalf("admitted=%d, want running+waiting=%d", s.admitted, l.b-s.free+s.waiting)
 	}
 }
 
@@ -169,8 +169,8 @@ func TestAdmissionFullRejectsAtOnceWithThePreallocatedError(t *testing.T) {
 		if err == nil {
 			t.Fatal("acquire with admission full succeeded")
 		}
-		if err != error(l.fullErr.Load()) {
-			t.Fatalf("err = %#v, want the preallocated error(l.fullErr.Load())", err)
+		if err != error(l.full) {
+			t.Fatalf("err = %#v, want the preallocated error(l.full)", err)
 		}
 		if waited != 0 || time.Since(start) != 0 {
 			t.Fatalf("rejection waited %v (fake clock moved %v), want at once", waited, time.Since(start))
@@ -487,9 +487,10 @@ func TestPermitGrantedAsTheWaitEndsIsHandedOn(t *testing.T) {
 				// permit is granted to it.
 				l.mu.Lock()
 				cancel()
-				l.releaseLocked()
+				l.running--
+				l.admitted--
+				l.grantLocked()
 				l.mu.Unlock()
-				l.admitted.Add(-1)
 
 				if r := <-first; r.err != context.Canceled {
 					t.Fatalf("first waiter = %v, want context.Canceled", r.err)
@@ -828,7 +829,7 @@ func admRunModel(t *testing.T, seed int64, steps int) {
 				expect(step, w, "context.Canceled", isErr(context.Canceled), 0)
 			case m.holders+len(m.queue) >= m.b+m.q:
 				m.want.RejectedFull++
-				expect(step, w, "admission full", isErr(error(l.fullErr.Load())), 0)
+				expect(step, w, "admission full", isErr(error(l.full)), 0)
 			case m.closed:
 				m.want.Canceled++
 				expect(step, w, "ErrClosed", isErr(ErrClosed), 0)

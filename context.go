@@ -5,7 +5,6 @@ import (
 	"time"
 )
 
-// opKey is the context key of an operation's options.
 type opKey struct{}
 
 // opOptions are what a context says about the operations run with it.
@@ -32,7 +31,7 @@ func WithWorkload(ctx context.Context, name string) context.Context {
 
 // WithQueueWait returns a context whose operations wait at most d for
 // their execution permits, instead of the policy's (or workload's)
-// QueueWait. A negative d restores the policy's wait. d is capped at
+// QueueWait; a negative d restores the policy's. d is capped at
 // MaxQueueWait.
 func WithQueueWait(ctx context.Context, d time.Duration) context.Context {
 	o := fromContext(ctx)

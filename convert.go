@@ -1,82 +1,54 @@
 package bulkhead
 
 import (
-	"context"
 	"database/sql/driver"
 	"fmt"
 	"reflect"
 )
 
-// stmtExec runs a driver statement as database/sql would: its context
-// form if it has one, else the legacy form after the checks database/sql
-// makes.
-func stmtExec(ctx context.Context, si driver.Stmt, args []driver.NamedValue) (driver.Result, error) {
-	if e, ok := si.(driver.StmtExecContext); ok {
-		return e.ExecContext(ctx, args)
+// convertArgs converts args in place for the driver, as database/sql
+// converts a caller's arguments (driverArgsConnLocked): each passes the
+// statement si's NamedValueChecker, else the connection's nvc, which may
+// hand it on (driver.ErrSkip) to si's ColumnConverter, then to the default
+// conversion, or drop it (driver.ErrRemoveArgument); for a statement, the
+// count must then match its NumInput. The gate's own checkers accept
+// every argument as it is, so this is the only conversion, made on the
+// session that runs the statement. si is nil for a connection's Exec or
+// Query.
+func convertArgs(args []driver.NamedValue, nvc driver.NamedValueChecker, si driver.Stmt) ([]driver.NamedValue, error) {
+	want := -1
+	var cci driver.ColumnConverter
+	if si != nil {
+		want = si.NumInput()
+		if c, ok := si.(driver.NamedValueChecker); ok {
+			nvc = c
+		}
+		cci, _ = si.(driver.ColumnConverter)
 	}
-	dargs, err := namedValueToValue(args)
-	if err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return si.Exec(dargs) //lint:ignore SA1019 the legacy driver has nothing else
-}
-
-func stmtQuery(ctx context.Context, si driver.Stmt, args []driver.NamedValue) (driver.Rows, error) {
-	if q, ok := si.(driver.StmtQueryContext); ok {
-		return q.QueryContext(ctx, args)
-	}
-	dargs, err := namedValueToValue(args)
-	if err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return si.Query(dargs) //lint:ignore SA1019 the legacy driver has nothing else
-}
-
-// stmtArgs converts args for the statement si the way database/sql
-// converts a caller's arguments for a statement (driverArgsConnLocked):
-// each argument passes si's NamedValueChecker (or else the connection's,
-// conn), which may hand it on (driver.ErrSkip) to si's ColumnConverter,
-// which may hand it on to the default conversion, or drop it
-// (driver.ErrRemoveArgument); then the count must match si.NumInput().
-// It serves the driver.ErrSkip fallback, where database/sql would have
-// prepared the statement and converted the caller's arguments for it: the
-// gate has them only as database/sql converted them for the connection,
-// and converting a driver.Value again gives the same value for every
-// converter of the standard library, pgx and go-sql-driver/mysql.
-func stmtArgs(si driver.Stmt, conn driver.NamedValueChecker, args []driver.NamedValue) ([]driver.NamedValue, error) {
-	want := si.NumInput()
-	nvc, ok := si.(driver.NamedValueChecker)
-	if !ok {
-		nvc = conn
-	}
-	cci, _ := si.(driver.ColumnConverter)
-	out := make([]driver.NamedValue, 0, len(args))
-	for _, a := range args {
-		nv := driver.NamedValue{Name: a.Name, Ordinal: len(out) + 1, Value: a.Value}
+	n := 0
+	for _, nv := range args {
+		nv.Ordinal = n + 1
 		keep, err := convertArg(&nv, nvc, cci, want)
 		if err != nil {
-			return nil, fmt.Errorf("bulkhead: converting argument %d for the prepared statement: %w", a.Ordinal, err)
+			name := fmt.Sprintf("$%d", nv.Ordinal)
+			if nv.Name != "" {
+				name = fmt.Sprintf("with name %q", nv.Name)
+			}
+			return nil, fmt.Errorf("bulkhead: converting argument %s type: %w", name, err)
 		}
 		if keep {
-			out = append(out, nv)
+			args[n] = nv
+			n++
 		}
 	}
-	if want != -1 && len(out) != want {
-		return nil, fmt.Errorf("bulkhead: expected %d arguments, got %d", want, len(out))
+	if want != -1 && n != want {
+		return nil, fmt.Errorf("bulkhead: expected %d arguments, got %d", want, n)
 	}
-	return out, nil
+	return args[:n], nil
 }
 
-// convertArg runs nv through the checkers in database/sql's order: the
-// NamedValueChecker, then the ColumnConverter (when the checker said
-// driver.ErrSkip, or when there is no checker), then the default
-// conversion. keep is false for driver.ErrRemoveArgument.
+// convertArg runs nv through the checkers in database/sql's order. keep is
+// false for driver.ErrRemoveArgument.
 func convertArg(nv *driver.NamedValue, nvc driver.NamedValueChecker, cci driver.ColumnConverter, want int) (keep bool, err error) {
 	if nvc != nil {
 		switch err := nvc.CheckNamedValue(nv); err {
@@ -111,11 +83,11 @@ func convertArg(nv *driver.NamedValue, nvc driver.NamedValueChecker, cci driver.
 var valuerType = reflect.TypeFor[driver.Valuer]()
 
 // columnConvert converts nv with the statement's converter for its
-// column, after the value's own driver.Valuer, as database/sql does. An
+// column, after the value's own driver.Valuer, as database/sql does; an
 // argument beyond the statement's count is left to the count check.
 func columnConvert(nv *driver.NamedValue, cci driver.ColumnConverter, want int) error {
 	i := nv.Ordinal - 1
-	if want <= i {
+	if want >= 0 && want <= i {
 		return nil
 	}
 	if vr, ok := nv.Value.(driver.Valuer); ok {

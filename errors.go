@@ -10,53 +10,50 @@ import (
 )
 
 // Sentinel errors. A rejection matches ErrRejected and exactly one of
-// ErrAdmissionFull, ErrQueueTimeout or ErrNoConnection. None of them
-// matches driver.ErrBadConn, so database/sql never retries a rejection.
+// ErrAdmissionFull and ErrQueueTimeout. None of them matches
+// driver.ErrBadConn, so database/sql never retries a rejection.
 var (
 	// ErrRejected is matched by every rejection: the database is at its
 	// budget, try later (HTTP 503 with Retry-After). A rejected operation
 	// sent nothing to the server.
 	ErrRejected = errors.New("bulkhead: rejected")
-	// ErrAdmissionFull: all B+Q admission permits were taken; the operation
-	// was refused at once, before any wait, server connection or SQL.
+	// ErrAdmissionFull: all B+Q admission permits were taken; the
+	// operation was refused at once.
 	ErrAdmissionFull = errors.New("bulkhead: admission full")
-	// ErrQueueTimeout: the operation was admitted but no execution permit
-	// came within the queue wait (or before its deadline minus the reserve
-	// set by WithDeadlineReserve).
+	// ErrQueueTimeout: the operation was admitted, but no execution
+	// permit came within the queue wait.
 	ErrQueueTimeout = errors.New("bulkhead: queue wait timed out")
-	// ErrNoConnection: the operation had its permits, but every server
-	// connection the gate may open (MaxConns) was held, by running
-	// operations and by sessions outside operations (a *sql.Conn kept
-	// open, a Ping, a Prepare, Raw), and none came back within
-	// WithConnWait. It names the connection budget, not the operation
-	// budget.
-	ErrNoConnection = errors.New("bulkhead: no server connection")
 	// ErrClosed: the gate was closed (by db.Close) before or while the
 	// operation waited. It is not a rejection.
 	ErrClosed = errors.New("bulkhead: closed")
 )
 
-// RejectedError is the error of a rejection. It says which budget refused
-// the operation, what that budget held at that moment and its limits, and,
-// after a wait, how long the operation waited. errors.Is matches it with
-// ErrRejected and with its Cause. Treat it as read-only: an admission-full
-// rejection that finds exactly B running and Q waiting is one value
-// shared by every caller, so that rejecting under steady overload
-// allocates nothing.
+// ErrTxStillOpen is returned for an operation on a connection whose
+// transaction has not ended in the driver although its context has: a
+// BeginTx, or a statement, which would run inside that transaction and
+// vanish with its rollback. database/sql lets this happen on a *sql.Conn:
+// once the transaction's context ended, Commit returns the context's error
+// at once, and the driver's rollback runs a moment later on database/sql's
+// own goroutine. It is not a rejection: try again, or take a fresh
+// *sql.Conn.
+var ErrTxStillOpen = errors.New("bulkhead: the connection's transaction has not ended yet (its context ended; database/sql is rolling it back)")
+
+// RejectedError is the error of a rejection: which budget refused the
+// operation, what it held then, its limits, and how long the operation
+// waited. errors.Is matches it with ErrRejected and with its Cause. Treat
+// it as read-only: an admission-full rejection that finds exactly B
+// running and Q waiting is one value shared by every caller, so that
+// rejecting under steady overload allocates nothing.
 type RejectedError struct {
-	Cause         error  // ErrAdmissionFull, ErrQueueTimeout or ErrNoConnection
+	Cause         error  // ErrAdmissionFull or ErrQueueTimeout
 	Workload      string // the workload whose budget refused it; "" for the global budget
 	MaxConcurrent int    // B of that budget
 	MaxQueue      int    // Q of that budget
-	// Running and Waiting are what the budget held when it refused:
+	// Running and Waiting are what that budget held when it refused:
 	// operations holding an execution permit, and admitted operations
 	// waiting for one.
 	Running, Waiting int
-	// ErrNoConnection only: the server connections open and the most
-	// the gate may open.
-	Conns, MaxConns int
-	Waited          time.Duration // time spent waiting; 0 for ErrAdmissionFull
-	Deadline        bool          // ErrQueueTimeout only: the wait ended at the caller's deadline minus the reserve
+	Waited           time.Duration // time spent waiting; 0 for ErrAdmissionFull
 }
 
 func (e *RejectedError) Error() string {
@@ -65,47 +62,27 @@ func (e *RejectedError) Error() string {
 		budget = fmt.Sprintf(" for workload %q", e.Workload)
 	}
 	held := fmt.Sprintf("%d running + %d waiting of B=%d, Q=%d", e.Running, e.Waiting, e.MaxConcurrent, e.MaxQueue)
-	switch {
-	case e.Cause == ErrNoConnection:
-		return fmt.Sprintf("bulkhead: no server connection within %v: %d of MaxConns=%d open and in use; %d operations hold execution permits, sessions outside operations (*sql.Conn, Ping, Prepare, Raw) the rest", e.Waited, e.Conns, e.MaxConns, e.Running)
-	case e.Cause != ErrQueueTimeout:
-		return fmt.Sprintf("bulkhead: admission full%s: %s", budget, held)
-	case e.Deadline:
-		return fmt.Sprintf("bulkhead: queue wait timed out%s after %v, too close to the deadline: %s", budget, e.Waited, held)
-	default:
+	if e.Cause == ErrQueueTimeout {
 		return fmt.Sprintf("bulkhead: queue wait timed out%s after %v: %s", budget, e.Waited, held)
 	}
+	return fmt.Sprintf("bulkhead: admission full%s: %s", budget, held)
 }
 
 // Is reports whether target is ErrRejected or the error's Cause.
 func (e *RejectedError) Is(target error) bool { return target == ErrRejected || target == e.Cause }
 
-// ErrTxStillOpen is returned for an operation on a connection whose
-// transaction has not ended in the driver yet although its context has:
-// a BeginTx, or a statement (which would run inside that transaction and
-// vanish with its rollback). database/sql lets this happen on a *sql.Conn:
-// after the transaction's context ended, Commit returns the context's
-// error at once and the driver's rollback runs a moment later in
-// database/sql's own goroutine. It is not a rejection: try again, or take
-// a fresh *sql.Conn.
-var ErrTxStillOpen = errors.New("bulkhead: the connection's transaction has not ended yet (its context ended; database/sql is rolling it back)")
-
 // canceledError is a driver's error returned after the caller's context
 // ended: it matches both the context's error and the driver's, so that
 // errors.Is(err, context.DeadlineExceeded) holds whatever the driver made
-// of the cancellation (pgx with a cancel request returns the server's
-// SQLSTATE 57014) while errors.As still reaches the driver's error.
-type canceledError struct {
-	ctx, err error
-}
+// of the cancellation, while errors.As still reaches the driver's error.
+type canceledError struct{ ctx, err error }
 
 func (e *canceledError) Error() string   { return e.ctx.Error() + ": " + e.err.Error() }
 func (e *canceledError) Unwrap() []error { return []error{e.ctx, e.err} }
 
 // ctxErr returns err, made to match ctx's error too if ctx ended. The
 // errors database/sql itself acts on (driver.ErrSkip, driver.ErrBadConn,
-// driver.ErrRemoveArgument, io.EOF) are returned as they are: it compares
-// some of them with ==.
+// driver.ErrRemoveArgument, io.EOF) are returned as they are.
 func ctxErr(ctx context.Context, err error) error {
 	if err == nil {
 		return nil

@@ -41,10 +41,10 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	s := gate.Stats()
-	fmt.Printf("running: %d, admitted: %d, connections: %d of at most %d\n", s.Running, s.Admitted, s.OpenConns, s.MaxConns)
+	fmt.Printf("running: %d, admitted: %d, server connections: %d\n", s.Running, s.Admitted, s.OpenConns)
 	// Output:
 	// answer: 42 running: 1
-	// running: 0, admitted: 1, connections: 1 of at most 4
+	// running: 0, admitted: 1, server connections: 1
 }
 
 func ExampleConnector() {
@@ -83,10 +83,14 @@ func ExampleUnwrap() {
 	}
 	defer conn.Close()
 	err = conn.Raw(func(dc any) error {
-		// dc is the gate's wrapper; Unwrap peels it off. With pgx:
-		// bulkhead.Unwrap(dc).(*stdlib.Conn).Conn()
+		// dc is the gate's wrapper; Unwrap peels it off. With pgx,
+		// c.(*stdlib.Conn).Conn() is the *pgx.Conn.
 		fmt.Println("wrapper is the driver's conn:", inner.ConnOf(dc) != nil)
-		fmt.Println("unwrapped is the driver's conn:", inner.ConnOf(bulkhead.Unwrap(dc)) != nil)
+		c, err := bulkhead.Unwrap(dc)
+		if err != nil {
+			return err
+		}
+		fmt.Println("unwrapped is the driver's conn:", inner.ConnOf(c) != nil)
 		return nil
 	})
 	if err != nil {

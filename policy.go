@@ -11,9 +11,8 @@ import (
 	"time"
 )
 
-// Policy holds the limits of a gate.
-//
-// The zero value is not valid: MaxConcurrent must be at least 1.
+// Policy holds the limits of a gate. The zero value is not valid:
+// MaxConcurrent must be at least 1.
 type Policy struct {
 	// MaxConcurrent (B) is how many operations may run at once: the
 	// execution permits.
@@ -25,51 +24,32 @@ type Policy struct {
 	// for an execution permit before it is rejected with ErrQueueTimeout.
 	// Zero means no wait at all.
 	QueueWait time.Duration
-	// DryRun counts, reports (Stats, events) and logs through events what
-	// the gate would reject, without rejecting or waiting: for rolling
-	// limits out on a live service. The connector then dials without limit.
+	// DryRun counts and reports (Stats, events) what the gate would
+	// reject, without rejecting or waiting: for rolling limits out on a
+	// live service.
 	DryRun bool
 	// Workloads are named budgets inside this one. An operation whose
-	// context names a workload (WithWorkload) passes its budget first, then
-	// the global one; untagged operations, and those naming a workload not
-	// listed, pass the global budget alone.
+	// context names a workload (WithWorkload) passes its budget first,
+	// then the global one; other operations pass the global budget alone.
 	Workloads map[string]Workload
-	// Fleet names a fleet budget: every process whose gate names the same
-	// fleet, against the same PostgreSQL database, shares MaxConcurrent
-	// and MaxQueue, and this gate runs on its share of them (fleet.go,
-	// README "Fleets"). Empty: the limits are this process's own.
-	Fleet string
 }
 
 // Workload is a named budget inside a Policy: its own B, Q and queue wait.
-// An operation of the workload takes the workload's permits and the global
-// ones, each without ever exceeding its limits.
 type Workload struct {
 	MaxConcurrent int           // B of the workload, from 1 to the policy's MaxConcurrent
-	MaxQueue      int           // Q of the workload; B+Q at most the policy's B+Q
+	MaxQueue      int           // Q of the workload; its B+Q at most the policy's B+Q
 	QueueWait     time.Duration // the workload's wait for its permits, in all
 }
 
-// MaxQueueWait is the longest QueueWait a policy accepts. A longer wait in
-// front of a database is a mistake, not a configuration.
+// MaxQueueWait is the longest QueueWait a policy accepts.
 const MaxQueueWait = time.Hour
 
-// DefaultPolicy is the policy PolicyFromEnv starts from:
-// B=10, Q=10, a 100ms queue wait.
+// DefaultPolicy is the policy PolicyFromEnv starts from: B=10, Q=10, a
+// 100ms queue wait.
 var DefaultPolicy = Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond}
 
-// Environment variables read by PolicyFromEnv.
-const (
-	EnvMaxConcurrent = "BULKHEAD_MAX_CONCURRENT"
-	EnvMaxQueue      = "BULKHEAD_MAX_QUEUE"
-	EnvQueueWait     = "BULKHEAD_QUEUE_WAIT"
-	EnvDryRun        = "BULKHEAD_DRY_RUN"
-	EnvWorkloads     = "BULKHEAD_WORKLOADS"
-	EnvFleet         = "BULKHEAD_FLEET"
-)
-
-// ErrInvalidPolicy is matched (errors.Is) by every error about a policy or
-// its environment variables.
+// ErrInvalidPolicy is matched (errors.Is) by every error about a policy,
+// an option, or the environment variables of a policy.
 var ErrInvalidPolicy = errors.New("bulkhead: invalid policy")
 
 // policyError names what is wrong; it matches ErrInvalidPolicy.
@@ -99,30 +79,26 @@ func (p Policy) Validate() error {
 	case p.MaxQueue > 0 && p.QueueWait == 0:
 		return invalid("MaxQueue is %d with QueueWait 0s: a queue nobody may wait in, want QueueWait above 0s or MaxQueue 0", p.MaxQueue)
 	}
-	if p.Fleet != "" && !validName(p.Fleet) {
-		return invalid("Fleet is %q, want 1 to 64 of a-z, 0-9, _ and -", p.Fleet)
+	names := make([]string, 0, len(p.Workloads))
+	for name := range p.Workloads {
+		names = append(names, name)
 	}
-	for _, name := range sortedNames(p.Workloads) {
-		if err := p.Workloads[name].validate(name, p); err != nil {
-			return err
+	slices.Sort(names)
+	for _, name := range names {
+		w := p.Workloads[name]
+		maxQ := p.MaxConcurrent + p.MaxQueue - w.MaxConcurrent
+		switch {
+		case !validName(name):
+			return invalid("workload name %q, want 1 to 64 of a-z, 0-9, _ and -", name)
+		case w.MaxConcurrent < 1 || w.MaxConcurrent > p.MaxConcurrent:
+			return invalid("workload %q: MaxConcurrent is %d, want 1 to the policy's %d", name, w.MaxConcurrent, p.MaxConcurrent)
+		case w.MaxQueue < 0 || w.MaxQueue > maxQ:
+			return invalid("workload %q: MaxQueue is %d, want 0 to %d (its B+Q within the policy's %d)", name, w.MaxQueue, maxQ, p.MaxConcurrent+p.MaxQueue)
+		case w.QueueWait < 0 || w.QueueWait > MaxQueueWait:
+			return invalid("workload %q: QueueWait is %v, want 0s to %v", name, w.QueueWait, MaxQueueWait)
+		case w.MaxQueue > 0 && w.QueueWait == 0:
+			return invalid("workload %q: MaxQueue is %d with QueueWait 0s: a queue nobody may wait in, want QueueWait above 0s or MaxQueue 0", name, w.MaxQueue)
 		}
-	}
-	return nil
-}
-
-func (w Workload) validate(name string, p Policy) error {
-	if !validName(name) {
-		return invalid("workload name %q, want 1 to 64 of a-z, 0-9, _ and -", name)
-	}
-	switch {
-	case w.MaxConcurrent < 1 || w.MaxConcurrent > p.MaxConcurrent:
-		return invalid("workload %q: MaxConcurrent is %d, want 1 to the policy's %d", name, w.MaxConcurrent, p.MaxConcurrent)
-	case w.MaxQueue < 0 || w.MaxQueue > p.MaxConcurrent+p.MaxQueue-w.MaxConcurrent:
-		return invalid("workload %q: MaxQueue is %d, want 0 to %d (its B+Q within the policy's %d)", name, w.MaxQueue, p.MaxConcurrent+p.MaxQueue-w.MaxConcurrent, p.MaxConcurrent+p.MaxQueue)
-	case w.QueueWait < 0 || w.QueueWait > MaxQueueWait:
-		return invalid("workload %q: QueueWait is %v, want 0s to %v", name, w.QueueWait, MaxQueueWait)
-	case w.MaxQueue > 0 && w.QueueWait == 0:
-		return invalid("workload %q: MaxQueue is %d with QueueWait 0s: a queue nobody may wait in, want QueueWait above 0s or MaxQueue 0", name, w.MaxQueue)
 	}
 	return nil
 }
@@ -140,100 +116,133 @@ func validName(s string) bool {
 	return true
 }
 
-func sortedNames(m map[string]Workload) []string {
-	names := make([]string, 0, len(m))
-	for n := range m {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
-}
+// The environment variables of a policy, and the other BULKHEAD_*
+// variables this module's packages read.
+const (
+	envB         = "BULKHEAD_MAX_CONCURRENT"
+	envQ         = "BULKHEAD_MAX_QUEUE"
+	envWait      = "BULKHEAD_QUEUE_WAIT"
+	envDryRun    = "BULKHEAD_DRY_RUN"
+	envWorkloads = "BULKHEAD_WORKLOADS"
+	envFleet     = "BULKHEAD_FLEET" // read by package fleet
+	// envTest starts the variables of this repository's own tests.
+	envTest = "BULKHEAD_TEST_"
+)
+
+var envKnown = []string{envB, envQ, envWait, envDryRun, envWorkloads, envFleet}
 
 // PolicyFromEnv returns DefaultPolicy with each field that is set in the
 // environment replaced:
 //
 //	BULKHEAD_MAX_CONCURRENT  B, a decimal integer ≥ 1 (default 10)
 //	BULKHEAD_MAX_QUEUE       Q, a decimal integer ≥ 0 (default 10)
-//	BULKHEAD_QUEUE_WAIT      a Go duration ≥ 0 with a unit, e.g. 50ms (default 100ms)
+//	BULKHEAD_QUEUE_WAIT      a Go duration with a unit, 0s to 1h, e.g. 50ms (default 100ms)
 //	BULKHEAD_DRY_RUN         true or false (default false)
-//	BULKHEAD_WORKLOADS       name:B:Q:wait, comma-separated, e.g. batch:2:4:50ms,report:1:0:0s (default none)
-//	BULKHEAD_FLEET           a fleet's name, 1 to 64 of a-z, 0-9, _ and -: B and Q are then the fleet's (default none)
+//	BULKHEAD_WORKLOADS       name:B:Q:wait, comma-separated, e.g. batch:2:4:50ms (default none)
 //
-// A variable that is set must be well formed: an empty value, a sign,
-// spaces, a fraction, hex or exponent notation, or a number out of range is
-// an error naming the variable, its value and what is expected. Nothing is
-// silently defaulted.
+// Nothing is silently defaulted: a variable that is set must be well
+// formed (an empty value, a sign, spaces, a fraction, hex or exponent
+// notation, a duration without a unit, or a number out of range is an
+// error naming the variable, its value and what is expected), and any
+// other BULKHEAD_* variable is an error naming it and the nearest known
+// name (BULKHEAD_FLEET, read by package fleet, and BULKHEAD_TEST_*,
+// this repository's tests', excepted). Errors match ErrInvalidPolicy.
 func PolicyFromEnv() (Policy, error) {
-	return PolicyFromLookup(DefaultPolicy, os.LookupEnv)
+	return PolicyFromEnviron(DefaultPolicy, os.Environ())
 }
 
-// PolicyFromLookup is PolicyFromEnv with the starting policy and the
-// variable lookup given, for tests and for configuration sources other than
-// the process environment.
-func PolicyFromLookup(base Policy, lookup func(string) (string, bool)) (Policy, error) {
+// PolicyFromEnviron is PolicyFromEnv with the base policy and the
+// environment ("KEY=value" strings, as os.Environ returns them) given.
+// When a key appears more than once, the last one counts.
+func PolicyFromEnviron(base Policy, environ []string) (Policy, error) {
+	vars := map[string]string{}
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(k, "BULKHEAD_") || strings.HasPrefix(k, envTest) {
+			continue
+		}
+		if !slices.Contains(envKnown, k) {
+			hint := ""
+			if near := nearest(k, envKnown); near != "" {
+				hint = ", did you mean " + near + "?"
+			}
+			return Policy{}, invalid("unknown environment variable %s=%q%s (known: %s)", k, v, hint, strings.Join(envKnown[:5], ", "))
+		}
+		vars[k] = v
+	}
 	p := base
-	if v, ok := lookup(EnvMaxConcurrent); ok {
-		n, err := parseCount(EnvMaxConcurrent, v, 1)
-		if err != nil {
-			return Policy{}, err
-		}
-		p.MaxConcurrent = n
+	var err error
+	if v, ok := vars[envB]; ok && err == nil {
+		p.MaxConcurrent, err = parseCount(envB, v, 1)
 	}
-	if v, ok := lookup(EnvMaxQueue); ok {
-		n, err := parseCount(EnvMaxQueue, v, 0)
-		if err != nil {
-			return Policy{}, err
-		}
-		p.MaxQueue = n
+	if v, ok := vars[envQ]; ok && err == nil {
+		p.MaxQueue, err = parseCount(envQ, v, 0)
 	}
-	if v, ok := lookup(EnvQueueWait); ok {
-		d, err := parseWait(EnvQueueWait, v)
-		if err != nil {
-			return Policy{}, err
-		}
-		p.QueueWait = d
+	if v, ok := vars[envWait]; ok && err == nil {
+		p.QueueWait, err = parseWait(envWait, v)
 	}
-	if v, ok := lookup(EnvDryRun); ok {
+	if v, ok := vars[envDryRun]; ok && err == nil {
 		switch v {
-		case "true":
-			p.DryRun = true
-		case "false":
-			p.DryRun = false
+		case "true", "false":
+			p.DryRun = v == "true"
 		default:
-			return Policy{}, invalid("%s=%q, want true or false", EnvDryRun, v)
+			err = invalid("%s=%q, want true or false", envDryRun, v)
 		}
 	}
-	if v, ok := lookup(EnvWorkloads); ok {
-		w, err := parseWorkloads(v)
-		if err != nil {
-			return Policy{}, err
-		}
-		p.Workloads = w
+	if v, ok := vars[envWorkloads]; ok && err == nil {
+		p.Workloads, err = parseWorkloads(v)
 	}
-	if v, ok := lookup(EnvFleet); ok {
-		if !validName(v) {
-			return Policy{}, invalid("%s=%q, want a fleet name of 1 to 64 of a-z, 0-9, _ and -", EnvFleet, v)
-		}
-		p.Fleet = v
+	if err != nil {
+		return Policy{}, err
 	}
 	if err := p.Validate(); err != nil {
-		from := envShow(lookup, EnvMaxConcurrent) + ", " + envShow(lookup, EnvMaxQueue) + ", " + envShow(lookup, EnvQueueWait)
-		if _, ok := lookup(EnvWorkloads); ok {
-			from += ", " + envShow(lookup, EnvWorkloads)
+		var from []string
+		for _, k := range envKnown[:5] {
+			v, ok := vars[k]
+			switch {
+			case ok:
+				from = append(from, k+"="+strconv.Quote(v))
+			case k != envDryRun && k != envWorkloads:
+				from = append(from, k+" unset")
+			}
 		}
-		return Policy{}, fmt.Errorf("%w (from %s)", err, from)
+		return Policy{}, fmt.Errorf("%w (from %s)", err, strings.Join(from, ", "))
 	}
 	return p, nil
 }
 
-func envShow(lookup func(string) (string, bool), name string) string {
-	if v, ok := lookup(name); ok {
-		return name + "=" + strconv.Quote(v)
+// nearest returns the name of names closest to s, if within a few edits.
+func nearest(s string, names []string) string {
+	best, bestD := "", 4
+	for _, n := range names {
+		if d := editDistance(s, n); d < bestD {
+			best, bestD = n, d
+		}
 	}
-	return name + " unset"
+	return best
 }
 
-// parseCount accepts only plain decimal digits: strconv.Atoi alone would
+// editDistance is the Levenshtein distance of a and b.
+func editDistance(a, b string) int {
+	prev, cur := make([]int, len(b)+1), make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// parseCount accepts plain decimal digits only: strconv.Atoi alone would
 // take "+4" and "-1".
 func parseCount(name, v string, min int) (int, error) {
 	want := fmt.Sprintf("a decimal integer from %d to %d", min, math.MaxInt32)
@@ -275,24 +284,24 @@ func parseWorkloads(v string) (map[string]Workload, error) {
 	for _, entry := range strings.Split(v, ",") {
 		f := strings.Split(entry, ":")
 		if len(f) != 4 {
-			return nil, invalid("%s=%q: entry %q, want %s", EnvWorkloads, v, entry, want)
+			return nil, invalid("%s=%q: entry %q, want %s", envWorkloads, v, entry, want)
 		}
 		name := f[0]
 		if !validName(name) {
-			return nil, invalid("%s=%q: workload name %q, want 1 to 64 of a-z, 0-9, _ and -", EnvWorkloads, v, name)
+			return nil, invalid("%s=%q: workload name %q, want 1 to 64 of a-z, 0-9, _ and -", envWorkloads, v, name)
 		}
 		if _, dup := ws[name]; dup {
-			return nil, invalid("%s=%q: workload %q appears twice, want each name once", EnvWorkloads, v, name)
+			return nil, invalid("%s=%q: workload %q appears twice, want each name once", envWorkloads, v, name)
 		}
-		b, err := parseCount(EnvWorkloads+" "+name+" B", f[1], 1)
+		b, err := parseCount(envWorkloads+" "+name+" B", f[1], 1)
 		if err != nil {
 			return nil, err
 		}
-		q, err := parseCount(EnvWorkloads+" "+name+" Q", f[2], 0)
+		q, err := parseCount(envWorkloads+" "+name+" Q", f[2], 0)
 		if err != nil {
 			return nil, err
 		}
-		d, err := parseWait(EnvWorkloads+" "+name+" wait", f[3])
+		d, err := parseWait(envWorkloads+" "+name+" wait", f[3])
 		if err != nil {
 			return nil, err
 		}

@@ -31,8 +31,6 @@ func TestPolicyValidateNamesTheInvalidFieldAndItsValue(t *testing.T) {
 		{"negative QueueWait", Policy{MaxConcurrent: 1, QueueWait: -time.Millisecond}, []string{"QueueWait is -1ms", "at least 0"}},
 		{"QueueWait over the maximum", Policy{MaxConcurrent: 1, QueueWait: MaxQueueWait + time.Nanosecond}, []string{"QueueWait is 1h0m0.000000001s", "at most 1h0m0s"}},
 		{"a queue nobody may wait in", Policy{MaxConcurrent: 1, MaxQueue: 4}, []string{"MaxQueue is 4 with QueueWait 0s", "want QueueWait above 0s or MaxQueue 0"}},
-		{"a fleet name with capitals", Policy{MaxConcurrent: 1, Fleet: "Orders"}, []string{`Fleet is "Orders"`, "want 1 to 64 of a-z, 0-9, _ and -"}},
-		{"a fleet name with a space", Policy{MaxConcurrent: 1, Fleet: "my fleet"}, []string{`Fleet is "my fleet"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -167,7 +165,6 @@ func TestPolicyFromLookupParsesValidValues(t *testing.T) {
 		{map[string]string{EnvMaxConcurrent: "20", EnvMaxQueue: "40", EnvQueueWait: "50ms"}, Policy{MaxConcurrent: 20, MaxQueue: 40, QueueWait: 50 * time.Millisecond}},
 		{map[string]string{EnvMaxConcurrent: "2147483647", EnvMaxQueue: "0"}, Policy{MaxConcurrent: math.MaxInt32, MaxQueue: 0, QueueWait: 42 * time.Millisecond}},
 		{map[string]string{EnvMaxConcurrent: "1", EnvMaxQueue: "2147483646"}, Policy{MaxConcurrent: 1, MaxQueue: math.MaxInt32 - 1, QueueWait: 42 * time.Millisecond}},
-		{map[string]string{EnvFleet: "orders-api", EnvMaxConcurrent: "8"}, Policy{MaxConcurrent: 8, MaxQueue: 3, QueueWait: 42 * time.Millisecond, Fleet: "orders-api"}},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.env), func(t *testing.T) {
@@ -352,14 +349,3 @@ func FuzzPolicyFromLookup(f *testing.F) {
 
 // samePolicy compares policies, maps included.
 func samePolicy(a, b Policy) bool { return reflect.DeepEqual(a, b) }
-
-func TestPolicyFromLookupRejectsAMalformedFleetName(t *testing.T) {
-	for _, v := range []string{"", "Orders", "a b", "orders!", strings.Repeat("x", 65)} {
-		p, err := PolicyFromLookup(DefaultPolicy, polLookup(map[string]string{EnvFleet: v}))
-		if err == nil {
-			t.Errorf("%s=%q: got %+v, want an error", EnvFleet, v, p)
-			continue
-		}
-		polCheckMessage(t, err, EnvFleet+"="+strconv.Quote(v), "want a fleet name of 1 to 64 of a-z, 0-9, _ and -")
-	}
-}

@@ -1,35 +1,104 @@
 package bulkhead
 
-import "database/sql/driver"
+import (
+	"database/sql/driver"
+	"io"
+	"reflect"
+)
 
 // rows holds an autocommit query's permits until Close returns.
 // database/sql closes rows itself at the end of Next, in Row.Scan, and from
 // its own goroutine when the query's context ends.
+//
+// It offers every optional rows interface, answering as database/sql does
+// for a driver's rows that lack one: no next result set, scan type any,
+// and no type name, length, nullability, precision or scale.
 type rows struct {
 	c     *conn
 	inner driver.Rows
-	stmt  driver.Stmt // the ErrSkip fallback's statement, closed after the rows; or nil
+	stmt  driver.Stmt // the statement of database/sql's fallback, closed after the rows; or nil
 	p     permit
-	held  bool // p is to be released
+	open  bool // its permits are to be released
 }
 
-var _ driver.Rows = (*rows)(nil)
+var (
+	_ driver.Rows                           = (*rows)(nil)
+	_ driver.RowsNextResultSet              = (*rows)(nil)
+	_ driver.RowsColumnTypeScanType         = (*rows)(nil)
+	_ driver.RowsColumnTypeDatabaseTypeName = (*rows)(nil)
+	_ driver.RowsColumnTypeLength           = (*rows)(nil)
+	_ driver.RowsColumnTypeNullable         = (*rows)(nil)
+	_ driver.RowsColumnTypePrecisionScale   = (*rows)(nil)
+)
 
 func (r *rows) Columns() []string              { return r.inner.Columns() }
 func (r *rows) Next(dest []driver.Value) error { return r.inner.Next(dest) }
 
 func (r *rows) Close() error {
 	defer func() {
-		if r.held {
-			r.held = false
+		if r.open {
+			r.open = false
 			r.c.g.release(&r.p)
 		}
 	}()
-	_, err := guarded(r.c, func() (struct{}, error) { return struct{}{}, r.inner.Close() })
-	if r.stmt != nil {
-		if _, cerr := guarded(r.c, func() (struct{}, error) { return struct{}{}, r.stmt.Close() }); err == nil {
-			err = cerr
+	_, err := call(r.c, func() (struct{}, error) {
+		err := r.inner.Close()
+		if r.stmt != nil {
+			if cerr := r.stmt.Close(); err == nil {
+				err = cerr
+			}
+			r.stmt = nil
 		}
-	}
+		return struct{}{}, err
+	})
 	return err
+}
+
+func (r *rows) HasNextResultSet() bool {
+	n, ok := r.inner.(driver.RowsNextResultSet)
+	return ok && n.HasNextResultSet()
+}
+
+func (r *rows) NextResultSet() error {
+	if n, ok := r.inner.(driver.RowsNextResultSet); ok {
+		return n.NextResultSet()
+	}
+	return io.EOF
+}
+
+var anyType = reflect.TypeFor[any]()
+
+func (r *rows) ColumnTypeScanType(i int) reflect.Type {
+	if t, ok := r.inner.(driver.RowsColumnTypeScanType); ok {
+		return t.ColumnTypeScanType(i)
+	}
+	return anyType
+}
+
+func (r *rows) ColumnTypeDatabaseTypeName(i int) string {
+	if t, ok := r.inner.(driver.RowsColumnTypeDatabaseTypeName); ok {
+		return t.ColumnTypeDatabaseTypeName(i)
+	}
+	return ""
+}
+
+func (r *rows) ColumnTypeLength(i int) (int64, bool) {
+	if t, ok := r.inner.(driver.RowsColumnTypeLength); ok {
+		return t.ColumnTypeLength(i)
+	}
+	return 0, false
+}
+
+func (r *rows) ColumnTypeNullable(i int) (nullable, ok bool) {
+	if t, ok := r.inner.(driver.RowsColumnTypeNullable); ok {
+		return t.ColumnTypeNullable(i)
+	}
+	return false, false
+}
+
+func (r *rows) ColumnTypePrecisionScale(i int) (precision, scale int64, ok bool) {
+	if t, ok := r.inner.(driver.RowsColumnTypePrecisionScale); ok {
+		return t.ColumnTypePrecisionScale(i)
+	}
+	return 0, 0, false
 }

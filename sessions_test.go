@@ -89,8 +89,8 @@ func TestASecondPoolOnTheSameGateIsNotStarvedByTheFirstsIdleConnections(t *testi
 		t.Errorf("the second pool at zero load: %v", k)
 		return true
 	})
-	if s := g.Stats(); s.OpenConns > s.MaxConns || s.Admitted != 3+callers*each {
-		t.Errorf("stats %+v: want %d admitted, at most MaxConns server connections", s, 3+callers*each)
+	if s := g.Stats(); s.OpenConns > s.MaxConcurrent+s.MaxQueue || s.Admitted != 3+callers*each {
+		t.Errorf("stats %+v: want %d admitted, at most B+Q server connections", s, 3+callers*each)
 	}
 }
 
@@ -158,13 +158,12 @@ func TestEveryRejectionIsAttributedToItsOperationsKindAndWorkload(t *testing.T) 
 }
 
 // Under overload the logical connections that waited for permits are
-// many, and each had some session before. An operation that binds takes
-// the first idle session in the order they were opened, not the one its
-// logical connection had last: the B running operations then stay on the
-// fewest, warmest server backends instead of rotating over all B+Q
-// (issue 13: with 10 ms transactions on PostgreSQL, that rotation cost the
-// gate a quarter of its goodput).
-func TestAnOperationBindsTheFirstIdleSessionNotTheOneItsConnectionHadLast(t *testing.T) {
+// many. An operation binds the idle session given back last, whichever
+// logical connection had it: the running operations then stay on the
+// fewest, warmest server backends instead of rotating over all of them,
+// and when database/sql closes connections the gate closes the coldest
+// idle sessions.
+func TestOperationsStayOnTheWarmestSessionAndTheColdestAreClosedFirst(t *testing.T) {
 	fc := fakedb.New()
 	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 0})
 	if err != nil {
@@ -174,7 +173,7 @@ func TestAnOperationBindsTheFirstIdleSessionNotTheOneItsConnectionHadLast(t *tes
 	defer db.Close()
 	ctx := context.Background()
 	// Four logical connections, each bound to its own session (1 to 4, in
-	// the order they were opened), then all given back.
+	// the order they were opened), then all given back, 4 last.
 	var conns []*sql.Conn
 	for range 4 {
 		c, err := db.Conn(ctx)
@@ -192,24 +191,35 @@ func TestAnOperationBindsTheFirstIdleSessionNotTheOneItsConnectionHadLast(t *tes
 	for _, c := range conns {
 		c.Close()
 	}
-	// database/sql hands out the logical connection given back last (the
-	// one that had session 4); its transaction runs on session 1.
+	inTx := func() []int64 {
+		var ids []int64
+		for _, dc := range fc.Conns() {
+			if c := fc.ConnOf(dc); c != nil && c.InTx() {
+				ids = append(ids, c.ID())
+			}
+		}
+		return ids
+	}
 	for round := range 3 {
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var inTx []int64
-		for _, dc := range fc.Conns() {
-			if c := fc.ConnOf(dc); c != nil && c.InTx() {
-				inTx = append(inTx, c.ID())
-			}
-		}
-		if len(inTx) != 1 || inTx[0] != 1 {
-			t.Fatalf("round %d: the transaction runs on server connections %v, want [1], the first opened", round, inTx)
+		if ids := inTx(); len(ids) != 1 || ids[0] != 4 {
+			t.Fatalf("round %d: the transaction runs on server connections %v, want [4], the one given back last", round, ids)
 		}
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// database/sql keeps one idle connection: the gate keeps one session,
+	// the warmest.
+	db.SetMaxIdleConns(1)
+	var ids []int64
+	for _, dc := range fc.Conns() {
+		ids = append(ids, fc.ConnOf(dc).ID())
+	}
+	if s := g.Stats(); len(ids) != 1 || ids[0] != 4 || s.OpenConns != 1 || s.IdleConns != 1 {
+		t.Fatalf("with one idle connection kept: server connections %v open, stats %+v; want [4]", ids, s)
 	}
 }

@@ -303,7 +303,7 @@ func TestSlogEventsSumsUpAnOverloadInOneRecordPerGroupAndInterval(t *testing.T) 
 			{{Kind: bulkhead.KindExec, Reason: bulkhead.ErrAdmissionFull}, {Kind: bulkhead.KindQuery, Reason: bulkhead.ErrAdmissionFull}},
 			{{Kind: bulkhead.KindExec, Reason: bulkhead.ErrAdmissionFull, DryRun: true}, {Kind: bulkhead.KindTx, Reason: bulkhead.ErrAdmissionFull, DryRun: true}},
 			{{Kind: bulkhead.KindQuery, Workload: "reports", Reason: bulkhead.ErrQueueTimeout}, {Kind: bulkhead.KindQuery, Workload: "reports", Reason: bulkhead.ErrQueueTimeout}},
-			{{Kind: bulkhead.KindTx, Workload: "reports", Reason: bulkhead.ErrNoConnection}, {Kind: bulkhead.KindExec, Workload: "reports", Reason: bulkhead.ErrNoConnection}},
+			{{Kind: bulkhead.KindTx, Workload: "reports", Reason: bulkhead.ErrAdmissionFull}, {Kind: bulkhead.KindExec, Workload: "reports", Reason: bulkhead.ErrAdmissionFull}},
 		}
 		var wg sync.WaitGroup
 		for _, es := range events {
@@ -356,10 +356,10 @@ func TestSlogEventsSumsUpAnOverloadInOneRecordPerGroupAndInterval(t *testing.T) 
 			perGroup[rejectGroupOf(r)] += r.attrs["count"].Int64()
 		}
 		want := map[string]int64{
-			"admission_full//false":       total / groups,
-			"admission_full//true":        total / groups,
-			"queue_timeout/reports/false": total / groups,
-			"no_connection/reports/false": total / groups,
+			"admission_full//false":        total / groups,
+			"admission_full//true":         total / groups,
+			"queue_timeout/reports/false":  total / groups,
+			"admission_full/reports/false": total / groups,
 		}
 		if !maps.Equal(perGroup, want) {
 			t.Errorf("rejections logged per group %v, want %v", perGroup, want)

@@ -3,110 +3,168 @@ package bulkhead
 import (
 	"context"
 	"database/sql/driver"
+	"sync"
 )
 
-// stmt is a prepared statement of a logical connection. database/sql
-// prepares it on the connection and runs it there later, but by then the
-// connection may be bound to another server connection (session): the
-// statement is then prepared on that one, once, under the execution's
-// permits, and kept. Its executions outside a transaction are gated like
-// the conn's; inside one (a statement prepared on the transaction, or
-// moved into it with Tx.Stmt) they take no permit.
+// stmt is a prepared statement as database/sql sees it: one per query text
+// and logical connection. The driver's statement is prepared on the
+// session that runs it, once per session and query, and closed there once
+// no statement of the query is open (query.refs).
 //
 // database/sql prepares a *sql.Stmt again on each connection it runs it
-// on, before the execution reaches the gate. On a connection with no
-// session, when the same query was prepared before (the gate keeps one
-// prepared statement per query text while any statement of it is open),
-// that preparation sends nothing: the statement is prepared on the server
-// when it first runs there. So an execution that is rejected sends
-// nothing to the server either.
+// on, before the execution reaches the gate. On a connection that holds no
+// session, a text the gate prepared before is then not sent: it is
+// prepared on the server when it first runs there, under the execution's
+// permits, so that an execution refused at admission sends nothing. Any
+// other Prepare is sent at once, as without the gate (so that a
+// syntax error is reported by Prepare).
 type stmt struct {
 	c      *conn
-	query  string
-	proto  *stmtProto // answers NumInput and the argument checks
-	on_    []stmtOn   // prepared on these sessions
+	q      *query
 	closed bool
 }
 
-// stmtProto is the gate's memory of a query prepared once: a statement
-// prepared for it, kept while any statement of the query is open. It
-// answers NumInput (asked once, as it was prepared) and the argument checks
-// (NamedValueChecker, ColumnConverter) for every statement of the query,
-// on whatever connection and goroutine, and maybe after it was itself
-// closed: right for drivers whose argument checks depend on the statement
-// and the value alone and touch no connection state (pgx has none;
-// go-sql-driver/mysql's and ncruces/go-sqlite3's are pure functions of the
-// value).
-type stmtProto struct {
-	si       driver.Stmt
-	mask     uint // the optional interfaces of si
-	numInput int  // si.NumInput(), asked by the goroutine that prepared it
-	refs     int  // open statements of the query; guarded by the gate's stmtMu
-}
-
-type stmtOn struct {
-	s  *session
-	si driver.Stmt
-}
-
 var (
-	_ driver.Stmt             = (*stmt)(nil)
-	_ driver.StmtExecContext  = (*stmt)(nil)
-	_ driver.StmtQueryContext = (*stmt)(nil)
+	_ driver.Stmt              = (*stmt)(nil)
+	_ driver.StmtExecContext   = (*stmt)(nil)
+	_ driver.StmtQueryContext  = (*stmt)(nil)
+	_ driver.NamedValueChecker = (*stmt)(nil)
 )
 
-func (st *stmt) NumInput() int { return st.proto.numInput }
+// query is a statement text with open statements, shared by them.
+type query struct {
+	text string
+	refs int        // the gate's open statements of it; under statements.mu
+	on   []*session // the sessions that prepared it; under pool.mu
+}
 
-// Close closes the statement on every session it was prepared on: now on
-// the session of its connection, and on any other when that session is
-// free (pool.closeStmtOn).
+// statements are the gate's prepared texts.
+type statements struct {
+	mu    sync.Mutex
+	open  map[string]*query   // the texts with open statements
+	known map[string]struct{} // texts prepared once, at most maxKnown
+}
+
+// maxKnown bounds the texts a gate remembers: beyond it, a text prepared
+// for the first time on a connection with no session is sent at once.
+const maxKnown = 4096
+
+// openQuery counts one more statement of text, and reports whether the
+// text was prepared once before.
+func (ss *statements) openQuery(text string) (q *query, known bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	q = ss.open[text]
+	if q == nil {
+		if ss.open == nil {
+			ss.open = map[string]*query{}
+		}
+		q = &query{text: text}
+		ss.open[text] = q
+	}
+	q.refs++
+	_, known = ss.known[text]
+	return q, known
+}
+
+func (ss *statements) learn(text string) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.known == nil {
+		ss.known = map[string]struct{}{}
+	}
+	if len(ss.known) < maxKnown {
+		ss.known[text] = struct{}{}
+	}
+}
+
+// closeQuery counts one statement of q fewer, and reports whether it was
+// the last: then q's driver statements are to be closed everywhere.
+func (ss *statements) closeQuery(q *query) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	q.refs--
+	if q.refs > 0 {
+		return false
+	}
+	if ss.open[q.text] == q {
+		delete(ss.open, q.text)
+	}
+	return true
+}
+
+// Prepare is the legacy form of PrepareContext.
+func (c *conn) Prepare(query string) (driver.Stmt, error) {
+	return c.PrepareContext(context.Background(), query)
+}
+
+// PrepareContext prepares without a permit: preparing runs no user work.
+// A text prepared before is not sent from a connection with no session
+// (see stmt); otherwise c takes a session, kept until database/sql takes c
+// back, and the driver prepares it there.
+func (c *conn) PrepareContext(ctx context.Context, text string) (driver.Stmt, error) {
+	if c.bad {
+		return nil, driver.ErrBadConn
+	}
+	q, known := c.g.stmts.openQuery(text)
+	st := &stmt{c: c, q: q}
+	if c.s == nil && known {
+		return st, nil
+	}
+	_, err := c.session(ctx)
+	if err == nil {
+		_, err = st.on(ctx)
+	}
+	if err != nil {
+		st.Close()
+		return nil, ctxErr(ctx, err)
+	}
+	c.g.stmts.learn(text)
+	return st, nil
+}
+
+// on returns the driver's statement of st on c's session, preparing it
+// there first if needed.
+func (st *stmt) on(ctx context.Context) (driver.Stmt, error) {
+	s := st.c.s
+	if si, ok := s.stmts[st.q]; ok {
+		return si, nil
+	}
+	si, err := call(st.c, func() (driver.Stmt, error) { return s.prepare(ctx, st.q.text) })
+	if err != nil {
+		return nil, err
+	}
+	if s.stmts == nil {
+		s.stmts = map[*query]driver.Stmt{}
+	}
+	s.stmts[st.q] = si
+	st.c.g.pool.preparedOn(st.q, s)
+	return si, nil
+}
+
+// NumInput is -1: the count is checked once the driver's statement is
+// known, after its own checkers converted the arguments (convertArgs).
+func (st *stmt) NumInput() int { return -1 }
+
+// CheckNamedValue accepts every argument as it is (see convertArgs).
+func (st *stmt) CheckNamedValue(*driver.NamedValue) error { return nil }
+
+// Close closes the statement. The last one of its text closes the
+// driver's statements of it: on c's session now, on the others before
+// their next use.
 func (st *stmt) Close() error {
 	if st.closed {
 		return nil
 	}
 	st.closed = true
-	var err error
-	for _, o := range st.on_ {
-		if o.s != st.c.sess {
-			st.c.g.pool.closeStmtOn(o.s, o.si)
-			continue
-		}
-		if _, cerr := guarded(st.c, func() (struct{}, error) { return struct{}{}, o.si.Close() }); err == nil {
-			err = cerr
+	if st.c.g.stmts.closeQuery(st.q) {
+		p := st.c.g.pool
+		p.closeEverywhere(st.q)
+		if s := st.c.s; s != nil {
+			p.closePending(s)
 		}
 	}
-	st.on_ = nil
-	st.c.g.dropStmtProto(st.query, st.proto)
-	return err
-}
-
-// on returns the statement prepared on the connection's session,
-// preparing it there first if needed.
-func (st *stmt) on(ctx context.Context) (driver.Stmt, error) {
-	s := st.c.sess
-	for _, o := range st.on_ {
-		if o.s == s {
-			return o.si, nil
-		}
-	}
-	si, err := guarded(st.c, func() (driver.Stmt, error) { return s.prepare(ctx, st.query) })
-	if err != nil {
-		return nil, err
-	}
-	st.keep(s, si)
-	return si, nil
-}
-
-// keep records si, prepared on s, forgetting sessions closed since: their
-// statements went with them.
-func (st *stmt) keep(s *session, si driver.Stmt) {
-	live := st.on_[:0]
-	for _, o := range st.on_ {
-		if !o.s.gone() {
-			live = append(live, o)
-		}
-	}
-	st.on_ = append(live, stmtOn{s, si})
+	return nil
 }
 
 // Exec is the legacy form of ExecContext.
@@ -119,22 +177,24 @@ func (st *stmt) Query(args []driver.Value) (driver.Rows, error) {
 	return st.QueryContext(context.Background(), valueToNamedValue(args))
 }
 
+// ExecContext runs the statement under both permits, or under those of
+// c's open transaction.
 func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	c := st.c
-	if c.lost.Load() {
+	if c.bad {
 		return nil, driver.ErrBadConn
 	}
-	if c.tx.held {
+	if c.tx.open {
 		if err := c.inTx(ctx); err != nil {
 			return nil, err
 		}
 		r, err := st.exec(ctx, args)
 		return r, ctxErr(ctx, err)
 	}
-	if err := c.start(ctx, KindExec, &c.exec); err != nil {
+	if err := c.start(ctx, KindExec, &c.execP); err != nil {
 		return nil, err
 	}
-	defer c.g.release(&c.exec)
+	defer c.g.release(&c.execP)
 	r, err := st.exec(ctx, args)
 	return r, ctxErr(ctx, err)
 }
@@ -144,40 +204,74 @@ func (st *stmt) exec(ctx context.Context, args []driver.NamedValue) (driver.Resu
 	if err != nil {
 		return nil, err
 	}
-	return guarded(st.c, func() (driver.Result, error) { return stmtExec(ctx, si, args) })
+	s := st.c.s
+	return call(st.c, func() (driver.Result, error) { return stmtExec(ctx, s, si, args) })
 }
 
+// QueryContext runs the statement; its rows hold both permits until they
+// are closed, or, in c's open transaction, are the driver's own.
 func (st *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	c := st.c
-	if c.lost.Load() {
+	if c.bad {
 		return nil, driver.ErrBadConn
 	}
-	if c.tx.held {
+	if c.tx.open {
 		if err := c.inTx(ctx); err != nil {
 			return nil, err
 		}
-		ri, err := st.queryOn(ctx, args)
+		ri, err := st.query(ctx, args)
 		return ri, ctxErr(ctx, err)
 	}
-	r, err := c.startRows(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return st.runRows(ctx, r, args)
-}
-
-// runRows runs the statement for r, which holds the permits.
-func (st *stmt) runRows(ctx context.Context, r *rows, args []driver.NamedValue) (driver.Rows, error) {
-	return st.c.runRows(ctx, r, func() (driver.Rows, driver.Stmt, error) {
-		ri, err := st.queryOn(ctx, args)
+	return c.runRows(ctx, func() (driver.Rows, driver.Stmt, error) {
+		ri, err := st.query(ctx, args)
 		return ri, nil, err
 	})
 }
 
-func (st *stmt) queryOn(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+func (st *stmt) query(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	si, err := st.on(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return guarded(st.c, func() (driver.Rows, error) { return stmtQuery(ctx, si, args) })
+	s := st.c.s
+	return call(st.c, func() (driver.Rows, error) { return stmtQuery(ctx, s, si, args) })
+}
+
+// stmtExec converts args for the driver's statement si on s and runs it
+// as database/sql would: its context form if it has one, else the legacy
+// form after the checks database/sql makes.
+func stmtExec(ctx context.Context, s *session, si driver.Stmt, args []driver.NamedValue) (driver.Result, error) {
+	args, err := convertArgs(args, s.checker, si)
+	if err != nil {
+		return nil, err
+	}
+	if e, ok := si.(driver.StmtExecContext); ok {
+		return e.ExecContext(ctx, args)
+	}
+	dargs, err := namedValueToValue(args)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return si.Exec(dargs) //lint:ignore SA1019 legacy drivers have nothing else
+}
+
+func stmtQuery(ctx context.Context, s *session, si driver.Stmt, args []driver.NamedValue) (driver.Rows, error) {
+	args, err := convertArgs(args, s.checker, si)
+	if err != nil {
+		return nil, err
+	}
+	if q, ok := si.(driver.StmtQueryContext); ok {
+		return q.QueryContext(ctx, args)
+	}
+	dargs, err := namedValueToValue(args)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return si.Query(dargs) //lint:ignore SA1019 legacy drivers have nothing else
 }

@@ -20,7 +20,7 @@ import (
 // statement's NumInput and its connection's work touch the same state,
 // unsynchronised, as a driver may assume since database/sql never uses a
 // connection from two goroutines at once.
-type lazyDriver struct{ numInputs atomic.Int64 }
+type lazyDriver struct{ numInputs, prepares atomic.Int64 }
 
 func (d *lazyDriver) Connect(context.Context) (driver.Conn, error) { return &lazyConn{d: d}, nil }
 func (d *lazyDriver) Driver() driver.Driver                        { return nil }
@@ -31,6 +31,7 @@ type lazyConn struct {
 }
 
 func (c *lazyConn) Prepare(query string) (driver.Stmt, error) {
+	c.d.prepares.Add(1)
 	c.state++
 	return &lazyStmt{c: c, inputs: -2}, nil
 }
@@ -66,14 +67,13 @@ func (*lazyRows) Columns() []string         { return nil }
 func (*lazyRows) Close() error              { return nil }
 func (*lazyRows) Next([]driver.Value) error { return io.EOF }
 
-// The gate answers NumInput for a query's statements on every connection
-// from one statement prepared for it (so that a statement prepared again
-// on a connection with no server connection sends nothing). It must ask
-// the driver while the connection that prepared it is its own: asked
-// later, from other connections' goroutines, a lazy driver works it out
-// on a connection another goroutine may be using (a data race under -race,
-// and a crash for a driver such as a WebAssembly SQLite).
-func TestNumInputIsAskedOnceWhileTheConnectionThatPreparedItIsHeld(t *testing.T) {
+// A statement's NumInput is asked while the gate holds the server
+// connection the statement was prepared on (after the driver's checkers
+// converted the arguments): a lazy driver works it out on that connection,
+// and asked from another goroutine it would race with whoever uses it (a
+// data race under -race, and a crash for a driver such as a WebAssembly
+// SQLite).
+func TestNumInputIsAskedOnlyWhileTheConnectionThatPreparedItIsHeld(t *testing.T) {
 	d := &lazyDriver{}
 	g, err := bulkhead.New(d, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 64, QueueWait: time.Minute})
 	if err != nil {
@@ -87,11 +87,6 @@ func TestNumInputIsAskedOnceWhileTheConnectionThatPreparedItIsHeld(t *testing.T)
 		t.Fatal(err)
 	}
 	defer st.Close()
-	// database/sql asks NumInput only when the statement runs, by then on
-	// whatever connection: the gate must have asked it already.
-	if n := d.numInputs.Load(); n != 1 {
-		t.Fatalf("once prepared, the driver had worked NumInput out %d times, want 1: the gate asks it while it holds the connection", n)
-	}
 
 	const workers, each = 8, 50
 	var wg sync.WaitGroup
@@ -126,7 +121,10 @@ func TestNumInputIsAskedOnceWhileTheConnectionThatPreparedItIsHeld(t *testing.T)
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if n := d.numInputs.Load(); n != 1 {
-		t.Fatalf("the driver worked NumInput out %d times, want 1 (on the statement the gate keeps, as it was prepared)", n)
+	// At most once per driver statement (the prepared one, once per server
+	// connection that ran it, and database/sql's fallback's, prepared for
+	// each Exec on a connection without Execer).
+	if n, p := d.numInputs.Load(), d.prepares.Load(); n < 1 || n > p {
+		t.Fatalf("the driver worked NumInput out %d times for %d statements prepared, want 1 to %d", n, p, p)
 	}
 }

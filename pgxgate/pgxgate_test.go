@@ -131,7 +131,11 @@ func cancelTries(t *testing.T, m *monitor, db *sql.DB, app string, n int) (still
 		active := m.active(t, app) > 0
 		var gone bool
 		if err := c.Raw(func(dc any) error {
-			gone = bulkhead.Unwrap(dc).(*stdlib.Conn).Conn().IsClosed()
+			c, err := bulkhead.Unwrap(dc)
+			if err != nil {
+				return err
+			}
+			gone = c.(*stdlib.Conn).Conn().IsClosed()
 			return nil
 		}); err != nil {
 			t.Fatal(err)
@@ -344,7 +348,7 @@ func TestOpenDBWorksWithAGoodDSN(t *testing.T) {
 		t.Fatalf("SELECT 42: %d, %v", n, err)
 	}
 	s := g.Stats()
-	if s.Admitted != 1 || s.Running != 0 || s.MaxConcurrent != 2 || s.MaxConns != 5 || s.OpenConns != 1 {
+	if s.Admitted != 1 || s.Running != 0 || s.MaxConcurrent != 2 || s.MaxQueue != 3 || s.OpenConns != 1 {
 		t.Fatalf("stats %+v: want one admitted operation, the policy's limits, one connection", s)
 	}
 	if got := db.Stats().MaxOpenConnections; got != 0 {

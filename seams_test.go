@@ -1,0 +1,392 @@
+//go:build go1.25
+
+package bulkhead_test
+
+// The seams between database/sql's pool and the gate's server
+// connections, on the fake driver: database/sql's settings and counts hold
+// for the server connections, prepared statements re-prepared by
+// database/sql send nothing when refused, and what the driver says of a
+// connection reaches database/sql as it would without the gate.
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+)
+
+// database/sql re-prepares a *sql.Stmt on each connection it runs it on,
+// before the execution reaches the gate. Once database/sql has closed the
+// connections that held the statement (here: no idle connection kept), an
+// execution that admission refuses still sends nothing and dials nothing,
+// and is refused at once.
+func TestARefusedPreparedStatementExecutionSendsNothingAfterDatabaseSQLClosedItsConnections(t *testing.T) {
+	for _, q := range []int{0, 1} {
+		ctx := context.Background()
+		e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour})
+		e.db.SetMaxIdleConns(0)
+		st, err := e.db.PrepareContext(ctx, "UPDATE t SET v = ?")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.ExecContext(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if n := e.fc.Open(); n != 0 {
+			t.Fatalf("Q=%d: %d server connections open with no idle connection kept, want 0", q, n)
+		}
+		// B running (a transaction) and Q waiting: admission is full.
+		tx, err := e.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiting := make(chan error, 1)
+		if q == 1 {
+			go func() {
+				_, err := e.db.ExecContext(ctx, "UPDATE t")
+				waiting <- err
+			}()
+			awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
+		}
+		dials, prepares := e.fc.Count(fakedb.OpConnect), e.fc.Count(fakedb.OpPrepare)
+		start := time.Now()
+		_, err = st.ExecContext(ctx, 2)
+		if !errors.Is(err, bulkhead.ErrAdmissionFull) {
+			t.Fatalf("Q=%d: the statement's execution: %v, want ErrAdmissionFull", q, err)
+		}
+		if d, p := e.fc.Count(fakedb.OpConnect)-dials, e.fc.Count(fakedb.OpPrepare)-prepares; d != 0 || p != 0 {
+			t.Fatalf("Q=%d: the refused execution dialed %d server connections and sent %d Prepare, want none", q, d, p)
+		}
+		if waited := time.Since(start); waited > 10*time.Second {
+			t.Fatalf("Q=%d: refused after %v", q, waited)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if q == 1 {
+			if err := <-waiting; err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Admitted, it is prepared on the server connection that runs it.
+		if _, err := st.ExecContext(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		st.Close()
+		e.balanced(t)
+	}
+}
+
+// A driver without Execer: database/sql prepares each Exec, and an Exec
+// refused at admission still sends nothing.
+func TestARefusedExecOnADriverWithoutExecerSendsNothing(t *testing.T) {
+	ctx := context.Background()
+	fc := fakedb.New()
+	fc.Conn = fakedb.ConnAll &^ (fakedb.ConnExecerContext | fakedb.ConnExecer)
+	e := fkOpen(t, fc, fkB1)
+	if _, err := e.db.ExecContext(ctx, "UPDATE t SET v = ?", 1); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prepares := fc.Count(fakedb.OpPrepare)
+	if _, err := e.db.ExecContext(ctx, "UPDATE t SET v = ?", 2); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("exec: %v, want ErrAdmissionFull", err)
+	}
+	if n := fc.Count(fakedb.OpPrepare) - prepares; n != 0 {
+		t.Fatalf("the refused exec sent %d Prepare, want 0", n)
+	}
+	tx.Rollback()
+	e.balanced(t)
+}
+
+// A Prepare the application makes is sent at once, as without the gate:
+// an error in it is reported by Prepare, and two statements of one text
+// are the driver's two until the last is closed.
+func TestAPrepareIsSentAtOnceAndItsStatementsClosedWithTheLast(t *testing.T) {
+	ctx := context.Background()
+	var prepErr = errors.New("syntax error")
+	e := fkOpen(t, nil, fkB1)
+	e.fc.FailNext(fakedb.OpPrepare, 1, prepErr)
+	if _, err := e.db.PrepareContext(ctx, "SELEC 1"); !errors.Is(err, prepErr) {
+		t.Fatalf("prepare: %v, want the driver's error", err)
+	}
+	st1, err := e.db.PrepareContext(ctx, "SELECT 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st2, err := e.db.PrepareContext(ctx, "SELECT 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := e.fc.Count(fakedb.OpPrepare); n < 2 {
+		t.Fatalf("%d Prepare reached the driver, want the failed one and the first statement's", n)
+	}
+	st1.Close()
+	if n := e.fc.Count(fakedb.OpStmtClose); n != 0 {
+		t.Fatalf("%d statements closed in the driver while one of the text is open, want 0", n)
+	}
+	var v int
+	if err := st2.QueryRowContext(ctx).Scan(&v); err != nil || v != 1 {
+		t.Fatalf("the second statement: %d, %v", v, err)
+	}
+	st2.Close()
+	if n := e.fc.Count(fakedb.OpStmtClose); n != 1 {
+		t.Fatalf("%d statements closed in the driver once both are, want 1", n)
+	}
+	e.balanced(t)
+}
+
+// With no idle connection kept, each operation gets a new connection
+// through database/sql, and a new server connection: the driver's
+// Connect (pgx's BeforeConnect and AfterConnect) runs for each.
+func TestWithNoIdleConnectionKeptEachOperationDialsAsWithoutTheGate(t *testing.T) {
+	e := fkOpen(t, nil, fkB1)
+	e.db.SetMaxIdleConns(0)
+	for range 3 {
+		if _, err := e.db.Exec("UPDATE t"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, open := e.fc.Count(fakedb.OpConnect), e.fc.Open(); n != 3 || open != 0 {
+		t.Fatalf("%d dials, %d open, want 3 and 0", n, open)
+	}
+}
+
+// database/sql closes a connection past its lifetime; the gate closes a
+// server connection with it.
+func TestServerConnectionsFollowDatabaseSQLsConnMaxLifetime(t *testing.T) {
+	e := fkOpen(t, nil, fkB1)
+	e.db.SetConnMaxLifetime(time.Nanosecond)
+	for range 3 {
+		if _, err := e.db.Exec("UPDATE t"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, open, s := e.fc.Count(fakedb.OpConnect), e.fc.Open(), e.db.Stats(); n != 3 || open > s.OpenConnections {
+		t.Fatalf("%d dials, %d server connections open, database/sql %+v: want 3 dials and no more server connections than database/sql's", n, open, s)
+	}
+}
+
+// Stale server connections: database/sql asks the driver's ResetSession
+// as it hands a connection out, and discards those it calls bad. Through
+// the gate the reset runs later (once the operation holds its permits),
+// and database/sql's counts end the same as without it.
+func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *testing.T) {
+	for _, gated := range []bool{false, true} {
+		ctx := context.Background()
+		fc := fakedb.New()
+		var db *sql.DB
+		if gated {
+			db = fkOpen(t, fc, bulkhead.Policy{MaxConcurrent: 4}).db
+			db.SetMaxIdleConns(2)
+		} else {
+			db = sql.OpenDB(fc)
+			defer db.Close()
+		}
+		var conns []*sql.Conn
+		for range 3 {
+			c, err := db.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.PingContext(ctx); err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, c)
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+		// The two kept are dead now: the driver says so on reset.
+		fc.FailNext(fakedb.OpResetSession, 2, driver.ErrBadConn)
+		if err := db.PingContext(ctx); err != nil {
+			t.Fatalf("gated %v: ping: %v", gated, err)
+		}
+		if s := db.Stats(); s.OpenConnections != 1 || fc.Open() != 1 {
+			t.Fatalf("gated %v: database/sql %+v, the driver has %d open: want 1 and 1", gated, s, fc.Open())
+		}
+		if n := fc.Count(fakedb.OpConnect); n != 4 {
+			t.Fatalf("gated %v: %d dials, want 4", gated, n)
+		}
+	}
+}
+
+// A reset cut off by the caller's context is the caller's end, not a dead
+// server: the connection is kept, not counted bad, and the others are
+// not pinged.
+func TestAResetCutOffByTheCallersContextIsNoDeadConnection(t *testing.T) {
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
+	if _, err := e.db.Exec("UPDATE t"); err != nil {
+		t.Fatal(err)
+	}
+	b := e.fc.Block(fakedb.OpResetSession)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.db.ExecContext(ctx, "UPDATE t")
+		done <- err
+	}()
+	b.Wait(1)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("exec: %v, want context.Canceled", err)
+	}
+	b.Release()
+	pings := e.fc.Count(fakedb.OpPing)
+	if _, err := e.db.Exec("UPDATE t"); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.g.Stats(); s.BadConns != 0 || e.fc.Count(fakedb.OpConnect) != 1 || e.fc.Count(fakedb.OpPing) != pings {
+		t.Fatalf("%+v, %d dials, %d pings: want no bad connection, one dial, no ping", s, e.fc.Count(fakedb.OpConnect), e.fc.Count(fakedb.OpPing)-pings)
+	}
+	if s := e.g.Stats(); s.Canceled != 1 || s.Admitted != 2 {
+		t.Fatalf("%+v: want the cut-off exec counted as canceled", s)
+	}
+}
+
+// Raw and Unwrap: a dial that fails is an error, never a nil connection.
+func TestUnwrapReturnsTheDialsErrorWhenNoServerConnectionCanBeHad(t *testing.T) {
+	dialErr := errors.New("connection refused")
+	e := fkOpen(t, nil, fkB1)
+	e.fc.FailNext(fakedb.OpConnect, 1, dialErr)
+	c, err := e.db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	err = c.Raw(func(dc any) error {
+		inner, err := bulkhead.Unwrap(dc)
+		if inner != nil {
+			t.Errorf("Unwrap gave %v with %v", inner, err)
+		}
+		return err
+	})
+	if !errors.Is(err, dialErr) {
+		t.Fatalf("Raw: %v, want the dial's error", err)
+	}
+	if s := e.g.Stats(); s.DialErrors != 1 {
+		t.Fatalf("%+v: want the failed dial counted", s)
+	}
+}
+
+// The value Raw hands over offers the legacy Execer and Queryer too (code
+// written for a driver asserts them), gated like the context forms.
+func TestRawsConnectionOffersTheLegacyExecerAndQueryer(t *testing.T) {
+	e := fkOpen(t, nil, fkB1)
+	fkRaw(t, e.db, func(dc any) {
+		r, err := dc.(driver.Execer).Exec("UPDATE t", nil) //lint:ignore SA1019 the legacy interface is what is tested
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := r.RowsAffected(); n != 1 {
+			t.Fatalf("rows affected %d", n)
+		}
+		rows, err := dc.(driver.Queryer).Query("SELECT 7", nil) //lint:ignore SA1019 the legacy interface is what is tested
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := make([]driver.Value, 1)
+		if err := rows.Next(v); err != nil || v[0] != int64(7) {
+			t.Fatalf("row %v, %v", v, err)
+		}
+		rows.Close()
+	})
+	if s := e.g.Stats(); s.Admitted != 2 {
+		t.Fatalf("%+v: want both calls gated", s)
+	}
+	e.balanced(t)
+}
+
+// A gate capped at zero rejects every operation, but Ping still reaches
+// the database: a readiness probe passes while the database is up.
+func TestPingWorksOnAGateCappedAtZero(t *testing.T) {
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second})
+	if err := e.g.Cap(context.Background(), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.Ping(); err != nil {
+		t.Fatalf("ping: %v", err)
+	}
+	if _, err := e.db.Exec("UPDATE t"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("exec: %v, want ErrAdmissionFull", err)
+	}
+	if s := e.g.Stats(); s.MaxConcurrent != 0 || s.MaxQueue != 0 {
+		t.Fatalf("%+v: want the cap in force", s)
+	}
+	if err := e.g.Cap(context.Background(), -1, -1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Exec("UPDATE t"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Cap returns once the operations beyond the new limit ended.
+func TestCapWaitsForTheOperationsBeyondItsLimit(t *testing.T) {
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
+	b := e.fc.Block(fakedb.OpExec)
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { e.db.Exec("UPDATE t") })
+	}
+	b.Wait(2)
+	capped := make(chan error, 1)
+	go func() { capped <- e.g.Cap(context.Background(), 1, 0) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := e.g.Cap(ctx, 1, 0); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Cap with a context already ended and 2 running: %v, want context.Canceled", err)
+	}
+	select {
+	case err := <-capped:
+		t.Fatalf("Cap returned %v with 2 running and a cap of 1", err)
+	default:
+	}
+	b.Release()
+	if err := <-capped; err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+}
+
+// Under concurrent operations, and database/sql closing connections as
+// its settings change, the gate never keeps more server connections than
+// database/sql has connections.
+func TestServerConnectionsNeverOutnumberDatabaseSQLsConnections(t *testing.T) {
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Second})
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 6 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				e.db.Exec("UPDATE t")
+			}
+		})
+	}
+	for i := range 200 {
+		e.db.SetMaxIdleConns(i % 5)
+		if i%7 == 0 {
+			e.g.SetPolicy(bulkhead.Policy{MaxConcurrent: 1 + i%4, MaxQueue: 4, QueueWait: time.Second})
+		}
+	}
+	close(stop)
+	wg.Wait()
+	e.db.SetMaxIdleConns(1)
+	if open, s := e.fc.Open(), e.db.Stats(); open > s.OpenConnections || open > 1 {
+		t.Fatalf("%d server connections open, database/sql %+v: want at most its 1", open, s)
+	}
+}
