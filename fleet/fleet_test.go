@@ -1,0 +1,105 @@
+//go:build go1.25
+
+package fleet
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+)
+
+// A member has no share before its first round (and when members
+// outnumber T): its operations are rejected at once, but Ping reaches the
+// database, so that a readiness probe passes while the database is up.
+func TestAMemberWithNoSharePingsTheDatabase(t *testing.T) {
+	fc := fakedb.New()
+	m, err := Join("ping", fc, bulkhead.Policy{MaxConcurrent: 2}, Interval(time.Hour),
+		withStore(func() store { return &memStore{m: newMemLocks()} }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := m.Gate().OpenDB()
+	defer db.Close()
+	if err := m.Gate().Cap(context.Background(), 0, 0); err != nil { // as before a first round
+		t.Fatal(err)
+	}
+	if err := db.Ping(); err != nil {
+		t.Fatalf("ping with no share: %v", err)
+	}
+}
+
+// A *sql.Conn keeps its server connection, whatever happens to its
+// statements: tags are taken as a connection is dialed, never on an
+// operation's path, so that a statement cut off by its deadline cannot
+// move the *sql.Conn (its LISTEN, SET, temporary tables) to another
+// server connection.
+func TestASQLConnKeepsItsServerConnectionWhenAStatementIsCutOff(t *testing.T) {
+	fc := fakedb.New()
+	mm := newMemLocks()
+	m, err := Join("pinned", fc, bulkhead.Policy{MaxConcurrent: 2}, Interval(time.Hour), withStore(func() store { return &memStore{m: mm} }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstRound(t, m)
+	if err := m.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	db := m.Gate().OpenDB()
+	defer db.Close()
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	id := func() int64 {
+		var n int64
+		if err := c.Raw(func(dc any) error {
+			inner, err := bulkhead.Unwrap(dc)
+			if err != nil {
+				return err
+			}
+			n = fc.ConnOf(inner).ID()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := id()
+	b := fc.Block(fakedb.OpExec)
+	cut, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.ExecContext(cut, "UPDATE t")
+		done <- err
+	}()
+	b.Wait(1)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cut-off statement: %v", err)
+	}
+	b.Release()
+	if _, err := c.ExecContext(ctx, "UPDATE t"); err != nil {
+		t.Fatal(err)
+	}
+	if after := id(); after != before {
+		t.Fatalf("the *sql.Conn moved from server connection %d to %d", before, after)
+	}
+}
+
+// firstRound waits until m's loop started its first round.
+func firstRound(t *testing.T, m *Member) {
+	t.Helper()
+	for i := 0; m.rounds.Load() == 0; i++ {
+		if i == 1e7 {
+			t.Fatal("the fleet loop's first round did not start")
+		}
+		runtime.Gosched()
+	}
+}

@@ -1,0 +1,10 @@
+package fleet
+
+import (
+	"os"
+	"testing"
+
+	"github.com/dbbulkhead/bulkhead/internal/leakcheck"
+)
+
+func TestMain(m *testing.M) { os.Exit(leakcheck.Run(m)) }
