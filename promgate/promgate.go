@@ -22,31 +22,29 @@
 //	bulkhead_waiting                       gauge      admitted operations waiting for an execution permit
 //	bulkhead_open_connections              gauge      server connections open (or being dialed) by the gate
 //	bulkhead_idle_connections              gauge      server connections idle in the gate
-//	bulkhead_waiting_for_connection        gauge      callers waiting for a server connection, all MaxConns in use
 //	bulkhead_max_concurrent                gauge      B, the execution permits
 //	bulkhead_max_queue                     gauge      Q, the admission permits beyond B
-//	bulkhead_max_open_connections          gauge      MaxConns (B+Q), the most server connections the gate opens
 //	bulkhead_max_queue_wait_seconds        gauge      the policy's QueueWait
 //	bulkhead_admitted_total                counter    operations that got their permits and a server connection
-//	bulkhead_rejections_total{reason}      counter    reason="admission_full", "queue_timeout" or "no_connection"
-//	bulkhead_connect_failed_total          counter    operations whose server connection could not be dialed
+//	bulkhead_rejections_total{reason}      counter    reason="admission_full" or "queue_timeout"
+//	bulkhead_connect_failed_total          counter    operations that had their permits, then no server connection: the dial failed
 //	bulkhead_canceled_total                counter    operations whose context ended (or gate closed) before they ran
-//	bulkhead_dials_total                   counter    server connections dialed
-//	bulkhead_dials_kept_total              counter    dials that went on after their operation gave up, the connection kept
+//	bulkhead_dials_total                   counter    server connections dialed, failed dials included
+//	bulkhead_dial_errors_total             counter    dials that failed, whoever asked (operations, Ping, Prepare, Raw)
 //	bulkhead_bad_connections_total         counter    server connections closed because the driver found them bad
 //	bulkhead_dry_run                       gauge      1 while the policy is a dry run (rejections counted, not made)
 //	bulkhead_would_wait_total              counter    dry run: operations that found no execution permit free and ran anyway
 //	bulkhead_queue_wait_seconds{workload}  histogram  wait for the permits of each admitted operation (0 if none)
 //	bulkhead_hold_seconds{kind,workload}   histogram  time each operation held its permits; kind="transaction", "statement" or "query"
 //
-// In a fleet (Policy.Fleet), with a fleet label, and absent outside one
-// (bulkhead_max_concurrent and bulkhead_max_queue are then this process's
-// share):
+// For a fleet member (package fleet), attached with AttachFleet, with a
+// fleet label (bulkhead_max_concurrent and bulkhead_max_queue are then
+// this process's share):
 //
 //	bulkhead_fleet_max_concurrent{fleet}   gauge      T, the fleet's execution permits (the policy's MaxConcurrent)
-//	bulkhead_fleet_instances{fleet}        gauge      instances of the fleet alive at the last successful coordination round
-//	bulkhead_fleet_share{fleet}            gauge      this process's share of T
-//	bulkhead_fleet_orphans{fleet}          gauge      busy server connections beyond their instance's slots (a killed one's, or one's without coordination), at the last successful round: the shares leave room for them
+//	bulkhead_fleet_instances{fleet}        gauge      members of the fleet alive at the last successful coordination round
+//	bulkhead_fleet_share{fleet}            gauge      this member's share of T
+//	bulkhead_fleet_orphans{fleet}          gauge      busy server connections beyond their member's slots, at the last successful round: the shares leave room for them
 //	bulkhead_fleet_degraded{fleet}         gauge      1 while coordination fails: the share is at most the fallback
 //	bulkhead_fleet_rounds_total{fleet}     counter    coordination rounds
 //	bulkhead_fleet_failures_total{fleet}   counter    coordination rounds that failed
@@ -76,6 +74,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/fleet"
 )
 
 // Default histogram buckets, in seconds. Queue waits are bounded by the
@@ -102,12 +101,13 @@ type Opts struct {
 // Collector is a prometheus.Collector for one bulkhead.Gate. It is safe
 // for concurrent use.
 type Collector struct {
-	gate atomic.Pointer[bulkhead.Gate]
+	gate   atomic.Pointer[bulkhead.Gate]
+	member atomic.Pointer[fleet.Member]
 
 	global budgetDescs // the gate's global budget
 	wl     budgetDescs // each workload's, with a workload label
 	// the gate's server connections
-	open, idle, waitingConn, maxConns, dials, kept, bad, dryRun *prometheus.Desc
+	open, idle, dials, dialErrors, bad, dryRun *prometheus.Desc
 	// the gate's fleet, if any
 	fleetTotal, fleetInstances, fleetShare, fleetOrphans, fleetDegraded, fleetRounds, fleetFailures *prometheus.Desc
 
@@ -136,7 +136,7 @@ func newBudgetDescs(desc func(name, help string, labels ...string) *prometheus.D
 		maxQueue:      d("max_queue", "Admission permits beyond max_concurrent (Q): operations that may wait for an execution permit."),
 		maxWait:       d("max_queue_wait_seconds", "Longest an admitted operation waits for an execution permit before it is rejected."),
 		admitted:      d("admitted_total", "Operations that got their permits and a server connection, and ran."),
-		rejections:    d("rejections_total", "Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait) or no_connection (no server connection within the queue wait, all MaxConns in use); in a dry run, those that would have been.", "reason"),
+		rejections:    d("rejections_total", "Operations rejected, by reason: admission_full (refused at once) or queue_timeout (no execution permit within the queue wait); in a dry run, those that would have been.", "reason"),
 		connectFailed: d("connect_failed_total", "Operations that had their permits but whose server connection could not be dialed."),
 		canceled:      d("canceled_total", "Operations whose context ended, or whose gate closed, before they ran."),
 		wouldWait:     d("would_wait_total", "Dry run: operations that found no execution permit free and ran anyway."),
@@ -163,7 +163,6 @@ func (b *budgetDescs) collect(ch chan<- prometheus.Metric, s bulkhead.Stats, lab
 	counter(b.admitted, s.Admitted)
 	counter(b.rejections, s.RejectedFull, "admission_full")
 	counter(b.rejections, s.RejectedTimeout, "queue_timeout")
-	counter(b.rejections, s.RejectedNoConn, "no_connection")
 	counter(b.connectFailed, s.ConnectFailed)
 	counter(b.canceled, s.Canceled)
 	counter(b.wouldWait, s.WouldWait)
@@ -185,24 +184,23 @@ func New(o Opts) *Collector {
 		o.HoldBuckets = DefaultHoldBuckets
 	}
 	c := &Collector{
-		global:      newBudgetDescs(desc, ""),
-		wl:          newBudgetDescs(desc, "workload_", "workload"),
-		open:        desc("open_connections", "Server connections open, or being dialed, by the gate."),
-		idle:        desc("idle_connections", "Server connections idle in the gate."),
-		waitingConn: desc("waiting_for_connection", "Callers waiting for a server connection because all MaxConns are in use."),
-		maxConns:    desc("max_open_connections", "Most server connections the gate opens (MaxConns, B+Q)."),
-		dials:       desc("dials_total", "Server connections dialed."),
-		kept:        desc("dials_kept_total", "Dials that went on after the operation that asked for them gave up, their connection kept for the next one."),
-		bad:         desc("bad_connections_total", "Server connections closed because the driver found them bad when reset or given back."),
-		dryRun:      desc("dry_run", "1 while the policy is a dry run: rejections are counted and reported, not made."),
+		global:     newBudgetDescs(desc, ""),
+		wl:         newBudgetDescs(desc, "workload_", "workload"),
+		open:       desc("open_connections", "Server connections open, or being dialed, by the gate."),
+		idle:       desc("idle_connections", "Server connections idle in the gate."),
+		dials:      desc("dials_total", "Server connections dialed, failed dials included."),
+		dialErrors: desc("dial_errors_total", "Dials of a server connection that failed, whoever asked for them (operations, Ping, Prepare, Raw)."),
+		bad:        desc("bad_connections_total", "Server connections closed because the driver found them bad when reset or given back."),
+		dryRun:     desc("dry_run", "1 while the policy is a dry run: rejections are counted and reported, not made."),
 
 		fleetTotal:     desc("fleet_max_concurrent", "T: the execution permits of the whole fleet (the policy's MaxConcurrent).", "fleet"),
-		fleetInstances: desc("fleet_instances", "Instances of the fleet alive at the last successful coordination round.", "fleet"),
-		fleetShare:     desc("fleet_share", "This process's share of the fleet's execution permits.", "fleet"),
-		fleetOrphans:   desc("fleet_orphans", "Busy server connections beyond their instance's slots (a killed one's, or one's without coordination), at the last successful round: the shares leave room for them.", "fleet"),
+		fleetInstances: desc("fleet_instances", "Members of the fleet alive at the last successful coordination round.", "fleet"),
+		fleetShare:     desc("fleet_share", "This member's share of the fleet's execution permits.", "fleet"),
+		fleetOrphans:   desc("fleet_orphans", "Busy server connections beyond their member's slots (a killed one's, or one's without coordination), at the last successful round: the shares leave room for them.", "fleet"),
 		fleetDegraded:  desc("fleet_degraded", "1 while the fleet coordination fails: the share is at most the fallback.", "fleet"),
 		fleetRounds:    desc("fleet_rounds_total", "Fleet coordination rounds.", "fleet"),
 		fleetFailures:  desc("fleet_failures_total", "Fleet coordination rounds that failed.", "fleet"),
+
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: o.Namespace, Subsystem: "bulkhead", Name: "queue_wait_seconds",
 			Help:        "Time each admitted operation waited for its permits (0 when they were free), by workload (\"\" for none).",
@@ -257,6 +255,10 @@ func (c *Collector) holdObserver(k bulkhead.Kind, workload string) prometheus.Ob
 // Events; a later call replaces the gate.
 func (c *Collector) Attach(g *bulkhead.Gate) { c.gate.Store(g) }
 
+// AttachFleet makes c collect the fleet member m's Stats too (attach its
+// gate, m.Gate(), with Attach); a later call replaces the member.
+func (c *Collector) AttachFleet(m *fleet.Member) { c.member.Store(m) }
+
 // Describe sends the descriptors of every metric c may collect.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.global.all() {
@@ -265,7 +267,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.wl.all() {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{c.open, c.idle, c.waitingConn, c.maxConns, c.dials, c.kept, c.bad, c.dryRun,
+	for _, d := range []*prometheus.Desc{c.open, c.idle, c.dials, c.dialErrors, c.bad, c.dryRun,
 		c.fleetTotal, c.fleetInstances, c.fleetShare, c.fleetOrphans, c.fleetDegraded, c.fleetRounds, c.fleetFailures} {
 		ch <- d
 	}
@@ -281,17 +283,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		c.global.collect(ch, s)
 		ch <- prometheus.MustNewConstMetric(c.open, prometheus.GaugeValue, float64(s.OpenConns))
 		ch <- prometheus.MustNewConstMetric(c.idle, prometheus.GaugeValue, float64(s.IdleConns))
-		ch <- prometheus.MustNewConstMetric(c.waitingConn, prometheus.GaugeValue, float64(s.WaitingConn))
-		ch <- prometheus.MustNewConstMetric(c.maxConns, prometheus.GaugeValue, float64(s.MaxConns))
 		ch <- prometheus.MustNewConstMetric(c.dials, prometheus.CounterValue, float64(s.Dials))
-		ch <- prometheus.MustNewConstMetric(c.kept, prometheus.CounterValue, float64(s.DialsKept))
+		ch <- prometheus.MustNewConstMetric(c.dialErrors, prometheus.CounterValue, float64(s.DialErrors))
 		ch <- prometheus.MustNewConstMetric(c.bad, prometheus.CounterValue, float64(s.BadConns))
 		dry := 0.0
 		if s.DryRun {
 			dry = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.dryRun, prometheus.GaugeValue, dry)
-		if f := s.Fleet; f.Name != "" {
+		if m := c.member.Load(); m != nil {
+			f := m.Stats()
 			degraded := 0.0
 			if f.Degraded {
 				degraded = 1

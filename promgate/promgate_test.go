@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/fleet"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 	"github.com/dbbulkhead/bulkhead/promgate"
 )
@@ -67,15 +68,14 @@ bulkhead_idle_connections %d
 # HELP bulkhead_admitted_total Operations that got their permits and a server connection, and ran.
 # TYPE bulkhead_admitted_total counter
 bulkhead_admitted_total %d
-# HELP bulkhead_rejections_total Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait) or no_connection (no server connection within the queue wait, all MaxConns in use); in a dry run, those that would have been.
+# HELP bulkhead_rejections_total Operations rejected, by reason: admission_full (refused at once) or queue_timeout (no execution permit within the queue wait); in a dry run, those that would have been.
 # TYPE bulkhead_rejections_total counter
 bulkhead_rejections_total{reason="admission_full"} %d
 bulkhead_rejections_total{reason="queue_timeout"} %d
-bulkhead_rejections_total{reason="no_connection"} %d
 # HELP bulkhead_canceled_total Operations whose context ended, or whose gate closed, before they ran.
 # TYPE bulkhead_canceled_total counter
 bulkhead_canceled_total %d
-# HELP bulkhead_dials_total Server connections dialed.
+# HELP bulkhead_dials_total Server connections dialed, failed dials included.
 # TYPE bulkhead_dials_total counter
 bulkhead_dials_total %d
 `
@@ -86,12 +86,12 @@ var statsNames = []string{
 }
 
 type statsWant struct {
-	running, waiting, open, idle, admitted, full, timeout, noConn, canceled, dials int
+	running, waiting, open, idle, admitted, full, timeout, canceled, dials int
 }
 
 func compareStats(t *testing.T, c prometheus.Collector, w statsWant) {
 	t.Helper()
-	text := fmt.Sprintf(statsHelp, w.running, w.waiting, w.open, w.idle, w.admitted, w.full, w.timeout, w.noConn, w.canceled, w.dials)
+	text := fmt.Sprintf(statsHelp, w.running, w.waiting, w.open, w.idle, w.admitted, w.full, w.timeout, w.canceled, w.dials)
 	if err := testutil.CollectAndCompare(c, strings.NewReader(text), statsNames...); err != nil {
 		t.Error(err)
 	}
@@ -111,15 +111,12 @@ bulkhead_max_concurrent 1
 # HELP bulkhead_max_queue Admission permits beyond max_concurrent (Q): operations that may wait for an execution permit.
 # TYPE bulkhead_max_queue gauge
 bulkhead_max_queue 1
-# HELP bulkhead_max_open_connections Most server connections the gate opens (MaxConns, B+Q).
-# TYPE bulkhead_max_open_connections gauge
-bulkhead_max_open_connections 2
 # HELP bulkhead_max_queue_wait_seconds Longest an admitted operation waits for an execution permit before it is rejected.
 # TYPE bulkhead_max_queue_wait_seconds gauge
 bulkhead_max_queue_wait_seconds 3600
 `
 	if err := testutil.CollectAndCompare(c, strings.NewReader(limits),
-		"bulkhead_max_concurrent", "bulkhead_max_queue", "bulkhead_max_open_connections", "bulkhead_max_queue_wait_seconds"); err != nil {
+		"bulkhead_max_concurrent", "bulkhead_max_queue", "bulkhead_max_queue_wait_seconds"); err != nil {
 		t.Error(err)
 	}
 	compareStats(t, c, statsWant{})
@@ -302,9 +299,9 @@ bulkhead_admitted_total{db="users"} 1
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "bulkhead_admitted_total"); err != nil {
 		t.Error(err)
 	}
-	// 10 gauges + 11 counter series + 1 wait histogram + 3 hold histograms, per gate.
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 2*24 {
-		t.Errorf("gathered %d series (%v), want %d", n, err, 2*24)
+	// 8 gauges + 9 counter series + 1 wait histogram + 3 hold histograms, per gate.
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 2*21 {
+		t.Errorf("gathered %d series (%v), want %d", n, err, 2*21)
 	}
 }
 
@@ -318,8 +315,8 @@ func TestNamespacePrefixesEveryMetricName(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Without workloads, the bulkhead_workload_ families are empty: not gathered.
-	if len(mfs) != 20 {
-		t.Errorf("%d metric families, want 20", len(mfs))
+	if len(mfs) != 18 {
+		t.Errorf("%d metric families, want 18", len(mfs))
 	}
 	for _, mf := range mfs {
 		if !strings.HasPrefix(mf.GetName(), "shop_bulkhead_") {
@@ -380,12 +377,10 @@ bulkhead_workload_admitted_total{workload="reports"} 1
 # TYPE bulkhead_workload_max_concurrent gauge
 bulkhead_workload_max_concurrent{workload="api"} 2
 bulkhead_workload_max_concurrent{workload="reports"} 1
-# HELP bulkhead_workload_rejections_total Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait) or no_connection (no server connection within the queue wait, all MaxConns in use); in a dry run, those that would have been.
+# HELP bulkhead_workload_rejections_total Operations rejected, by reason: admission_full (refused at once) or queue_timeout (no execution permit within the queue wait); in a dry run, those that would have been.
 # TYPE bulkhead_workload_rejections_total counter
 bulkhead_workload_rejections_total{reason="admission_full",workload="api"} 0
 bulkhead_workload_rejections_total{reason="admission_full",workload="reports"} 1
-bulkhead_workload_rejections_total{reason="no_connection",workload="api"} 0
-bulkhead_workload_rejections_total{reason="no_connection",workload="reports"} 0
 bulkhead_workload_rejections_total{reason="queue_timeout",workload="api"} 0
 bulkhead_workload_rejections_total{reason="queue_timeout",workload="reports"} 0
 # HELP bulkhead_admitted_total Operations that got their permits and a server connection, and ran.
@@ -439,20 +434,21 @@ bulkhead_would_wait_total 1
 }
 
 // On the fake driver the fleet's coordination fails (it knows no
-// pg_locks): the fleet metrics show the gate degraded, with no share.
-func TestCollectorReportsTheFleetOnlyForAGateInOne(t *testing.T) {
+// pg_locks): the fleet metrics show the member degraded, with no share.
+func TestCollectorReportsTheFleetOnlyForAFleetMember(t *testing.T) {
 	c := promgate.New(promgate.Opts{})
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 8, Fleet: "orders"}, bulkhead.WithFleetInterval(time.Hour))
+	m, err := fleet.Join("orders", fakedb.New(), bulkhead.Policy{MaxConcurrent: 8}, fleet.Interval(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer g.OpenDB().Close()
-	c.Attach(g)
-	await(t, "the loop's first round", func() bool { return g.Stats().Fleet.Rounds > 0 })
-	if err := g.SyncFleet(t.Context()); !errors.Is(err, bulkhead.ErrFleet) {
-		t.Fatalf("SyncFleet on the fake driver: %v, want ErrFleet", err)
+	defer m.Gate().OpenDB().Close()
+	c.Attach(m.Gate())
+	c.AttachFleet(m)
+	await(t, "the loop's first round", func() bool { return m.Stats().Rounds > 0 })
+	if err := m.Sync(t.Context()); !errors.Is(err, fleet.ErrCoordination) {
+		t.Fatalf("Sync on the fake driver: %v, want ErrCoordination", err)
 	}
-	rounds := g.Stats().Fleet.Rounds // the loop's first round, and ours: 2
+	rounds := m.Stats().Rounds // the loop's first round, and ours: 2
 	want := fmt.Sprintf(`
 # HELP bulkhead_fleet_degraded 1 while the fleet coordination fails: the share is at most the fallback.
 # TYPE bulkhead_fleet_degraded gauge
@@ -460,19 +456,19 @@ bulkhead_fleet_degraded{fleet="orders"} 1
 # HELP bulkhead_fleet_failures_total Fleet coordination rounds that failed.
 # TYPE bulkhead_fleet_failures_total counter
 bulkhead_fleet_failures_total{fleet="orders"} %d
-# HELP bulkhead_fleet_instances Instances of the fleet alive at the last successful coordination round.
+# HELP bulkhead_fleet_instances Members of the fleet alive at the last successful coordination round.
 # TYPE bulkhead_fleet_instances gauge
 bulkhead_fleet_instances{fleet="orders"} 0
 # HELP bulkhead_fleet_max_concurrent T: the execution permits of the whole fleet (the policy's MaxConcurrent).
 # TYPE bulkhead_fleet_max_concurrent gauge
 bulkhead_fleet_max_concurrent{fleet="orders"} 8
-# HELP bulkhead_fleet_orphans Busy server connections beyond their instance's slots (a killed one's, or one's without coordination), at the last successful round: the shares leave room for them.
+# HELP bulkhead_fleet_orphans Busy server connections beyond their member's slots (a killed one's, or one's without coordination), at the last successful round: the shares leave room for them.
 # TYPE bulkhead_fleet_orphans gauge
 bulkhead_fleet_orphans{fleet="orders"} 0
 # HELP bulkhead_fleet_rounds_total Fleet coordination rounds.
 # TYPE bulkhead_fleet_rounds_total counter
 bulkhead_fleet_rounds_total{fleet="orders"} %d
-# HELP bulkhead_fleet_share This process's share of the fleet's execution permits.
+# HELP bulkhead_fleet_share This member's share of the fleet's execution permits.
 # TYPE bulkhead_fleet_share gauge
 bulkhead_fleet_share{fleet="orders"} 0
 # HELP bulkhead_max_concurrent Execution permits (B): operations that may run at once.
@@ -486,7 +482,7 @@ bulkhead_max_concurrent 0
 	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) != 0 {
 		t.Errorf("lint: %v %v", problems, err)
 	}
-	// A gate outside a fleet has no fleet series.
+	// A gate alone has no fleet series.
 	c2 := promgate.New(promgate.Opts{})
 	gated(t, c2, bulkhead.Policy{MaxConcurrent: 1})
 	if n := testutil.CollectAndCount(c2, names[:7]...); n != 0 {
