@@ -28,6 +28,7 @@ type conn struct {
 	s     *session // the session held, or nil
 	used  bool     // an operation ran on s since database/sql handed c out
 	bad   bool     // c is to be discarded: its session was lost, or the driver's rule says so
+	idle  bool     // c is idle in database/sql's pool (pool.pooled)
 	tx    tx       // the open transaction: a connection has at most one
 	rows  rows     // an autocommit query's rows, reused while free
 	execP permit   // the permits of the autocommit Exec running on c
@@ -49,34 +50,25 @@ var (
 
 // bind gives c a session if it has none: the idle one given back last, or
 // a new one. Sessions the driver finds dead on the way are closed and the
-// next one tried; database/sql will discard as many logical connections
-// (pool.owe).
+// next one tried.
 func (c *conn) bind(ctx context.Context) error {
 	if c.s != nil {
 		return nil
 	}
 	p := c.g.pool
-	bad := 0
 	for {
-		s, dialed, err := p.get(ctx)
+		s, err := p.get(ctx)
 		if err != nil {
-			p.owe(bad)
 			return err
 		}
 		switch err := c.readyGuarded(ctx, s); err {
 		case nil:
-			if dialed && bad > 0 {
-				bad--
-			}
-			p.owe(bad)
 			c.s = s
 			return nil
 		case errBad:
 			p.discard(s, true)
-			bad++
 		default: // ctx ended while the driver checked s: it checks s again at its next use
 			p.put(s, true)
-			p.owe(bad)
 			return err
 		}
 	}
@@ -226,16 +218,27 @@ func Unwrap(dc any) (any, error) {
 
 // ResetSession is called by database/sql when it hands c out again. c
 // holds no session then: the driver resets the one c takes later, once the
-// operation holds its permits, so that a rejection sends nothing.
+// operation holds its permits, so that a rejection sends nothing. c is
+// reported bad if database/sql kept more idle connections than the gate
+// has idle server connections (pool.unpooled), as it would have found
+// them bad itself.
 func (c *conn) ResetSession(context.Context) error {
-	if c.bad || c.g.pool.pay() {
+	if c.idle {
+		c.idle = false
+		if !c.g.pool.unpooled() {
+			c.bad = true
+		}
+	}
+	if c.bad {
 		return driver.ErrBadConn
 	}
 	return nil
 }
 
 // IsValid is called by database/sql when it takes c back: c gives its
-// session back, after the driver's Validator, if it has one, agreed.
+// session back, after the driver's Validator, if it has one, agreed, and
+// stays in database/sql's pool only while the idle connections there are
+// no more than the gate's idle server connections (pool.pooled).
 func (c *conn) IsValid() bool {
 	if c.bad {
 		return false
@@ -246,7 +249,8 @@ func (c *conn) IsValid() bool {
 		return false
 	}
 	c.unbind()
-	return !c.g.pool.pay()
+	c.idle = c.g.pool.pooled()
+	return c.idle
 }
 
 // Close closes the logical connection, and its session if it still holds
@@ -258,7 +262,8 @@ func (c *conn) Close() error {
 		c.g.pool.discard(s, false)
 	}
 	c.tx.end()
-	c.g.pool.logicalClosed()
+	c.g.pool.logicalClosed(c.idle)
+	c.idle = false
 	return nil
 }
 

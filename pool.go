@@ -14,12 +14,15 @@ import (
 // connections (conn.go); a logical connection takes a server connection
 // (a session) from this pool only once an operation on it holds its
 // permits, or a Ping, a Prepare or Raw needs one, and gives it back when
-// database/sql takes the logical connection back. The pool never keeps
-// more sessions than database/sql keeps logical connections: when
-// database/sql closes one (SetMaxIdleConns, SetConnMaxLifetime,
-// SetConnMaxIdleTime, a bad connection), the pool closes its coldest idle
-// session, so that database/sql's settings and counts hold for the
-// server connections.
+// database/sql takes the logical connection back. Two rules keep
+// database/sql's settings and counts true of the server connections:
+// the pool never keeps more sessions than database/sql has logical
+// connections (when database/sql closes one, for SetMaxIdleConns,
+// SetConnMaxLifetime, SetConnMaxIdleTime or a bad connection, the pool
+// closes its coldest idle session), and database/sql keeps no more idle
+// logical connections than the pool has idle sessions (a logical
+// connection beyond them is reported bad as database/sql takes it back or
+// hands it out, and database/sql discards it).
 
 // session is a server connection: a driver connection and its optional
 // interfaces, asserted once. It has one holder at a time (a logical
@@ -72,11 +75,10 @@ type pool struct {
 	reqs    []chan got // callers waiting for a session, first first
 	dialing int
 	closed  bool
-	// debt is how many logical connections database/sql should discard:
-	// it would have discarded each dead connection the gate found, and
-	// dialed one new one for the caller that found them.
-	debt  int
-	epoch atomic.Uint64 // bumped each time a session is found dead
+	// idleLogical counts the logical connections idle in database/sql's
+	// pool: given back (IsValid) and not handed out again (ResetSession).
+	idleLogical int
+	epoch       atomic.Uint64 // bumped each time a session is found dead
 
 	nDials, nDialErrors, nBad atomic.Int64
 }
@@ -85,7 +87,6 @@ type pool struct {
 // the dial's panic.
 type got struct {
 	s        *session
-	dialed   bool // s is new
 	err      error
 	panicked any
 }
@@ -96,19 +97,18 @@ var errBad = errors.New("bulkhead: the driver found the server connection bad")
 // get takes the idle session given back last, or else waits for a dial
 // (started for the caller unless enough dials are already on their way)
 // or for a session given back, whichever comes first, until ctx ends.
-// dialed says whether the session is new. The session is not made ready
-// for use yet (see ready).
-func (p *pool) get(ctx context.Context) (s *session, dialed bool, err error) {
+// The session is not made ready for use yet (see ready).
+func (p *pool) get(ctx context.Context) (*session, error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil, false, ErrClosed
+		return nil, ErrClosed
 	}
 	if n := len(p.idle); n > 0 {
-		s = p.idle[n-1]
+		s := p.idle[n-1]
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		return s, false, nil
+		return s, nil
 	}
 	ch := make(chan got, 1)
 	p.reqs = append(p.reqs, ch)
@@ -123,19 +123,19 @@ func (p *pool) get(ctx context.Context) (s *session, dialed bool, err error) {
 		if g.panicked != nil {
 			panic(g.panicked)
 		}
-		return g.s, g.dialed, g.err
+		return g.s, g.err
 	case <-ctx.Done():
 		p.mu.Lock()
 		if i := slices.Index(p.reqs, ch); i >= 0 {
 			p.reqs = slices.Delete(p.reqs, i, i+1)
 			p.mu.Unlock()
-			return nil, false, ctx.Err()
+			return nil, ctx.Err()
 		}
 		p.mu.Unlock()
 		if g := <-ch; g.s != nil { // handed over meanwhile
 			p.put(g.s, false)
 		}
-		return nil, false, ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
@@ -183,7 +183,7 @@ func (p *pool) dial(ctx context.Context) {
 		return
 	}
 	g.s.checked = p.epoch.Load()
-	closing := p.handLocked(g.s, true)
+	closing := p.handLocked(g.s)
 	p.mu.Unlock()
 	closeAll(closing)
 }
@@ -197,16 +197,42 @@ func (p *pool) put(s *session, used bool) {
 	}
 	p.closePending(s)
 	p.mu.Lock()
-	closing := p.handLocked(s, false)
+	closing := p.handLocked(s)
 	p.mu.Unlock()
 	closeAll(closing)
 }
 
-// handLocked gives s (dialed: new) to the first waiting caller, or else makes it idle,
+// pooled is called as database/sql takes a logical connection back, after
+// its session (if any) was put: it reports whether database/sql may keep
+// it idle, that is whether the idle logical connections stay within the
+// idle sessions, and counts it idle if so.
+func (p *pool) pooled() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.idleLogical >= len(p.idle) {
+		return false
+	}
+	p.idleLogical++
+	return true
+}
+
+// unpooled is called as database/sql hands an idle logical connection out
+// again: it reports whether it may, that is whether the idle logical
+// connections were within the idle sessions (a session found dead, or
+// closed, since may have left it without one).
+func (p *pool) unpooled() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ok := p.idleLogical <= len(p.idle)
+	p.idleLogical--
+	return ok
+}
+
+// handLocked gives s to the first waiting caller, or else makes it idle,
 // then returns the sessions to close: s if the pool is closed, and the
 // coldest idle ones while the pool keeps more sessions than database/sql
 // keeps logical connections.
-func (p *pool) handLocked(s *session, dialed bool) []*session {
+func (p *pool) handLocked(s *session) []*session {
 	if p.closed {
 		p.dropLocked(s)
 		return []*session{s}
@@ -214,7 +240,7 @@ func (p *pool) handLocked(s *session, dialed bool) []*session {
 	if len(p.reqs) > 0 {
 		ch := p.reqs[0]
 		p.reqs = p.reqs[1:]
-		ch <- got{s: s, dialed: dialed}
+		ch <- got{s: s}
 		return nil
 	}
 	p.idle = append(p.idle, s)
@@ -274,34 +300,15 @@ func (p *pool) logicalOpened() {
 	p.mu.Unlock()
 }
 
-func (p *pool) logicalClosed() {
+func (p *pool) logicalClosed(pooled bool) {
 	p.mu.Lock()
 	p.logical--
+	if pooled {
+		p.idleLogical--
+	}
 	closing := p.trimLocked()
 	p.mu.Unlock()
 	closeAll(closing)
-}
-
-// owe adds n to the debt: a caller found n sessions dead (less one if it
-// then dialed a new one, as database/sql would have for it).
-func (p *pool) owe(n int) {
-	if n > 0 {
-		p.mu.Lock()
-		p.debt += n
-		p.mu.Unlock()
-	}
-}
-
-// pay reports whether the logical connection asking is to be discarded,
-// paying one of the debt.
-func (p *pool) pay() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.debt > 0 {
-		p.debt--
-		return true
-	}
-	return false
 }
 
 // ready makes s, just taken, fit for a new use, as database/sql makes a
@@ -367,7 +374,7 @@ func (p *pool) closeEverywhere(q *query) {
 		p.mu.Lock()
 		// Back where it was among the idle, as far as can be told: last
 		// if it was the warmest, else first.
-		closing := p.handLocked(s, false)
+		closing := p.handLocked(s)
 		p.mu.Unlock()
 		closeAll(closing)
 	}

@@ -10,11 +10,13 @@
 //     sites and any other use of the function) becomes the helper's name,
 //     e.g. database/sql.Open=gateSQLOpen turns sql.Open(d, dsn) into
 //     gateSQLOpen(d, dsn);
-//   - each (*sql.Conn).Raw callback written as a function literal
-//     func(dc any) error { ... } gets, after its opening brace and on the
-//     same line, "dc = gateUnwrap(dc);", so that every use of the driver
-//     connection inside (type assertions, type switches, calls) sees the
-//     driver's own connection.
+//   - in each (*sql.Conn).Raw callback written as a function literal
+//     func(dc any) error { ... }, a type assertion of dc to a concrete
+//     type, dc.(*stdlib.Conn), becomes gateUnwrap(dc).(*stdlib.Conn), on
+//     the same line: it reaches the driver's own connection, as a user of
+//     the gate would through bulkhead.Unwrap; an assertion to an
+//     interface, dc.(driver.Execer), is left alone, so that it tests what
+//     Raw hands over.
 //
 // It prints one line per edit and, on standard error, warnings for what
 // it could not route: a Raw callback that is not a function literal, a
@@ -182,10 +184,23 @@ func rewriteFile(name, pkg, unwrap string, maps []mapping) (nEdits, nWarn int, e
 				warn(n.Pos(), "Raw callback in package %s, not rewritten", f.Name.Name)
 				return true
 			}
+			// Only assertions to a concrete type (dc.(*stdlib.Conn),
+			// dc.(*mysqlConn)) reach the driver's own connection: those to an
+			// interface (dc.(driver.Execer)) see what Raw hands over.
 			v := p.Names[0].Name
-			at := off(lit.Body.Lbrace) + 1
-			edits = append(edits, edit{at, at, fmt.Sprintf(" %s = %s(%s);", v, unwrap, v), fset.Position(lit.Body.Lbrace).Line,
-				fmt.Sprintf("Raw callback: %s = %s(%s)", v, unwrap, v)})
+			ast.Inspect(lit.Body, func(n ast.Node) bool {
+				ta, ok := n.(*ast.TypeAssertExpr)
+				if !ok {
+					return true
+				}
+				id, ok := ta.X.(*ast.Ident)
+				if _, star := ta.Type.(*ast.StarExpr); !ok || !star || id.Name != v {
+					return true
+				}
+				edits = append(edits, edit{off(id.Pos()), off(id.End()), fmt.Sprintf("%s(%s)", unwrap, v), fset.Position(id.Pos()).Line,
+					fmt.Sprintf("Raw callback: %s.(%s) -> %s(%s).(...)", v, "*T", unwrap, v)})
+				return true
+			})
 		}
 		return true
 	})

@@ -1,11 +1,12 @@
 package outside // tests/outside/run sets the suite's package here
 
 // The one place where the rewritten suites reach the driver's own
-// connection: tests/outside/rewrite starts every (*sql.Conn).Raw callback
-// of a suite with "dc = gateUnwrap(dc);", so that the suite's own type
-// assertions (dc.(*stdlib.Conn), dc.(*mysqlConn), dc.(driver.Execer))
-// see what they see without the gate. Used by every rewritten arm,
-// passthru included (there bulkhead.Unwrap returns dc as it is).
+// connection: tests/outside/rewrite turns each (*sql.Conn).Raw callback's
+// assertion of its connection to a concrete type (dc.(*stdlib.Conn),
+// dc.(*mysqlConn)) into gateUnwrap(dc).(...), as a user of the gate would
+// write it; assertions to an interface (dc.(driver.Execer)) are left to
+// what Raw hands over. Used by every rewritten arm, passthru included
+// (there bulkhead.Unwrap returns dc as it is).
 
 import "github.com/dbbulkhead/bulkhead"
 
