@@ -28,7 +28,7 @@ type conn struct {
 	s     *session // the session held, or nil
 	used  bool     // an operation ran on s since database/sql handed c out
 	bad   bool     // c is to be discarded: its session was lost, or the driver's rule says so
-	idle  bool     // c is idle in database/sql's pool (pool.pooled)
+	idle  bool     // c is idle in database/sql's pool (pool.giveBack)
 	tx    tx       // the open transaction: a connection has at most one
 	rows  rows     // an autocommit query's rows, reused while free
 	execP permit   // the permits of the autocommit Exec running on c
@@ -85,15 +85,6 @@ func (c *conn) readyGuarded(ctx context.Context, s *session) error {
 	err := c.g.pool.ready(ctx, s)
 	ok = true
 	return err
-}
-
-// unbind gives c's session back to the pool.
-func (c *conn) unbind() {
-	if s := c.s; s != nil {
-		c.s = nil
-		c.g.pool.put(s, c.used)
-		c.used = false
-	}
 }
 
 // lose discards c's session after the driver panicked on it: its state is
@@ -218,16 +209,11 @@ func Unwrap(dc any) (any, error) {
 
 // ResetSession is called by database/sql when it hands c out again. c
 // holds no session then: the driver resets the one c takes later, once the
-// operation holds its permits, so that a rejection sends nothing. c is
-// reported bad if database/sql kept more idle connections than the gate
-// has idle server connections (pool.unpooled), as it would have found
-// them bad itself.
+// operation holds its permits, so that a rejection sends nothing.
 func (c *conn) ResetSession(context.Context) error {
 	if c.idle {
 		c.idle = false
-		if !c.g.pool.unpooled() {
-			c.bad = true
-		}
+		c.g.pool.idleLogical.Add(-1)
 	}
 	if c.bad {
 		return driver.ErrBadConn
@@ -238,18 +224,22 @@ func (c *conn) ResetSession(context.Context) error {
 // IsValid is called by database/sql when it takes c back: c gives its
 // session back, after the driver's Validator, if it has one, agreed, and
 // stays in database/sql's pool only while the idle connections there are
-// no more than the gate's idle server connections (pool.pooled).
+// fewer than the gate's idle server connections (pool.giveBack): one a
+// dead server connection left without one is discarded, as database/sql
+// would have discarded the dead one.
 func (c *conn) IsValid() bool {
 	if c.bad {
 		return false
 	}
-	if s := c.s; s != nil && s.validator != nil && !s.validator.IsValid() {
+	s := c.s
+	if s != nil && s.validator != nil && !s.validator.IsValid() {
 		c.s = nil
 		c.g.pool.discard(s, true)
 		return false
 	}
-	c.unbind()
-	c.idle = c.g.pool.pooled()
+	c.s = nil
+	c.idle = c.g.pool.giveBack(s, c.used, true)
+	c.used = false
 	return c.idle
 }
 

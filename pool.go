@@ -44,6 +44,7 @@ type session struct {
 	checked uint64                 // the pool's epoch when it was last known alive
 	stmts   map[*query]driver.Stmt // statements prepared on it
 	pending []*query               // statements to close before its next use; under pool.mu
+	closing atomic.Bool            // pending is not empty
 	gone    bool                   // closed; under pool.mu
 }
 
@@ -77,7 +78,7 @@ type pool struct {
 	closed  bool
 	// idleLogical counts the logical connections idle in database/sql's
 	// pool: given back (IsValid) and not handed out again (ResetSession).
-	idleLogical int
+	idleLogical atomic.Int64
 	epoch       atomic.Uint64 // bumped each time a session is found dead
 
 	nDials, nDialErrors, nBad atomic.Int64
@@ -192,40 +193,33 @@ func (p *pool) dial(ctx context.Context) {
 // the holder ran anything on it (the driver then resets it before its
 // next use, as database/sql resets a connection it hands out again).
 func (p *pool) put(s *session, used bool) {
-	if used {
-		s.dirty = true
+	p.giveBack(s, used, false)
+}
+
+// giveBack is put, for s if not nil; with logical, it is also called as
+// database/sql takes the logical connection that held s back, and reports
+// whether database/sql may keep that connection idle: whether the idle
+// logical connections stay within the idle sessions. It then counts it
+// idle.
+func (p *pool) giveBack(s *session, used, logical bool) (keep bool) {
+	if s != nil {
+		if used {
+			s.dirty = true
+		}
+		p.closePending(s)
 	}
-	p.closePending(s)
 	p.mu.Lock()
-	closing := p.handLocked(s)
+	var closing []*session
+	if s != nil {
+		closing = p.handLocked(s)
+	}
+	if logical && p.idleLogical.Load() < int64(len(p.idle)) {
+		p.idleLogical.Add(1)
+		keep = true
+	}
 	p.mu.Unlock()
 	closeAll(closing)
-}
-
-// pooled is called as database/sql takes a logical connection back, after
-// its session (if any) was put: it reports whether database/sql may keep
-// it idle, that is whether the idle logical connections stay within the
-// idle sessions, and counts it idle if so.
-func (p *pool) pooled() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.idleLogical >= len(p.idle) {
-		return false
-	}
-	p.idleLogical++
-	return true
-}
-
-// unpooled is called as database/sql hands an idle logical connection out
-// again: it reports whether it may, that is whether the idle logical
-// connections were within the idle sessions (a session found dead, or
-// closed, since may have left it without one).
-func (p *pool) unpooled() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	ok := p.idleLogical <= len(p.idle)
-	p.idleLogical--
-	return ok
+	return keep
 }
 
 // handLocked gives s to the first waiting caller, or else makes it idle,
@@ -300,12 +294,12 @@ func (p *pool) logicalOpened() {
 	p.mu.Unlock()
 }
 
-func (p *pool) logicalClosed(pooled bool) {
+func (p *pool) logicalClosed(idle bool) {
+	if idle {
+		p.idleLogical.Add(-1)
+	}
 	p.mu.Lock()
 	p.logical--
-	if pooled {
-		p.idleLogical--
-	}
 	closing := p.trimLocked()
 	p.mu.Unlock()
 	closeAll(closing)
@@ -362,6 +356,7 @@ func (p *pool) closeEverywhere(q *query) {
 			continue
 		}
 		s.pending = append(s.pending, q)
+		s.closing.Store(true)
 		if i := slices.Index(p.idle, s); i >= 0 {
 			p.idle = slices.Delete(p.idle, i, i+1)
 			idle = append(idle, s)
@@ -383,9 +378,13 @@ func (p *pool) closeEverywhere(q *query) {
 // closePending closes the statements closeLater left for s, held by the
 // caller.
 func (p *pool) closePending(s *session) {
+	if !s.closing.Load() {
+		return
+	}
 	p.mu.Lock()
 	qs := s.pending
 	s.pending = nil
+	s.closing.Store(false)
 	p.mu.Unlock()
 	for _, q := range qs {
 		if si, ok := s.stmts[q]; ok {

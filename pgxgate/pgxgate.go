@@ -47,6 +47,7 @@ import (
 	"fmt"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -102,7 +103,7 @@ type connector struct{ inner driver.Connector }
 func (c connector) Connect(ctx context.Context) (driver.Conn, error) {
 	ci, err := c.inner.Connect(ctx)
 	if err != nil {
-		return nil, err
+		return nil, oneLine(err)
 	}
 	sc, ok := ci.(*stdlib.Conn)
 	if !ok {
@@ -218,8 +219,14 @@ func ownHandler(cfg *pgx.ConnConfig) bool {
 }
 
 // OpenDB parses dsn (a postgres:// URL or key=value string), gates
-// Connector(cfg) with p and opens the gate's *sql.DB (Gate.OpenDB).
+// Connector(cfg) with p and opens the gate's *sql.DB (Gate.OpenDB). An
+// empty dsn is an error: pgx would read it as libpq's defaults (the local
+// server, the user's name as database), which is rarely what an unset
+// DATABASE_URL meant.
 func OpenDB(dsn string, p bulkhead.Policy, opts ...bulkhead.Option) (*sql.DB, *bulkhead.Gate, error) {
+	if strings.TrimSpace(dsn) == "" {
+		return nil, nil, fmt.Errorf("bulkhead: pgxgate: DSN %q is empty (an unset DATABASE_URL?), want a postgres:// URL or key=value settings", dsn)
+	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, nil, &dsnError{dsn: redact(dsn), err: err}
@@ -254,6 +261,53 @@ func (e *dsnError) Error() string {
 }
 
 func (e *dsnError) Unwrap() error { return e.err }
+
+// connectError is pgx's connection failure in one line: pgx lists each
+// attempt on a line of its own, the first often the refused TLS attempt
+// of sslmode=prefer, which says nothing about the failure. errors.As
+// still reaches pgx's *pgconn.ConnectError and the server's
+// *pgconn.PgError.
+type connectError struct {
+	msg string
+	err error
+}
+
+func (e *connectError) Error() string { return e.msg }
+func (e *connectError) Unwrap() error { return e.err }
+
+// oneLine turns pgx's *pgconn.ConnectError into a connectError: the user
+// and database, and the attempts that failed for a reason other than the
+// server refusing TLS (all of them if each did).
+func oneLine(err error) error {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) || ce.Config == nil {
+		return err
+	}
+	var attempts []error
+	if j, ok := errors.Unwrap(ce).(interface{ Unwrap() []error }); ok {
+		attempts = j.Unwrap()
+	} else if u := errors.Unwrap(ce); u != nil {
+		attempts = []error{u}
+	}
+	var kept []string
+	for _, a := range attempts {
+		if s := a.Error(); !strings.Contains(s, "server refused TLS connection") && !slices.Contains(kept, s) {
+			kept = append(kept, s)
+		}
+	}
+	if len(kept) == 0 {
+		for _, a := range attempts {
+			if s := a.Error(); !slices.Contains(kept, s) {
+				kept = append(kept, s)
+			}
+		}
+	}
+	msg := strings.NewReplacer("\n", " ", "\r", " ", "\t", " ").Replace(strings.Join(kept, "; "))
+	return &connectError{
+		msg: fmt.Sprintf("bulkhead: pgxgate: cannot connect as user=%s database=%s: %s", ce.Config.User, ce.Config.Database, msg),
+		err: err,
+	}
+}
 
 var (
 	// password=... in key=value settings, quoted or not, and in a URL's query.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"reflect"
 	"runtime"
@@ -353,5 +354,62 @@ func TestOpenDBWorksWithAGoodDSN(t *testing.T) {
 	}
 	if got := db.Stats().MaxOpenConnections; got != 0 {
 		t.Fatalf("database/sql MaxOpenConnections = %d, want 0 (the gate bounds connections)", got)
+	}
+}
+
+// An unset DATABASE_URL is an empty DSN: an error, never libpq's defaults.
+func TestOpenDBWithAnEmptyDSNIsAnError(t *testing.T) {
+	for _, dsn := range []string{"", "  "} {
+		db, g, err := pgxgate.OpenDB(dsn, bulkhead.Policy{MaxConcurrent: 1})
+		if err == nil || db != nil || g != nil {
+			t.Fatalf("OpenDB(%q) = %v, %v, %v; want only an error", dsn, db, g, err)
+		}
+		if msg := err.Error(); !strings.Contains(msg, "is empty") || !strings.Contains(msg, "want a postgres:// URL or key=value settings") {
+			t.Fatalf("OpenDB(%q): %q, want it to name the empty DSN and what is expected", dsn, msg)
+		}
+	}
+}
+
+// A connection pgx cannot make is one line, whose first words are not the
+// refused TLS attempt of sslmode=prefer; it counts as a dial error, and
+// the server's error stays reachable.
+func TestAFailedConnectionIsOneLineWithTheServersReasonAndIsCounted(t *testing.T) {
+	u, err := url.Parse(postgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User("no_such_role_bulkhead")
+	q := u.Query()
+	q.Set("sslmode", "prefer") // the server has no TLS: pgx tries it first, then without
+	u.RawQuery = q.Encode()
+	cfg, err := pgx.ParseConfig(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := pgxgate.New(cfg, bulkhead.Policy{MaxConcurrent: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	err = db.PingContext(t.Context())
+	if err == nil {
+		t.Fatal("ping as a role that does not exist succeeded")
+	}
+	msg := err.Error()
+	if strings.ContainsAny(msg, "\r\n") || !strings.HasPrefix(msg, "bulkhead: pgxgate: cannot connect as user=no_such_role_bulkhead") ||
+		strings.Contains(msg, "tls error") || strings.Count(msg, "SQLSTATE 28000") != 1 {
+		t.Fatalf("%q: want one line naming the user and the server's reason once, without a TLS attempt", msg)
+	}
+	var pe *pgconn.PgError
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &pe) || pe.Code != "28000" || !errors.As(err, &ce) {
+		t.Fatalf("%v: want pgx's ConnectError and the server's 28000 reachable", err)
+	}
+	if _, err := db.ExecContext(t.Context(), "SELECT 1"); err == nil {
+		t.Fatal("exec succeeded")
+	}
+	if s := g.Stats(); s.DialErrors != 2 || s.ConnectFailed != 1 {
+		t.Fatalf("%+v: want both failed dials counted, the operation's as ConnectFailed", s)
 	}
 }
