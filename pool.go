@@ -199,8 +199,8 @@ func (p *pool) put(s *session, used bool) {
 // giveBack is put, for s if not nil; with logical, it is also called as
 // database/sql takes the logical connection that held s back, and reports
 // whether database/sql may keep that connection idle: whether the idle
-// logical connections stay within the idle sessions. It then counts it
-// idle.
+// logical connections stay within the idle sessions (and the dials on
+// their way). It then counts it idle.
 func (p *pool) giveBack(s *session, used, logical bool) (keep bool) {
 	if s != nil {
 		if used {
@@ -213,7 +213,9 @@ func (p *pool) giveBack(s *session, used, logical bool) (keep bool) {
 	if s != nil {
 		closing = p.handLocked(s)
 	}
-	if logical && p.idleLogical.Load() < int64(len(p.idle)) {
+	// A dial on its way counts as idle: its session needs a logical
+	// connection to stay (sessions never outnumber them).
+	if logical && p.idleLogical.Load() < int64(len(p.idle)+p.dialing) {
 		p.idleLogical.Add(1)
 		keep = true
 	}

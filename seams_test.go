@@ -390,3 +390,54 @@ func TestServerConnectionsNeverOutnumberDatabaseSQLsConnections(t *testing.T) {
 		t.Fatalf("%d server connections open, database/sql %+v: want at most its 1", open, s)
 	}
 }
+
+// A dial goes on after the caller that asked for it gave up, and its
+// server connection serves the next caller: under short deadlines and a
+// slow dial, a dial is not thrown away at each cut-off. (Without the
+// gate, database/sql's Connect is cut off with its caller.)
+func TestADialItsCallerGaveUpOnServesTheNextCaller(t *testing.T) {
+	e := fkOpen(t, nil, fkB1)
+	b := e.fc.Block(fakedb.OpConnect)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.db.ExecContext(ctx, "UPDATE t")
+		done <- err
+	}()
+	b.Wait(1)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("exec cut off while dialing: %v, want context.Canceled", err)
+	}
+	b.Release()
+	awaitState(t, "the dial's connection is idle", func() bool { return e.g.Stats().IdleConns == 1 })
+	if _, err := e.db.Exec("UPDATE t"); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.fc.Count(fakedb.OpConnect); n != 1 {
+		t.Fatalf("%d dials, want 1: the next caller got the first dial's connection", n)
+	}
+	if s := e.g.Stats(); s.Dials != 1 || s.Canceled != 1 || s.Admitted != 1 {
+		t.Fatalf("%+v: want one dial, the cut-off exec canceled", s)
+	}
+}
+
+// db.Conn takes a logical connection and dials nothing: the server
+// connection comes with the *sql.Conn's first use.
+func TestASQLConnDialsAtItsFirstUse(t *testing.T) {
+	e := fkOpen(t, nil, fkB1)
+	c, err := e.db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if n := e.fc.Count(fakedb.OpConnect); n != 0 {
+		t.Fatalf("db.Conn dialed %d server connections, want 0", n)
+	}
+	if _, err := c.ExecContext(context.Background(), "UPDATE t"); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.fc.Count(fakedb.OpConnect); n != 1 {
+		t.Fatalf("%d dials after the first statement, want 1", n)
+	}
+}
