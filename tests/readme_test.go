@@ -67,6 +67,7 @@ var readmeImports = map[string]string{
 	"httpgate":   "github.com/dbbulkhead/bulkhead/httpgate",
 	"pgxgate":    "github.com/dbbulkhead/bulkhead/pgxgate",
 	"promgate":   "github.com/dbbulkhead/bulkhead/promgate",
+	"fleet":      "github.com/dbbulkhead/bulkhead/fleet",
 	"gorm":       "gorm.io/gorm",
 	"postgres":   "gorm.io/driver/postgres",
 	"mysql":      "github.com/go-sql-driver/mysql",
@@ -136,10 +137,10 @@ func importsFor(src string) string {
 	return b.String()
 }
 
-// readmeFile turns a block into a Go file of package main, following the
-// rules the README's Quick start states.
-func readmeFile(b readmeBlock, idx int) string {
-	lineDirective := fmt.Sprintf("//line README.md:%d\n", b.line)
+// readmeFile turns a block of the markdown file doc into a Go file of
+// package main, following the rules the README's Quick start states.
+func readmeFile(doc string, b readmeBlock, idx int) string {
+	lineDirective := fmt.Sprintf("//line %s:%d\n", doc, b.line)
 	if strings.HasPrefix(strings.TrimSpace(b.text), "package ") {
 		return lineDirective + b.text
 	}
@@ -165,9 +166,9 @@ func readmeFile(b readmeBlock, idx int) string {
 }
 
 // TestEveryGoBlockOfTheReadmeCompilesInAUserModule builds every ```go block
-// of README.md, each as its own main package of a module outside this
-// repository (so that an internal import fails as it would for a user),
-// against this repository's modules through a go.work.
+// of README.md and of docs/*.md, each as its own main package of a module
+// outside this repository (so that an internal import fails as it would
+// for a user), against this repository's modules through a go.work.
 func TestEveryGoBlockOfTheReadmeCompilesInAUserModule(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the README's snippets with the go command; skipped with -short")
@@ -176,11 +177,28 @@ func TestEveryGoBlockOfTheReadmeCompilesInAUserModule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks := readmeBlocks(t, filepath.Join(root, "README.md"))
-	// The README has a quick start, the workloads block and seven
-	// integration snippets; fewer means the extraction broke.
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type docBlock struct {
+		doc string // relative to the repository's root
+		readmeBlock
+	}
+	var blocks []docBlock
+	for _, d := range append([]string{filepath.Join(root, "README.md")}, docs...) {
+		rel, err := filepath.Rel(root, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range readmeBlocks(t, d) {
+			blocks = append(blocks, docBlock{rel, b})
+		}
+	}
+	// The README's quick start, the fleet's, and seven integration
+	// snippets: fewer means the extraction broke.
 	if len(blocks) < 9 {
-		t.Fatalf("found %d ```go blocks in README.md, want at least 9", len(blocks))
+		t.Fatalf("found %d ```go blocks in README.md and docs/*.md, want at least 9", len(blocks))
 	}
 
 	dir := t.TempDir()
@@ -213,7 +231,7 @@ func TestEveryGoBlockOfTheReadmeCompilesInAUserModule(t *testing.T) {
 		write(filepath.Join("sqlcdb", filepath.Base(g)), string(src))
 	}
 	for i, b := range blocks {
-		write(fmt.Sprintf("b%02d/main.go", i), readmeFile(b, i))
+		write(fmt.Sprintf("b%02d/main.go", i), readmeFile(b.doc, b.readmeBlock, i))
 	}
 
 	cmd := exec.Command("go", "build", "-o", os.DevNull, "./...")
@@ -222,6 +240,6 @@ func TestEveryGoBlockOfTheReadmeCompilesInAUserModule(t *testing.T) {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		t.Fatalf("the README's Go blocks do not compile (%v):\n%s", err, out.String())
+		t.Fatalf("the Go blocks of README.md and docs/*.md do not compile (%v):\n%s", err, out.String())
 	}
 }
