@@ -196,8 +196,6 @@ func pgKind(err error) string {
 		return "admission full"
 	case errors.Is(err, bulkhead.ErrQueueTimeout):
 		return "queue timeout"
-	case errors.Is(err, bulkhead.ErrNoConnection):
-		return "no connection"
 	case errors.Is(err, driver.ErrBadConn):
 		return "bad conn"
 	case errors.Is(err, sql.ErrConnDone):
@@ -543,12 +541,9 @@ func pgStorm(t *testing.T, inner driver.Connector, p bulkhead.Policy, inTx bool)
 		// is inherently racy"); the call and its permit lasted as long.
 		case "begin: admission full", "begin: queue timeout", "begin: bad conn",
 			"exec: canceled", "exec: sqlstate 57014", "exec: ok", "exec: bad conn", "exec: tx done",
-			"exec: admission full", "exec: queue timeout",
-			// A session held by another worker's *sql.Conn between its
-			// statement and its Close: on a loaded machine that moment
-			// can outlast WithConnWait.
-			"exec: no connection", "begin: no connection",
-			"conn: admission full":
+			"exec: admission full", "exec: queue timeout":
+			// db.Conn dials nothing and takes no permit: it is never
+			// rejected.
 		default:
 			t.Errorf("%d unexpected outcomes %q", n, kind)
 		}
@@ -729,16 +724,28 @@ func TestPoolExhaustionEndsInSuccessOrRejectionAndTheStatsAddUp(t *testing.T) {
 	}
 	s := g.Stats()
 	attempts := int64(goroutines * each)
-	if sum := s.Admitted + s.RejectedFull + s.RejectedTimeout + s.RejectedNoConn + s.ConnectFailed + s.Canceled; sum != attempts {
-		t.Errorf("Admitted+RejectedFull+RejectedTimeout+RejectedNoConn+ConnectFailed+Canceled = %d+%d+%d+%d+%d+%d = %d, want %d attempts", s.Admitted, s.RejectedFull, s.RejectedTimeout, s.RejectedNoConn, s.ConnectFailed, s.Canceled, sum, attempts)
+	if sum := s.Admitted + s.RejectedFull + s.RejectedTimeout + s.ConnectFailed + s.Canceled; sum != attempts {
+		t.Errorf("Admitted+RejectedFull+RejectedTimeout+ConnectFailed+Canceled = %d+%d+%d+%d+%d = %d, want %d attempts", s.Admitted, s.RejectedFull, s.RejectedTimeout, s.ConnectFailed, s.Canceled, sum, attempts)
 	}
-	if s.Admitted != ok.Load() || s.RejectedFull+s.RejectedTimeout+s.RejectedNoConn != rejected.Load() {
+	if s.Admitted != ok.Load() || s.RejectedFull+s.RejectedTimeout != rejected.Load() {
 		t.Errorf("stats %+v; callers saw %d successes and %d rejections", s, ok.Load(), rejected.Load())
 	}
 	if s.Running != 0 || s.Waiting != 0 || s.OpenConns > p.MaxConcurrent+p.MaxQueue {
 		t.Errorf("after the burst: Running=%d Waiting=%d OpenConns=%d, want 0, 0, at most %d", s.Running, s.Waiting, s.OpenConns, p.MaxConcurrent+p.MaxQueue)
 	}
-	t.Logf("%d attempts: %d ok, %d rejected (full %d, timeout %d, no connection %d), %d waited", attempts, ok.Load(), rejected.Load(), s.RejectedFull, s.RejectedTimeout, s.RejectedNoConn, s.WaitCount)
+	// A dial may still be on its way (its operation got a server
+	// connection given back meanwhile). Once none is, nothing runs: every
+	// server connection is idle, and the gate keeps no more of them than
+	// database/sql keeps connections, at most its MaxIdleConns (B+Q, set
+	// by OpenDB).
+	awaitState(t, "the dials on their way are done", func() bool { s := g.Stats(); return s.OpenConns == s.IdleConns })
+	ds := db.Stats() // first: database/sql counts a connection closed after the gate does
+	s = g.Stats()
+	if s.OpenConns > ds.OpenConnections || ds.OpenConnections > p.MaxConcurrent+p.MaxQueue {
+		t.Errorf("once the dials are done: OpenConns=%d IdleConns=%d, database/sql's connections %d; want at most database/sql's, at most %d",
+			s.OpenConns, s.IdleConns, ds.OpenConnections, p.MaxConcurrent+p.MaxQueue)
+	}
+	t.Logf("%d attempts: %d ok, %d rejected (full %d, timeout %d), %d waited; %d server connections, %d dials", attempts, ok.Load(), rejected.Load(), s.RejectedFull, s.RejectedTimeout, s.WaitCount, s.OpenConns, s.Dials)
 }
 
 // ---- 8. permits back after repeated failures ----
@@ -898,23 +905,45 @@ func TestEveryPermitComesBackAfterRepeatedFailures(t *testing.T) {
 
 // ---- 9. the server-connection bound under overload ----
 
-func TestServerConnectionsStayWithinBPlusQUnderOverload(t *testing.T) {
+// Under overload the server connections are those of the running
+// operations: the gate dials only for an operation that holds its
+// execution permit (at most B), when no idle server connection is left,
+// and a logical connection gives its server connection back when
+// database/sql takes it back, at the end of Commit or Rollback. Waiting
+// and rejected operations hold none. So at every dial the gate's server
+// connections are at most B plus the transactions inside Commit or
+// Rollback, and the gate never has more than at any dial: the test
+// counts the latter (ending) and asserts that bound, on the gate's count
+// and on the server's.
+func TestServerConnectionsStayWithinTheRunningOperationsUnderOverload(t *testing.T) {
 	ctx := pgTestCtx(t)
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 20 * time.Millisecond}
-	g, db := openGated(t, p)
+	spy := &relSpyConnector{inner: stdlib.GetConnector(*pgConfig(t))}
+	g, err := bulkhead.New(spy, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	t.Cleanup(func() { db.Close() })
 	m := newMonitor(t)
-	maxConns := p.MaxConcurrent + p.MaxQueue
-	// k: server backends the gate no longer counts. The gate counts a
-	// connection until the driver's Close returns; pgx sends Terminate and
-	// returns without waiting for the backend to exit, so a closed
-	// connection may still show in pg_stat_activity for a moment. In this
-	// run no operation is cancelled and OpenDB keeps B+Q idle connections,
-	// so no connection is closed: k is 0, and any excess is a bug.
-	const k = 0
 
 	const goroutines, each = 40, 60
 	stop := time.Now().Add(1500 * time.Millisecond)
-	var ok, rejected, gateMax atomic.Int64
+	var ok, rejected, gateMax, ending, maxEnding atomic.Int64
+	raise := func(m *atomic.Int64, v int64) {
+		for {
+			old := m.Load()
+			if v <= old || m.CompareAndSwap(old, v) {
+				return
+			}
+		}
+	}
+	// end runs Commit or Rollback, counted in ending while it runs.
+	end := func(f func() error) error {
+		raise(&maxEnding, ending.Add(1))
+		defer ending.Add(-1)
+		return f()
+	}
 	var tally pgTally
 	var wg sync.WaitGroup
 	for range goroutines {
@@ -926,10 +955,10 @@ func TestServerConnectionsStayWithinBPlusQUnderOverload(t *testing.T) {
 						return err
 					}
 					if _, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.005)"); err != nil {
-						tx.Rollback()
+						end(tx.Rollback)
 						return err
 					}
-					return tx.Commit()
+					return end(tx.Commit)
 				}()
 				switch {
 				case err == nil:
@@ -939,9 +968,7 @@ func TestServerConnectionsStayWithinBPlusQUnderOverload(t *testing.T) {
 				default:
 					tally.add(pgKind(err))
 				}
-				if n := int64(g.Stats().OpenConns); n > gateMax.Load() {
-					gateMax.Store(n) // racy max, good enough: the poller checks too
-				}
+				raise(&gateMax, int64(g.Stats().OpenConns))
 			}
 		})
 	}
@@ -950,19 +977,29 @@ func TestServerConnectionsStayWithinBPlusQUnderOverload(t *testing.T) {
 	gateSeen := 0
 	pk := pgPoll(t, ctx, m, done, func(pgActivity) { gateSeen = max(gateSeen, g.Stats().OpenConns) })
 
-	t.Logf("%d ok, %d rejected; server connections max %d (B+Q=%d, k=%d) in %d polls; gate OpenConns max %d/%d; db stats %+v",
-		ok.Load(), rejected.Load(), pk.conns, maxConns, k, pk.polls, gateSeen, gateMax.Load(), db.Stats())
+	bound := p.MaxConcurrent + int(maxEnding.Load())
+	// k: server backends the gate no longer counts. The gate counts a
+	// connection until the driver's Close returns; pgx sends Terminate and
+	// returns without waiting for the backend to exit, so a closed
+	// connection may still show in pg_stat_activity for a moment: at most
+	// the connections closed.
+	k := int(spy.closes.Load())
+	t.Logf("%d ok, %d rejected; server connections max %d (B=%d, at most %d ending at once, k=%d; B+Q=%d) in %d polls; gate OpenConns max %d/%d, %d dials; db stats %+v",
+		ok.Load(), rejected.Load(), pk.conns, p.MaxConcurrent, maxEnding.Load(), k, p.MaxConcurrent+p.MaxQueue, pk.polls, gateSeen, gateMax.Load(), g.Stats().Dials, db.Stats())
 	if tally.String() != "map[]" {
 		t.Errorf("errors other than rejections: %v", &tally)
 	}
 	if ok.Load() == 0 || rejected.Load() == 0 {
 		t.Errorf("%d ok and %d rejected: the run was not an overload", ok.Load(), rejected.Load())
 	}
-	if pk.conns > maxConns+k {
-		t.Errorf("server connections reached %d, want at most B+Q+k = %d", pk.conns, maxConns+k)
+	if pk.conns > bound+k {
+		t.Errorf("server connections reached %d, want at most B + the transactions ending at once + k = %d", pk.conns, bound+k)
 	}
-	if gateSeen > maxConns || int(gateMax.Load()) > maxConns {
-		t.Errorf("Stats().OpenConns reached %d/%d, want at most B+Q = %d", gateSeen, gateMax.Load(), maxConns)
+	if gateSeen > bound || int(gateMax.Load()) > bound {
+		t.Errorf("Stats().OpenConns reached %d/%d, want at most B + the transactions ending at once = %d", gateSeen, gateMax.Load(), bound)
+	}
+	if d := g.Stats().Dials; d > int64(bound+k) {
+		t.Errorf("%d server connections dialed, want at most %d: a connection is dialed only when none is idle", d, bound+k)
 	}
 	pgExpectIdle(t, g)
 }
@@ -1072,12 +1109,15 @@ func TestRawReachesThePgxConnectionThroughUnwrapAndCopyFromWorks(t *testing.T) {
 		if _, ok := dc.(*stdlib.Conn); ok {
 			return errors.New("Raw handed the test pgx's own connection, want the gate's wrapper")
 		}
-		sc, ok := bulkhead.Unwrap(dc).(*stdlib.Conn)
+		u, err := bulkhead.Unwrap(dc)
+		if err != nil {
+			return fmt.Errorf("bulkhead.Unwrap(%T): %v", dc, err)
+		}
+		sc, ok := u.(*stdlib.Conn)
 		if !ok {
-			return fmt.Errorf("bulkhead.Unwrap(%T) is %T, want *stdlib.Conn", dc, bulkhead.Unwrap(dc))
+			return fmt.Errorf("bulkhead.Unwrap(%T) is %T, want *stdlib.Conn", dc, u)
 		}
 		rows := [][]any{{1, "one"}, {2, "two"}, {3, "three"}}
-		var err error
 		copied, err = sc.Conn().CopyFrom(ctx, pgx.Identifier{table}, []string{"id", "name"}, pgx.CopyFromRows(rows))
 		return err
 	})
@@ -1250,24 +1290,35 @@ func TestPingIsNotGated(t *testing.T) {
 		}
 	})
 	t.Run("no idle connection", func(t *testing.T) {
-		// Documented: with all MaxConns server connections held, Ping
-		// finds none within WithConnWait.
+		// The only server connection is held by the transaction: the
+		// ping's logical connection dials one of its own, outside the
+		// budget, and counts as no operation.
 		ctx := pgTestCtx(t)
-		g, db := openGatedWith(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, bulkhead.WithConnWait(10*time.Millisecond))
+		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
 		tx := pgBegin(t, ctx, db)
 		before := g.Stats()
-		err := db.PingContext(ctx)
-		if !errors.Is(err, bulkhead.ErrNoConnection) {
-			t.Errorf("ping with the only server connection held: got %v, want ErrNoConnection", err)
+		if before.OpenConns != 1 || before.IdleConns != 0 {
+			t.Fatalf("with the transaction open: OpenConns=%d IdleConns=%d, want 1 and 0", before.OpenConns, before.IdleConns)
 		}
-		if after := g.Stats(); after.RejectedNoConn != before.RejectedNoConn || after.Dials != before.Dials {
-			t.Errorf("ping changed the gate's operation counts or dialed: %+v -> %+v", before, after)
+		if err := db.PingContext(ctx); err != nil {
+			t.Errorf("ping with the only server connection held: %v, want nil", err)
+		}
+		after := g.Stats()
+		wantAfter := before
+		wantAfter.Dials++
+		wantAfter.OpenConns++
+		wantAfter.IdleConns++ // given back when database/sql took the ping's connection back
+		if after != wantAfter {
+			t.Errorf("ping: stats %+v -> %+v, want one dial and one more (idle) server connection, nothing else", before, after)
 		}
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)
 		}
 		if err := db.PingContext(ctx); err != nil {
 			t.Errorf("ping once the connection is idle again: %v", err)
+		}
+		if s := g.Stats(); s.Dials != wantAfter.Dials {
+			t.Errorf("the second ping dialed (Dials %d -> %d), want it on an idle server connection", wantAfter.Dials, s.Dials)
 		}
 	})
 }

@@ -19,51 +19,48 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/fleet"
 )
 
-// Fleet budgets on PostgreSQL (fleet.go, README "Fleets"). Each gate here
-// is one instance of a fleet; the loop's interval is an hour, so that the
-// test steps the rounds itself with SyncFleet (the loop runs one round at
-// start, which only moves a gate towards its target earlier).
+// Fleet budgets on PostgreSQL (package fleet, README "Fleets"). Each
+// member here is one instance of a fleet; the loop's interval is an hour,
+// so that the test steps the rounds itself with Sync (the loop runs one
+// round at start, which only moves a member towards its target earlier).
 
 // fleetName is a fleet name unique to the test and the process.
 func fleetName(t testing.TB) string {
 	return fmt.Sprintf("t%d-%d", os.Getpid(), time.Now().UnixNano()%1e9)
 }
 
-func fleetPolicy(name string, total, queue int) bulkhead.Policy {
-	return bulkhead.Policy{MaxConcurrent: total, MaxQueue: queue, QueueWait: time.Minute, Fleet: name}
+// fleetPolicy is a fleet's policy: total is T, queue the fleet's Q.
+func fleetPolicy(total, queue int) bulkhead.Policy {
+	return bulkhead.Policy{MaxConcurrent: total, MaxQueue: queue, QueueWait: time.Minute}
 }
 
-// fleetGate makes one instance of the fleet named in p, closed at the end
-// of the test.
-func fleetGate(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) *bulkhead.Gate {
+// fleetGate makes one member of the fleet name, whose gate is closed at
+// the end of the test (leaving the fleet).
+func fleetGate(t *testing.T, name string, p bulkhead.Policy, opts ...fleet.Option) *fleet.Member {
 	t.Helper()
-	opts = append([]bulkhead.Option{bulkhead.WithFleetInterval(time.Hour), directCoordination(t)}, opts...)
-	g, err := bulkhead.New(stdlib.GetConnector(*pgConfig(t)), p, opts...)
+	opts = append([]fleet.Option{fleet.Interval(time.Hour), directCoordination(t)}, opts...)
+	m, err := fleet.Join(name, stdlib.GetConnector(*pgConfig(t)), p, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { g.OpenDB().Close() }) // closes the gate too
-	// The loop's first round starts at once: let it end (SyncFleet waits
+	t.Cleanup(func() { m.Gate().OpenDB().Close() }) // closes the gate too
+	// The loop's first round starts at once: let it start (Sync waits
 	// for a round in progress), so that it does not run between the
 	// test's steps.
-	for i := 0; g.Stats().Fleet.Rounds == 0; i++ {
-		if i == 10000 {
-			t.Fatal("the fleet loop's first round did not start")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return g
+	awaitState(t, "the fleet loop's first round started", func() bool { return m.Stats().Rounds > 0 })
+	return m
 }
 
 // directCoordination opens a fleet's coordination sessions on the test's
 // PostgreSQL server itself, with an application_name of their own: the
 // tests count the operations' transactions by the test's name.
-func directCoordination(t *testing.T) bulkhead.Option {
+func directCoordination(t *testing.T) fleet.Option {
 	coord := pgConfig(t)
 	coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
-	return bulkhead.WithFleetConnector(stdlib.GetConnector(*coord))
+	return fleet.Coordinator(stdlib.GetConnector(*coord))
 }
 
 // fleetSlots reads the fleet's locks from pg_locks as the server holds
@@ -78,17 +75,12 @@ type fleetView struct {
 
 func fleetSlots(t *testing.T, ctx context.Context, admin *sql.DB, name string) fleetView {
 	t.Helper()
-	// The same keys as fleet.go: FNV-1a 32 of "bulkhead:<name>:<what>".
-	key := func(what string) int64 {
-		var h uint32 = 2166136261
-		for _, c := range []byte("bulkhead:" + name + ":" + what) {
-			h ^= uint32(c)
-			h *= 16777619
-		}
-		return int64(h)
-	}
+	// As fleet.Keys documents them: advisory locks of the two-key form
+	// (objsubid 2), classid the key as an unsigned 32-bit number.
+	keys := fleet.LockKeys(name)
+	key := func(k int32) int64 { return int64(uint32(k)) }
 	rows, err := admin.QueryContext(ctx, `SELECT classid::int8, pid FROM pg_locks
-		WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND classid::int8 IN ($1, $2, $3)`, key("members"), key("slots"), key("conns"))
+		WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND classid::int8 IN ($1, $2, $3)`, key(keys.Members), key(keys.Slots), key(keys.Conns))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,9 +92,9 @@ func fleetSlots(t *testing.T, ctx context.Context, admin *sql.DB, name string) f
 			t.Fatal(err)
 		}
 		switch class {
-		case key("members"):
+		case key(keys.Members):
 			v.members++
-		case key("slots"):
+		case key(keys.Slots):
 			v.slots[pid]++
 			v.total++
 		default:
@@ -116,18 +108,18 @@ func fleetSlots(t *testing.T, ctx context.Context, admin *sql.DB, name string) f
 }
 
 // checkFleet asserts the fleet's promise at this instant: the slots held
-// on the server add up to at most total, and no gate's B exceeds the slots
-// its session holds.
-func checkFleet(t *testing.T, ctx context.Context, admin *sql.DB, name string, total int, gs []*bulkhead.Gate) fleetView {
+// on the server add up to at most total, and no member's B exceeds the
+// slots its session holds, nor its Share.
+func checkFleet(t *testing.T, ctx context.Context, admin *sql.DB, name string, total int, ms []*fleet.Member) fleetView {
 	t.Helper()
 	v := fleetSlots(t, ctx, admin, name)
 	if v.total > total {
 		t.Fatalf("the fleet's sessions hold %d slots, want at most T=%d", v.total, total)
 	}
-	for i, g := range gs {
-		s := g.Stats()
-		if held := v.slots[s.Fleet.Backend]; s.MaxConcurrent > held {
-			t.Fatalf("instance %d: B=%d with %d slots held by its session (pid %d)", i, s.MaxConcurrent, held, s.Fleet.Backend)
+	for i, m := range ms {
+		s, fs := m.Gate().Stats(), m.Stats()
+		if held := v.slots[fs.Backend]; s.MaxConcurrent > held || s.MaxConcurrent > fs.Share {
+			t.Fatalf("instance %d: B=%d with %d slots held by its session (pid %d), share %d", i, s.MaxConcurrent, held, fs.Backend, fs.Share)
 		}
 	}
 	return v
@@ -140,9 +132,9 @@ func adminDB(t *testing.T) *sql.DB {
 	return db
 }
 
-func shares(gs []*bulkhead.Gate) (b, q []int) {
-	for _, g := range gs {
-		s := g.Stats()
+func shares(ms []*fleet.Member) (b, q []int) {
+	for _, m := range ms {
+		s := m.Gate().Stats()
 		b = append(b, s.MaxConcurrent)
 		q = append(q, s.MaxQueue)
 	}
@@ -154,25 +146,24 @@ func TestFleetSharesSplitTheTotalAndSettleWithinTwoRounds(t *testing.T) {
 	admin := adminDB(t)
 	name := fleetName(t)
 	const total, queue = 8, 6
-	var gs []*bulkhead.Gate
+	var gs []*fleet.Member
 	round := func() {
 		t.Helper()
 		for _, g := range gs {
-			if err := g.SyncFleet(ctx); err != nil {
+			if err := g.Sync(ctx); err != nil {
 				t.Fatal(err)
 			}
 			checkFleet(t, ctx, admin, name, total, gs)
 		}
 	}
-	// Expected shares by instance count, members in pid order: ⌊T/n⌋ and
-	// one more for the first T mod n. Instances join in pid order here
-	// (each one's session opens after the previous one's), so creation
-	// order is pid order unless pids wrapped around: compare sorted.
+	// Expected shares by instance count, members in id order: ⌊T/n⌋ and
+	// one more for the first T mod n. The ids are drawn at random:
+	// compare sorted.
 	want := map[int]string{1: "[8] [6]", 2: "[4 4] [3 3]", 3: "[3 3 2] [2 2 2]", 4: "[2 2 2 2] [2 2 1 1]"}
 	for n := 1; n <= 4; n++ {
-		g := fleetGate(t, fleetPolicy(name, total, queue))
+		g := fleetGate(t, name, fleetPolicy(total, queue))
 		gs = append(gs, g)
-		if err := g.SyncFleet(ctx); err != nil {
+		if err := g.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
 		checkFleet(t, ctx, admin, name, total, gs)
@@ -183,15 +174,15 @@ func TestFleetSharesSplitTheTotalAndSettleWithinTwoRounds(t *testing.T) {
 			t.Fatalf("%d instances, after two rounds: shares B, Q = %s, want %s", n, got, want[n])
 		}
 		for i, g := range gs {
-			if s := g.Stats().Fleet; s.Instances != n || s.Total != total || s.Degraded || s.Name != name {
-				t.Fatalf("%d instances: instance %d's fleet stats %+v", n, i, s)
+			if s := g.Stats(); s.Instances != n || s.Total != total || s.Degraded || s.Name != name || s.Share != g.Gate().Stats().MaxConcurrent {
+				t.Fatalf("%d instances: instance %d's fleet stats %+v (B=%d)", n, i, s, g.Gate().Stats().MaxConcurrent)
 			}
 		}
 	}
 	// Graceful stops: the others take the share back in one round.
 	want = map[int]string{3: "[3 3 2] [2 2 2]", 2: "[4 4] [3 3]", 1: "[8] [6]"}
 	for len(gs) > 1 {
-		if err := gs[0].OpenDB().Close(); err != nil {
+		if err := gs[0].Gate().OpenDB().Close(); err != nil {
 			t.Fatal(err)
 		}
 		gs = gs[1:]
@@ -222,13 +213,13 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 	ctx := pgTestCtx(t)
 	admin := adminDB(t)
 	name := fleetName(t)
-	p := fleetPolicy(name, 4, 0)
+	p := fleetPolicy(4, 0)
 	p.QueueWait = 0
-	g1 := fleetGate(t, p)
-	if err := g1.SyncFleet(ctx); err != nil {
+	g1 := fleetGate(t, name, p)
+	if err := g1.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	db1 := g1.OpenDB()
+	db1 := g1.Gate().OpenDB()
 	var txs []*sql.Tx
 	for range 4 {
 		tx := pgBegin(t, ctx, db1)
@@ -237,30 +228,30 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 		}
 		txs = append(txs, tx)
 	}
-	g2 := fleetGate(t, p)
-	gs := []*bulkhead.Gate{g1, g2}
-	if err := g2.SyncFleet(ctx); err != nil {
+	g2 := fleetGate(t, name, p)
+	gs := []*fleet.Member{g1, g2}
+	if err := g2.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// g1's target is 2: its B goes down at once, its slots stay locked
 	// while 4 transactions run.
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	if err := g1.SyncFleet(short); err != nil {
+	if err := g1.Sync(short); err != nil {
 		t.Fatal(err)
 	}
 	cancel()
 	v := checkFleet(t, ctx, admin, name, 4, gs)
-	if s := g1.Stats(); s.MaxConcurrent != 2 || s.Running != 4 || v.slots[s.Fleet.Backend] != 4 {
-		t.Fatalf("with 4 transactions open and a target of 2: B=%d, running %d, %d slots held; want 2, 4, 4", s.MaxConcurrent, s.Running, v.slots[s.Fleet.Backend])
+	if s, fs := g1.Gate().Stats(), g1.Stats(); s.MaxConcurrent != 2 || s.Running != 4 || v.slots[fs.Backend] != 4 {
+		t.Fatalf("with 4 transactions open and a target of 2: B=%d, running %d, %d slots held; want 2, 4, 4", s.MaxConcurrent, s.Running, v.slots[fs.Backend])
 	}
-	if err := g2.SyncFleet(ctx); err != nil {
+	if err := g2.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s := g2.Stats(); s.MaxConcurrent != 0 {
+	if s := g2.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("the newcomer got B=%d while the other still runs on all 4 slots, want 0", s.MaxConcurrent)
 	}
 	// With no share, the newcomer rejects at once.
-	if _, err := g2.OpenDB().ExecContext(ctx, "SELECT 1"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+	if _, err := g2.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("an operation on an instance without share: %v, want ErrAdmissionFull", err)
 	}
 	for _, tx := range txs[:2] {
@@ -268,11 +259,11 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := g1.SyncFleet(ctx); err != nil {
+	if err := g1.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	checkFleet(t, ctx, admin, name, 4, gs)
-	if err := g2.SyncFleet(ctx); err != nil {
+	if err := g2.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	v = checkFleet(t, ctx, admin, name, 4, gs)
@@ -284,7 +275,7 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := g2.OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
+	if _, err := g2.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -328,66 +319,66 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 	admin := adminDB(t)
 	name := fleetName(t)
 	var mu sync.Mutex
-	var events []bulkhead.FleetEvent
-	onFleet := bulkhead.WithEvents(bulkhead.Events{OnFleet: func(e bulkhead.FleetEvent) {
+	var events []fleet.Event
+	onChange := fleet.OnChange(func(e fleet.Event) {
 		mu.Lock()
 		events = append(events, e)
 		mu.Unlock()
-	}})
-	g1 := fleetGate(t, fleetPolicy(name, 8, 0), onFleet)
-	if err := g1.SyncFleet(ctx); err != nil {
+	})
+	g1 := fleetGate(t, name, fleetPolicy(8, 0), onChange)
+	if err := g1.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s := g1.Stats(); s.MaxConcurrent != 8 {
+	if s := g1.Gate().Stats(); s.MaxConcurrent != 8 {
 		t.Fatalf("alone: B=%d, want 8", s.MaxConcurrent)
 	}
-	terminate(t, ctx, admin, g1.Stats().Fleet.Backend)
-	err := g1.SyncFleet(ctx)
-	if !errors.Is(err, bulkhead.ErrFleet) {
-		t.Fatalf("a round on a terminated session: %v, want ErrFleet", err)
+	terminate(t, ctx, admin, g1.Stats().Backend)
+	err := g1.Sync(ctx)
+	if !errors.Is(err, fleet.ErrCoordination) {
+		t.Fatalf("a round on a terminated session: %v, want ErrCoordination", err)
 	}
-	s := g1.Stats()
-	if s.MaxConcurrent != bulkhead.DefaultFleetFallback || !s.Fleet.Degraded || s.Fleet.Failures == 0 || !errors.Is(s.Fleet.LastError, bulkhead.ErrFleet) {
-		t.Fatalf("after a failed round: B=%d, fleet %+v; want B=%d, degraded, the error", s.MaxConcurrent, s.Fleet, bulkhead.DefaultFleetFallback)
+	s, fs := g1.Gate().Stats(), g1.Stats()
+	if s.MaxConcurrent != fleet.DefaultFallback || !fs.Degraded || fs.Failures == 0 || !errors.Is(fs.LastError, fleet.ErrCoordination) {
+		t.Fatalf("after a failed round: B=%d, fleet %+v; want B=%d, degraded, the error", s.MaxConcurrent, fs, fleet.DefaultFallback)
 	}
 	mu.Lock()
 	last := events[len(events)-1]
 	mu.Unlock()
-	if !errors.Is(last.Err, bulkhead.ErrFleet) || last.MaxConcurrent != bulkhead.DefaultFleetFallback {
-		t.Fatalf("last fleet event %+v, want the failure with B=%d", last, bulkhead.DefaultFleetFallback)
+	if !errors.Is(last.Err, fleet.ErrCoordination) || last.MaxConcurrent != fleet.DefaultFallback || last.Fleet != name {
+		t.Fatalf("last fleet event %+v, want the failure with B=%d", last, fleet.DefaultFallback)
 	}
 	// The next round opens a new session and takes the share back.
-	if err := g1.SyncFleet(ctx); err != nil {
+	if err := g1.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s := g1.Stats(); s.MaxConcurrent != 8 || s.Fleet.Degraded || s.Fleet.LastError != nil {
-		t.Fatalf("after recovery: B=%d, fleet %+v, want 8, not degraded", s.MaxConcurrent, s.Fleet)
+	if s, fs := g1.Gate().Stats(), g1.Stats(); s.MaxConcurrent != 8 || fs.Degraded || fs.LastError != nil {
+		t.Fatalf("after recovery: B=%d, fleet %+v, want 8, not degraded", s.MaxConcurrent, fs)
 	}
 	// An instance without share keeps none when its round fails.
-	g2 := fleetGate(t, fleetPolicy(name, 8, 0))
-	if err := g2.SyncFleet(ctx); err != nil {
+	g2 := fleetGate(t, name, fleetPolicy(8, 0))
+	if err := g2.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s := g2.Stats(); s.MaxConcurrent != 0 {
+	if s := g2.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("newcomer in a full fleet: B=%d, want 0", s.MaxConcurrent)
 	}
-	terminate(t, ctx, admin, g2.Stats().Fleet.Backend)
-	if err := g2.SyncFleet(ctx); !errors.Is(err, bulkhead.ErrFleet) {
-		t.Fatalf("%v, want ErrFleet", err)
+	terminate(t, ctx, admin, g2.Stats().Backend)
+	if err := g2.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
+		t.Fatalf("%v, want ErrCoordination", err)
 	}
-	if s := g2.Stats(); s.MaxConcurrent != 0 {
+	if s := g2.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("a failed round raised a share from 0 to %d", s.MaxConcurrent)
 	}
-	// WithFleetFallback(0): nothing runs while coordination fails.
-	g3 := fleetGate(t, fleetPolicy(fleetName(t)+"z", 8, 0), bulkhead.WithFleetFallback(0))
-	if err := g3.SyncFleet(ctx); err != nil {
+	// fleet.Fallback(0): nothing runs while coordination fails.
+	g3 := fleetGate(t, fleetName(t)+"z", fleetPolicy(8, 0), fleet.Fallback(0))
+	if err := g3.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	terminate(t, ctx, admin, g3.Stats().Fleet.Backend)
-	if err := g3.SyncFleet(ctx); !errors.Is(err, bulkhead.ErrFleet) {
-		t.Fatalf("%v, want ErrFleet", err)
+	terminate(t, ctx, admin, g3.Stats().Backend)
+	if err := g3.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
+		t.Fatalf("%v, want ErrCoordination", err)
 	}
-	if s := g3.Stats(); s.MaxConcurrent != 0 {
+	if s := g3.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("fallback 0: B=%d after a failed round, want 0", s.MaxConcurrent)
 	}
 }
@@ -398,7 +389,7 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 // starts N operations running query, which the test makes wait on a lock
 // it holds, and answers "started". TestMain runs it when EnvFleetChild is
 // set; with EnvFleetChildUntagged set, the instance does not tag its
-// connections (WithFleetTagging(false)); with EnvFleetChildNoConnCheck
+// connections (fleet.Tagging(false)); with EnvFleetChildNoConnCheck
 // set, its connections set client_connection_check_interval to 0, so that
 // the statements a killed child leaves waiting go on waiting even on a
 // server that checks for dead clients (PgBouncer refuses the parameter).
@@ -417,8 +408,8 @@ func fleetChild(name string) int {
 	if os.Getenv(EnvFleetChildNoConnCheck) != "" {
 		cfg.RuntimeParams["client_connection_check_interval"] = "0"
 	}
-	g, err := bulkhead.New(stdlib.GetConnector(*cfg), fleetPolicy(name, 8, 0), bulkhead.WithFleetInterval(time.Hour),
-		bulkhead.WithFleetTagging(os.Getenv(EnvFleetChildUntagged) == ""))
+	m, err := fleet.Join(name, stdlib.GetConnector(*cfg), fleetPolicy(8, 0), fleet.Interval(time.Hour),
+		fleet.Tagging(os.Getenv(EnvFleetChildUntagged) == ""))
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
@@ -426,13 +417,14 @@ func fleetChild(name string) int {
 	// The loop's first round starts at once: let it start, so that the
 	// first "sync" waits for it to end and nothing runs on the session
 	// after an answer (a kill then never cuts a statement short).
-	for i := 0; g.Stats().Fleet.Rounds == 0; i++ {
+	for i := 0; m.Stats().Rounds == 0; i++ {
 		if i == 10000 {
 			fmt.Println("error the fleet loop's first round did not start")
 			return 1
 		}
 		time.Sleep(time.Millisecond)
 	}
+	g := m.Gate()
 	db := g.OpenDB()
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
@@ -449,12 +441,11 @@ func fleetChild(name string) int {
 			fmt.Println("started")
 			continue
 		}
-		if err := g.SyncFleet(context.Background()); err != nil {
+		if err := m.Sync(context.Background()); err != nil {
 			fmt.Println("error", err)
 			return 1
 		}
-		s := g.Stats()
-		fmt.Printf("pid %d b %d\n", s.Fleet.Backend, s.MaxConcurrent)
+		fmt.Printf("pid %d b %d\n", m.Stats().Backend, g.Stats().MaxConcurrent)
 	}
 	return 0
 }
@@ -465,18 +456,18 @@ func TestFleetKilledInstanceFreesItsShare(t *testing.T) {
 	g, c, pid := twoProcesses(t, ctx)
 	c.kill()
 	awaitGone(t, ctx, admin, pid)
-	if err := g.SyncFleet(ctx); err != nil {
+	if err := g.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s := g.Stats(); s.MaxConcurrent != 8 || s.Fleet.Instances != 1 {
-		t.Fatalf("one round after the other process was killed: B=%d, %d instances; want 8, 1", s.MaxConcurrent, s.Fleet.Instances)
+	if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 8 || fs.Instances != 1 {
+		t.Fatalf("one round after the other process was killed: B=%d, %d instances; want 8, 1", s.MaxConcurrent, fs.Instances)
 	}
 }
 
 // The statements a killed process left running go on until they end: the
 // others' shares leave room for them, through the tags of its server
 // connections, and take the room back once they ended. Without the tags
-// (the child's WithFleetTagging(false)), the survivor takes the whole T at
+// (the child's fleet.Tagging(false)), the survivor takes the whole T at
 // once while they still run: T + 3 on the server, the hole the tags close.
 func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 	for _, tagged := range []bool{true, false} {
@@ -488,7 +479,7 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 				env = append(env, EnvFleetChildUntagged+"=1")
 			}
 			g, c, pid := twoProcesses(t, ctx, env...)
-			name := g.Stats().Fleet.Name
+			name := g.Stats().Name
 			// The child's 3 statements wait for a lock the test holds,
 			// as long as it holds it.
 			lock, err := admin.Conn(ctx)
@@ -515,18 +506,18 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 			if n := waiting(); n != 3 {
 				t.Fatalf("after the kill: %d of the child's statements still run, want 3 (they end only when they get the lock)", n)
 			}
-			if err := g.SyncFleet(ctx); err != nil {
+			if err := g.Sync(ctx); err != nil {
 				t.Fatal(err)
 			}
-			s := g.Stats()
+			s, fs := g.Gate().Stats(), g.Stats()
 			if !tagged {
-				if s.MaxConcurrent != 8 || s.Fleet.Orphans != 0 {
-					t.Fatalf("untagged: B=%d, %d orphans; want 8, 0 (the hole: nothing shows the statements)", s.MaxConcurrent, s.Fleet.Orphans)
+				if s.MaxConcurrent != 8 || fs.Orphans != 0 {
+					t.Fatalf("untagged: B=%d, %d orphans; want 8, 0 (the hole: nothing shows the statements)", s.MaxConcurrent, fs.Orphans)
 				}
 				t.Logf("untagged: one round after the kill, B=%d beside the dead process's 3 running statements: room for %d on the server with T=8", s.MaxConcurrent, s.MaxConcurrent+3)
 			} else {
-				if s.MaxConcurrent != 5 || s.Fleet.Orphans != 3 || s.Fleet.Instances != 1 {
-					t.Fatalf("one round after the kill, its 3 statements running: B=%d, %d orphans, %d instances; want 5, 3, 1", s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances)
+				if s.MaxConcurrent != 5 || fs.Orphans != 3 || fs.Instances != 1 {
+					t.Fatalf("one round after the kill, its 3 statements running: B=%d, %d orphans, %d instances; want 5, 3, 1", s.MaxConcurrent, fs.Orphans, fs.Instances)
 				}
 				if v := fleetSlots(t, ctx, admin, name); v.total+3 > 8 {
 					t.Fatalf("%d slots held beside 3 orphans, T=8", v.total)
@@ -538,11 +529,11 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 				t.Fatal(err)
 			}
 			awaitState(t, "the dead process's statements ended", func() bool { return waiting() == 0 })
-			if err := g.SyncFleet(ctx); err != nil {
+			if err := g.Sync(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if s := g.Stats(); s.MaxConcurrent != 8 || s.Fleet.Orphans != 0 {
-				t.Fatalf("once they ended: B=%d, %d orphans; want 8, 0", s.MaxConcurrent, s.Fleet.Orphans)
+			if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 8 || fs.Orphans != 0 {
+				t.Fatalf("once they ended: B=%d, %d orphans; want 8, 0", s.MaxConcurrent, fs.Orphans)
 			}
 		})
 	}
@@ -555,14 +546,14 @@ func TestFleetRejoinEndsTheSessionStillHoldingItsID(t *testing.T) {
 	ctx := pgTestCtx(t)
 	admin := adminDB(t)
 	name := fleetName(t)
-	g := fleetGate(t, fleetPolicy(name, 4, 0))
-	if err := g.SyncFleet(ctx); err != nil {
+	g := fleetGate(t, name, fleetPolicy(4, 0))
+	if err := g.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	s := g.Stats().Fleet
+	s := g.Stats()
 	terminate(t, ctx, admin, s.Backend)
-	if err := g.SyncFleet(ctx); !errors.Is(err, bulkhead.ErrFleet) {
-		t.Fatalf("the round after its session was terminated: %v, want ErrFleet", err)
+	if err := g.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
+		t.Fatalf("the round after its session was terminated: %v, want ErrCoordination", err)
 	}
 	// A session of its own holds the membership lock, as the old one
 	// would until the server noticed the cut.
@@ -572,20 +563,20 @@ func TestFleetRejoinEndsTheSessionStillHoldingItsID(t *testing.T) {
 	}
 	defer stale.Close()
 	var stalePID int64
-	keys := bulkhead.FleetLockKeys(name)
+	keys := fleet.LockKeys(name)
 	if err := stale.QueryRowContext(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", keys.Members, int32(s.ID)).Scan(&stalePID); err != nil {
 		t.Fatal(err)
 	}
-	err = g.SyncFleet(ctx)
-	if !errors.Is(err, bulkhead.ErrFleet) || !strings.Contains(err.Error(), "previous session") || !strings.Contains(err.Error(), "ended 1 session") {
-		t.Fatalf("the join with its id held: %v, want ErrFleet, the previous session ended", err)
+	err = g.Sync(ctx)
+	if !errors.Is(err, fleet.ErrCoordination) || !strings.Contains(err.Error(), "previous session") || !strings.Contains(err.Error(), "ended 1 session") {
+		t.Fatalf("the join with its id held: %v, want ErrCoordination, the previous session ended", err)
 	}
 	awaitGone(t, ctx, admin, stalePID)
-	if err := g.SyncFleet(ctx); err != nil {
+	if err := g.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if now := g.Stats(); now.Fleet.ID != s.ID || now.MaxConcurrent != 4 || now.Fleet.Degraded {
-		t.Fatalf("after the rejoin: id %d (was %d), B=%d, degraded %v; want the same id, 4, false", now.Fleet.ID, s.ID, now.MaxConcurrent, now.Fleet.Degraded)
+	if now, b := g.Stats(), g.Gate().Stats().MaxConcurrent; now.ID != s.ID || b != 4 || now.Degraded {
+		t.Fatalf("after the rejoin: id %d (was %d), B=%d, degraded %v; want the same id, 4, false", now.ID, s.ID, b, now.Degraded)
 	}
 }
 
@@ -603,23 +594,23 @@ func TestFleetGrowDoesNotWaitForAnotherMembersGrow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Rollback()
-	if _, err := other.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1, 0)", bulkhead.FleetLockKeys(name).Grow); err != nil {
+	if _, err := other.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1, 0)", fleet.LockKeys(name).Grow); err != nil {
 		t.Fatal(err)
 	}
-	g := fleetGate(t, fleetPolicy(name, 4, 0))
-	if err := g.SyncFleet(ctx); err != nil {
+	g := fleetGate(t, name, fleetPolicy(4, 0))
+	if err := g.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s := g.Stats(); s.MaxConcurrent != 0 || s.Fleet.Instances != 1 {
-		t.Fatalf("a round while another holds the grow lock: B=%d, %d instances; want 0, 1", s.MaxConcurrent, s.Fleet.Instances)
+	if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 0 || fs.Instances != 1 {
+		t.Fatalf("a round while another holds the grow lock: B=%d, %d instances; want 0, 1", s.MaxConcurrent, fs.Instances)
 	}
 	if err := other.Rollback(); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.SyncFleet(ctx); err != nil {
+	if err := g.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s := g.Stats(); s.MaxConcurrent != 4 {
+	if s := g.Gate().Stats(); s.MaxConcurrent != 4 {
 		t.Fatalf("a round once the grow lock is free: B=%d, want 4", s.MaxConcurrent)
 	}
 }
@@ -627,21 +618,21 @@ func TestFleetGrowDoesNotWaitForAnotherMembersGrow(t *testing.T) {
 // twoProcesses makes a fleet of T = 8 over two processes, this one's gate
 // g and a child process c (env added to its environment), settled at 4
 // and 4; pid is the child's coordination backend.
-func twoProcesses(t *testing.T, ctx context.Context, env ...string) (g *bulkhead.Gate, c *fleetChildProc, pid int64) {
+func twoProcesses(t *testing.T, ctx context.Context, env ...string) (g *fleet.Member, c *fleetChildProc, pid int64) {
 	t.Helper()
 	name := fleetName(t)
-	g = fleetGate(t, fleetPolicy(name, 8, 0))
-	if err := g.SyncFleet(ctx); err != nil {
+	g = fleetGate(t, name, fleetPolicy(8, 0))
+	if err := g.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	c = startFleetChild(t, ctx, name, postgresURL(t), env...)
 	c.sync()
-	if err := g.SyncFleet(ctx); err != nil {
+	if err := g.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	pid, b := c.sync()
-	if s := g.Stats(); s.MaxConcurrent != 4 || b != 4 || s.Fleet.Instances != 2 {
-		t.Fatalf("two processes: B=%d here and %d in the child, %d instances; want 4, 4, 2", s.MaxConcurrent, b, s.Fleet.Instances)
+	if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 4 || b != 4 || fs.Instances != 2 {
+		t.Fatalf("two processes: B=%d here and %d in the child, %d instances; want 4, 4, 2", s.MaxConcurrent, b, fs.Instances)
 	}
 	return g, c, pid
 }
@@ -718,14 +709,19 @@ func (c *fleetChildProc) kill() {
 	c.cmd.Wait()
 }
 
-// Under load, while instances join and leave, the fleet's transactions on
-// the server never exceed T.
+// Under load, while instances join and leave, the fleet's operations'
+// transactions on the server never exceed T. A server connection's tag
+// (fleet.Tagging), a statement run as the connection is dialed, is
+// connection setup, not an operation, and not counted: a dial may outlive
+// the operation it was started for (the gate hands that operation a
+// connection given back meanwhile, and keeps the new one for the next),
+// and its tag then runs beside T operations.
 func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *testing.T) {
 	ctx := pgTestCtx(t)
 	admin := adminDB(t)
 	name := fleetName(t)
 	const total = 4
-	p := fleetPolicy(name, total, 4)
+	p := fleetPolicy(total, 4)
 	p.QueueWait = 20 * time.Millisecond
 	var ran, rejected, goal atomic.Int64
 	goal.Store(1 << 62)
@@ -781,8 +777,10 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 		return func() { close(mine); mwg.Wait() }
 	}
 	// The poller counts the fleet's open transactions that began before
-	// its own statement, at each look.
-	peak, looks := 0, 0
+	// its own statement, at each look, and apart from them the tags
+	// being taken.
+	peak, peakTags, looks := 0, 0, 0
+	tag := fmt.Sprintf("SELECT pg_advisory_lock_shared(%d, ", fleet.LockKeys(name).Conns)
 	pollDone := make(chan struct{})
 	go func() {
 		defer close(pollDone)
@@ -792,9 +790,11 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 				return
 			default:
 			}
-			var n int
-			err := admin.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE application_name = $1 AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()`, appName(t)).Scan(&n)
+			var n, tags int
+			err := admin.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE NOT tagging), count(*) FILTER (WHERE tagging)
+				FROM (SELECT state = 'active' AND starts_with(query, $2) AS tagging FROM pg_stat_activity
+				       WHERE application_name = $1 AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()) a`,
+				appName(t), tag).Scan(&n, &tags)
 			if err != nil {
 				if ctx.Err() == nil {
 					t.Error(err)
@@ -802,34 +802,34 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 				return
 			}
 			looks++
-			peak = max(peak, n)
+			peak, peakTags = max(peak, n), max(peakTags, tags)
 		}
 	}()
-	var gs []*bulkhead.Gate
+	var gs []*fleet.Member
 	var halts []func()
 	step := func() {
 		t.Helper()
 		for _, g := range gs {
-			if err := g.SyncFleet(ctx); err != nil {
+			if err := g.Sync(ctx); err != nil {
 				t.Error(err)
 			}
 		}
 	}
 	for range 3 {
-		g := fleetGate(t, p)
+		g := fleetGate(t, name, p)
 		gs = append(gs, g)
-		halts = append(halts, load(g))
+		halts = append(halts, load(g.Gate()))
 		step()
 		step()
 	}
 	// A rolling deploy: a fourth joins, then the first leaves.
-	g := fleetGate(t, p)
+	g := fleetGate(t, name, p)
 	gs = append(gs, g)
-	load(g)
+	load(g.Gate())
 	step()
 	step()
 	halts[0]()
-	gs[0].OpenDB().Close()
+	gs[0].Gate().OpenDB().Close()
 	gs = gs[1:]
 	step()
 	step()
@@ -843,7 +843,7 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	close(stop)
 	wg.Wait()
 	<-pollDone
-	t.Logf("%d transactions ran, %d rejected; %d looks at pg_stat_activity, peak %d", ran.Load(), rejected.Load(), looks, peak)
+	t.Logf("%d transactions ran, %d rejected; %d looks at pg_stat_activity, peak %d (and %d tags being taken)", ran.Load(), rejected.Load(), looks, peak, peakTags)
 	if peak > total {
 		t.Fatalf("the fleet had %d transactions open on the server at once, want at most T=%d", peak, total)
 	}
@@ -860,33 +860,33 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 // that takes them again (T back to 8: the grow's transaction), per pair.
 func BenchmarkFleetRound(b *testing.B) {
 	ctx := context.Background()
-	instances := func(b *testing.B, n int) []*bulkhead.Gate {
+	instances := func(b *testing.B, n int) []*fleet.Member {
 		cfg := pgConfig(b)
 		name := fleetName(b)
-		var gs []*bulkhead.Gate
+		var gs []*fleet.Member
 		for range n {
-			g, err := bulkhead.New(stdlib.GetConnector(*cfg), fleetPolicy(name, 8, 8), bulkhead.WithFleetInterval(time.Hour))
+			g, err := fleet.Join(name, stdlib.GetConnector(*cfg), fleetPolicy(8, 8), fleet.Interval(time.Hour))
 			if err != nil {
 				b.Fatal(err)
 			}
-			b.Cleanup(func() { g.OpenDB().Close() })
+			b.Cleanup(func() { g.Gate().OpenDB().Close() })
 			gs = append(gs, g)
 		}
 		for range 2 {
 			for _, g := range gs {
-				if err := g.SyncFleet(ctx); err != nil {
+				if err := g.Sync(ctx); err != nil {
 					b.Fatal(err)
 				}
 			}
 		}
 		// 4 transactions open at once on each instance (within its
 		// share when n = 1; fewer run at once otherwise): its pool keeps
-		// their connections, tagged.
+		// their connections, tagged as they were dialed.
 		for _, g := range gs {
-			db := g.OpenDB()
+			db := g.Gate().OpenDB()
 			db.SetMaxIdleConns(4)
 			var txs []*sql.Tx
-			for range min(4, g.Stats().MaxConcurrent) {
+			for range min(4, g.Gate().Stats().MaxConcurrent) {
 				tx, err := db.BeginTx(ctx, nil)
 				if err != nil {
 					b.Fatal(err)
@@ -904,7 +904,7 @@ func BenchmarkFleetRound(b *testing.B) {
 			gs := instances(b, n)
 			b.ResetTimer()
 			for b.Loop() {
-				if err := gs[0].SyncFleet(ctx); err != nil {
+				if err := gs[0].Sync(ctx); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -912,38 +912,38 @@ func BenchmarkFleetRound(b *testing.B) {
 	}
 	b.Run("grow", func(b *testing.B) {
 		g := instances(b, 1)[0]
-		p := g.Policy()
+		p := g.Gate().Policy()
 		for b.Loop() {
 			for _, t := range []int{4, 8} {
 				p.MaxConcurrent = t
-				if err := g.SetPolicy(p); err != nil {
+				if err := g.Gate().SetPolicy(p); err != nil {
 					b.Fatal(err)
 				}
-				if err := g.SyncFleet(ctx); err != nil {
+				if err := g.Sync(ctx); err != nil {
 					b.Fatal(err)
 				}
 			}
-			if s := g.Stats(); s.MaxConcurrent != 8 {
+			if s := g.Gate().Stats(); s.MaxConcurrent != 8 {
 				b.Fatalf("B=%d after the pair of rounds, want 8", s.MaxConcurrent)
 			}
 		}
 	})
 }
 
-// WithFleetLending: an idle instance lends all but one slot of its share
+// fleet.Lending: an idle instance lends all but one slot of its share
 // to a busy one, and gets it back two rounds after it works again.
 func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 	ctx := pgTestCtx(t)
 	admin := adminDB(t)
 	name := fleetName(t)
-	p := fleetPolicy(name, 4, 0)
+	p := fleetPolicy(4, 0)
 	p.QueueWait = 0
-	busy := fleetGate(t, p, bulkhead.WithFleetLending(true))
-	idle := fleetGate(t, p, bulkhead.WithFleetLending(true))
-	gs := []*bulkhead.Gate{busy, idle}
-	sync := func(g *bulkhead.Gate) {
+	busy := fleetGate(t, name, p, fleet.Lending(true))
+	idle := fleetGate(t, name, p, fleet.Lending(true))
+	gs := []*fleet.Member{busy, idle}
+	sync := func(g *fleet.Member) {
 		t.Helper()
-		if err := g.SyncFleet(ctx); err != nil {
+		if err := g.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
 		checkFleet(t, ctx, admin, name, 4, gs)
@@ -957,16 +957,16 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 	}
 	// The busy instance runs on both its slots and rejects a third
 	// operation, before each of its rounds.
-	db := busy.OpenDB()
+	db := busy.Gate().OpenDB()
 	var txs []*sql.Tx
 	overload := func() {
 		t.Helper()
-		for len(txs) < busy.Stats().MaxConcurrent {
+		for len(txs) < busy.Gate().Stats().MaxConcurrent {
 			tx := pgBegin(t, ctx, db)
 			txs = append(txs, tx)
 		}
 		if _, err := db.ExecContext(ctx, "SELECT 1"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-			t.Fatalf("an operation beyond B=%d: %v, want ErrAdmissionFull", busy.Stats().MaxConcurrent, err)
+			t.Fatalf("an operation beyond B=%d: %v, want ErrAdmissionFull", busy.Gate().Stats().MaxConcurrent, err)
 		}
 	}
 	overload()
@@ -981,7 +981,7 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 	// The idle instance works again: it publishes it, the borrower gives
 	// the slot back once its operations beyond its fair share ended, and
 	// the lender takes it at its next round.
-	if _, err := idle.OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
+	if _, err := idle.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
 		t.Fatal(err)
 	}
 	sync(idle) // publishes active
@@ -992,7 +992,7 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 	}
 	txs = []*sql.Tx{pgBegin(t, ctx, db), pgBegin(t, ctx, db)} // it still works, on its fair share
 	sync(busy)                                                // its target is its fair share again: gives one back
-	if _, err := idle.OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
+	if _, err := idle.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
 		t.Fatal(err)
 	}
 	sync(idle)

@@ -611,6 +611,11 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 				if _, err := db.ExecContext(ctx, insert(table), 3); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 					t.Errorf("third operation: %v, want ErrAdmissionFull", err)
 				}
+				// The waiting and the rejected operations hold no server
+				// connection: the transaction's is the only one.
+				if s := g.Stats(); s.OpenConns != 1 || s.IdleConns != 0 || s.Dials != 1 {
+					t.Errorf("stats %+v while one waits and one was rejected, want 1 server connection (the transaction's), none idle, 1 dial", s)
+				}
 				if err := tx.Commit(); err != nil {
 					t.Fatal(err)
 				}

@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/fleet"
 	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
 )
 
@@ -577,20 +578,24 @@ func TestPgBouncerQueue(t *testing.T) {
 	})
 }
 
-// pgbFleetGate makes one instance of the fleet named in p on inner, and
-// waits until its loop's first round started (SyncFleet then waits for
-// it to end), as fleetGate does.
-func pgbFleetGate(t *testing.T, inner driver.Connector, p bulkhead.Policy, opts ...bulkhead.Option) *bulkhead.Gate {
+// pgbFleetGate makes one member of the fleet name on inner, and waits
+// until its loop's first round started (Sync then waits for it to end),
+// as fleetGate does.
+func pgbFleetGate(t *testing.T, name string, inner driver.Connector, p bulkhead.Policy, opts ...fleet.Option) *fleet.Member {
 	t.Helper()
-	g := pgbGate(t, inner, p, append([]bulkhead.Option{bulkhead.WithFleetInterval(time.Hour)}, opts...)...)
-	awaitState(t, "the fleet loop's first round started", func() bool { return g.Stats().Fleet.Rounds > 0 })
-	return g
+	m, err := fleet.Join(name, inner, p, append([]fleet.Option{fleet.Interval(time.Hour)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Gate().OpenDB().Close() }) // closes the gate too
+	awaitState(t, "the fleet loop's first round started", func() bool { return m.Stats().Rounds > 0 })
+	return m
 }
 
-func pgbSync(t *testing.T, ctx context.Context, gs ...*bulkhead.Gate) {
+func pgbSync(t *testing.T, ctx context.Context, gs ...*fleet.Member) {
 	t.Helper()
 	for _, g := range gs {
-		if err := g.SyncFleet(ctx); err != nil {
+		if err := g.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -615,7 +620,7 @@ func pgbSync(t *testing.T, ctx context.Context, gs ...*bulkhead.Gate) {
 //     slots are never freed (until PgBouncer closes that connection), and a
 //     new instance counts it as alive and gets B = 0.
 //
-// With WithFleetConnector pointing at PostgreSQL, WithFleetTagging(false)
+// With fleet.Coordinator pointing at PostgreSQL, fleet.Tagging(false)
 // and the operations through PgBouncer, two instances with T = 4 settle at
 // 2 and 2. Left on, the tags land on PgBouncer's server connection and stay
 // there after the instance left: while that connection then serves
@@ -629,57 +634,57 @@ func TestPgBouncerFleet(t *testing.T) {
 
 	t.Run("coordination through PgBouncer", func(t *testing.T) {
 		name := fleetName(t) + "-shared"
-		p := fleetPolicy(name, 4, 0)
-		g1 := pgbFleetGate(t, inner, p)
+		p := fleetPolicy(4, 0)
+		g1 := pgbFleetGate(t, name, inner, p)
 		pgbSync(t, ctx, g1)
-		g2 := pgbFleetGate(t, inner, p)
+		g2 := pgbFleetGate(t, name, inner, p)
 		pgbSync(t, ctx, g1, g2, g1, g2)
 		servers := bouncer.serverPIDs(t, ctx)
 		if len(servers) != 1 {
 			t.Fatalf("PgBouncer's server connections %v, want 1", servers)
 		}
-		for i, g := range []*bulkhead.Gate{g1, g2} {
-			s := g.Stats()
-			if s.MaxConcurrent != 2 || s.Fleet.Instances != 2 || strconv.FormatInt(s.Fleet.Backend, 10) != servers[0] {
-				t.Fatalf("instance %d: B=%d, %d instances, backend %d; want 2, 2, PgBouncer's server connection %s", i+1, s.MaxConcurrent, s.Fleet.Instances, s.Fleet.Backend, servers[0])
+		for i, g := range []*fleet.Member{g1, g2} {
+			s, fs := g.Gate().Stats(), g.Stats()
+			if s.MaxConcurrent != 2 || fs.Instances != 2 || strconv.FormatInt(fs.Backend, 10) != servers[0] {
+				t.Fatalf("instance %d: B=%d, %d instances, backend %d; want 2, 2, PgBouncer's server connection %s", i+1, s.MaxConcurrent, fs.Instances, fs.Backend, servers[0])
 			}
 		}
 		v := fleetSlots(t, ctx, admin, name)
-		if v.members != 2 || v.total != 2 || v.slots[g1.Stats().Fleet.Backend] != 2 {
+		if v.members != 2 || v.total != 2 || v.slots[g1.Stats().Backend] != 2 {
 			t.Fatalf("pg_locks: %d membership locks, slots %v; want 2 and 2 held by %s", v.members, v.slots, servers[0])
 		}
 		t.Logf("two instances, T=4: B = 2 and 2, one backend (pid %s) holding 2 membership locks and 2 slots", servers[0])
-		g3 := fleetGate(t, p) // coordinating directly
+		g3 := fleetGate(t, name, p) // coordinating directly
 		pgbSync(t, ctx, g3, g3)
-		b3 := g3.Stats().MaxConcurrent
+		b3 := g3.Gate().Stats().MaxConcurrent
 		if v := fleetSlots(t, ctx, admin, name); b3 == 0 || v.total > 4 || 2+2+b3 <= 4 {
 			t.Fatalf("a third instance, direct: B=%d, %d slots held; want a share, the slots within T=4 and the Bs over it", b3, v.total)
 		}
 		t.Logf("a third instance coordinating directly: B=%d; the three Bs add up to %d with T=4", b3, 2+2+b3)
-		if err := g3.OpenDB().Close(); err != nil {
+		if err := g3.Gate().OpenDB().Close(); err != nil {
 			t.Fatal(err)
 		}
 
-		if err := g1.OpenDB().Close(); err != nil {
+		if err := g1.Gate().OpenDB().Close(); err != nil {
 			t.Fatal(err)
 		}
 		if v := fleetSlots(t, ctx, admin, name); v.members != 0 || v.total != 0 {
 			t.Fatalf("after instance 1 left: pg_locks %d membership locks, %d slots; want 0, 0", v.members, v.total)
 		}
-		if s := g2.Stats(); s.MaxConcurrent != 2 {
+		if s := g2.Gate().Stats(); s.MaxConcurrent != 2 {
 			t.Fatalf("instance 2 after instance 1 left: B=%d, want 2 (no round yet)", s.MaxConcurrent)
 		}
-		err := g2.SyncFleet(ctx)
-		if !errors.Is(err, bulkhead.ErrFleet) || !strings.Contains(err.Error(), "membership lock") {
-			t.Fatalf("instance 2's round after instance 1 left: %v, want ErrFleet, its membership lock gone", err)
+		err := g2.Sync(ctx)
+		if !errors.Is(err, fleet.ErrCoordination) || !strings.Contains(err.Error(), "membership lock") {
+			t.Fatalf("instance 2's round after instance 1 left: %v, want ErrCoordination, its membership lock gone", err)
 		}
 		t.Logf("instance 2's round after instance 1 left: %v", err)
-		if s := g2.Stats(); s.MaxConcurrent != bulkhead.DefaultFleetFallback || !s.Fleet.Degraded {
-			t.Fatalf("after the failed round: B=%d, degraded %v; want %d, true", s.MaxConcurrent, s.Fleet.Degraded, bulkhead.DefaultFleetFallback)
+		if s, fs := g2.Gate().Stats(), g2.Stats(); s.MaxConcurrent != fleet.DefaultFallback || !fs.Degraded {
+			t.Fatalf("after the failed round: B=%d, degraded %v; want %d, true", s.MaxConcurrent, fs.Degraded, fleet.DefaultFallback)
 		}
 		pgbSync(t, ctx, g2)
-		if s := g2.Stats(); s.MaxConcurrent != 4 || s.Fleet.Degraded {
-			t.Fatalf("the round after: B=%d, degraded %v; want 4, false", s.MaxConcurrent, s.Fleet.Degraded)
+		if s, fs := g2.Gate().Stats(), g2.Stats(); s.MaxConcurrent != 4 || fs.Degraded {
+			t.Fatalf("the round after: B=%d, degraded %v; want 4, false", s.MaxConcurrent, fs.Degraded)
 		}
 	})
 
@@ -702,23 +707,23 @@ func TestPgBouncerFleet(t *testing.T) {
 		}
 		// A new instance, coordinating directly with PostgreSQL, counts
 		// the dead one and finds no free slot.
-		g := fleetGate(t, fleetPolicy(name, 8, 0))
+		g := fleetGate(t, name, fleetPolicy(8, 0))
 		pgbSync(t, ctx, g, g)
-		if s := g.Stats(); s.MaxConcurrent != 0 || s.Fleet.Instances != 2 {
-			t.Fatalf("a new instance after the kill: B=%d, %d instances; want 0, 2", s.MaxConcurrent, s.Fleet.Instances)
+		if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 0 || fs.Instances != 2 {
+			t.Fatalf("a new instance after the kill: B=%d, %d instances; want 0, 2", s.MaxConcurrent, fs.Instances)
 		}
 		t.Logf("killed instance (backend %d): its membership lock and 8 slots stay on PgBouncer's server connection; a new instance counts 2 instances and gets B=0", pid)
 	})
 
 	t.Run("coordination direct to PostgreSQL", func(t *testing.T) {
 		name := fleetName(t) + "-direct"
-		p := fleetPolicy(name, 4, 0)
+		p := fleetPolicy(4, 0)
 		direct := directCoordination(t)
-		untagged := bulkhead.WithFleetTagging(false)
-		g1 := pgbFleetGate(t, inner, p, direct, untagged)
+		untagged := fleet.Tagging(false)
+		g1 := pgbFleetGate(t, name, inner, p, direct, untagged)
 		pgbSync(t, ctx, g1)
-		g2 := pgbFleetGate(t, inner, p, direct, untagged)
-		gs := []*bulkhead.Gate{g1, g2}
+		g2 := pgbFleetGate(t, name, inner, p, direct, untagged)
+		gs := []*fleet.Member{g1, g2}
 		pgbSync(t, ctx, g1, g2, g1, g2)
 		checkFleet(t, ctx, admin, name, 4, gs)
 		if bs, _ := shares(gs); fmt.Sprint(bs) != "[2 2]" {
@@ -728,12 +733,12 @@ func TestPgBouncerFleet(t *testing.T) {
 		for i, g := range gs {
 			s := g.Stats()
 			// The operations still go through PgBouncer.
-			if _, err := g.OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
+			if _, err := g.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
 				t.Fatal(err)
 			}
 			v := fleetSlots(t, ctx, admin, name)
-			if s.Fleet.Instances != 2 || v.slots[s.Fleet.Backend] != 2 || slices.Contains(servers, strconv.FormatInt(s.Fleet.Backend, 10)) {
-				t.Fatalf("instance %d: %d instances, backend %d holding %d slots (PgBouncer's servers %v); want 2 instances, 2 slots on a backend of its own", i+1, s.Fleet.Instances, s.Fleet.Backend, v.slots[s.Fleet.Backend], servers)
+			if s.Instances != 2 || v.slots[s.Backend] != 2 || slices.Contains(servers, strconv.FormatInt(s.Backend, 10)) {
+				t.Fatalf("instance %d: %d instances, backend %d holding %d slots (PgBouncer's servers %v); want 2 instances, 2 slots on a backend of its own", i+1, s.Instances, s.Backend, v.slots[s.Backend], servers)
 			}
 		}
 		v := fleetSlots(t, ctx, admin, name)
@@ -744,11 +749,11 @@ func TestPgBouncerFleet(t *testing.T) {
 
 	t.Run("tags behind PgBouncer", func(t *testing.T) {
 		name := fleetName(t) + "-tags"
-		p := fleetPolicy(name, 4, 0)
+		p := fleetPolicy(4, 0)
 		direct := directCoordination(t)
-		g1 := pgbFleetGate(t, inner, p, direct) // tagging on: the default
+		g1 := pgbFleetGate(t, name, inner, p, direct) // tagging on: the default
 		pgbSync(t, ctx, g1)
-		if _, err := g1.OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
+		if _, err := g1.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
 			t.Fatal(err)
 		}
 		servers := bouncer.serverPIDs(t, ctx)
@@ -756,7 +761,7 @@ func TestPgBouncerFleet(t *testing.T) {
 		if v := fleetSlots(t, ctx, admin, name); len(servers) != 1 || v.tags[pid] != 1 {
 			t.Fatalf("after an operation through PgBouncer: tags %v, PgBouncer's servers %v; want 1 tag on its server connection", v.tags, servers)
 		}
-		if err := g1.OpenDB().Close(); err != nil {
+		if err := g1.Gate().OpenDB().Close(); err != nil {
 			t.Fatal(err)
 		}
 		if v := fleetSlots(t, ctx, admin, name); v.members != 0 || v.tags[pid] != 1 {
@@ -778,10 +783,10 @@ func TestPgBouncerFleet(t *testing.T) {
 		if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
 			t.Fatal(err)
 		}
-		g2 := fleetGate(t, p)
+		g2 := fleetGate(t, name, p)
 		pgbSync(t, ctx, g2)
-		if s := g2.Stats(); s.Fleet.Orphans != 1 || s.MaxConcurrent != 3 {
-			t.Fatalf("a new instance while another client's transaction runs on the tagged server connection: %d orphans, B=%d; want 1, 3", s.Fleet.Orphans, s.MaxConcurrent)
+		if fs, s := g2.Stats(), g2.Gate().Stats(); fs.Orphans != 1 || s.MaxConcurrent != 3 {
+			t.Fatalf("a new instance while another client's transaction runs on the tagged server connection: %d orphans, B=%d; want 1, 3", fs.Orphans, s.MaxConcurrent)
 		}
 		t.Logf("a left instance's tag stays on PgBouncer's server connection %d: while another client's transaction runs there, the fleet counts an orphan (B=3 of T=4)", pid)
 	})

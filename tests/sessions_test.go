@@ -15,43 +15,51 @@ import (
 )
 
 // A *sql.Conn kept for LISTEN holds a server connection outside any
-// operation: it takes no admission permit, counts against MaxConns, and,
-// when it leaves no server connection for an operation that has its
-// permits, that operation is rejected with ErrNoConnection (after
-// WithConnWait), not "admission full". With room in MaxConns, normal load beside it runs, and the
-// session keeps receiving notifications.
-func TestAListeningConnCountsAgainstTheConnectionBudgetNotAdmission(t *testing.T) {
+// operation: it takes no permit, and the gate has no connection budget it
+// could exhaust, so B operations still run beside it (each on a server
+// connection of its own) and the next is refused for want of admission,
+// as without the listener. Under load beside it, the outcomes are
+// successes and admission or queue rejections only, and the session keeps
+// receiving notifications.
+func TestAListeningConnHoldsAServerConnectionButNoPermit(t *testing.T) {
 	ctx := pgTestCtx(t)
 	channel := fmt.Sprintf("bh_listen_%d", time.Now().UnixNano())
 
-	t.Run("B=2, Q=0: one running and one listening use both connections", func(t *testing.T) {
-		g, db := openGatedWith(t, bulkhead.Policy{MaxConcurrent: 2}, bulkhead.WithConnWait(20*time.Millisecond))
+	t.Run("B=2, Q=0: two transactions run beside the listener", func(t *testing.T) {
+		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 2})
 		listener, err := db.Conn(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer listener.Close()
-		// Taken but unused, it holds nothing: two transactions run.
-		tx1, tx2 := pgBegin(t, ctx, db), pgBegin(t, ctx, db)
-		tx2.Rollback()
+		if s := g.Stats(); s.OpenConns != 0 {
+			t.Fatalf("a *sql.Conn taken but unused: %d server connections, want 0", s.OpenConns)
+		}
 		if _, err := listener.ExecContext(ctx, "LISTEN "+channel); err != nil {
 			t.Fatal(err)
 		}
-		// tx1 runs, the listener holds the second connection: a
-		// transaction has an execution permit (1 of B=2 in use) but no
-		// server connection.
+		// The LISTEN's permits are back; its server connection stays
+		// with the *sql.Conn.
+		if s := g.Stats(); s.Running != 0 || s.OpenConns != 1 || s.IdleConns != 0 {
+			t.Fatalf("after LISTEN: Running=%d OpenConns=%d IdleConns=%d, want 0, 1, 0", s.Running, s.OpenConns, s.IdleConns)
+		}
+		tx1, tx2 := pgBegin(t, ctx, db), pgBegin(t, ctx, db)
+		if s := g.Stats(); s.Running != 2 || s.OpenConns != 3 {
+			t.Errorf("two transactions beside the listener: Running=%d OpenConns=%d, want 2 and 3", s.Running, s.OpenConns)
+		}
 		_, err = db.BeginTx(ctx, nil)
 		var re *bulkhead.RejectedError
-		if !errors.Is(err, bulkhead.ErrNoConnection) || errors.Is(err, bulkhead.ErrAdmissionFull) || !errors.As(err, &re) {
-			t.Fatalf("BeginTx with the connections held: %v, want ErrNoConnection", err)
+		if !errors.Is(err, bulkhead.ErrAdmissionFull) || !errors.As(err, &re) {
+			t.Fatalf("a third BeginTx with B=2 running: %v, want ErrAdmissionFull", err)
 		}
-		if re.Conns != 2 || re.MaxConns != 2 || !strings.Contains(err.Error(), "2 of MaxConns=2 open and in use") {
-			t.Errorf("rejection %q (%+v), want it to say 2 of MaxConns=2 in use", err, *re)
+		if re.Running != 2 || re.Waiting != 0 || re.MaxConcurrent != 2 || re.MaxQueue != 0 {
+			t.Errorf("rejection %+v, want Running=2 Waiting=0 of B=2 Q=0", *re)
 		}
-		if s := g.Stats(); s.RejectedNoConn != 1 || s.RejectedFull != 0 || s.Running != 1 {
-			t.Errorf("stats %+v: want one rejection for want of a connection, none for admission, 1 running", s)
+		if s := g.Stats(); s.RejectedFull != 1 || s.RejectedTimeout != 0 || s.Running != 2 || s.OpenConns != 3 {
+			t.Errorf("stats %+v: want one admission rejection, 2 running, 3 server connections (the rejection dialed none)", s)
 		}
 		tx1.Rollback()
+		tx2.Rollback()
 	})
 
 	t.Run("B=2, Q=2: load beside the listener", func(t *testing.T) {
@@ -76,8 +84,6 @@ func TestAListeningConnCountsAgainstTheConnectionBudgetNotAdmission(t *testing.T
 					})
 					key := "ok"
 					switch {
-					case errors.Is(err, bulkhead.ErrNoConnection):
-						key = "no connection"
 					case errors.Is(err, bulkhead.ErrRejected):
 						key = "rejected: " + bulkhead.ReasonLabel(err)
 					case err != nil:
@@ -92,7 +98,7 @@ func TestAListeningConnCountsAgainstTheConnectionBudgetNotAdmission(t *testing.T
 		wg.Wait()
 		t.Logf("figures: 300 transactions beside a listening *sql.Conn, B=2 Q=2: %v; %+v", outcomes, g.Stats())
 		for k := range outcomes {
-			if k != "ok" && !strings.HasPrefix(k, "rejected: ") || k == "no connection" {
+			if k != "ok" && !strings.HasPrefix(k, "rejected: ") {
 				t.Errorf("outcome %q: want only successes and admission or queue rejections", k)
 			}
 		}
@@ -103,7 +109,11 @@ func TestAListeningConnCountsAgainstTheConnectionBudgetNotAdmission(t *testing.T
 		err = listener.Raw(func(dc any) error {
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			n, err := bulkhead.Unwrap(dc).(*stdlib.Conn).Conn().WaitForNotification(wctx)
+			u, err := bulkhead.Unwrap(dc)
+			if err != nil {
+				return err
+			}
+			n, err := u.(*stdlib.Conn).Conn().WaitForNotification(wctx)
 			if err == nil && n.Payload != "hello" {
 				err = fmt.Errorf("payload %q", n.Payload)
 			}
@@ -116,16 +126,18 @@ func TestAListeningConnCountsAgainstTheConnectionBudgetNotAdmission(t *testing.T
 }
 
 // On PostgreSQL: once several server connections are open, operations
-// that run one at a time all land on the first one opened, whichever
-// logical connection database/sql hands out (issue 13: the running work
-// stays on the fewest, warmest backends instead of rotating over all B+Q).
-func TestOperationsRunOnTheFirstServerConnectionOpenedWhenItIsIdle(t *testing.T) {
+// that run one at a time all land on one of them, the idle one given back
+// last, whichever logical connection database/sql hands out (issue 13:
+// the running work stays on the fewest, warmest backends instead of
+// rotating over all B+Q).
+func TestOperationsRunOneAtATimeStayOnTheServerConnectionGivenBackLast(t *testing.T) {
 	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 0})
 	ctx := context.Background()
-	// Four *sql.Conn at once: four server connections, opened in order.
+	// Four *sql.Conn at once: four server connections.
 	var conns []*sql.Conn
-	var first int64
-	for i := range 4 {
+	pids := map[int64]bool{}
+	var last int64
+	for range 4 {
 		c, err := db.Conn(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -134,26 +146,33 @@ func TestOperationsRunOnTheFirstServerConnectionOpenedWhenItIsIdle(t *testing.T)
 		if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 			t.Fatal(err)
 		}
-		if i == 0 {
-			first = pid
-		}
+		pids[pid] = true
+		last = pid
 		conns = append(conns, c)
 	}
-	if n := g.Stats().OpenConns; n != 4 {
-		t.Fatalf("%d server connections open, want 4", n)
+	if n := g.Stats().OpenConns; n != 4 || len(pids) != 4 {
+		t.Fatalf("%d server connections open, %d backends, want 4 and 4", n, len(pids))
 	}
+	// Given back in the order they were taken: the last one's is the
+	// warmest.
 	for _, c := range conns {
 		c.Close()
 	}
-	// database/sql now hands out the logical connections given back last
-	// first; each operation still runs on the first server connection.
+	if s := g.Stats(); s.OpenConns != 4 || s.IdleConns != 4 {
+		t.Fatalf("after closing the *sql.Conns: OpenConns=%d IdleConns=%d, want 4 and 4 (database/sql keeps B+Q=4 idle)", s.OpenConns, s.IdleConns)
+	}
+	// database/sql hands out its logical connections in its own order;
+	// each operation still runs on the server connection given back last.
 	for i := range 20 {
 		var pid int64
 		if err := db.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 			t.Fatal(err)
 		}
-		if pid != first {
-			t.Fatalf("operation %d ran on backend %d, want %d, the first server connection opened", i, pid, first)
+		if pid != last {
+			t.Fatalf("operation %d ran on backend %d, want %d, the server connection given back last", i, pid, last)
 		}
+	}
+	if s := g.Stats(); s.Dials != 4 || s.OpenConns != 4 {
+		t.Errorf("after the operations: Dials=%d OpenConns=%d, want 4 and 4 (no server connection dialed or closed)", s.Dials, s.OpenConns)
 	}
 }

@@ -206,7 +206,14 @@ func TestSqlmwRawYieldsItsOwnWrapperSoPgxIsUnreachable(t *testing.T) {
 		if got := fmt.Sprintf("%T", dc); got != "sqlmw.wrappedConn" {
 			return fmt.Errorf("Raw handed %s, want sqlmw.wrappedConn", got)
 		}
-		if _, ok := bulkhead.Unwrap(dc).(*stdlib.Conn); ok {
+		u, err := bulkhead.Unwrap(dc)
+		if err != nil {
+			return fmt.Errorf("bulkhead.Unwrap(%T): %v, want the value back as it is", dc, err)
+		}
+		if got := fmt.Sprintf("%T", u); got != "sqlmw.wrappedConn" {
+			return fmt.Errorf("bulkhead.Unwrap(%T) peeled sqlmw's wrapper to %s, want it back as it is", dc, got)
+		}
+		if _, ok := u.(*stdlib.Conn); ok {
 			return errors.New("bulkhead.Unwrap reached *stdlib.Conn through sqlmw's wrapper")
 		}
 		if _, ok := dc.(interface{ Unwrap() driver.Conn }); ok {
