@@ -61,12 +61,17 @@ func (c *conn) bind(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		switch err := c.readyGuarded(ctx, s); err {
-		case nil:
+		err = c.readyGuarded(ctx, s)
+		var ie *initError
+		switch {
+		case err == nil:
 			c.s = s
 			return nil
-		case errBad:
+		case err == errBad:
 			p.discard(s, true)
+		case errors.As(err, &ie):
+			p.discard(s, false)
+			return ie.err
 		default: // ctx ended while the driver checked s: it checks s again at its next use
 			p.put(s, true)
 			return err

@@ -54,6 +54,7 @@ type options struct {
 	holdLimit   time.Duration
 	onHold      func(Event)
 	dialTimeout time.Duration
+	connInit    func(context.Context, driver.Conn) error
 	err         error
 }
 
@@ -93,6 +94,16 @@ func WithDialTimeout(d time.Duration) Option {
 	}
 }
 
+// WithConnInit runs init on each server connection before its first use:
+// once the operation that needs it holds its permits (before a Ping, a
+// Prepare or Raw, which take none, outside them). An error closes that
+// connection and fails the use with it; a panic closes it and goes on up.
+// For a statement each connection must run once, as package fleet tags
+// them; pgx's AfterConnect runs at the dial instead, whoever asked for it.
+func WithConnInit(init func(ctx context.Context, c driver.Conn) error) Option {
+	return func(o *options) { o.connInit = init }
+}
+
 // New returns a Gate that enforces p in front of inner, or an error
 // matching ErrInvalidPolicy that names the invalid field or option and
 // its value.
@@ -111,7 +122,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 	if g.opt.err != nil {
 		return nil, g.opt.err
 	}
-	g.pool = &pool{connector: inner, dialTimeout: g.opt.dialTimeout}
+	g.pool = &pool{connector: inner, dialTimeout: g.opt.dialTimeout, init: g.opt.connInit}
 	g.mu.Lock()
 	g.applyLocked(p)
 	g.mu.Unlock()

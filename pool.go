@@ -41,6 +41,7 @@ type session struct {
 	checker       driver.NamedValueChecker
 
 	dirty   bool                   // used since the driver last reset it
+	inited  bool                   // WithConnInit's function ran on it
 	checked uint64                 // the pool's epoch when it was last known alive
 	stmts   map[*query]driver.Stmt // statements prepared on it
 	pending []*query               // statements to close before its next use; under pool.mu
@@ -68,6 +69,7 @@ func newSession(ci driver.Conn) *session {
 type pool struct {
 	connector   driver.Connector
 	dialTimeout time.Duration
+	init        func(context.Context, driver.Conn) error // WithConnInit's, or nil
 
 	mu      sync.Mutex
 	idle    []*session // the last is the one given back last
@@ -308,10 +310,12 @@ func (p *pool) logicalClosed(idle bool) {
 }
 
 // ready makes s, just taken, fit for a new use, as database/sql makes a
-// pooled connection it hands out: it is pinged if a session was found dead since s was last
-// known alive; it is reset (the driver's SessionResetter) if it was used
-// since its last reset. It returns errBad if the driver found s dead, or
-// ctx's error if ctx ended meanwhile; s is then still the caller's.
+// pooled connection it hands out: it is pinged if a session was found dead
+// since s was last known alive; it is reset (the driver's
+// SessionResetter) if it was used since its last reset; WithConnInit's
+// function runs on it if it never did. It returns errBad if the driver
+// found s dead, ctx's error if ctx ended meanwhile, or the init's error
+// (an *initError); s is then still the caller's.
 func (p *pool) ready(ctx context.Context, s *session) error {
 	if e := p.epoch.Load(); s.checked != e {
 		if s.pinger != nil {
@@ -336,8 +340,21 @@ func (p *pool) ready(ctx context.Context, s *session) error {
 		}
 	}
 	s.dirty = false
+	if !s.inited && p.init != nil {
+		if err := p.init(ctx, s.ci); err != nil {
+			return &initError{err}
+		}
+	}
+	s.inited = true
 	return nil
 }
+
+// initError is the error of WithConnInit's function: the session is
+// closed, and the use that needed it fails with the error.
+type initError struct{ err error }
+
+func (e *initError) Error() string { return e.err.Error() }
+func (e *initError) Unwrap() error { return e.err }
 
 // preparedOn records that s prepared q, forgetting the closed sessions.
 func (p *pool) preparedOn(q *query, s *session) {

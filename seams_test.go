@@ -441,3 +441,43 @@ func TestASQLConnDialsAtItsFirstUse(t *testing.T) {
 		t.Fatalf("%d dials after the first statement, want 1", n)
 	}
 }
+
+// WithConnInit's function runs once on each server connection, before its
+// first use and within the permits of the operation that uses it first;
+// its error closes that connection and fails the operation with it.
+func TestConnInitRunsOnceOnEachServerConnectionWithinThePermitsOfItsFirstOperation(t *testing.T) {
+	initErr := errors.New("init failed")
+	var mu sync.Mutex
+	var ran []int   // Running when it ran
+	var fail = true // the first init fails
+	var e *fkEnv
+	e = fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2}, bulkhead.WithConnInit(func(ctx context.Context, c driver.Conn) error {
+		mu.Lock()
+		defer mu.Unlock()
+		ran = append(ran, e.g.Stats().Running)
+		if fail {
+			fail = false
+			return initErr
+		}
+		return nil
+	}))
+	if _, err := e.db.Exec("UPDATE t"); !errors.Is(err, initErr) {
+		t.Fatalf("exec on a connection whose init fails: %v, want the init's error", err)
+	}
+	if open := e.fc.Open(); open != 0 {
+		t.Fatalf("%d server connections open after a failed init, want 0", open)
+	}
+	for range 3 {
+		if _, err := e.db.Exec("UPDATE t"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ran) != 2 || ran[0] != 1 || ran[1] != 1 {
+		t.Fatalf("init ran with Running %v, want twice (the failed connection, then the next), each within its operation's permits", ran)
+	}
+	if s := e.g.Stats(); s.ConnectFailed != 1 || s.Admitted != 3 || s.Dials != 2 {
+		t.Fatalf("%+v: want the failed init's operation counted as ConnectFailed, 2 dials", s)
+	}
+}

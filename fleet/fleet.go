@@ -25,9 +25,10 @@
 // The statements a dead member had running go on until they end (the
 // server sees a dead client only when it next reads from it), so its
 // freed slots must not be reused before they end. Each server connection
-// of the member's gate is tagged with its id as it is dialed: a shared
-// advisory lock (Conns, id), held as long as the connection lives
-// (Tagging). The orphans are the busy connections of an id beyond the
+// of the member's gate is tagged with its id before its first use, within
+// the permits of the operation that first uses it: a shared advisory lock
+// (Conns, id), held as long as the connection lives (Tagging,
+// bulkhead.WithConnInit). The orphans are the busy connections of an id beyond the
 // slots its member holds: all of them for an id with no membership lock.
 // The targets are shares of T minus the orphans, and slots are locked
 // under a fleet-wide transaction lock (Grow) by a statement that counts,
@@ -168,8 +169,9 @@ func Coordinator(c driver.Connector) Option {
 func Lending(on bool) Option { return func(m *Member) { m.lending = on } }
 
 // Tagging sets whether a member tags each server connection of its gate
-// with its id, as it is dialed (one statement per connection: a shared
-// advisory lock the connection holds as long as it lives), on by default.
+// with its id before its first use (one statement per connection, within
+// the permits of the operation that first uses it: a shared advisory lock
+// the connection holds as long as it lives), on by default.
 // The tags let the others see the statements a killed member left running
 // and leave room for them until they end. Turn it off only when the
 // operations go through a pooler in transaction mode (PgBouncer's), where
@@ -294,7 +296,11 @@ func Join(name string, inner driver.Connector, p bulkhead.Policy, opts ...Option
 
 // start makes the gate, at a share of 0, and starts the loop.
 func (m *Member) start(inner driver.Connector, p bulkhead.Policy) error {
-	g, err := bulkhead.New(&connector{inner: inner, m: m}, p, m.gateOpts...)
+	opts := m.gateOpts
+	if !m.noTags {
+		opts = append(opts[:len(opts):len(opts)], bulkhead.WithConnInit(m.tag))
+	}
+	g, err := bulkhead.New(&connector{inner: inner, m: m}, p, opts...)
 	if err != nil {
 		return err
 	}
@@ -969,39 +975,30 @@ type noClose struct{ c driver.Connector }
 func (n noClose) Connect(ctx context.Context) (driver.Conn, error) { return n.c.Connect(ctx) }
 func (n noClose) Driver() driver.Driver                            { return n.c.Driver() }
 
-// connector is the member's gate's inner connector: it tags each server
-// connection with the member's id as it is dialed (Tagging), so that the
-// others count its work as orphans if this process dies while it runs; a
-// connection that cannot be tagged is closed, and the dial fails. Closing
-// it (the gate's Close) leaves the fleet, then closes the inner
-// connector if it is an io.Closer.
+// tag marks a server connection of the member's gate as its own, before
+// its first use (bulkhead.WithConnInit): a shared advisory lock (Conns,
+// id) that the connection holds as long as it lives, so that the others
+// count its work as orphans if this process dies while it runs. A
+// connection that cannot be tagged is closed by the gate: its work would
+// be invisible.
+func (m *Member) tag(ctx context.Context, c driver.Conn) error {
+	q := "SELECT pg_advisory_lock_shared(" + itoa32(m.keys.Conns) + ", " + strconv.FormatInt(m.id.Load(), 10) + ")"
+	if err := execConn(ctx, c, q); err != nil {
+		return fmt.Errorf("bulkhead: fleet %s: tagging a new server connection (fleet.Tagging): %w", m.name, err)
+	}
+	return nil
+}
+
+// connector is the member's gate's inner connector: closing it (the
+// gate's Close) leaves the fleet, then closes the inner connector if it is
+// an io.Closer.
 type connector struct {
 	inner driver.Connector
 	m     *Member
 }
 
-func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
-	ci, err := c.inner.Connect(ctx)
-	if err != nil || c.m.noTags {
-		return ci, err
-	}
-	q := "SELECT pg_advisory_lock_shared(" + itoa32(c.m.keys.Conns) + ", " + strconv.FormatInt(c.m.id.Load(), 10) + ")"
-	returned := false
-	defer func() {
-		if !returned { // the driver panicked: the panic goes on up
-			ci.Close()
-		}
-	}()
-	err = execConn(ctx, ci, q)
-	returned = true
-	if err != nil {
-		ci.Close()
-		return nil, fmt.Errorf("bulkhead: fleet %s: tagging a new server connection (fleet.Tagging): %w", c.m.name, err)
-	}
-	return ci, nil
-}
-
-func (c *connector) Driver() driver.Driver { return c.inner.Driver() }
+func (c *connector) Connect(ctx context.Context) (driver.Conn, error) { return c.inner.Connect(ctx) }
+func (c *connector) Driver() driver.Driver                            { return c.inner.Driver() }
 
 func (c *connector) Close() error {
 	c.m.leave()

@@ -34,10 +34,9 @@ func TestAMemberWithNoSharePingsTheDatabase(t *testing.T) {
 }
 
 // A *sql.Conn keeps its server connection, whatever happens to its
-// statements: tags are taken as a connection is dialed, never on an
-// operation's path, so that a statement cut off by its deadline cannot
-// move the *sql.Conn (its LISTEN, SET, temporary tables) to another
-// server connection.
+// statements: a connection is tagged before its first use, never again,
+// so that a statement cut off by its deadline cannot move the *sql.Conn
+// (its LISTEN, SET, temporary tables) to another server connection.
 func TestASQLConnKeepsItsServerConnectionWhenAStatementIsCutOff(t *testing.T) {
 	fc := fakedb.New()
 	mm := newMemLocks()
