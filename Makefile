@@ -25,7 +25,7 @@ lint: ## go vet and staticcheck, every module
 	$(GO) run $(STATICCHECK) $(ALL)
 
 compat: ## build the root module (its packages, not its tests) with the oldest Go its go line names (downloads that toolchain)
-	GOWORK=off GOTOOLCHAIN=$(MIN_GO) $(GO) build ./ ./httpgate
+	GOWORK=off GOTOOLCHAIN=$(MIN_GO) $(GO) build ./ ./httpgate ./fleet
 
 bench: ## the gate alone, its connection path, and database/sql on the fake driver, gated and plain side by side (bench.txt; see BENCHMARKS.md)
 	{ $(GO) test -run '^$$' -bench 'Semaphore|GatePermit|WaiterMemory|ConnPath' -benchmem -count 6 . && \
@@ -40,13 +40,13 @@ bench-pg: ## PostgreSQL throughput, plain and gated in alternate processes (benc
 bench-smoke: ## every benchmark once, as CI runs them (no timings)
 	$(GO) test -run '^$$' -bench . -benchtime=1x $(ALL)
 
-overload: ## open-loop overload on local PostgreSQL, S = 5, 10, 20 ms: pool as semaphore, wait-before-checkout bulkhead, gate, 3 rounds; redraws docs/overload.svg (~7 min)
-	$(GO) run ./cmd/bulkhead overload --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
+overload: ## the overload experiment (module experiments), open-loop on local PostgreSQL, S = 5, 10, 20 ms: pool as semaphore, wait-before-checkout bulkhead, gate, 3 rounds; redraws docs/overload.svg (~7 min)
+	$(GO) run ./experiments overload --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
 	  --service 5ms,10ms,20ms --configs semaphore,waitfirst,gate --max-concurrent 2 --rounds 3 --duration 3s \
 	  --json overload.json --chart docs/overload.svg
 
-fleet: ## issue 12's fleet experiment on local PostgreSQL: 4 processes, T = 8; one process, static B = T/4 and T/8, the fleet budget, PgBouncer; deploy, SIGKILL, scale-down; prints the table, redraws docs/fleet.svg (~2 min; pgbouncer arm: apt-get install pgbouncer)
-	$(GO) run ./cmd/bulkhead fleet --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} \
+fleet: ## issue 12's fleet experiment (module experiments) on local PostgreSQL: 4 processes, T = 8; one process, static B = T/4 and T/8, the fleet budget, PgBouncer; deploy, SIGKILL, scale-down; prints the table, redraws docs/fleet.svg (~2 min; pgbouncer arm: apt-get install pgbouncer)
+	$(GO) run ./experiments fleet --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} \
 	  --json fleet.json --chart docs/fleet.svg
 
 generate: ## regenerate wrap_gen.go and the fake driver's types

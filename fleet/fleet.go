@@ -202,6 +202,15 @@ func NameFromEnv() (string, error) {
 	return v, nil
 }
 
+// CheckName returns an error matching bulkhead.ErrInvalidPolicy, naming
+// name, if it is not a fleet's name: 1 to 64 of a-z, 0-9, _ and -.
+func CheckName(name string) error {
+	if !validName(name) {
+		return fmt.Errorf("%w: fleet name %q, want 1 to 64 of a-z, 0-9, _ and -", bulkhead.ErrInvalidPolicy, name)
+	}
+	return nil
+}
+
 func validName(s string) bool {
 	if s == "" || len(s) > 64 {
 		return false
@@ -271,8 +280,8 @@ func (m *Member) setErr(format string, args ...any) {
 // the share goes to 0, and the coordination session, which holds the
 // slots, is closed once no operation runs.
 func Join(name string, inner driver.Connector, p bulkhead.Policy, opts ...Option) (*Member, error) {
-	if !validName(name) {
-		return nil, fmt.Errorf("%w: fleet name %q, want 1 to 64 of a-z, 0-9, _ and -", bulkhead.ErrInvalidPolicy, name)
+	if err := CheckName(name); err != nil {
+		return nil, err
 	}
 	if inner == nil {
 		return nil, errors.New("bulkhead: fleet: the inner connector is nil, want a driver.Connector")

@@ -5,14 +5,16 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
+	"github.com/dbbulkhead/bulkhead/fleet"
 )
 
 const budgetUsage = `Usage: bulkhead budget --dsn postgres://... --instances N [--conns-per-instance C | policy flags] [--other K]
@@ -21,22 +23,33 @@ Checks the connection budget of a live PostgreSQL server:
 
   instances × connections per instance + other ≤ max_connections − reserved
 
-With a fleet (--fleet or BULKHEAD_FLEET), B+Q are the whole fleet's, and
-each instance adds its coordination session:
-
-  B + Q + instances + other ≤ max_connections − reserved
-
-and the fleet is shown live, as the database sees it: each instance alive,
-its share (the slots it holds), what it reported at the start of its
-last round (T, B, Q, running, waiting), and the slots held against T = B. Exit 1 also when the
-slots held exceed T.
-
 where reserved is superuser_reserved_connections plus reserved_connections
 (PostgreSQL 16 and later). Count instances at their peak: autoscaling
 maximum plus the overlap of a rolling deploy. Connections per instance are
---conns-per-instance, else B+Q of the policy (the gate keeps at most B+Q
-open). It also lists the connections in use now by application_name and
-user. Exit 0 when the budget fits, 1 when it does not, 2 on an error.
+--conns-per-instance, else what can be open behind a gate of the policy:
+
+  B + (B+Q)   B for the operations running (a logical connection holds a
+              server connection only while an operation on it runs, or a
+              Ping, a Prepare, Raw or a *sql.Conn needs one), plus the
+              idle ones, never more than database/sql keeps idle:
+              gate.OpenDB sets SetMaxIdleConns(B+Q)
+
+It assumes each instance opens its *sql.DB with gate.OpenDB (or keeps no
+more idle connections); the gate keeps no more server connections than
+database/sql keeps connections. With a fleet (--fleet or BULKHEAD_FLEET), B is the whole
+fleet's T, which bounds the fleet's operations, and each instance adds its
+coordination session:
+
+  T + instances + other ≤ max_connections − reserved
+
+(the members' idle connections are not counted: pass them in --other);
+and the fleet is shown live, as the database sees it: each instance
+alive, its share (the slots it holds), its connections, what it reported
+at the start of its last round (T, B, Q, running, waiting), and the slots
+held and orphans against T. Exit 1 also when they exceed T.
+
+It also lists the connections in use now by application_name and user.
+Exit 0 when the budget fits, 1 when it does not, 2 on an error.
 `
 
 const budgetExamples = `  bulkhead budget --dsn postgres://postgres@127.0.0.1:5432/test --instances 6 --max-concurrent 4 --max-queue 4
@@ -49,90 +62,132 @@ const budgetExamples = `  bulkhead budget --dsn postgres://postgres@127.0.0.1:54
 // cannot overflow.
 const budgetLimit = 1_000_000
 
+// instanceConns is what a policy lets an instance have open on the
+// server: perInstance each, and shared once for a whole fleet.
+type instanceConns struct {
+	perInstance int
+	perWhy      string
+	shared      int    // a fleet's T; 0 outside a fleet
+	sharedWhy   string // what shared is
+	assumes     string
+	dryRun      bool // nothing bounds the connections
+}
+
+// connsPerInstance counts the server connections behind a gate of
+// policy p (in the fleet named, if any): B for the operations running,
+// plus the idle ones database/sql keeps (gate.OpenDB sets
+// SetMaxIdleConns(B+Q)); in a fleet, T for the operations of the whole
+// fleet, plus each member's coordination session (package fleet).
+func connsPerInstance(p bulkhead.Policy, fleet string) instanceConns {
+	b, q := p.MaxConcurrent, p.MaxQueue
+	if p.DryRun {
+		return instanceConns{dryRun: true}
+	}
+	if fleet != "" {
+		return instanceConns{
+			perInstance: 1, perWhy: "its coordination session",
+			shared: b, sharedWhy: fmt.Sprintf("fleet %s: T = %d for operations in all, whatever the members' shares", fleet, b),
+			assumes: "the members' idle server connections are not counted (each member's gate keeps up to as many as its " +
+				"database/sql keeps idle: B+Q with gate.OpenDB): pass those in --other",
+		}
+	}
+	return instanceConns{
+		perInstance: b + b + q,
+		perWhy:      fmt.Sprintf("B + (B+Q) = %d + %d: B operations running, B+Q idle, as gate.OpenDB sets SetMaxIdleConns(B+Q)", b, b+q),
+		assumes: "each instance opens its *sql.DB with gate.OpenDB (or keeps at most B+Q idle); a connection of database/sql holds a server " +
+			"connection while an operation on it runs (or a Ping, Prepare, Raw or *sql.Conn needs one), and the gate keeps no more server " +
+			"connections than database/sql keeps connections",
+	}
+}
+
+// policyCell is the policy command's cell for the connections.
+func (c instanceConns) policyCell() string {
+	switch {
+	case c.dryRun:
+		return "no bound\tin dry-run the gate runs every operation, each with its server connection: B bounds nothing"
+	case c.shared > 0:
+		return fmt.Sprintf("its share of T, + 1\tthe fleet's: T = %d for operations in all, + 1 coordination session per instance", c.shared)
+	}
+	return fmt.Sprintf("%d\tat most %s", c.perInstance, c.perWhy)
+}
+
 func (e *env) budget(ctx context.Context, args []string) int {
-	fs := e.newFlagSet("budget", budgetUsage, budgetExamples)
+	fs := e.NewFlagSet("budget", budgetUsage, budgetExamples)
 	dsn := fs.String("dsn", "", "PostgreSQL URL postgres://...")
 	instances := fs.Int("instances", 1, "peak number of application instances (autoscaling maximum plus rolling-deploy overlap)")
-	conns := fs.Int("conns-per-instance", 0, "connections one instance keeps at most (default B+Q of the policy)")
+	conns := fs.Int("conns-per-instance", 0, "server connections one instance can have open (default B + (B+Q) of the policy)")
 	other := fs.Int("other", 0, "connections of other clients (jobs, admin tools, replicas' tools, ...)")
-	pi := e.addPolicyFlags(fs, unusedSettings["budget"])
-	if code, done := e.parseFlags(fs, args); done {
+	pi := e.AddPolicyFlags(fs)
+	if code, done := e.ParseFlags(fs, args); done {
 		return code
 	}
-	set := flagsSet(fs)
-	if err := pi.checkUnused(set); err != nil {
-		return e.fail(fmt.Errorf("budget: %w", err))
+	set := cli.FlagsSet(fs)
+	if err := pi.CheckUnused(set); err != nil {
+		return e.Fail(fmt.Errorf("budget: %w", err))
 	}
 	if *instances < 1 || *instances > budgetLimit {
-		return e.fail(fmt.Errorf("budget: --instances is %d, want 1 to %d", *instances, budgetLimit))
+		return e.Fail(fmt.Errorf("budget: --instances is %d, want 1 to %d", *instances, budgetLimit))
 	}
 	if *other < 0 || *other > budgetLimit {
-		return e.fail(fmt.Errorf("budget: --other is %d, want 0 to %d", *other, budgetLimit))
+		return e.Fail(fmt.Errorf("budget: --other is %d, want 0 to %d", *other, budgetLimit))
 	}
-	per, perWhy := *conns, "--conns-per-instance"
+	ic := instanceConns{perInstance: *conns, perWhy: "--conns-per-instance"}
+	fleetName := ""
 	if set["conns-per-instance"] {
-		if per < 1 || per > budgetLimit {
-			return e.fail(fmt.Errorf("budget: --conns-per-instance is %d, want 1 to %d", per, budgetLimit))
+		if ic.perInstance < 1 || ic.perInstance > budgetLimit {
+			return e.Fail(fmt.Errorf("budget: --conns-per-instance is %d, want 1 to %d", ic.perInstance, budgetLimit))
 		}
 		// The connections are given: the policy is not read.
-		for _, name := range []string{setB, setQ, setDryRun, setFleet} {
+		for _, name := range []string{cli.SetB, cli.SetQ, cli.SetDryRun, cli.SetFleet} {
 			if set[name] {
-				return e.fail(fmt.Errorf("budget: --%s does nothing with --conns-per-instance, which gives the connections per instance; want one or the other", name))
+				return e.Fail(fmt.Errorf("budget: --%s does nothing with --conns-per-instance, which gives the connections per instance; want one or the other", name))
 			}
 		}
-	}
-	var fleet bulkhead.Policy
-	if !set["conns-per-instance"] {
-		r, err := pi.resolve(e.lookup, set, bulkhead.DefaultPolicy)
+	} else {
+		r, err := pi.Resolve(set, bulkhead.DefaultPolicy)
 		if err != nil {
-			return e.fail(fmt.Errorf("budget: %w", err))
+			return e.Fail(fmt.Errorf("budget: %w", err))
 		}
-		p := r.p
-		if p.MaxQueue > math.MaxInt32-p.MaxConcurrent {
-			return e.fail(fmt.Errorf("budget: B+Q is %d+%d, want at most %d in all", p.MaxConcurrent, p.MaxQueue, math.MaxInt32))
+		p := r.P
+		if p.MaxConcurrent > budgetLimit || p.MaxQueue > budgetLimit {
+			return e.Fail(fmt.Errorf("budget: B is %d and Q %d, want each at most %d", p.MaxConcurrent, p.MaxQueue, budgetLimit))
 		}
 		if p.DryRun {
-			return e.fail(fmt.Errorf("budget: dry run (%s): a gate in dry-run dials beyond B+Q, so B+Q does not bound an instance's connections; want --conns-per-instance, or --dry-run=false", r.describe(setDryRun)))
+			return e.Fail(fmt.Errorf("budget: dry run (%s): a gate in dry-run runs every operation, each with its server connection, so B does not bound an instance's connections; want --conns-per-instance, or --dry-run=false", r.Describe(cli.SetDryRun)))
 		}
-		per, perWhy = p.MaxConcurrent+p.MaxQueue, fmt.Sprintf("B+Q = %d+%d of the policy", p.MaxConcurrent, p.MaxQueue)
-		if per > budgetLimit {
-			return e.fail(fmt.Errorf("budget: B+Q is %d, want at most %d", per, budgetLimit))
-		}
-		if p.Fleet != "" {
-			fleet = p
-			per, perWhy = 1, fmt.Sprintf("its coordination session; fleet %s (%s) keeps at most B+Q = %d+%d in all", p.Fleet, r.describe(setFleet), p.MaxConcurrent, p.MaxQueue)
+		fleetName = r.Fleet
+		ic = connsPerInstance(p, fleetName)
+		if fleetName != "" {
+			ic.sharedWhy += " (" + r.Describe(cli.SetFleet) + ")"
 		}
 	}
-	t, err := e.resolveTarget(*dsn, set["dsn"])
+	t, err := e.ResolveTarget(*dsn, set["dsn"])
 	if err != nil {
-		return e.fail(fmt.Errorf("budget: %w", err))
+		return e.Fail(fmt.Errorf("budget: %w", err))
 	}
-	if t.dialect != dialectPostgres {
-		return e.fail(fmt.Errorf("budget: needs a PostgreSQL server, got %s; give --dsn postgres://user@host:5432/database or set DATABASE_URL", t.display))
+	if t.Dialect != cli.DialectPostgres {
+		return e.Fail(fmt.Errorf("budget: needs a PostgreSQL server, got %s; give --dsn postgres://user@host:5432/database or set DATABASE_URL", t.Display))
 	}
 	readCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	srv, err := readServer(readCtx, t, fleet.Fleet)
+	srv, err := readServer(readCtx, t, fleetName)
 	if err != nil {
 		if ctx.Err() != nil {
-			fmt.Fprintln(e.stderr, "bulkhead: budget: interrupted")
-			return exitInterrupted
+			fmt.Fprintln(e.Stderr, "bulkhead: budget: interrupted")
+			return cli.ExitInterrupted
 		}
-		return e.fail(fmt.Errorf("budget: %s: %w", t.display, err))
+		return e.Fail(fmt.Errorf("budget: %s: %w", t.Display, err))
 	}
-	b := budgetCheck{srv: srv, instances: *instances, perInstance: per, perWhy: perWhy, other: *other, otherGiven: set["other"]}
-	if fleet.Fleet != "" {
-		b.fleetConns = fleet.MaxConcurrent + fleet.MaxQueue
-	}
-	b.print(e.stdout, t.display)
+	b := budgetCheck{srv: srv, conns: ic, instances: *instances, other: *other, otherGiven: set["other"]}
+	b.print(e.Stdout, t.Display)
 	fleetOK := true
-	if fleet.Fleet != "" {
-		fleetOK = srv.fleet.print(e.stdout, fleet.Fleet, fleet.MaxConcurrent)
+	if fleetName != "" {
+		fleetOK = srv.fleet.print(e.Stdout, fleetName, ic.shared)
 	}
 	if !b.fits() || !fleetOK {
-		return exitFinding
+		return cli.ExitFinding
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // serverFacts is what budget reads from the server.
@@ -169,12 +224,17 @@ type usage struct {
 	n         int
 }
 
-// budgetAppName is the application_name of the check's own connection,
-// with the process id: two checks at once tell their connections apart.
-func budgetAppName() string { return fmt.Sprintf("bulkhead-budget-%d", os.Getpid()) }
+// budgetSeq numbers the checks of a process.
+var budgetSeq atomic.Int64
 
-func readServer(ctx context.Context, t *target, fleet string) (*serverFacts, error) {
-	db := sql.OpenDB(t.plainConnector(budgetAppName()))
+// budgetAppName is the application_name of check n's own connection,
+// with the process id: two checks at once, or one and the connection of
+// the one before that the server has not ended yet, tell their
+// connections apart.
+func budgetAppName(n int64) string { return fmt.Sprintf("bulkhead-budget-%d-%d", os.Getpid(), n) }
+
+func readServer(ctx context.Context, t *cli.Target, fleetName string) (*serverFacts, error) {
+	db := sql.OpenDB(t.PlainConnector(budgetAppName(budgetSeq.Add(1))))
 	defer db.Close()
 	db.SetMaxOpenConns(1)
 	if err := db.PingContext(ctx); err != nil {
@@ -236,20 +296,20 @@ func readServer(ctx context.Context, t *target, fleet string) (*serverFacts, err
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("reading pg_stat_activity: %w", err)
 	}
-	if fleet != "" {
-		if f.fleet, err = readFleet(ctx, db, fleet); err != nil {
-			return nil, fmt.Errorf("reading fleet %s from pg_locks: %w", fleet, err)
+	if fleetName != "" {
+		if f.fleet, err = readFleet(ctx, db, fleetName); err != nil {
+			return nil, fmt.Errorf("reading fleet %s from pg_locks: %w", fleetName, err)
 		}
 	}
 	return f, nil
 }
 
 // readFleet reads a fleet's members, slots and tagged connections: its
-// advisory locks (bulkhead.FleetLockKeys) and their sessions. The orphans
+// advisory locks (fleet.LockKeys) and their sessions. The orphans
 // are counted as the members count them: the busy connections of an id
 // beyond the slots its member holds, all of them for an id with no member.
 func readFleet(ctx context.Context, db *sql.DB, name string) (fleetView, error) {
-	k := bulkhead.FleetLockKeys(name)
+	k := fleet.LockKeys(name)
 	var v fleetView
 	rows, err := db.QueryContext(ctx, `SELECT l.classid::int8, l.objid::int8, l.pid,
 			coalesce(host(a.client_addr), 'local socket'), coalesce(a.backend_start, now()),
@@ -333,16 +393,16 @@ func (v fleetView) print(w io.Writer, name string, total int) bool {
 
 // budgetCheck is the inequality with its numbers.
 type budgetCheck struct {
-	srv         *serverFacts
-	fleetConns  int // a fleet's B+Q, counted once; 0 outside a fleet
-	instances   int
-	perInstance int
-	perWhy      string
-	other       int
-	otherGiven  bool
+	srv        *serverFacts
+	conns      instanceConns
+	instances  int
+	other      int
+	otherGiven bool
 }
 
-func (b budgetCheck) need() int { return b.fleetConns + b.instances*b.perInstance + b.other }
+func (b budgetCheck) need() int {
+	return b.conns.shared + b.instances*b.conns.perInstance + b.other
+}
 func (b budgetCheck) available() int {
 	return b.srv.maxConnections - b.srv.superReserved - b.srv.reserved
 }
@@ -372,7 +432,14 @@ func (b budgetCheck) print(w io.Writer, where string) {
 		tw.Flush()
 	}
 
-	fmt.Fprintf(w, "\nper instance: %d connections (%s)\n", b.perInstance, b.perWhy)
+	c := b.conns
+	fmt.Fprintf(w, "\nper instance: %d connections (%s)\n", c.perInstance, c.perWhy)
+	if c.shared > 0 {
+		fmt.Fprintf(w, "once: %d connections (%s)\n", c.shared, c.sharedWhy)
+	}
+	if c.assumes != "" {
+		fmt.Fprintf(w, "assumes: %s\n", c.assumes)
+	}
 	if !b.otherGiven && s.inUseTotal > 0 {
 		fmt.Fprintf(w, "other clients: %d (--other; %d connections are in use now, pass --other to count those that are not this application)\n", b.other, s.inUseTotal)
 	}
@@ -380,20 +447,20 @@ func (b budgetCheck) print(w io.Writer, where string) {
 	if !b.fits() {
 		verb = ">"
 	}
-	if b.fleetConns > 0 {
-		fmt.Fprintf(w, "\nbudget: fleet B+Q + instances × 1 + other ≤ max_connections − reserved\n")
+	if c.shared > 0 {
+		fmt.Fprintf(w, "\nbudget: fleet T + instances × 1 + other ≤ max_connections − reserved\n")
 		fmt.Fprintf(w, "        %d + %d × %d + %d = %d %s %d − %d = %d\n",
-			b.fleetConns, b.instances, b.perInstance, b.other, b.need(), verb,
+			c.shared, b.instances, c.perInstance, b.other, b.need(), verb,
 			s.maxConnections, s.superReserved+s.reserved, b.available())
 	} else {
 		fmt.Fprintf(w, "\nbudget: instances × conns + other ≤ max_connections − reserved\n")
 		fmt.Fprintf(w, "        %d × %d + %d = %d %s %d − %d = %d\n",
-			b.instances, b.perInstance, b.other, b.need(), verb,
+			b.instances, c.perInstance, b.other, b.need(), verb,
 			s.maxConnections, s.superReserved+s.reserved, b.available())
 	}
 	if b.fits() {
 		fmt.Fprintf(w, "verdict: fits, %d connections to spare\n", b.available()-b.need())
 		return
 	}
-	fmt.Fprintf(w, "verdict: OVER BUDGET by %d connections: lower the instances or B+Q per instance, or raise max_connections (a pooler such as PgBouncer also helps)\n", b.need()-b.available())
+	fmt.Fprintf(w, "verdict: OVER BUDGET by %d connections: lower the instances or B and Q per instance, or raise max_connections (a pooler such as PgBouncer also helps)\n", b.need()-b.available())
 }

@@ -15,13 +15,16 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli/clitest"
+	"github.com/dbbulkhead/bulkhead/fleet"
 )
 
 // serverLimit reads max_connections − superuser_reserved_connections −
 // reserved_connections (where it exists) from the test server directly.
 func serverLimit(t *testing.T) (maxConns, available int) {
 	t.Helper()
-	db, err := sql.Open("pgx", postgresURL(t))
+	db, err := sql.Open("pgx", clitest.PostgresURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,11 +39,11 @@ func serverLimit(t *testing.T) (maxConns, available int) {
 }
 
 func TestBudgetThatFitsExitsZero(t *testing.T) {
-	url := postgresURL(t)
+	url := clitest.PostgresURL(t)
 	maxConns, available := serverLimit(t)
 	r := runCmd(t, nil, "budget", "--dsn", url, "--instances", "2", "--conns-per-instance", "3", "--other", "1")
-	if r.code != exitOK || r.stderr != "" {
-		t.Fatalf("exit %d, stderr %q\n%s", r.code, r.stderr, r.stdout)
+	if r.Code != cli.ExitOK || r.Stderr != "" {
+		t.Fatalf("exit %d, stderr %q\n%s", r.Code, r.Stderr, r.Stdout)
 	}
 	for _, want := range []string{
 		fmt.Sprintf("max_connections                 %d", maxConns),
@@ -50,45 +53,51 @@ func TestBudgetThatFitsExitsZero(t *testing.T) {
 		"connections in use now:",
 		"per instance: 3 connections (--conns-per-instance)",
 	} {
-		if !strings.Contains(r.stdout, want) {
-			t.Errorf("output lacks %q:\n%s", want, r.stdout)
+		if !strings.Contains(r.Stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, r.Stdout)
 		}
 	}
 }
 
 func TestBudgetThatDoesNotFitExitsOne(t *testing.T) {
-	url := postgresURL(t)
+	url := clitest.PostgresURL(t)
 	maxConns, available := serverLimit(t)
 	// max_connections is at most 262143: a million never fits.
 	r := runCmd(t, nil, "budget", "--dsn", url, "--instances", "1000", "--conns-per-instance", "1000")
-	if r.code != exitFinding || r.stderr != "" {
-		t.Fatalf("exit %d, stderr %q; want 1 and nothing\n%s", r.code, r.stderr, r.stdout)
+	if r.Code != cli.ExitFinding || r.Stderr != "" {
+		t.Fatalf("exit %d, stderr %q; want 1 and nothing\n%s", r.Code, r.Stderr, r.Stdout)
 	}
 	for _, want := range []string{
 		fmt.Sprintf("1000 × 1000 + 0 = 1000000 > %d − %d = %d", maxConns, maxConns-available, available),
 		fmt.Sprintf("verdict: OVER BUDGET by %d connections", 1000000-available),
 	} {
-		if !strings.Contains(r.stdout, want) {
-			t.Errorf("output lacks %q:\n%s", want, r.stdout)
+		if !strings.Contains(r.Stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, r.Stdout)
 		}
 	}
 }
 
 func TestBudgetTakesConnectionsPerInstanceFromThePolicy(t *testing.T) {
-	vars := map[string]string{"DATABASE_URL": postgresURL(t), bulkhead.EnvMaxConcurrent: "3", bulkhead.EnvMaxQueue: "9"}
+	vars := map[string]string{"DATABASE_URL": clitest.PostgresURL(t), cli.EnvMaxConcurrent: "3", cli.EnvMaxQueue: "9"}
 	r := runCmd(t, vars, "budget", "--instances", "2", "--max-queue", "2")
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
-	for _, want := range []string{"per instance: 5 connections (B+Q = 3+2 of the policy)", "2 × 5 + 0 = 10 ≤"} {
-		if !strings.Contains(r.stdout, want) {
-			t.Errorf("output lacks %q:\n%s", want, r.stdout)
+	// B = 3 operations running, and B+Q = 5 idle in database/sql's pool.
+	for _, want := range []string{
+		"per instance: 8 connections (B + (B+Q) = 3 + 5: B operations running, B+Q idle, as gate.OpenDB sets SetMaxIdleConns(B+Q))",
+		"assumes: each instance opens its *sql.DB with gate.OpenDB (or keeps at most B+Q idle);",
+		"the gate keeps no more server connections than database/sql keeps connections",
+		"2 × 8 + 0 = 16 ≤",
+	} {
+		if !strings.Contains(r.Stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, r.Stdout)
 		}
 	}
 }
 
 func TestBudgetListsConnectionsInUseByApplication(t *testing.T) {
-	url := postgresURL(t)
+	url := clitest.PostgresURL(t)
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
@@ -103,14 +112,14 @@ func TestBudgetListsConnectionsInUseByApplication(t *testing.T) {
 	}
 	defer conn.Close()
 	r := runCmd(t, nil, "budget", "--dsn", url, "--conns-per-instance", "1")
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
-	if !strings.Contains(r.stdout, probe) {
-		t.Fatalf("the probe's connection is not listed:\n%s", r.stdout)
+	if !strings.Contains(r.Stdout, probe) {
+		t.Fatalf("the probe's connection is not listed:\n%s", r.Stdout)
 	}
-	if strings.Contains(r.stdout, budgetAppName()+" ") {
-		t.Fatalf("the check counted its own connection:\n%s", r.stdout)
+	if strings.Contains(r.Stdout, budgetAppName(budgetSeq.Load())+" ") {
+		t.Fatalf("the check counted its own connection:\n%s", r.Stdout)
 	}
 }
 
@@ -118,7 +127,8 @@ func TestBudgetSubtractsReservedConnectionsWhereTheServerHasThem(t *testing.T) {
 	// PostgreSQL 16 and later: reserved_connections counts too.
 	b := budgetCheck{
 		srv:       &serverFacts{version: "16.4", maxConnections: 100, superReserved: 3, reserved: 5, reservedExists: true},
-		instances: 4, perInstance: 20, perWhy: "--conns-per-instance", other: 12, otherGiven: true,
+		conns:     instanceConns{perInstance: 20, perWhy: "--conns-per-instance"},
+		instances: 4, other: 12, otherGiven: true,
 	}
 	var out bytes.Buffer
 	b.print(&out, "postgres://h/db")
@@ -150,13 +160,13 @@ func TestBudgetRejectsBadInput(t *testing.T) {
 		{"too many instances", nil, []string{"--instances", "2000000"}, []string{"--instances is 2000000"}},
 		{"negative other", nil, []string{"--other", "-3"}, []string{"--other is -3"}},
 		{"zero conns", nil, []string{"--conns-per-instance", "0"}, []string{"--conns-per-instance is 0"}},
-		{"bad env", map[string]string{bulkhead.EnvMaxQueue: "lots"}, []string{"--dsn", "postgres://h/db"}, []string{bulkhead.EnvMaxQueue, `"lots"`}},
+		{"bad env", map[string]string{cli.EnvMaxQueue: "lots"}, []string{"--dsn", "postgres://h/db"}, []string{cli.EnvMaxQueue, `"lots"`}},
 		{"unreachable", nil, []string{"--dsn", "postgres://postgres@127.0.0.1:1/test?sslmode=disable"}, []string{"postgres://postgres@127.0.0.1:1/test", "cannot connect"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r := runCmd(t, c.vars, append([]string{"budget"}, c.args...)...)
-			wantOneLineError(t, r, append([]string{"budget:"}, c.want...)...)
+			clitest.WantOneLineError(t, r, append([]string{"budget:"}, c.want...)...)
 		})
 	}
 }
@@ -164,70 +174,75 @@ func TestBudgetRejectsBadInput(t *testing.T) {
 // budget --fleet shows a live fleet as PostgreSQL sees it: two gates of
 // one fleet, each with its share after their rounds.
 func TestBudgetShowsALiveFleet(t *testing.T) {
-	url := postgresURL(t)
+	url := clitest.PostgresURL(t)
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	name := fmt.Sprintf("budget-%d", os.Getpid())
-	p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 2, QueueWait: time.Second, Fleet: name}
-	var gs []*bulkhead.Gate
+	p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 2, QueueWait: time.Second}
+	var ms []*fleet.Member
 	for range 2 {
-		g, err := bulkhead.New(stdlib.GetConnector(*cfg), p, bulkhead.WithFleetInterval(time.Hour))
+		m, err := fleet.Join(name, stdlib.GetConnector(*cfg), p, fleet.Interval(time.Hour))
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer g.OpenDB().Close()
-		gs = append(gs, g)
+		defer m.Gate().OpenDB().Close() // leaves the fleet
+		ms = append(ms, m)
 	}
+	// Rounds until each holds its share: the first takes all of T, gives
+	// back half when it sees the second, which then takes it.
 	for range 2 {
-		for _, g := range gs {
-			if err := g.SyncFleet(t.Context()); err != nil {
+		for _, m := range ms {
+			if err := m.Sync(t.Context()); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	// One operation on the first gate: its server connection is tagged
 	// with its id, and idle again.
-	if _, err := gs[0].OpenDB().ExecContext(t.Context(), "SELECT 1"); err != nil {
+	if _, err := ms[0].Gate().OpenDB().ExecContext(t.Context(), "SELECT 1"); err != nil {
 		t.Fatal(err)
 	}
 	maxConns, available := serverLimit(t)
-	r := runCmd(t, map[string]string{bulkhead.EnvFleet: name}, "budget", "--dsn", url, "--instances", "3", "--max-concurrent", "4", "--max-queue", "2")
-	if r.code != exitOK || r.stderr != "" {
-		t.Fatalf("exit %d, stderr %q\n%s", r.code, r.stderr, r.stdout)
+	r := runCmd(t, map[string]string{cli.EnvFleet: name}, "budget", "--dsn", url, "--instances", "3", "--max-concurrent", "4", "--max-queue", "2")
+	if r.Code != cli.ExitOK || r.Stderr != "" {
+		t.Fatalf("exit %d, stderr %q\n%s", r.Code, r.Stderr, r.Stdout)
 	}
 	want := []string{
-		"budget: fleet B+Q + instances × 1 + other ≤ max_connections − reserved",
-		fmt.Sprintf("6 + 3 × 1 + 0 = 9 ≤ %d − %d = %d", maxConns, maxConns-available, available),
+		"per instance: 1 connections (its coordination session)",
+		fmt.Sprintf("once: 4 connections (fleet %s: T = 4 for operations in all, whatever the members' shares (from BULKHEAD_FLEET=%s))", name, name),
+		"assumes: the members' idle server connections are not counted",
+		"budget: fleet T + instances × 1 + other ≤ max_connections − reserved",
+		fmt.Sprintf("4 + 3 × 1 + 0 = 7 ≤ %d − %d = %d", maxConns, maxConns-available, available),
 		fmt.Sprintf("fleet %s, live: 2 instances, 4 slots held of T=4", name),
 		"share (slots)  connections (busy)",
 	}
 	for _, w := range want {
-		if !strings.Contains(r.stdout, w) {
-			t.Errorf("output lacks %q:\n%s", w, r.stdout)
+		if !strings.Contains(r.Stdout, w) {
+			t.Errorf("output lacks %q:\n%s", w, r.Stdout)
 		}
 	}
 	// Each member's line: id, backend pid, client, since, share,
 	// connections (busy), what it reported.
-	for i, g := range gs {
-		s := g.Stats()
-		if s.MaxConcurrent != 2 {
-			t.Fatalf("a gate of the fleet has B=%d, want 2", s.MaxConcurrent)
+	for i, m := range ms {
+		s, f := m.Gate().Stats(), m.Stats()
+		if s.MaxConcurrent != 2 || f.Share != 2 || f.Instances != 2 {
+			t.Fatalf("a gate of the fleet has B=%d, share %d of %d instances; want 2 of 2", s.MaxConcurrent, f.Share, f.Instances)
 		}
 		conns := "0 (0)"
 		if i == 0 {
 			conns = "1 (0)"
 		}
-		line := regexp.MustCompile(fmt.Sprintf(`(?m)^  %d +%d +\S+ +\S+ \S+ +2 +%s +t=4 b=\d `, s.Fleet.ID, s.Fleet.Backend, regexp.QuoteMeta(conns)))
-		if !line.MatchString(r.stdout) {
-			t.Errorf("output lacks instance %d's line (%s):\n%s", i, line, r.stdout)
+		line := regexp.MustCompile(fmt.Sprintf(`(?m)^  %d +%d +\S+ +\S+ \S+ +2 +%s +t=4 b=\d `, f.ID, f.Backend, regexp.QuoteMeta(conns)))
+		if !line.MatchString(r.Stdout) {
+			t.Errorf("output lacks instance %d's line (%s):\n%s", i, line, r.Stdout)
 		}
 	}
 	// A check told a smaller T finds the fleet over it.
 	r = runCmd(t, nil, "budget", "--dsn", url, "--fleet", name, "--max-concurrent", "3", "--max-queue", "0")
-	if r.code != exitFinding || !strings.Contains(r.stdout, "fleet: OVER T by 1 (4 slots held, 0 orphans, T=3)") {
-		t.Fatalf("T=3 against 4 slots held: exit %d\n%s", r.code, r.stdout)
+	if r.Code != cli.ExitFinding || !strings.Contains(r.Stdout, "fleet: OVER T by 1 (4 slots held, 0 orphans, T=3)") {
+		t.Fatalf("T=3 against 4 slots held: exit %d\n%s", r.Code, r.Stdout)
 	}
 	// An orphan: a session tagged with the id of no member, in a
 	// transaction (a killed instance's work still running). It is counted
@@ -242,11 +257,11 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(t.Context(), "SELECT pg_advisory_lock_shared($1, 12345)", bulkhead.FleetLockKeys(name).Conns); err != nil {
+	if _, err := tx.ExecContext(t.Context(), "SELECT pg_advisory_lock_shared($1, 12345)", fleet.LockKeys(name).Conns); err != nil {
 		t.Fatal(err)
 	}
 	r = runCmd(t, nil, "budget", "--dsn", url, "--fleet", name, "--max-concurrent", "4", "--max-queue", "0")
-	if r.code != exitFinding || !strings.Contains(r.stdout, "orphans: 1 busy connections beyond their instance's slots") || !strings.Contains(r.stdout, "fleet: OVER T by 1 (4 slots held, 1 orphans, T=4)") {
-		t.Fatalf("T=4 against 4 slots held and an orphan: exit %d\n%s", r.code, r.stdout)
+	if r.Code != cli.ExitFinding || !strings.Contains(r.Stdout, "orphans: 1 busy connections beyond their instance's slots") || !strings.Contains(r.Stdout, "fleet: OVER T by 1 (4 slots held, 1 orphans, T=4)") {
+		t.Fatalf("T=4 against 4 slots held and an orphan: exit %d\n%s", r.Code, r.Stdout)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/internal/demo"
 )
 
@@ -39,39 +40,39 @@ const demoExamples = `  bulkhead demo
 const demoTimeout = 30 * time.Second
 
 func (e *env) demo(ctx context.Context, args []string) int {
-	fs := e.newFlagSet("demo", demoUsage, demoExamples)
+	fs := e.NewFlagSet("demo", demoUsage, demoExamples)
 	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://...")
-	pi := e.addPolicyFlags(fs, unusedSettings["demo"])
-	if code, done := e.parseFlags(fs, args); done {
+	pi := e.AddPolicyFlags(fs)
+	if code, done := e.ParseFlags(fs, args); done {
 		return code
 	}
-	set := flagsSet(fs)
-	if err := pi.checkUnused(set); err != nil {
-		return e.fail(fmt.Errorf("demo: %w", err))
+	set := cli.FlagsSet(fs)
+	if err := pi.CheckUnused(set); err != nil {
+		return e.Fail(fmt.Errorf("demo: %w", err))
 	}
-	t, err := e.resolveTarget(*dsn, set["dsn"])
+	t, err := e.ResolveTarget(*dsn, set["dsn"])
 	if err != nil {
-		return e.fail(fmt.Errorf("demo: %w", err))
+		return e.Fail(fmt.Errorf("demo: %w", err))
 	}
-	runCtx, cancel := context.WithTimeout(ctx, t.startTimeout()+demoTimeout)
+	runCtx, cancel := context.WithTimeout(ctx, t.StartTimeout()+demoTimeout)
 	defer cancel()
 	lines, err := runDemo(runCtx, t)
 	if err != nil {
 		if ctx.Err() != nil {
-			fmt.Fprintln(e.stderr, "bulkhead: demo: interrupted")
-			return exitInterrupted
+			fmt.Fprintln(e.Stderr, "bulkhead: demo: interrupted")
+			return cli.ExitInterrupted
 		}
-		return e.fail(fmt.Errorf("demo on %s: %w", t.display, err))
+		return e.Fail(fmt.Errorf("demo on %s: %w", t.Display, err))
 	}
 	for _, l := range lines {
-		fmt.Fprintln(e.stdout, l)
+		fmt.Fprintln(e.Stdout, l)
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // runDemo runs the demonstration on t and returns the three lines.
-func runDemo(ctx context.Context, t *target) ([]string, error) {
-	inner, err := t.connector("bulkhead-demo", true)
+func runDemo(ctx context.Context, t *cli.Target) ([]string, error) {
+	inner, err := t.Connector("bulkhead-demo", true)
 	if err != nil {
 		return nil, err
 	}

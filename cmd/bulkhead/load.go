@@ -3,22 +3,18 @@ package main
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
-	"math"
 	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 )
 
 const loadUsage = `Usage: bulkhead load [--dsn URL] [--clients N] [--duration D | --count N] [flags]
@@ -50,17 +46,15 @@ const loadExamples = `  bulkhead load --clients 16 --duration 5s
 
 // Limits of the load flags.
 const (
-	maxClients     = 10_000
 	maxLoadLength  = 24 * time.Hour
 	sampleInterval = 50 * time.Millisecond // gauges for the chart
 	pollInterval   = 20 * time.Millisecond // pg_stat_activity
 	termRefresh    = 250 * time.Millisecond
-	maxErrSamples  = 10
 )
 
 // loadConfig is a validated load command line.
 type loadConfig struct {
-	target   *target
+	target   *cli.Target
 	clients  int
 	duration time.Duration // 0: no time limit (--count alone)
 	count    int64         // 0: no count limit
@@ -73,8 +67,7 @@ type loadConfig struct {
 	maxOpen  int
 	backoff  time.Duration
 	progress time.Duration // 0: no progress lines
-	chart    string
-	jsonOut  string
+	out      cli.Outputs
 	workload string // "": untagged
 }
 
@@ -86,47 +79,17 @@ func (e *env) load(ctx context.Context, args []string) int {
 	report, err := e.runLoad(ctx, cfg)
 	if err != nil {
 		if ctx.Err() != nil {
-			fmt.Fprintln(e.stderr, "bulkhead: load: interrupted before anything was measured")
-			return exitInterrupted
+			fmt.Fprintln(e.Stderr, "bulkhead: load: interrupted before anything was measured")
+			return cli.ExitInterrupted
 		}
-		return e.fail(fmt.Errorf("load: %w", err))
+		return e.Fail(fmt.Errorf("load: %w", err))
 	}
 	chart := func(path string) error { return writeChart(path, report) }
-	return e.report(ctx, "load", cfg.jsonOut, cfg.chart, true, report.printTable, chart, report)
-}
-
-// policySetup describes the gate of a run: its policy, dry-run and the
-// workload its operations name.
-func policySetup(p bulkhead.Policy, workload string) string {
-	s := fmt.Sprintf("B=%d Q=%d wait=%v", p.MaxConcurrent, p.MaxQueue, p.QueueWait)
-	if workload != "" {
-		w := p.Workloads[workload]
-		s += fmt.Sprintf(" workload %s B=%d Q=%d wait=%v", workload, w.MaxConcurrent, w.MaxQueue, w.QueueWait)
-	}
-	if p.DryRun {
-		s += " dry-run"
-	}
-	return s
-}
-
-// checkWorkload checks --workload against the policy's workloads: a name
-// it lists, and workloads given by flag only with --workload (they would
-// do nothing: no operation would name them).
-func checkWorkload(r *resolvedPolicy, workload string, set map[string]bool) error {
-	names := workloadNames(r.p)
-	switch {
-	case workload != "" && len(names) == 0:
-		return fmt.Errorf("--workload %q names no workload: the policy has none; want --workloads or %s with it", workload, bulkhead.EnvWorkloads)
-	case workload != "" && r.p.Workloads[workload] == (bulkhead.Workload{}):
-		return fmt.Errorf("--workload %q is not a workload of the policy; want one of %s", workload, strings.Join(names, ", "))
-	case workload == "" && set[setWorkloads] && len(names) > 0:
-		return fmt.Errorf("--workloads does nothing without --workload: no operation would name a workload; want --workload NAME too")
-	}
-	return nil
+	return e.Report(ctx, "load", cfg.out, true, report.printTable, chart, report)
 }
 
 func (e *env) parseLoad(args []string) (*loadConfig, int, bool) {
-	fs := e.newFlagSet("load", loadUsage, loadExamples)
+	fs := e.NewFlagSet("load", loadUsage, loadExamples)
 	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://...")
 	clients := fs.Int("clients", 16, "concurrent clients")
 	duration := fs.Duration("duration", 10*time.Second, "how long clients start operations (with --count alone: no limit)")
@@ -139,25 +102,22 @@ func (e *env) parseLoad(args []string) (*loadConfig, int, bool) {
 	maxOpen := fs.Int("max-open-conns", 0, "baseline: database/sql SetMaxOpenConns (default B)")
 	backoff := fs.Duration("backoff", 10*time.Millisecond, "pause of a client after a failed operation (0: retry at once)")
 	progress := fs.Duration("progress", time.Second, "interval of progress lines when stderr is not a terminal (0: none)")
-	chart := fs.String("chart", "", "write a chart of the run(s) to this .svg file (SVG only)")
-	jsonOut := fs.String("json", "", "write the results as JSON to this file (- for stdout; the table then goes to stderr)")
+	out := cli.AddOutputFlags(fs, "the run(s)")
 	workload := fs.String("workload", "", "tag the gated run's operations with this workload of the policy (--workloads)")
-	pi := e.addPolicyFlags(fs, unusedSettings["load"])
-	if code, done := e.parseFlags(fs, args); done {
+	pi := e.AddPolicyFlags(fs)
+	set, code, done := e.Parse(fs, args)
+	if done {
 		return nil, code, true
 	}
-	set := flagsSet(fs)
-	bad := func(format string, a ...any) (*loadConfig, int, bool) {
-		return nil, e.fail(fmt.Errorf("load: "+format, a...)), true
-	}
+	bad := cli.Failer[loadConfig](e.Env, "load")
 	cfg := &loadConfig{
 		clients: *clients, duration: *duration, count: *count, work: *work, cpuRows: *cpuRows, hold: *hold,
 		deadline: *deadline, baseline: *baseline, maxOpen: *maxOpen, backoff: *backoff,
-		progress: *progress, chart: *chart, jsonOut: *jsonOut,
+		progress: *progress, out: *out,
 	}
 	switch {
-	case cfg.clients < 1 || cfg.clients > maxClients:
-		return bad("--clients is %d, want 1 to %d", cfg.clients, maxClients)
+	case cfg.clients < 1 || cfg.clients > cli.MaxClients:
+		return bad("--clients is %d, want 1 to %d", cfg.clients, cli.MaxClients)
 	case cfg.count < 0:
 		return bad("--count is %d, want at least 0", cfg.count)
 	case set["duration"] && (cfg.duration <= 0 || cfg.duration > maxLoadLength):
@@ -189,82 +149,30 @@ func (e *env) parseLoad(args []string) (*loadConfig, int, bool) {
 	if cfg.count > 0 && !set["duration"] {
 		cfg.duration = 0
 	}
-	if cfg.chart != "" {
-		if err := checkChartPath(cfg.chart); err != nil {
-			return bad("%w", err)
-		}
+	if err := cfg.out.Check(); err != nil {
+		return bad("%w", err)
 	}
-	if cfg.jsonOut != "" && cfg.jsonOut != "-" {
-		if err := checkDir(cfg.jsonOut); err != nil {
-			return bad("--json %q: %v", cfg.jsonOut, err)
-		}
-	}
-	r, err := pi.resolve(e.lookup, set, bulkhead.DefaultPolicy)
+	r, err := pi.Resolve(set, bulkhead.DefaultPolicy)
 	if err == nil {
-		err = r.check()
+		err = r.Check()
 	}
 	if err == nil {
-		err = checkWorkload(r, *workload, set)
+		err = cli.CheckWorkload(r, *workload, set)
 	}
 	if err != nil {
 		return bad("%w", err)
 	}
-	p := r.p
+	p := r.P
 	cfg.policy, cfg.workload = p, *workload
 	if cfg.maxOpen == 0 {
 		cfg.maxOpen = p.MaxConcurrent
 	}
-	t, err := e.resolveTarget(*dsn, set["dsn"])
+	t, err := e.ResolveTarget(*dsn, set["dsn"])
 	if err != nil {
 		return bad("%w", err)
 	}
 	cfg.target = t
-	return cfg, exitOK, false
-}
-
-// checkDir reports whether the directory of path exists, so that a run
-// does not end with nowhere to write its results.
-func checkDir(path string) error {
-	dir := filepath.Dir(path)
-	st, err := os.Stat(dir)
-	if err != nil {
-		return fmt.Errorf("directory %s does not exist", dir)
-	}
-	if !st.IsDir() {
-		return fmt.Errorf("%s is not a directory", dir)
-	}
-	return nil
-}
-
-// outcome is how an operation ended. Every attempted operation ends in
-// exactly one.
-type outcome int
-
-const (
-	outCompleted outcome = iota
-	outRejectedFull
-	outRejectedTimeout
-	outDeadline
-	outInterrupted
-	outOther
-	numOutcomes
-)
-
-// classify decides an operation's outcome from its error and contexts.
-func classify(err error, opCtx, runCtx context.Context) outcome {
-	switch {
-	case err == nil:
-		return outCompleted
-	case errors.Is(err, bulkhead.ErrAdmissionFull):
-		return outRejectedFull
-	case errors.Is(err, bulkhead.ErrQueueTimeout):
-		return outRejectedTimeout
-	case runCtx.Err() != nil:
-		return outInterrupted
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(opCtx.Err(), context.DeadlineExceeded):
-		return outDeadline
-	}
-	return outOther
+	return cfg, cli.ExitOK, false
 }
 
 // loadRun is one run of the experiment: gated or baseline.
@@ -322,7 +230,7 @@ func (e *env) runLoad(ctx context.Context, cfg *loadConfig) (*loadReport, error)
 }
 
 func openGatedRun(cfg *loadConfig, app string) (*loadRun, error) {
-	inner, err := cfg.target.gatedConnector(app, false)
+	inner, err := cfg.target.GatedConnector(app, false)
 	if err != nil {
 		return nil, err
 	}
@@ -336,7 +244,7 @@ func openGatedRun(cfg *loadConfig, app string) (*loadRun, error) {
 	}
 	r.gate, r.db = g, g.OpenDB()
 	r.tag = cfg.workload
-	r.setup = policySetup(cfg.policy, cfg.workload)
+	r.setup = cli.PolicySetup(cfg.policy, cfg.workload)
 	r.gauges = func() (int, int) {
 		st := g.Stats()
 		return st.Running, st.Waiting
@@ -345,7 +253,7 @@ func openGatedRun(cfg *loadConfig, app string) (*loadRun, error) {
 }
 
 func openBaselineRun(cfg *loadConfig, app string) (*loadRun, error) {
-	inner, err := cfg.target.connector(app, false)
+	inner, err := cfg.target.Connector(app, false)
 	if err != nil {
 		return nil, err
 	}
@@ -365,24 +273,24 @@ func openBaselineRun(cfg *loadConfig, app string) (*loadRun, error) {
 
 // runPhase runs the clients of one run and returns what was measured.
 func (e *env) runPhase(ctx context.Context, cfg *loadConfig, r *loadRun) (*runResult, error) {
-	pingCtx, cancel := context.WithTimeout(ctx, cfg.target.startTimeout())
+	pingCtx, cancel := context.WithTimeout(ctx, cfg.target.StartTimeout())
 	err := r.db.PingContext(pingCtx)
 	cancel()
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("interrupted before the run started")
 		}
-		return nil, fmt.Errorf("cannot connect to %s: %w", cfg.target.display, err)
+		return nil, fmt.Errorf("cannot connect to %s: %w", cfg.target.Display, err)
 	}
 	var mon *serverMonitor
-	if cfg.target.dialect == dialectPostgres {
+	if cfg.target.Dialect == cli.DialectPostgres {
 		mon, err = startMonitor(ctx, cfg.target, r.app)
 		if err != nil {
 			return nil, err
 		}
 	}
 
-	op := cfg.operation()
+	op := cli.Operation(cfg.target, cfg.work, cfg.hold, cfg.cpuRows)
 	rec := r.rec
 	rec.begin(time.Now())
 	stopStarting := ctx
@@ -404,10 +312,10 @@ func (e *env) runPhase(ctx context.Context, cfg *loadConfig, r *loadRun) (*runRe
 				t0 := time.Now()
 				err := op(opCtx, r.db)
 				lat := time.Since(t0)
-				o := classify(err, opCtx, ctx)
+				o := cli.Classify(err, opCtx, ctx)
 				cancel()
 				rec.ended(o, lat, err)
-				if o != outCompleted && cfg.backoff > 0 {
+				if o != cli.OutCompleted && cfg.backoff > 0 {
 					pause(stopStarting, cfg.backoff)
 				}
 			}
@@ -426,7 +334,7 @@ func (e *env) runPhase(ctx context.Context, cfg *loadConfig, r *loadRun) (*runRe
 	close(clientsDone)
 	<-samplerDone
 	if mon != nil {
-		mon.close()
+		mon.Close()
 	}
 
 	res := rec.result(r, cfg, ctx.Err() != nil, mon)
@@ -449,7 +357,7 @@ func pause(ctx context.Context, d time.Duration) {
 // sample records gauges every sampleInterval, polls the server monitor,
 // and writes progress, until done is closed.
 func (e *env) sample(r *loadRun, cfg *loadConfig, done <-chan struct{}, mon *serverMonitor) {
-	tty := e.isTerminal(e.stderr)
+	tty := e.IsTerminal(e.Stderr)
 	every := cfg.progress
 	if tty && every > 0 {
 		every = termRefresh
@@ -471,16 +379,16 @@ func (e *env) sample(r *loadRun, cfg *loadConfig, done <-chan struct{}, mon *ser
 		line := r.rec.progressLine(r.name)
 		if tty {
 			// One line rewritten in place: never wider than the terminal.
-			if w := terminalWidth(e.stderr); w > 1 && len(line) >= w {
+			if w := cli.TerminalWidth(e.Stderr); w > 1 && len(line) >= w {
 				line = line[:w-1]
 			}
-			fmt.Fprintf(e.stderr, "\r%s\x1b[K", line)
+			fmt.Fprintf(e.Stderr, "\r%s\x1b[K", line)
 			if final {
-				fmt.Fprintln(e.stderr)
+				fmt.Fprintln(e.Stderr)
 			}
 			return
 		}
-		fmt.Fprintln(e.stderr, line)
+		fmt.Fprintln(e.Stderr, line)
 	}
 	for {
 		select {
@@ -505,83 +413,27 @@ func (e *env) sample(r *loadRun, cfg *loadConfig, done <-chan struct{}, mon *ser
 	}
 }
 
-// operation returns what one client operation does on the target.
-func (cfg *loadConfig) operation() func(ctx context.Context, db *sql.DB) error {
-	d := cfg.target.dialect
-	hold := cfg.hold
-	var body func(ctx context.Context, tx *sql.Tx) error
-	switch {
-	case cfg.work == "cpu" && d == dialectPostgres:
-		body = scanOne(fmt.Sprintf("SELECT sum(i) FROM generate_series(1, %d) i", cfg.cpuRows))
-	case cfg.work == "cpu" && d == dialectMySQL:
-		body = scanOne(fmt.Sprintf("SELECT BENCHMARK(%d, MD5('bulkhead'))", 3*cfg.cpuRows))
-	case cfg.work == "cpu":
-		body = scanOne(fmt.Sprintf("WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < %d) SELECT sum(i) FROM s", cfg.cpuRows))
-	case d == dialectPostgres:
-		body = func(ctx context.Context, tx *sql.Tx) error {
-			_, err := tx.ExecContext(ctx, "SELECT pg_sleep($1)", hold.Seconds())
-			return err
-		}
-	case d == dialectMySQL:
-		body = scanOne("SELECT SLEEP(?)", hold.Seconds())
-	default:
-		// SQLite: a transaction that has run a statement, held open.
-		one := scanOne("SELECT 1")
-		body = func(ctx context.Context, tx *sql.Tx) error {
-			if err := one(ctx, tx); err != nil {
-				return err
-			}
-			t := time.NewTimer(hold)
-			defer t.Stop()
-			select {
-			case <-t.C:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-	}
-	return func(ctx context.Context, db *sql.DB) error {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if err := body(ctx, tx); err != nil {
-			tx.Rollback()
-			return err
-		}
-		return tx.Commit()
-	}
-}
-
-func scanOne(query string, args ...any) func(ctx context.Context, tx *sql.Tx) error {
-	return func(ctx context.Context, tx *sql.Tx) error {
-		var v sql.NullInt64
-		return tx.QueryRowContext(ctx, query, args...).Scan(&v)
-	}
-}
-
 // serverMonitor polls pg_stat_activity on its own plain connection for
 // the transactions and connections of one application_name.
 type serverMonitor struct {
-	*activityDB
+	*cli.ActivityDB
 	err  error // the first failed poll
 	seen bool  // a poll succeeded
 }
 
-func startMonitor(ctx context.Context, t *target, app string) (*serverMonitor, error) {
-	a, err := openActivityDB(ctx, t, app)
+func startMonitor(ctx context.Context, t *cli.Target, app string) (*serverMonitor, error) {
+	a, err := cli.OpenActivityDB(ctx, t, app)
 	if err != nil {
 		return nil, err
 	}
-	return &serverMonitor{activityDB: a}, nil
+	return &serverMonitor{ActivityDB: a}, nil
 }
 
 func (m *serverMonitor) poll(rec *recorder) {
 	if m.err != nil {
 		return
 	}
-	tx, conns, err := m.count()
+	tx, conns, err := m.Count()
 	if err != nil {
 		m.err = err
 		return
@@ -599,7 +451,7 @@ type recorder struct {
 	start     time.Time
 	attempted int64
 	inflight  int
-	n         [numOutcomes]int64
+	n         [cli.NumOutcomes]int64
 	good      int64
 	lat       []time.Duration // of completed operations
 	waits     []time.Duration // OnAdmit: wait for an execution permit
@@ -614,7 +466,7 @@ type counts struct{ running, waiting int }
 
 // second is what happened in one second of a run.
 type second struct {
-	n               [numOutcomes]int
+	n               [cli.NumOutcomes]int
 	good            int
 	lat             []time.Duration
 	samples         int
@@ -656,7 +508,7 @@ func (r *recorder) inFlight() int {
 	return r.inflight
 }
 
-func (r *recorder) ended(o outcome, lat time.Duration, err error) {
+func (r *recorder) ended(o cli.Outcome, lat time.Duration, err error) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -665,21 +517,15 @@ func (r *recorder) ended(o outcome, lat time.Duration, err error) {
 	s := r.bucketLocked(now)
 	s.n[o]++
 	switch o {
-	case outCompleted:
+	case cli.OutCompleted:
 		r.lat = append(r.lat, lat)
 		s.lat = append(s.lat, lat)
 		if lat <= r.deadline {
 			r.good++
 			s.good++
 		}
-	case outOther:
-		msg := strings.Join(strings.Fields(err.Error()), " ")
-		if len(msg) > 200 {
-			msg = msg[:200] + "..."
-		}
-		if _, ok := r.errs[msg]; ok || len(r.errs) < maxErrSamples {
-			r.errs[msg]++
-		}
+	case cli.OutOther:
+		cli.AddErrSample(r.errs, err)
 	}
 }
 
@@ -718,8 +564,8 @@ func (r *recorder) progressLine(name string) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return fmt.Sprintf("%-8s %5.1fs  completed %d  rejected full %d  timeout %d  deadline %d  running %d  waiting %d",
-		name, time.Since(r.start).Seconds(), r.n[outCompleted], r.n[outRejectedFull], r.n[outRejectedTimeout],
-		r.n[outDeadline], r.last.running, r.last.waiting)
+		name, time.Since(r.start).Seconds(), r.n[cli.OutCompleted], r.n[cli.OutRejectedFull], r.n[cli.OutRejectedTimeout],
+		r.n[cli.OutDeadline], r.last.running, r.last.waiting)
 }
 
 // result summarises the run.
@@ -729,24 +575,24 @@ func (r *recorder) result(run *loadRun, cfg *loadConfig, interrupted bool, mon *
 	elapsed := time.Since(r.start)
 	res := &runResult{
 		Name:             run.name,
-		Database:         cfg.target.display,
+		Database:         cfg.target.Display,
 		Setup:            run.setup,
 		Clients:          cfg.clients,
 		Work:             cfg.work,
-		HoldMs:           ms(cfg.hold),
-		DeadlineMs:       ms(cfg.deadline),
-		BackoffMs:        ms(cfg.backoff),
+		HoldMs:           cli.Ms(cfg.hold),
+		DeadlineMs:       cli.Ms(cfg.deadline),
+		BackoffMs:        cli.Ms(cfg.backoff),
 		ElapsedS:         elapsed.Seconds(),
 		Interrupted:      interrupted,
 		Attempted:        r.attempted,
-		Completed:        r.n[outCompleted],
+		Completed:        r.n[cli.OutCompleted],
 		WithinDeadline:   r.good,
-		RejectedFull:     r.n[outRejectedFull],
-		RejectedTimeout:  r.n[outRejectedTimeout],
-		DeadlineExceeded: r.n[outDeadline],
-		InterruptedOps:   r.n[outInterrupted],
-		OtherErrors:      r.n[outOther],
-		Latency:          percentiles(r.lat),
+		RejectedFull:     r.n[cli.OutRejectedFull],
+		RejectedTimeout:  r.n[cli.OutRejectedTimeout],
+		DeadlineExceeded: r.n[cli.OutDeadline],
+		InterruptedOps:   r.n[cli.OutInterrupted],
+		OtherErrors:      r.n[cli.OutOther],
+		Latency:          cli.Percentiles(r.lat),
 	}
 	if len(r.errs) > 0 {
 		res.ErrorSamples = maps.Clone(r.errs)
@@ -757,15 +603,15 @@ func (r *recorder) result(run *loadRun, cfg *loadConfig, interrupted bool, mon *
 	}
 	if run.gate != nil {
 		p := cfg.policy
-		res.Policy = &policyJSON{MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, QueueWaitMs: ms(p.QueueWait), DryRun: p.DryRun}
-		if w := percentiles(r.waits); w != nil {
+		res.Policy = &cli.PolicyJSON{MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, QueueWaitMs: cli.Ms(p.QueueWait), DryRun: p.DryRun}
+		if w := cli.Percentiles(r.waits); w != nil {
 			res.QueueWaitP99Ms = &w.P99
 		}
 		st := run.gate.Stats()
 		res.Gate = &gateJSON{
 			Admitted: st.Admitted, RejectedFull: st.RejectedFull, RejectedTimeout: st.RejectedTimeout,
-			RejectedNoConn: st.RejectedNoConn, Canceled: st.Canceled, WaitCount: st.WaitCount,
-			MaxConns: st.MaxConns, DryRun: st.DryRun, WouldWait: st.WouldWait,
+			ConnectFailed: st.ConnectFailed, Canceled: st.Canceled, WaitCount: st.WaitCount,
+			OpenConns: st.OpenConns, Dials: st.Dials, DialErrors: st.DialErrors, DryRun: st.DryRun, WouldWait: st.WouldWait,
 		}
 		if run.tag != "" {
 			res.Workload = run.tag
@@ -774,9 +620,10 @@ func (r *recorder) result(run *loadRun, cfg *loadConfig, interrupted bool, mon *
 		res.MaxOpenConns = cfg.maxOpen
 	}
 	ds := run.db.Stats()
+	res.PoolOpenConns = ds.OpenConnections
 	res.PoolWaitCount = ds.WaitCount
 	if ds.WaitCount > 0 {
-		res.PoolWaitMeanMs = ms(ds.WaitDuration / time.Duration(ds.WaitCount))
+		res.PoolWaitMeanMs = cli.Ms(ds.WaitDuration / time.Duration(ds.WaitCount))
 	}
 	if mon != nil {
 		if mon.seen {
@@ -784,7 +631,7 @@ func (r *recorder) result(run *loadRun, cfg *loadConfig, interrupted bool, mon *
 			res.ServerMaxTransactions, res.ServerMaxConnections = &tx, &conns
 		}
 		if mon.err != nil {
-			res.ServerMonitorError = oneLine(mon.err)
+			res.ServerMonitorError = cli.OneLine(mon.err)
 		}
 	}
 	secs, lengths := r.buckets(elapsed)
@@ -792,16 +639,16 @@ func (r *recorder) result(run *loadRun, cfg *loadConfig, interrupted bool, mon *
 		sj := secondJSON{
 			T:               i,
 			LengthS:         lengths[i],
-			Completed:       s.n[outCompleted],
+			Completed:       s.n[cli.OutCompleted],
 			WithinDeadline:  s.good,
-			RejectedFull:    s.n[outRejectedFull],
-			RejectedTimeout: s.n[outRejectedTimeout],
-			Deadline:        s.n[outDeadline],
-			Interrupted:     s.n[outInterrupted],
-			Other:           s.n[outOther],
+			RejectedFull:    s.n[cli.OutRejectedFull],
+			RejectedTimeout: s.n[cli.OutRejectedTimeout],
+			Deadline:        s.n[cli.OutDeadline],
+			Interrupted:     s.n[cli.OutInterrupted],
+			Other:           s.n[cli.OutOther],
 			RunningMax:      s.runMax,
 			WaitingMax:      s.waitMax,
-			Latency:         percentiles(s.lat),
+			Latency:         cli.Percentiles(s.lat),
 		}
 		if s.samples > 0 {
 			sj.Running = float64(s.runSum) / float64(s.samples)
@@ -854,23 +701,6 @@ func (r *recorder) buckets(elapsed time.Duration) ([]*second, []float64) {
 	return secs, lengths
 }
 
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// percentiles returns p50, p95 and p99 (nearest rank) of ds in
-// milliseconds, or nil when ds is empty.
-func percentiles(ds []time.Duration) *pct {
-	if len(ds) == 0 {
-		return nil
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	at := func(p float64) float64 {
-		i := int(math.Ceil(p*float64(len(s)))) - 1
-		return ms(s[min(max(i, 0), len(s)-1)])
-	}
-	return &pct{P50: at(0.50), P95: at(0.95), P99: at(0.99)}
-}
-
 // The results, as written by --json.
 type (
 	loadReport struct {
@@ -878,79 +708,71 @@ type (
 		Runs []*runResult `json:"runs"`
 	}
 	runResult struct {
-		Name                  string         `json:"name"`
-		Database              string         `json:"database"`
-		Setup                 string         `json:"setup"`
-		Policy                *policyJSON    `json:"policy,omitempty"`
-		MaxOpenConns          int            `json:"max_open_conns,omitempty"`
-		Clients               int            `json:"clients"`
-		Work                  string         `json:"work"`
-		HoldMs                float64        `json:"hold_ms"`
-		DeadlineMs            float64        `json:"deadline_ms"`
-		BackoffMs             float64        `json:"backoff_ms"`
-		ElapsedS              float64        `json:"elapsed_s"`
-		Interrupted           bool           `json:"interrupted"`
-		Attempted             int64          `json:"attempted"`
-		Completed             int64          `json:"completed"`
-		WithinDeadline        int64          `json:"within_deadline"`
-		RejectedFull          int64          `json:"rejected_full"`
-		RejectedTimeout       int64          `json:"rejected_timeout"`
-		DeadlineExceeded      int64          `json:"deadline_exceeded"`
-		InterruptedOps        int64          `json:"interrupted_ops"`
-		OtherErrors           int64          `json:"other_errors"`
-		ErrorSamples          map[string]int `json:"error_samples,omitempty"`
-		ThroughputPerS        float64        `json:"throughput_per_s"`
-		GoodputPerS           float64        `json:"goodput_per_s"`
-		Latency               *pct           `json:"latency_ms"`
-		QueueWaitP99Ms        *float64       `json:"queue_wait_p99_ms,omitempty"`
-		PoolWaitCount         int64          `json:"pool_wait_count"`
-		PoolWaitMeanMs        float64        `json:"pool_wait_mean_ms"`
-		ServerMaxTransactions *int           `json:"server_max_transactions,omitempty"`
-		ServerMaxConnections  *int           `json:"server_max_connections,omitempty"`
-		ServerMonitorError    string         `json:"server_monitor_error,omitempty"`
-		Gate                  *gateJSON      `json:"gate,omitempty"`
-		Workload              string         `json:"workload,omitempty"` // the workload the operations named
-		Seconds               []secondJSON   `json:"seconds"`
-	}
-	pct struct {
-		P50 float64 `json:"p50"`
-		P95 float64 `json:"p95"`
-		P99 float64 `json:"p99"`
-	}
-	policyJSON struct {
-		MaxConcurrent int     `json:"max_concurrent"`
-		MaxQueue      int     `json:"max_queue"`
-		QueueWaitMs   float64 `json:"queue_wait_ms"`
-		DryRun        bool    `json:"dry_run,omitempty"`
+		Name                  string          `json:"name"`
+		Database              string          `json:"database"`
+		Setup                 string          `json:"setup"`
+		Policy                *cli.PolicyJSON `json:"policy,omitempty"`
+		MaxOpenConns          int             `json:"max_open_conns,omitempty"`
+		Clients               int             `json:"clients"`
+		Work                  string          `json:"work"`
+		HoldMs                float64         `json:"hold_ms"`
+		DeadlineMs            float64         `json:"deadline_ms"`
+		BackoffMs             float64         `json:"backoff_ms"`
+		ElapsedS              float64         `json:"elapsed_s"`
+		Interrupted           bool            `json:"interrupted"`
+		Attempted             int64           `json:"attempted"`
+		Completed             int64           `json:"completed"`
+		WithinDeadline        int64           `json:"within_deadline"`
+		RejectedFull          int64           `json:"rejected_full"`
+		RejectedTimeout       int64           `json:"rejected_timeout"`
+		DeadlineExceeded      int64           `json:"deadline_exceeded"`
+		InterruptedOps        int64           `json:"interrupted_ops"`
+		OtherErrors           int64           `json:"other_errors"`
+		ErrorSamples          map[string]int  `json:"error_samples,omitempty"`
+		ThroughputPerS        float64         `json:"throughput_per_s"`
+		GoodputPerS           float64         `json:"goodput_per_s"`
+		Latency               *cli.Pct        `json:"latency_ms"`
+		QueueWaitP99Ms        *float64        `json:"queue_wait_p99_ms,omitempty"`
+		PoolOpenConns         int             `json:"pool_open_conns"` // database/sql's connections open as the run ended
+		PoolWaitCount         int64           `json:"pool_wait_count"`
+		PoolWaitMeanMs        float64         `json:"pool_wait_mean_ms"`
+		ServerMaxTransactions *int            `json:"server_max_transactions,omitempty"`
+		ServerMaxConnections  *int            `json:"server_max_connections,omitempty"`
+		ServerMonitorError    string          `json:"server_monitor_error,omitempty"`
+		Gate                  *gateJSON       `json:"gate,omitempty"`
+		Workload              string          `json:"workload,omitempty"` // the workload the operations named
+		Seconds               []secondJSON    `json:"seconds"`
 	}
 	gateJSON struct {
 		Admitted        int64 `json:"admitted"`
 		RejectedFull    int64 `json:"rejected_full"`
 		RejectedTimeout int64 `json:"rejected_timeout"`
+		ConnectFailed   int64 `json:"connect_failed"` // had their permits, then no server connection: the dial failed
 		Canceled        int64 `json:"canceled"`
-		RejectedNoConn  int64 `json:"rejected_no_connection"`
 		WaitCount       int64 `json:"wait_count"`
-		MaxConns        int   `json:"max_conns"`
+		OpenConns       int   `json:"open_conns"`           // server connections open as the run ended
+		Dials           int64 `json:"dials"`                // server connections dialed, failed dials included
+		DialErrors      int64 `json:"dial_errors"`          // of which failed
 		DryRun          bool  `json:"dry_run,omitempty"`    // rejections counted, not enforced
 		WouldWait       int64 `json:"would_wait,omitempty"` // dry-run: found no permit free, ran anyway
 	}
 	secondJSON struct {
-		T               int     `json:"t"`        // the bucket starts T seconds into the run
-		LengthS         float64 `json:"length_s"` // and lasts this long (1, except the last)
-		Completed       int     `json:"completed"`
-		WithinDeadline  int     `json:"within_deadline"`
-		RejectedFull    int     `json:"rejected_full"`
-		RejectedTimeout int     `json:"rejected_timeout"`
-		Deadline        int     `json:"deadline_exceeded"`
-		Interrupted     int     `json:"interrupted"`
-		Other           int     `json:"other_errors"`
-		Running         float64 `json:"running_mean"`
-		Waiting         float64 `json:"waiting_mean"`
-		RunningMax      int     `json:"running_max"`
-		WaitingMax      int     `json:"waiting_max"`
-		Latency         *pct    `json:"latency_ms,omitempty"`
-		ServerTx        *int    `json:"server_transactions,omitempty"`
-		ServerConns     *int    `json:"server_connections,omitempty"`
+		T               int      `json:"t"`        // the bucket starts T seconds into the run
+		LengthS         float64  `json:"length_s"` // and lasts this long (1, except the last)
+		Completed       int      `json:"completed"`
+		WithinDeadline  int      `json:"within_deadline"`
+		RejectedFull    int      `json:"rejected_full"`
+		RejectedTimeout int      `json:"rejected_timeout"`
+		Deadline        int      `json:"deadline_exceeded"`
+		Interrupted     int      `json:"interrupted"`
+		Other           int      `json:"other_errors"`
+		Running         float64  `json:"running_mean"`
+		Waiting         float64  `json:"waiting_mean"`
+		RunningMax      int      `json:"running_max"`
+		WaitingMax      int      `json:"waiting_max"`
+		Latency         *cli.Pct `json:"latency_ms,omitempty"`
+		ServerTx        *int     `json:"server_transactions,omitempty"`
+		ServerConns     *int     `json:"server_connections,omitempty"`
 	}
 )
 
@@ -984,7 +806,7 @@ func (rep *loadReport) printTable(w io.Writer) {
 			limit += fmt.Sprintf(" or %v", cfg.duration)
 		}
 	}
-	fmt.Fprintf(w, "\nload on %s: %d clients %s, each operation %s\n\n", cfg.target.display, cfg.clients, limit, rep.operation())
+	fmt.Fprintf(w, "\nload on %s: %d clients %s, each operation %s\n\n", cfg.target.Display, cfg.clients, limit, rep.operation())
 	// Numbers align right; labels, padded to one width here, stay left.
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', tabwriter.AlignRight)
 	row := func(label string, f func(r *runResult) string) {
@@ -997,7 +819,7 @@ func (rep *loadReport) printTable(w io.Writer) {
 	num := func(f func(r *runResult) int64) func(*runResult) string {
 		return func(r *runResult) string { return fmt.Sprint(f(r)) }
 	}
-	lat := func(f func(p *pct) float64) func(*runResult) string {
+	lat := func(f func(p *cli.Pct) float64) func(*runResult) string {
 		return func(r *runResult) string {
 			if r.Latency == nil {
 				return "-"
@@ -1036,9 +858,9 @@ func (rep *loadReport) printTable(w io.Writer) {
 	row("other errors", num(func(r *runResult) int64 { return r.OtherErrors }))
 	row("throughput", func(r *runResult) string { return fmt.Sprintf("%.1f/s", r.ThroughputPerS) })
 	row("goodput (within deadline)", func(r *runResult) string { return fmt.Sprintf("%.1f/s", r.GoodputPerS) })
-	row("latency p50", lat(func(p *pct) float64 { return p.P50 }))
-	row("latency p95", lat(func(p *pct) float64 { return p.P95 }))
-	row("latency p99", lat(func(p *pct) float64 { return p.P99 }))
+	row("latency p50", lat(func(p *cli.Pct) float64 { return p.P50 }))
+	row("latency p95", lat(func(p *cli.Pct) float64 { return p.P95 }))
+	row("latency p99", lat(func(p *cli.Pct) float64 { return p.P99 }))
 	row("queue wait p99 (gate)", func(r *runResult) string {
 		if r.QueueWaitP99Ms == nil {
 			return "-"
@@ -1051,7 +873,7 @@ func (rep *loadReport) printTable(w io.Writer) {
 		}
 		return fmt.Sprintf("%d, mean %.1f ms", r.PoolWaitCount, r.PoolWaitMeanMs)
 	})
-	if cfg.target.dialect == dialectPostgres {
+	if cfg.target.Dialect == cli.DialectPostgres {
 		server := func(f func(r *runResult) *int) func(*runResult) string {
 			return func(r *runResult) string {
 				if v := f(r); v != nil {
@@ -1098,43 +920,5 @@ func (rep *loadReport) operation() string {
 // describe is the chart's caption.
 func (rep *loadReport) describe() string {
 	cfg := rep.cfg
-	return fmt.Sprintf("%s, %d clients; each operation %s", cfg.target.dialect.title(), cfg.clients, rep.operation())
-}
-
-// report ends load, overload and fleet: it prints the table (on stderr
-// when the JSON goes to stdout), draws the chart to chart if given and
-// something was measured, and writes v as JSON to jsonOut if given.
-func (e *env) report(ctx context.Context, cmd, jsonOut, chart string, measured bool, table func(io.Writer), draw func(path string) error, v any) int {
-	out := e.stdout
-	if jsonOut == "-" {
-		out = e.stderr
-	}
-	table(out)
-	if chart != "" && measured {
-		if err := draw(chart); err != nil {
-			return e.fail(fmt.Errorf("%s: --chart %s: %w", cmd, chart, err))
-		}
-		fmt.Fprintf(out, "chart written to %s\n", chart)
-	}
-	if jsonOut != "" {
-		if err := writeJSON(jsonOut, e.stdout, v); err != nil {
-			return e.fail(fmt.Errorf("%s: --json %s: %w", cmd, jsonOut, err))
-		}
-	}
-	return interrupted(ctx, exitOK)
-}
-
-// writeJSON writes v as indented JSON to the file path, or to stdout for
-// "-".
-func writeJSON(path string, stdout io.Writer, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	b = append(b, '\n')
-	if path == "-" {
-		_, err = stdout.Write(b)
-		return err
-	}
-	return os.WriteFile(path, b, 0o644)
+	return fmt.Sprintf("%s, %d clients; each operation %s", cfg.target.Dialect.Title(), cfg.clients, rep.operation())
 }

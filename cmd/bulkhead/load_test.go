@@ -2,32 +2,15 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli/clitest"
 )
-
-// readReport reads a --json file.
-func readReport(t *testing.T, path string) *loadReport {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep loadReport
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatalf("--json output: %v", err)
-	}
-	return &rep
-}
 
 // wantTotalsAddUp checks that every attempted operation is counted once,
 // in the totals and second by second.
@@ -54,10 +37,10 @@ func TestLoadOnSQLiteAttemptsExactlyTheCountAndAddsUp(t *testing.T) {
 		"--max-concurrent", "2", "--max-queue", "1", "--queue-wait", "2ms", "--hold", "2ms",
 		"--deadline", "10s", "--backoff", "1ms", "--baseline", "--max-open-conns", "2",
 		"--progress", "0", "--json", jsonPath, "--chart", chartPath)
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
-	rep := readReport(t, jsonPath)
+	rep := clitest.ReadJSON[loadReport](t, jsonPath)
 	if len(rep.Runs) != 2 || rep.Runs[0].Name != "gated" || rep.Runs[1].Name != "baseline" {
 		t.Fatalf("runs %+v, want gated and baseline", rep.Runs)
 	}
@@ -72,10 +55,14 @@ func TestLoadOnSQLiteAttemptsExactlyTheCountAndAddsUp(t *testing.T) {
 	}
 	gated, base := rep.Runs[0], rep.Runs[1]
 	// The command's own counts agree with the gate's.
-	if g := gated.Gate; g == nil || g.RejectedFull != gated.RejectedFull || g.RejectedTimeout != gated.RejectedTimeout || g.MaxConns != 3 {
-		t.Errorf("gate stats %+v, command counted %d full and %d timeouts", g, gated.RejectedFull, gated.RejectedTimeout)
+	// The gate keeps no more server connections than database/sql keeps
+	// connections: at the end, at most its B+Q = 3 idle ones.
+	if g := gated.Gate; g == nil || g.RejectedFull != gated.RejectedFull || g.RejectedTimeout != gated.RejectedTimeout ||
+		g.OpenConns < 1 || g.OpenConns > gated.PoolOpenConns || g.OpenConns > 3 || g.Dials < int64(g.OpenConns) || g.DialErrors != 0 || g.ConnectFailed != 0 {
+		t.Errorf("gate stats %+v, command counted %d full and %d timeouts, database/sql has %d connections; want at most those and B+Q = 3 server connections",
+			g, gated.RejectedFull, gated.RejectedTimeout, gated.PoolOpenConns)
 	}
-	if gated.Policy == nil || *gated.Policy != (policyJSON{MaxConcurrent: 2, MaxQueue: 1, QueueWaitMs: 2}) {
+	if gated.Policy == nil || *gated.Policy != (cli.PolicyJSON{MaxConcurrent: 2, MaxQueue: 1, QueueWaitMs: 2}) {
 		t.Errorf("policy %+v", gated.Policy)
 	}
 	if gated.QueueWaitP99Ms == nil {
@@ -87,29 +74,26 @@ func TestLoadOnSQLiteAttemptsExactlyTheCountAndAddsUp(t *testing.T) {
 	}
 	for _, want := range []string{"gated", "baseline", "attempted", "goodput", "latency p99", "queue wait p99",
 		fmt.Sprintf("gated: attempted 60 = completed %d", gated.Completed), "chart written to"} {
-		if !strings.Contains(r.stdout, want) {
-			t.Errorf("table lacks %q:\n%s", want, r.stdout)
+		if !strings.Contains(r.Stdout, want) {
+			t.Errorf("table lacks %q:\n%s", want, r.Stdout)
 		}
 	}
-	if strings.Contains(r.stdout, "server: most") {
+	if strings.Contains(r.Stdout, "server: most") {
 		t.Error("server rows shown for SQLite")
 	}
 	w, h := loadChartSize(2, true)
-	wantSVGFile(t, chartPath, w, h)
+	clitest.WantSVGFile(t, chartPath, w, h)
 }
 
 func TestLoadOnSQLiteDoesCPUWorkAndWritesJSONToStdout(t *testing.T) {
 	r := runCmd(t, nil, "load", "--work", "cpu", "--cpu-rows", "500", "--clients", "2", "--count", "6",
 		"--max-concurrent", "1", "--max-queue", "1", "--queue-wait", "10s", "--deadline", "30s",
 		"--progress", "0", "--json", "-")
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
-	var rep loadReport
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-		t.Fatalf("stdout is not the JSON alone: %v\n%s", err, r.stdout)
-	}
-	if len(rep.Runs) != 1 || rep.Runs[0].Work != "cpu" || rep.Runs[0].Attempted != 6 || !strings.Contains(r.stderr, "CPU-bound query over 500 rows") {
+	rep := clitest.JSON[loadReport](t, r.Stdout) // the JSON alone
+	if len(rep.Runs) != 1 || rep.Runs[0].Work != "cpu" || rep.Runs[0].Attempted != 6 || !strings.Contains(r.Stderr, "CPU-bound query over 500 rows") {
 		t.Fatalf("runs %+v", rep.Runs)
 	}
 	wantTotalsAddUp(t, rep.Runs[0])
@@ -117,34 +101,23 @@ func TestLoadOnSQLiteDoesCPUWorkAndWritesJSONToStdout(t *testing.T) {
 	if run := rep.Runs[0]; run.Completed != 6 {
 		t.Errorf("completed %d of 6: %+v", run.Completed, run)
 	}
-	if !strings.Contains(r.stderr, "attempted") {
-		t.Errorf("the table goes to stderr with --json -: %q", r.stderr)
+	if !strings.Contains(r.Stderr, "attempted") {
+		t.Errorf("the table goes to stderr with --json -: %q", r.Stderr)
 	}
-}
-
-// cancelOnWrite cancels a context at the first write: the first progress
-// line stands in for Ctrl-C in the middle of a run.
-type cancelOnWrite struct {
-	once   sync.Once
-	cancel context.CancelFunc
-}
-
-func (c *cancelOnWrite) Write(p []byte) (int, error) {
-	c.once.Do(c.cancel)
-	return len(p), nil
 }
 
 func TestLoadInterruptedStillReportsWhatWasMeasured(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	jsonPath := filepath.Join(t.TempDir(), "load.json")
-	r := runCmdCtx(t, ctx, nil, &cancelOnWrite{cancel: cancel}, "load", "--clients", "4",
+	// The first progress line stands in for Ctrl-C in the middle of a run.
+	r := program.CmdTerm(t, ctx, nil, &clitest.CancelOn{Cancel: cancel}, false, "load", "--clients", "4",
 		"--duration", "10m", "--hold", "20ms", "--deadline", "10m", "--max-concurrent", "2",
 		"--max-queue", "2", "--queue-wait", "10m", "--baseline", "--progress", "1ns", "--json", jsonPath)
-	if r.code != exitInterrupted {
-		t.Fatalf("exit %d, stderr %q; want 130 after Ctrl-C", r.code, r.stderr)
+	if r.Code != cli.ExitInterrupted {
+		t.Fatalf("exit %d, stderr %q; want 130 after Ctrl-C", r.Code, r.Stderr)
 	}
-	rep := readReport(t, jsonPath)
+	rep := clitest.ReadJSON[loadReport](t, jsonPath)
 	if len(rep.Runs) != 1 {
 		t.Fatalf("%d runs; the baseline must not start after an interruption", len(rep.Runs))
 	}
@@ -158,36 +131,36 @@ func TestLoadInterruptedStillReportsWhatWasMeasured(t *testing.T) {
 	if run.Attempted == 0 {
 		t.Error("nothing attempted")
 	}
-	if !strings.Contains(r.stdout, "(interrupted)") || !strings.Contains(r.stdout, "baseline: not run") {
-		t.Errorf("table does not say it was interrupted:\n%s", r.stdout)
+	if !strings.Contains(r.Stdout, "(interrupted)") || !strings.Contains(r.Stdout, "baseline: not run") {
+		t.Errorf("table does not say it was interrupted:\n%s", r.Stdout)
 	}
 }
 
 func TestLoadProgressRewritesOneLineOnATerminal(t *testing.T) {
-	r := runCmdTerm(t, context.Background(), nil, nil, true, "load", "--clients", "2", "--count", "10", "--hold", "1ms", "--deadline", "1m")
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	r := program.CmdTerm(t, context.Background(), nil, nil, true, "load", "--clients", "2", "--count", "10", "--hold", "1ms", "--deadline", "1m")
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
-	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
-	if len(lines) != 1 || !strings.HasPrefix(r.stderr, "\rgated") || !strings.HasSuffix(r.stderr, "\x1b[K\n") {
-		t.Fatalf("want one line rewritten with \\r and ended once, got %q", r.stderr)
+	lines := strings.Split(strings.TrimSuffix(r.Stderr, "\n"), "\n")
+	if len(lines) != 1 || !strings.HasPrefix(r.Stderr, "\rgated") || !strings.HasSuffix(r.Stderr, "\x1b[K\n") {
+		t.Fatalf("want one line rewritten with \\r and ended once, got %q", r.Stderr)
 	}
 	for _, want := range []string{"completed 10", "rejected full 0", "timeout 0", "running 0", "waiting 0"} {
-		if !strings.Contains(r.stderr, want) {
-			t.Errorf("final progress lacks %q: %q", want, r.stderr)
+		if !strings.Contains(r.Stderr, want) {
+			t.Errorf("final progress lacks %q: %q", want, r.Stderr)
 		}
 	}
 }
 
 func TestLoadProgressIsPlainLinesOffATerminal(t *testing.T) {
 	r := runCmd(t, nil, "load", "--clients", "2", "--count", "10", "--hold", "1ms", "--deadline", "1m", "--progress", "1ns")
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
-	if strings.Contains(r.stderr, "\r") || strings.Contains(r.stderr, "\x1b") {
-		t.Fatalf("terminal control sequences off a terminal: %q", r.stderr)
+	if strings.Contains(r.Stderr, "\r") || strings.Contains(r.Stderr, "\x1b") {
+		t.Fatalf("terminal control sequences off a terminal: %q", r.Stderr)
 	}
-	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+	lines := strings.Split(strings.TrimSuffix(r.Stderr, "\n"), "\n")
 	for _, l := range lines {
 		if !strings.HasPrefix(l, "gated ") {
 			t.Errorf("unexpected line %q", l)
@@ -203,14 +176,14 @@ func TestLoadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
 	jsonPath, chartPath := filepath.Join(dir, "load.json"), filepath.Join(dir, "load.svg")
 	// A deadline far beyond any operation: no statement is cancelled, so
 	// the server sees exactly what the gate lets through.
-	r := runCmd(t, nil, "load", "--dsn", postgresURL(t), "--clients", "8", "--duration", "1s",
+	r := runCmd(t, nil, "load", "--dsn", clitest.PostgresURL(t), "--clients", "8", "--duration", "1s",
 		"--max-concurrent", "2", "--max-queue", "2", "--queue-wait", "5ms", "--hold", "10ms",
 		"--deadline", "30s", "--baseline", "--max-open-conns", "2", "--progress", "0",
 		"--json", jsonPath, "--chart", chartPath)
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
-	rep := readReport(t, jsonPath)
+	rep := clitest.ReadJSON[loadReport](t, jsonPath)
 	if len(rep.Runs) != 2 {
 		t.Fatalf("%d runs, want gated and baseline", len(rep.Runs))
 	}
@@ -227,29 +200,33 @@ func TestLoadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
 			t.Errorf("%s: %d transactions on the server at once, want at most 2", run.Name, *run.ServerMaxTransactions)
 		}
 	}
+	// What bulkhead budget counts for B = 2, Q = 2: B operations running
+	// plus B+Q idle, 6; at the end, no more than database/sql's B+Q idle
+	// connections.
 	gated := rep.Runs[0]
-	if *gated.ServerMaxConnections > 4 {
-		t.Errorf("gated: %d server connections, want at most B+Q = 4", *gated.ServerMaxConnections)
+	if g := gated.Gate; *gated.ServerMaxConnections > 6 || g.OpenConns > 4 || g.OpenConns > gated.PoolOpenConns || g.DialErrors != 0 {
+		t.Errorf("gated: %d server connections at most, %d open at the end (database/sql: %d), %d dials (%d failed); want at most B + (B+Q) = 6, then B+Q = 4, no failure",
+			*gated.ServerMaxConnections, g.OpenConns, gated.PoolOpenConns, g.Dials, g.DialErrors)
 	}
 	if gated.Gate.RejectedFull != gated.RejectedFull || gated.Gate.RejectedTimeout != gated.RejectedTimeout {
 		t.Errorf("gate stats %+v, command counted %d full and %d timeouts", gated.Gate, gated.RejectedFull, gated.RejectedTimeout)
 	}
-	if !strings.Contains(r.stdout, "server: most transactions") {
-		t.Errorf("table lacks the server rows:\n%s", r.stdout)
+	if !strings.Contains(r.Stdout, "server: most transactions") {
+		t.Errorf("table lacks the server rows:\n%s", r.Stdout)
 	}
 	w, h := loadChartSize(2, true)
-	wantSVGFile(t, chartPath, w, h)
+	clitest.WantSVGFile(t, chartPath, w, h)
 }
 
 func TestLoadOnMariaDBAddsUp(t *testing.T) {
 	jsonPath := filepath.Join(t.TempDir(), "load.json")
-	r := runCmd(t, nil, "load", "--dsn", mysqlURL(t), "--clients", "4", "--count", "20",
+	r := runCmd(t, nil, "load", "--dsn", clitest.MySQLURL(t), "--clients", "4", "--count", "20",
 		"--max-concurrent", "2", "--max-queue", "2", "--queue-wait", "10s", "--hold", "5ms",
 		"--deadline", "30s", "--progress", "0", "--json", jsonPath)
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
-	run := readReport(t, jsonPath).Runs[0]
+	run := clitest.ReadJSON[loadReport](t, jsonPath).Runs[0]
 	wantTotalsAddUp(t, run)
 	if run.Attempted != 20 || run.Completed != 20 {
 		t.Errorf("attempted %d, completed %d; want 20 and 20 (the queue holds every client)", run.Attempted, run.Completed)
@@ -281,8 +258,8 @@ func TestLoadRejectsBadInput(t *testing.T) {
 		{"chart png", nil, []string{"--chart", "load.png"}, []string{`--chart "load.png"`, "PNG is not supported", "want a file name ending in .svg"}},
 		{"chart directory", nil, []string{"--chart", missing}, []string{"--chart", "does not exist"}},
 		{"json directory", nil, []string{"--json", missing}, []string{"--json", "does not exist"}},
-		{"bad env B", map[string]string{bulkhead.EnvMaxConcurrent: "four"}, nil, []string{bulkhead.EnvMaxConcurrent, `"four"`}},
-		{"bad env wait", map[string]string{bulkhead.EnvQueueWait: "20"}, nil, []string{bulkhead.EnvQueueWait, `"20"`}},
+		{"bad env B", map[string]string{cli.EnvMaxConcurrent: "four"}, nil, []string{cli.EnvMaxConcurrent, `"four"`}},
+		{"bad env wait", map[string]string{cli.EnvQueueWait: "20"}, nil, []string{cli.EnvQueueWait, `"20"`}},
 		{"bad dsn", nil, []string{"--dsn", "sqlserver://h/db"}, []string{"--dsn", "sqlserver://h/db", "postgres://"}},
 		{"unreachable", nil, []string{"--dsn", "postgres://postgres@127.0.0.1:1/test?sslmode=disable", "--progress", "0"},
 			[]string{"cannot connect", "postgres://postgres@127.0.0.1:1/test"}},
@@ -290,79 +267,29 @@ func TestLoadRejectsBadInput(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r := runCmd(t, c.vars, append([]string{"load"}, c.args...)...)
-			wantOneLineError(t, r, append([]string{"load:"}, c.want...)...)
+			clitest.WantOneLineError(t, r, append([]string{"load:"}, c.want...)...)
 		})
 	}
 }
 
 func TestLoadFlagsOverrideABadEnvironmentEntirely(t *testing.T) {
-	vars := map[string]string{bulkhead.EnvMaxConcurrent: "four"}
+	vars := map[string]string{cli.EnvMaxConcurrent: "four"}
 	r := runCmd(t, vars, "load", "--count", "2", "--clients", "1", "--hold", "0s", "--progress", "0",
 		"--max-concurrent", "1", "--max-queue", "0", "--queue-wait", "0s")
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
 }
 
 func TestLoadTakesThePolicyFromTheEnvironment(t *testing.T) {
-	vars := map[string]string{bulkhead.EnvMaxConcurrent: "3", bulkhead.EnvMaxQueue: "5", bulkhead.EnvQueueWait: "7ms"}
+	vars := map[string]string{cli.EnvMaxConcurrent: "3", cli.EnvMaxQueue: "5", cli.EnvQueueWait: "7ms"}
 	r := runCmd(t, vars, "load", "--count", "2", "--clients", "1", "--hold", "0s", "--progress", "0",
 		"--max-queue", "1")
-	if r.code != exitOK {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
-	if !strings.Contains(r.stdout, "B=3 Q=1 wait=7ms") {
-		t.Fatalf("want B and the wait from the environment, Q from the flag:\n%s", r.stdout)
-	}
-}
-
-func TestClassifyTellsEveryOutcomeApart(t *testing.T) {
-	live := context.Background()
-	expired, cancel := context.WithDeadline(live, time.Unix(0, 0))
-	defer cancel()
-	stopped, stop := context.WithCancel(live)
-	stop()
-	full := &bulkhead.RejectedError{Cause: bulkhead.ErrAdmissionFull}
-	timeout := &bulkhead.RejectedError{Cause: bulkhead.ErrQueueTimeout}
-	cases := []struct {
-		name          string
-		err           error
-		opCtx, runCtx context.Context
-		want          outcome
-	}{
-		{"success", nil, live, live, outCompleted},
-		{"success after the deadline", nil, expired, live, outCompleted},
-		{"admission full", fmt.Errorf("begin: %w", full), live, live, outRejectedFull},
-		{"queue timeout", timeout, live, live, outRejectedTimeout},
-		{"rejected while stopping", full, stopped, stopped, outRejectedFull},
-		{"deadline error", fmt.Errorf("timeout: %w", context.DeadlineExceeded), live, live, outDeadline},
-		{"driver error after the deadline", errors.New("conn closed"), expired, live, outDeadline},
-		{"stopped", context.Canceled, stopped, stopped, outInterrupted},
-		{"other", errors.New("syntax error"), live, live, outOther},
-	}
-	for _, c := range cases {
-		if got := classify(c.err, c.opCtx, c.runCtx); got != c.want {
-			t.Errorf("%s: classify = %d, want %d", c.name, got, c.want)
-		}
-	}
-}
-
-func TestPercentilesAreNearestRank(t *testing.T) {
-	if percentiles(nil) != nil {
-		t.Fatal("percentiles of nothing must be nil")
-	}
-	var ds []time.Duration
-	for i := 100; i >= 1; i-- {
-		ds = append(ds, time.Duration(i)*time.Millisecond)
-	}
-	if got := *percentiles(ds); got != (pct{P50: 50, P95: 95, P99: 99}) {
-		t.Fatalf("percentiles of 1..100 ms = %+v", got)
-	}
-	if got := *percentiles([]time.Duration{7 * time.Millisecond}); got != (pct{P50: 7, P95: 7, P99: 7}) {
-		t.Fatalf("percentiles of one = %+v", got)
-	}
-	if ds[0] != 100*time.Millisecond {
-		t.Fatal("percentiles sorted its argument in place")
+	if !strings.Contains(r.Stdout, "B=3 Q=1 wait=7ms") {
+		t.Fatalf("want B and the wait from the environment, Q from the flag:\n%s", r.Stdout)
 	}
 }
 
@@ -392,18 +319,18 @@ func TestLastShortSecondIsMergedIntoThePreviousOne(t *testing.T) {
 	start := time.Unix(1000, 0)
 	r.begin(start)
 	r.mu.Lock()
-	r.bucketLocked(start).n[outCompleted] = 2
-	r.bucketLocked(start.Add(1500 * time.Millisecond)).n[outCompleted] = 3
-	r.bucketLocked(start.Add(2100 * time.Millisecond)).n[outRejectedFull] = 1
+	r.bucketLocked(start).n[cli.OutCompleted] = 2
+	r.bucketLocked(start.Add(1500 * time.Millisecond)).n[cli.OutCompleted] = 3
+	r.bucketLocked(start.Add(2100 * time.Millisecond)).n[cli.OutRejectedFull] = 1
 	r.mu.Unlock()
 	secs, lengths := r.buckets(2200 * time.Millisecond)
 	if len(secs) != 2 || lengths[0] != 1 || lengths[1] < 1.19 || lengths[1] > 1.21 {
 		t.Fatalf("%d buckets, lengths %v; want 2, [1 1.2]", len(secs), lengths)
 	}
-	if secs[1].n[outCompleted] != 3 || secs[1].n[outRejectedFull] != 1 {
+	if secs[1].n[cli.OutCompleted] != 3 || secs[1].n[cli.OutRejectedFull] != 1 {
 		t.Fatalf("merged bucket %+v", secs[1].n)
 	}
-	if r.secs[1].n[outRejectedFull] != 0 {
+	if r.secs[1].n[cli.OutRejectedFull] != 0 {
 		t.Fatal("merging changed the recorder's own buckets")
 	}
 	secs, lengths = r.buckets(2700 * time.Millisecond)

@@ -6,6 +6,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 )
 
 const policyUsage = `Usage: bulkhead policy [--max-concurrent B] [--max-queue Q] [--queue-wait D] [--dry-run] [--workloads W] [--fleet NAME]
@@ -13,8 +14,9 @@ const policyUsage = `Usage: bulkhead policy [--max-concurrent B] [--max-queue Q]
 Prints the policy that the flags and the BULKHEAD_* environment give, as
 bulkhead.PolicyFromEnv reads the variables: each setting, its value and
 where it came from (flag, variable or default), dry-run, the workloads,
-the fleet, and the connections one instance keeps at most (B+Q; in a
-fleet, its share of them plus its coordination session). A malformed
+the fleet, and the server connections one instance can have open (see
+bulkhead budget --help: B for operations plus B+Q idle; in a fleet, its
+share of T plus its coordination session). A malformed
 variable is an error that names it, its value and what is expected, and
 the flag that overrides it (exit 2).
 `
@@ -26,52 +28,45 @@ const policyExamples = `  bulkhead policy
 `
 
 func (e *env) policy(_ context.Context, args []string) int {
-	fs := e.newFlagSet("policy", policyUsage, policyExamples)
+	fs := e.NewFlagSet("policy", policyUsage, policyExamples)
 	fs.String("dsn", "", "database URL (not used: the policy command connects to nothing)")
-	pi := e.addPolicyFlags(fs, unusedSettings["policy"])
-	if code, done := e.parseFlags(fs, args); done {
+	pi := e.AddPolicyFlags(fs)
+	if code, done := e.ParseFlags(fs, args); done {
 		return code
 	}
-	set := flagsSet(fs)
+	set := cli.FlagsSet(fs)
 	if set["dsn"] {
-		return e.fail(fmt.Errorf("policy: --dsn does nothing in policy: %s", unusedSettings["policy"][setDSN]))
+		return e.Fail(fmt.Errorf("policy: --dsn does nothing in policy: %s", commands["policy"].Unused[cli.SetDSN]))
 	}
-	r, err := pi.resolve(e.lookup, set, bulkhead.DefaultPolicy)
+	r, err := pi.Resolve(set, bulkhead.DefaultPolicy)
 	if err == nil {
-		err = r.check()
+		err = r.Check()
 	}
 	if err != nil {
-		return e.fail(fmt.Errorf("policy: %w", err))
+		return e.Fail(fmt.Errorf("policy: %w", err))
 	}
-	p := r.p
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "max concurrent (B)\t%d\t%s\n", p.MaxConcurrent, r.describe(setB))
-	fmt.Fprintf(tw, "max queue (Q)\t%d\t%s\n", p.MaxQueue, r.describe(setQ))
-	fmt.Fprintf(tw, "queue wait\t%v\t%s\n", p.QueueWait, r.describe(setWait))
-	fmt.Fprintf(tw, "dry run\t%v\t%s\n", p.DryRun, r.describe(setDryRun))
-	names := workloadNames(p)
+	p := r.P
+	tw := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "max concurrent (B)\t%d\t%s\n", p.MaxConcurrent, r.Describe(cli.SetB))
+	fmt.Fprintf(tw, "max queue (Q)\t%d\t%s\n", p.MaxQueue, r.Describe(cli.SetQ))
+	fmt.Fprintf(tw, "queue wait\t%v\t%s\n", p.QueueWait, r.Describe(cli.SetWait))
+	fmt.Fprintf(tw, "dry run\t%v\t%s\n", p.DryRun, r.Describe(cli.SetDryRun))
+	names := cli.WorkloadNames(p)
 	if len(names) == 0 {
-		fmt.Fprintf(tw, "workloads\tnone\t%s\n", r.describe(setWorkloads))
+		fmt.Fprintf(tw, "workloads\tnone\t%s\n", r.Describe(cli.SetWorkloads))
 	} else {
-		fmt.Fprintf(tw, "workloads\t%d\t%s\n", len(names), r.describe(setWorkloads))
+		fmt.Fprintf(tw, "workloads\t%d\t%s\n", len(names), r.Describe(cli.SetWorkloads))
 		for _, n := range names {
 			w := p.Workloads[n]
 			fmt.Fprintf(tw, "  workload %s\tB=%d Q=%d wait=%v\twithin the policy's B and B+Q\n", n, w.MaxConcurrent, w.MaxQueue, w.QueueWait)
 		}
 	}
-	if p.Fleet == "" {
-		fmt.Fprintf(tw, "fleet\tnone\t%s\n", r.describe(setFleet))
+	if r.Fleet == "" {
+		fmt.Fprintf(tw, "fleet\tnone\t%s\n", r.Describe(cli.SetFleet))
 	} else {
-		fmt.Fprintf(tw, "fleet\t%s\t%s: B=%d and Q=%d are the whole fleet's, each instance runs on its share\n", p.Fleet, r.describe(setFleet), p.MaxConcurrent, p.MaxQueue)
+		fmt.Fprintf(tw, "fleet\t%s\t%s: B=%d and Q=%d are the whole fleet's, each instance runs on its share\n", r.Fleet, r.Describe(cli.SetFleet), p.MaxConcurrent, p.MaxQueue)
 	}
-	conns := fmt.Sprintf("%d\tat most B+Q", p.MaxConcurrent+p.MaxQueue)
-	if p.Fleet != "" {
-		conns = fmt.Sprintf("at most its share of B+Q, + 1\tthe fleet's: at most B+Q = %d, + 1 coordination session per instance", p.MaxConcurrent+p.MaxQueue)
-	}
-	if p.DryRun {
-		conns = fmt.Sprintf("%d\tB+Q; in dry-run the gate dials beyond it when needed", p.MaxConcurrent+p.MaxQueue)
-	}
-	fmt.Fprintf(tw, "connections per instance\t%s\n", conns)
+	fmt.Fprintf(tw, "connections per instance\t%s\n", connsPerInstance(p, r.Fleet).policyCell())
 	tw.Flush()
-	return exitOK
+	return cli.ExitOK
 }

@@ -5,6 +5,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/svg"
 )
 
 // The fleet experiment's chart: for each arm beside the baseline, the
@@ -30,10 +32,10 @@ var eventNames = map[string]string{"start": "member(s) started", "stop": "member
 
 // The look of the time panels' lines.
 var (
-	fleetTxStroke    = stroke{color: colServer, width: 1.3}
-	fleetShareStroke = stroke{color: "#1f77b4", width: 3.5}
-	fleetPhaseStroke = stroke{color: "#9a9a9a", width: 1, dash: "2 3"}
-	fleetRef2Stroke  = stroke{color: "#555555", width: 1.5, dash: "2 3"}
+	fleetTxStroke    = svg.Stroke{Color: "#222222", Width: 1.3}
+	fleetShareStroke = svg.Stroke{Color: "#1f77b4", Width: 3.5}
+	fleetPhaseStroke = svg.Stroke{Color: "#9a9a9a", Width: 1, Dash: "2 3"}
+	fleetRef2Stroke  = svg.Stroke{Color: "#555555", Width: 1.5, Dash: "2 3"}
 )
 
 // Size of the fleet chart.
@@ -61,19 +63,19 @@ type fleetChart struct {
 type fleetTimeCell struct {
 	arm    *fleetArm
 	title  string
-	lay    panelLayout
-	band   box // phase names and event marks, above the plot
+	lay    svg.Layout
+	band   svg.Box // phase names and event marks, above the plot
 	ticks  []float64
 	ydec   int
-	legend []legendEntry
+	legend []svg.LegendEntry
 }
 
 type fleetBarCell struct {
 	title, ylabel, format string
 	value                 func(*fleetPhase) (float64, bool)
 	refs                  []refLine
-	lay                   panelLayout
-	legend                []legendEntry
+	lay                   svg.Layout
+	legend                []svg.LegendEntry
 }
 
 func writeFleetChart(path string, rep *fleetReport) error {
@@ -115,25 +117,25 @@ func layoutFleetChart(rep *fleetReport) (*fleetChart, error) {
 	}
 	c.groups = groups
 
-	top := 8 + captionLineH*float64(len(c.captions))
+	top := svg.CaptionsH(len(c.captions))
 	// Time panels, one per arm but the baseline; each legend names what
 	// its panel draws.
-	timeLegend := func(a *fleetArm) []legendEntry {
-		l := []legendEntry{{name: "server transactions (most per 100 ms)", st: fleetTxStroke}}
+	timeLegend := func(a *fleetArm) []svg.LegendEntry {
+		l := []svg.LegendEntry{{Name: "server transactions (most per 100 ms)", St: fleetTxStroke}}
 		if len(a.ShareSum) > 0 {
-			l = append(l, legendEntry{name: "sum of the members' B", st: fleetShareStroke})
+			l = append(l, svg.LegendEntry{Name: "sum of the members' B", St: fleetShareStroke})
 		}
-		l = append(l, legendEntry{name: fmt.Sprintf("T = %d", rep.Total), st: refStroke})
+		l = append(l, svg.LegendEntry{Name: fmt.Sprintf("T = %d", rep.Total), St: svg.RefStroke})
 		for _, k := range []string{"start", "stop", "kill"} {
 			if slices.ContainsFunc(a.Events, func(ev *fleetEvent) bool { return ev.Kind == k }) {
-				l = append(l, legendEntry{name: eventNames[k], st: stroke{color: eventColors[k], width: 2.5}})
+				l = append(l, svg.LegendEntry{Name: eventNames[k], St: svg.Stroke{Color: eventColors[k], Width: 2.5}})
 			}
 		}
 		return l
 	}
 	timeLegendW := 0.0
 	for _, s := range c.series {
-		timeLegendW = max(timeLegendW, legendWidth(timeLegend(rep.arm(s))))
+		timeLegendW = max(timeLegendW, svg.LegendWidth(timeLegend(rep.arm(s))))
 	}
 	one := rep.arm(armOne).phase(phaseSteady)
 	bars := []fleetBarCell{
@@ -157,12 +159,12 @@ func layoutFleetChart(rep *fleetReport) (*fleetChart, error) {
 	legendW := 0.0
 	for i := range bars {
 		for _, s := range c.series {
-			bars[i].legend = append(bars[i].legend, legendEntry{name: s, fill: armColors[s]})
+			bars[i].legend = append(bars[i].legend, svg.LegendEntry{Name: s, Fill: armColors[s]})
 		}
 		for _, r := range bars[i].refs {
-			bars[i].legend = append(bars[i].legend, legendEntry{name: r.name, st: r.st})
+			bars[i].legend = append(bars[i].legend, svg.LegendEntry{Name: r.name, St: r.st})
 		}
-		legendW = max(legendW, legendWidth(bars[i].legend))
+		legendW = max(legendW, svg.LegendWidth(bars[i].legend))
 	}
 	y := top
 	for _, s := range c.series {
@@ -170,13 +172,13 @@ func layoutFleetChart(rep *fleetReport) (*fleetChart, error) {
 		if s == armOne {
 			continue
 		}
-		outer := box{x: 0, y: y, w: c.w, h: fleetTimeH}
-		lay := layoutPanel(outer, timeLegendW)
+		outer := svg.Box{X: 0, Y: y, W: c.w, H: fleetTimeH}
+		lay := svg.LayoutPanel(outer, timeLegendW)
 		// The bands above the plot take from its height.
-		band := box{x: lay.plot.x, y: lay.plot.y, w: lay.plot.w, h: fleetBandH + fleetEventH}
-		lay.plot.y += band.h
-		lay.plot.h -= band.h
-		lay.legend.y = lay.plot.y
+		band := svg.Box{X: lay.Plot.X, Y: lay.Plot.Y, W: lay.Plot.W, H: fleetBandH + fleetEventH}
+		lay.Plot.Y += band.H
+		lay.Plot.H -= band.H
+		lay.Legend.Y = lay.Plot.Y
 		ymax := float64(rep.Total)
 		for _, p := range a.ServerTx {
 			ymax = max(ymax, p.V)
@@ -184,15 +186,15 @@ func layoutFleetChart(rep *fleetReport) (*fleetChart, error) {
 		for _, p := range a.ShareSum {
 			ymax = max(ymax, p.V)
 		}
-		ticks, dec := niceTicks(0, ymax*1.1, 5)
+		ticks, dec := svg.NiceTicks(0, ymax*1.1, 5)
 		c.times = append(c.times, fleetTimeCell{arm: a, lay: lay, band: band, ticks: ticks, ydec: dec, legend: timeLegend(a),
 			title: fmt.Sprintf("%s (%s): the service's transactions on the server", a.Name, armBrief(a, rep))})
 		y += fleetTimeH
 	}
 	rows := (len(bars) + fleetBarCols - 1) / fleetBarCols
 	for i := range bars {
-		outer := box{x: float64(i%fleetBarCols) * c.w / fleetBarCols, y: y + float64(i/fleetBarCols)*fleetBarH, w: c.w / fleetBarCols, h: fleetBarH}
-		bars[i].lay = layoutPanel(outer, legendW)
+		outer := svg.Box{X: float64(i%fleetBarCols) * c.w / fleetBarCols, Y: y + float64(i/fleetBarCols)*fleetBarH, W: c.w / fleetBarCols, H: fleetBarH}
+		bars[i].lay = svg.LayoutPanel(outer, legendW)
 	}
 	c.bars = bars
 	c.h = y + float64(rows)*fleetBarH + 8
@@ -232,14 +234,8 @@ func fleetChartSVG(rep *fleetReport) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := newSVG(c.w, c.h)
-	for i, s := range c.captions {
-		d.text(c.w/2, 8+captionSize+captionLineH*float64(i), textStyle{size: captionSize, anchor: "middle"}, s)
-	}
-	xticks, xdec := niceTicks(0, c.xmax, 10)
-	for len(xticks) > 1 && xticks[len(xticks)-1] > c.xmax*1.0001 {
-		xticks = xticks[:len(xticks)-1]
-	}
+	d := svg.Page(c.w, c.h, c.captions)
+	xticks, xdec := svg.TicksWithin(c.xmax, 10)
 	for _, cell := range c.times {
 		drawFleetTime(d, cell, c.xmax, xticks, xdec, rep.Total)
 	}
@@ -248,7 +244,7 @@ func fleetChartSVG(rep *fleetReport) ([]byte, error) {
 		for i, a := range c.series {
 			colors[i] = armColors[a]
 		}
-		d.drawBars(barPanel{
+		drawBars(d, barPanel{
 			title: cell.title, ylabel: cell.ylabel, format: cell.format,
 			groups: c.groups, series: c.series, colors: colors, refs: cell.refs,
 			value: func(g, s int) (float64, bool) {
@@ -259,65 +255,65 @@ func fleetChartSVG(rep *fleetReport) ([]byte, error) {
 			},
 		}, cell.lay, cell.legend)
 	}
-	return d.bytes(), nil
+	return d.Bytes(), nil
 }
 
 // drawFleetTime draws one arm's time panel.
-func drawFleetTime(d *svgDoc, cell fleetTimeCell, xmax float64, xticks []float64, xdec int, total int) {
-	plot, a := cell.lay.plot, cell.arm
-	d.comment("panel: " + cell.title)
-	d.text(plot.x, cell.lay.outer.y+20, textStyle{size: chartTitleSize, bold: true}, cell.title)
-	d.yAxis(plot, cell.ticks, cell.ydec, "transactions")
-	x := func(s float64) float64 { return plot.x + s/xmax*plot.w }
+func drawFleetTime(d *svg.Doc, cell fleetTimeCell, xmax float64, xticks []float64, xdec int, total int) {
+	plot, a := cell.lay.Plot, cell.arm
+	d.Comment("panel: " + cell.title)
+	d.Text(plot.X, cell.lay.Outer.Y+20, svg.TextStyle{Size: svg.TitleSize, Bold: true}, cell.title)
+	d.YAxis(plot, cell.ticks, cell.ydec, "transactions")
+	x := func(s float64) float64 { return plot.X + s/xmax*plot.W }
 	ymax := cell.ticks[len(cell.ticks)-1]
-	y := func(v float64) float64 { return plot.bottom() - v/ymax*plot.h }
+	y := func(v float64) float64 { return plot.Bottom() - v/ymax*plot.H }
 	for _, t := range xticks {
-		d.line(x(t), plot.y, x(t), plot.bottom(), stroke{color: gridColor, width: 1})
-		d.text(x(t), plot.bottom()+16, textStyle{size: chartFontSize, anchor: "middle", color: axisColor}, tickLabel(t, xdec))
+		d.Line(x(t), plot.Y, x(t), plot.Bottom(), svg.Stroke{Color: svg.GridColor, Width: 1})
+		d.Text(x(t), plot.Bottom()+16, svg.TextStyle{Size: svg.FontSize, Anchor: "middle", Color: svg.AxisColor}, svg.TickLabel(t, xdec))
 	}
-	d.text(plot.x+plot.w/2, plot.bottom()+36, textStyle{size: chartFontSize, anchor: "middle", color: axisColor}, "seconds")
+	d.Text(plot.X+plot.W/2, plot.Bottom()+36, svg.TextStyle{Size: svg.FontSize, Anchor: "middle", Color: svg.AxisColor}, "seconds")
 	// The phases: their names in the band, their bounds across the plot.
 	for _, p := range a.Phases {
-		d.comment("phase: " + p.Name)
+		d.Comment("phase: " + p.Name)
 		if p.BeginS > 0 {
-			d.line(x(p.BeginS), cell.band.y, x(p.BeginS), plot.bottom(), fleetPhaseStroke)
+			d.Line(x(p.BeginS), cell.band.Y, x(p.BeginS), plot.Bottom(), fleetPhaseStroke)
 		}
-		d.text((x(p.BeginS)+x(p.EndS))/2, cell.band.y+fleetBandH-4, textStyle{size: 11, anchor: "middle", color: axisColor}, p.Name)
+		d.Text((x(p.BeginS)+x(p.EndS))/2, cell.band.Y+fleetBandH-4, svg.TextStyle{Size: 11, Anchor: "middle", Color: svg.AxisColor}, p.Name)
 	}
 	for _, ev := range a.Events {
-		d.comment(fmt.Sprintf("event: %s %s at %.2f s", ev.Kind, memberList(ev.Members), ev.T))
-		d.line(x(ev.T), cell.band.y+fleetBandH, x(ev.T), cell.band.y+fleetBandH+fleetEventH, stroke{color: eventColors[ev.Kind], width: 2.5})
+		d.Comment(fmt.Sprintf("event: %s %s at %.2f s", ev.Kind, memberList(ev.Members), ev.T))
+		d.Line(x(ev.T), cell.band.Y+fleetBandH, x(ev.T), cell.band.Y+fleetBandH+fleetEventH, svg.Stroke{Color: eventColors[ev.Kind], Width: 2.5})
 	}
-	d.comment(fmt.Sprintf("reference: T = %d", total))
-	d.line(plot.x, y(float64(total)), plot.right(), y(float64(total)), refStroke)
+	d.Comment(fmt.Sprintf("reference: T = %d", total))
+	d.Line(plot.X, y(float64(total)), plot.Right(), y(float64(total)), svg.RefStroke)
 	if len(a.ShareSum) > 0 {
 		// A step line: a share holds until the next change; the changes
 		// after the last phase (the members' last stops) are not drawn.
 		end := min(a.Phases[len(a.Phases)-1].EndS, xmax)
-		var pts []point
+		var pts []svg.Point
 		last := 0.0
 		for i, p := range a.ShareSum {
 			if p.T > end {
 				break
 			}
 			if i > 0 {
-				pts = append(pts, point{x(p.T), y(last)})
+				pts = append(pts, svg.Point{X: x(p.T), Y: y(last)})
 			}
-			pts = append(pts, point{x(p.T), y(p.V)})
+			pts = append(pts, svg.Point{X: x(p.T), Y: y(p.V)})
 			last = p.V
 		}
-		pts = append(pts, point{x(end), y(last)})
-		d.comment("series: sum of the members' B")
-		d.polyline(pts, fleetShareStroke)
+		pts = append(pts, svg.Point{X: x(end), Y: y(last)})
+		d.Comment("series: sum of the members' B")
+		d.Polyline(pts, fleetShareStroke)
 	}
-	var tx []point
+	var tx []svg.Point
 	for _, p := range a.ServerTx {
 		if p.T <= xmax {
-			tx = append(tx, point{x(p.T), y(p.V)})
+			tx = append(tx, svg.Point{X: x(p.T), Y: y(p.V)})
 		}
 	}
-	d.comment("series: server transactions")
-	d.polyline(tx, fleetTxStroke)
-	d.frame(plot)
-	d.drawLegend(cell.lay.legend, cell.legend)
+	d.Comment("series: server transactions")
+	d.Polyline(tx, fleetTxStroke)
+	d.Frame(plot)
+	d.DrawLegend(cell.lay.Legend, cell.legend)
 }

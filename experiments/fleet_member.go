@@ -5,24 +5,24 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
+	"github.com/dbbulkhead/bulkhead/fleet"
 )
 
 // A member of the fleet experiment is this same program started again by
-// "bulkhead fleet" with the hidden command fleet-member: one instance of
+// "experiments fleet" with the hidden command fleet-member: one instance of
 // the service, under open-loop arrivals, through one arm's configuration.
 //
 // The protocol, one JSON object a line each way:
@@ -32,13 +32,13 @@ import (
 //	        the requests arriving from now on belong to phase k, and the
 //	        reports so far are sent at once). End of input (or SIGTERM) stops the member
 //	        gracefully: no new arrivals, the requests in flight end, a last
-//	        report, the *sql.DB is closed (a fleet's gate leaves the fleet),
+//	        report, the *sql.DB is closed (a fleet member's gate leaves the fleet),
 //	        then "bye".
 //	stdout  memberMsg lines: "ready" once the database is open, "report"s
 //	        every cfg.Report and at each phase mark (one per phase whose
 //	        requests ended since the last: a request counts in the phase
 //	        it arrived in), a "share" each time a
-//	        fleet's gate changes its share (Events.OnFleet), "bye" at the
+//	        fleet member's share changes (fleet.OnChange), "bye" at the
 //	        end, or "error" and exit 2 if the member cannot run.
 //
 // Times are Unix nanoseconds: the members and the orchestrator share one
@@ -57,13 +57,13 @@ type memberConfig struct {
 	Via      string        `json:"via,omitempty"`      // host:port of a PgBouncer in front of it (the pgbouncer arm)
 	App      string        `json:"app"`                // application_name of the service's sessions
 	CoordApp string        `json:"coord_app"`          // application_name of a fleet's coordination session
-	Fleet    string        `json:"fleet,omitempty"`    // Policy.Fleet; "" for a static gate or none
+	Fleet    string        `json:"fleet,omitempty"`    // the fleet it joins (fleet.Join); "" for a static gate or none
 	Gated    bool          `json:"gated"`              // through a gate (false: plain database/sql)
 	B        int           `json:"b"`                  // the gate's MaxConcurrent (a fleet's T)
 	Q        int           `json:"q"`                  // its MaxQueue (a fleet's total)
 	Wait     time.Duration `json:"wait"`               // its QueueWait
-	Interval time.Duration `json:"interval,omitempty"` // WithFleetInterval
-	Fallback *int          `json:"fallback,omitempty"` // WithFleetFallback; nil: the library's default
+	Interval time.Duration `json:"interval,omitempty"` // fleet.Interval
+	Fallback *int          `json:"fallback,omitempty"` // fleet.Fallback; nil: the library's default
 	Service  time.Duration `json:"service"`            // S: each transaction's pg_sleep
 	Deadline time.Duration `json:"deadline"`           // D
 	Rate     float64       `json:"rate"`               // arrivals per second at start
@@ -102,7 +102,6 @@ type memberMsg struct {
 	Late     int64          `json:"late,omitempty"`     // committed after it
 	Full     int64          `json:"full,omitempty"`     // ErrAdmissionFull
 	Timeout  int64          `json:"timeout,omitempty"`  // ErrQueueTimeout
-	NoConn   int64          `json:"noconn,omitempty"`   // ErrNoConnection
 	Deadline int64          `json:"deadline,omitempty"` // the deadline ended it
 	Other    int64          `json:"other,omitempty"`
 	OKUs     []int64        `json:"ok_us,omitempty"`
@@ -133,7 +132,6 @@ const (
 	moLate
 	moFull
 	moTimeout
-	moNoConn
 	moDeadline
 	moOther
 )
@@ -145,13 +143,14 @@ func classifyMember(err error, lat, deadline time.Duration, opCtx context.Contex
 		return moOK
 	case err == nil:
 		return moLate
-	case errors.Is(err, bulkhead.ErrAdmissionFull):
+	}
+	// The member's requests are not interrupted: they end on their own.
+	switch cli.Classify(err, opCtx, context.Background()) {
+	case cli.OutRejectedFull:
 		return moFull
-	case errors.Is(err, bulkhead.ErrQueueTimeout):
+	case cli.OutRejectedTimeout:
 		return moTimeout
-	case errors.Is(err, bulkhead.ErrNoConnection):
-		return moNoConn
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(opCtx.Err(), context.DeadlineExceeded):
+	case cli.OutDeadline:
 		return moDeadline
 	}
 	return moOther
@@ -195,13 +194,7 @@ func (r *memberRec) add(phase int, o memberOutcome, lat time.Duration, err error
 		if c.errs == nil {
 			c.errs = map[string]int{}
 		}
-		msg := strings.Join(strings.Fields(err.Error()), " ")
-		if len(msg) > 200 {
-			msg = msg[:200] + "..."
-		}
-		if _, ok := c.errs[msg]; ok || len(c.errs) < maxErrSamples {
-			c.errs[msg]++
-		}
+		cli.AddErrSample(c.errs, err)
 	}
 }
 
@@ -215,7 +208,7 @@ func (r *memberRec) cut(now int64, phase int) []memberMsg {
 	for _, k := range slices.Sorted(maps.Keys(r.phases)) {
 		c := r.phases[k]
 		out = append(out, memberMsg{Type: msgReport, T: now, Phase: k, From: r.from,
-			OK: c.n[moOK], Late: c.n[moLate], Full: c.n[moFull], Timeout: c.n[moTimeout], NoConn: c.n[moNoConn],
+			OK: c.n[moOK], Late: c.n[moLate], Full: c.n[moFull], Timeout: c.n[moTimeout],
 			Deadline: c.n[moDeadline], Other: c.n[moOther], OKUs: c.okUs, FailUs: c.failUs, Errors: c.errs})
 	}
 	if len(out) == 0 {
@@ -228,28 +221,28 @@ func (r *memberRec) cut(now int64, phase int) []memberMsg {
 
 // memberDB is what a member runs its requests on.
 type memberDB interface {
-	do(ctx context.Context) error          // one request: a transaction
-	stats() (s bulkhead.Stats, gated bool) // the gate's, if any
-	close() error                          // graceful: a fleet's gate leaves the fleet
+	do(ctx context.Context) error                         // one request: a transaction
+	stats() (s bulkhead.Stats, f fleet.Stats, gated bool) // the gate's, if any, and the fleet member's
+	close() error                                         // graceful: a fleet member's gate leaves the fleet
 }
 
-// memberOpener opens a member's database; onFleet receives a fleet
-// gate's share changes.
-type memberOpener func(ctx context.Context, cfg *memberConfig, onFleet func(bulkhead.FleetEvent)) (memberDB, error)
+// memberOpener opens a member's database; onChange receives a fleet
+// member's share changes.
+type memberOpener func(ctx context.Context, cfg *memberConfig, onChange func(fleet.Event)) (memberDB, error)
 
 // fleetMember is the hidden command: a member reading its configuration
 // and commands on stdin and writing its messages on stdout.
 func (e *env) fleetMember(ctx context.Context, args []string) int {
 	if len(args) > 0 {
-		return e.fail(fmt.Errorf("%s: started by bulkhead fleet, with its configuration on stdin; unexpected argument %q", fleetMemberCmd, args[0]))
+		return e.Fail(fmt.Errorf("%s: started by experiments fleet, with its configuration on stdin; unexpected argument %q", fleetMemberCmd, args[0]))
 	}
-	if e.stdin == nil {
-		return e.fail(fmt.Errorf("%s: started by bulkhead fleet, with its configuration on stdin; no stdin", fleetMemberCmd))
+	if e.Stdin == nil {
+		return e.Fail(fmt.Errorf("%s: started by experiments fleet, with its configuration on stdin; no stdin", fleetMemberCmd))
 	}
-	if err := runMember(ctx, e.stdin, e.stdout, openMemberDB); err != nil {
-		return e.fail(fmt.Errorf("%s: %w", fleetMemberCmd, err))
+	if err := runMember(ctx, e.Stdin, e.Stdout, openMemberDB); err != nil {
+		return e.Fail(fmt.Errorf("%s: %w", fleetMemberCmd, err))
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // memberOut writes a member's messages, one line each, from any
@@ -277,7 +270,7 @@ const memberStopLimit = 10 * time.Second
 func runMember(ctx context.Context, in io.Reader, w io.Writer, open memberOpener) error {
 	out := &memberOut{enc: json.NewEncoder(w)}
 	fail := func(err error) error {
-		out.send(memberMsg{Type: msgError, T: time.Now().UnixNano(), Pid: os.Getpid(), Err: oneLine(err)})
+		out.send(memberMsg{Type: msgError, T: time.Now().UnixNano(), Pid: os.Getpid(), Err: cli.OneLine(err)})
 		return err
 	}
 	sc := bufio.NewScanner(in)
@@ -315,11 +308,11 @@ func runMember(ctx context.Context, in io.Reader, w io.Writer, open memberOpener
 	// report sends the reports cut now, each with the gate's state.
 	report := func(phase int) {
 		ms := rec.cut(time.Now().UnixNano(), phase)
-		if s, gated := db.stats(); gated {
+		if s, f, gated := db.stats(); gated {
 			for i := range ms {
 				m := &ms[i]
 				m.B, m.Q, m.Running, m.Waiting = s.MaxConcurrent, s.MaxQueue, s.Running, s.Waiting
-				m.Instances, m.Degraded, m.Rounds, m.Failures = s.Fleet.Instances, s.Fleet.Degraded, s.Fleet.Rounds, s.Fleet.Failures
+				m.Instances, m.Degraded, m.Rounds, m.Failures = f.Instances, f.Degraded, f.Rounds, f.Failures
 				m.OpenConns, m.Dials, m.ConnFail = s.OpenConns, s.Dials, s.ConnectFailed
 			}
 		}
@@ -329,18 +322,18 @@ func runMember(ctx context.Context, in io.Reader, w io.Writer, open memberOpener
 	}
 	var phaseMu sync.Mutex // the phase share events are tagged with
 	phase := cfg.Phase
-	onFleet := func(ev bulkhead.FleetEvent) {
+	onChange := func(ev fleet.Event) {
 		phaseMu.Lock()
 		ph := phase
 		phaseMu.Unlock()
 		m := memberMsg{Type: msgShare, T: time.Now().UnixNano(), Phase: ph, B: ev.MaxConcurrent, Q: ev.MaxQueue, Instances: ev.Instances}
 		if ev.Err != nil {
-			m.Err = oneLine(ev.Err)
+			m.Err = cli.OneLine(ev.Err)
 		}
 		out.send(m)
 	}
 	var err error
-	if db, err = open(ctx, &cfg, onFleet); err != nil {
+	if db, err = open(ctx, &cfg, onChange); err != nil {
 		return fail(err)
 	}
 	out.send(memberMsg{Type: msgReady, T: time.Now().UnixNano(), Pid: os.Getpid(), Phase: cfg.Phase})
@@ -416,37 +409,32 @@ loop:
 	<-flown // bounded: db.close ends what still ran
 	bye := memberMsg{Type: msgBye, T: time.Now().UnixNano(), Phase: phase}
 	if cerr != nil {
-		bye.Err = oneLine(cerr)
+		bye.Err = cli.OneLine(cerr)
 	}
 	out.send(bye)
 	return nil
 }
 
 // pgMemberDB runs the experiment's transaction on PostgreSQL, through a
-// gate or plain database/sql.
+// gate (a fleet member's or a static one) or plain database/sql.
 type pgMemberDB struct {
-	db    *sql.DB
-	gate  *bulkhead.Gate
-	sleep string
+	db     *sql.DB
+	gate   *bulkhead.Gate
+	member *fleet.Member                               // nil outside a fleet
+	op     func(ctx context.Context, db *sql.DB) error // BEGIN; SELECT pg_sleep(S); COMMIT
 }
 
-func (m *pgMemberDB) do(ctx context.Context) error {
-	tx, err := m.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, m.sleep); err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
-}
+func (m *pgMemberDB) do(ctx context.Context) error { return m.op(ctx, m.db) }
 
-func (m *pgMemberDB) stats() (bulkhead.Stats, bool) {
+func (m *pgMemberDB) stats() (bulkhead.Stats, fleet.Stats, bool) {
+	var f fleet.Stats
+	if m.member != nil {
+		f = m.member.Stats()
+	}
 	if m.gate == nil {
-		return bulkhead.Stats{}, false
+		return bulkhead.Stats{}, f, false
 	}
-	return m.gate.Stats(), true
+	return m.gate.Stats(), f, true
 }
 
 func (m *pgMemberDB) close() error { return m.db.Close() }
@@ -455,20 +443,20 @@ func (m *pgMemberDB) close() error { return m.db.Close() }
 // requests wait in PgBouncer's queue, not in database/sql's.
 const memberMaxOpen = 1000
 
-// openMemberDB opens a member's *sql.DB as its arm says: a gate (static
-// or a fleet's) through pgxgate's wait-for-server setting, or plain
+// openMemberDB opens a member's *sql.DB as its arm says: a gate (a fleet
+// member's or a static one) on pgxgate's connector, or plain
 // database/sql with a large pool, through PgBouncer when cfg.Via is set.
-func openMemberDB(ctx context.Context, cfg *memberConfig, onFleet func(bulkhead.FleetEvent)) (memberDB, error) {
-	t, err := parseTarget("the member's DSN", cfg.DSN)
+func openMemberDB(ctx context.Context, cfg *memberConfig, onChange func(fleet.Event)) (memberDB, error) {
+	t, err := cli.ParseTarget("the member's DSN", cfg.DSN)
 	if err != nil {
 		return nil, err
 	}
-	if t.dialect != dialectPostgres {
-		return nil, fmt.Errorf("the fleet experiment runs on PostgreSQL, not %s", t.dialect.title())
+	if t.Dialect != cli.DialectPostgres {
+		return nil, fmt.Errorf("the fleet experiment runs on PostgreSQL, not %s", t.Dialect.Title())
 	}
-	sleep := fmt.Sprintf("SELECT pg_sleep(%g)", cfg.Service.Seconds())
+	op := cli.Operation(t, "hold", cfg.Service, 0)
 	if !cfg.Gated {
-		pc := t.pg.Copy()
+		pc := t.PG.Copy()
 		pc.RuntimeParams["application_name"] = cfg.App
 		if cfg.Via != "" {
 			if pc, err = viaPgBouncer(t, cfg.Via, cfg.App); err != nil {
@@ -478,28 +466,33 @@ func openMemberDB(ctx context.Context, cfg *memberConfig, onFleet func(bulkhead.
 		db := sql.OpenDB(stdlib.GetConnector(*pc))
 		db.SetMaxOpenConns(memberMaxOpen)
 		db.SetMaxIdleConns(memberMaxOpen)
-		return &pgMemberDB{db: db, sleep: sleep}, nil
+		return &pgMemberDB{db: db, op: op}, nil
 	}
-	inner, err := t.gatedConnector(cfg.App, false)
+	inner, err := t.GatedConnector(cfg.App, false)
 	if err != nil {
 		return nil, err
 	}
-	p := bulkhead.Policy{MaxConcurrent: cfg.B, MaxQueue: cfg.Q, QueueWait: cfg.Wait, Fleet: cfg.Fleet}
-	var opts []bulkhead.Option
-	if cfg.Fleet != "" {
-		opts = append(opts,
-			bulkhead.WithFleetInterval(cfg.Interval),
-			// The coordination session's own statements are not the
-			// service's work: another application_name.
-			bulkhead.WithFleetConnector(t.plainConnector(cfg.CoordApp)),
-			bulkhead.WithEvents(bulkhead.Events{OnFleet: onFleet}))
-		if cfg.Fallback != nil {
-			opts = append(opts, bulkhead.WithFleetFallback(*cfg.Fallback))
+	p := bulkhead.Policy{MaxConcurrent: cfg.B, MaxQueue: cfg.Q, QueueWait: cfg.Wait}
+	if cfg.Fleet == "" {
+		g, err := bulkhead.New(inner, p)
+		if err != nil {
+			return nil, err
 		}
+		return &pgMemberDB{db: g.OpenDB(), gate: g, op: op}, nil
 	}
-	g, err := bulkhead.New(inner, p, opts...)
+	opts := []fleet.Option{
+		fleet.Interval(cfg.Interval),
+		// The coordination session's own statements are not the
+		// service's work: another application_name.
+		fleet.Coordinator(t.PlainConnector(cfg.CoordApp)),
+		fleet.OnChange(onChange),
+	}
+	if cfg.Fallback != nil {
+		opts = append(opts, fleet.Fallback(*cfg.Fallback))
+	}
+	m, err := fleet.Join(cfg.Fleet, inner, p, opts...)
 	if err != nil {
 		return nil, err
 	}
-	return &pgMemberDB{db: g.OpenDB(), gate: g, sleep: sleep}, nil
+	return &pgMemberDB{db: m.Gate().OpenDB(), gate: m.Gate(), member: m, op: op}, nil
 }

@@ -20,9 +20,11 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
+	"github.com/dbbulkhead/bulkhead/fleet"
 )
 
-const fleetUsage = `Usage: bulkhead fleet --dsn postgres://... [--arms one,static4,static8,fleet,pgbouncer] [flags]
+const fleetUsage = `Usage: experiments fleet --dsn postgres://... [--arms one,static4,static8,fleet,pgbouncer] [flags]
 
 The fleet experiment (issue 12): several processes of one service, each a
 member started as this same program, share one PostgreSQL database whose
@@ -47,7 +49,7 @@ Arms (the baseline first):
   one        one process, a gate with B = T (start and steady only)
   static4    each member a gate with B = T/4: sized for the ordinary day
   static8    each member a gate with B = T/8: sized for the deploy's peak
-  fleet      each member a gate in one fleet budget (Policy.Fleet): T and
+  fleet      each member a gate in one fleet budget (fleet.Join): T and
              the queue shared through PostgreSQL advisory locks, one round
              per --fleet-interval; the coordination session has an
              application_name of its own
@@ -72,9 +74,9 @@ server nobody else depends on. Ctrl-C stops the members and reports what
 was measured.
 `
 
-const fleetExamples = `  bulkhead fleet --dsn postgres://postgres@127.0.0.1:5432/test --chart docs/fleet.svg
-  bulkhead fleet --dsn postgres://postgres@127.0.0.1:5432/test --arms one,fleet --phase 2s --fleet-interval 500ms --json -
-  bulkhead fleet --dsn postgres://postgres@127.0.0.1:5432/test --members 2 --max-concurrent 4 --service 20ms
+const fleetExamples = `  experiments fleet --dsn postgres://postgres@127.0.0.1:5432/test --chart docs/fleet.svg
+  experiments fleet --dsn postgres://postgres@127.0.0.1:5432/test --arms one,fleet --phase 2s --fleet-interval 500ms --json -
+  experiments fleet --dsn postgres://postgres@127.0.0.1:5432/test --members 2 --max-concurrent 4 --service 20ms
 `
 
 // The arms of the experiment, in the order they run.
@@ -108,7 +110,7 @@ const (
 
 // fleetConfig is a validated fleet command line.
 type fleetConfig struct {
-	target       *target
+	target       *cli.Target
 	arms         []string
 	members      int
 	total        int           // T
@@ -119,13 +121,12 @@ type fleetConfig struct {
 	load         float64       // offered, in multiples of T/S
 	phase        time.Duration
 	warmup       time.Duration
-	interval     time.Duration // WithFleetInterval
-	fallback     *int          // WithFleetFallback; nil: the library's default
+	interval     time.Duration // fleet.Interval
+	fallback     *int          // fleet.Fallback; nil: the library's default
 	poll         time.Duration
 	seed         uint64
 	pgbouncer    string // the binary; "" to look it up
-	chart        string
-	jsonOut      string
+	out          cli.Outputs
 	policySource string
 }
 
@@ -136,21 +137,21 @@ func (e *env) fleet(ctx context.Context, args []string) int {
 	}
 	rep, err := e.runFleet(ctx, cfg)
 	if ctx.Err() != nil && (rep == nil || !rep.measured()) {
-		fmt.Fprintln(e.stderr, "bulkhead: fleet: interrupted before anything was measured")
-		return exitInterrupted
+		fmt.Fprintln(e.Stderr, "bulkhead: fleet: interrupted before anything was measured")
+		return cli.ExitInterrupted
 	}
 	if rep == nil || (err != nil && ctx.Err() == nil) {
 		if rep != nil && len(rep.Arms) > 0 {
-			rep.printTable(e.stderr)
+			rep.printTable(e.Stderr)
 		}
-		return e.fail(fmt.Errorf("fleet: %w", err))
+		return e.Fail(fmt.Errorf("fleet: %w", err))
 	}
 	chart := func(path string) error { return writeFleetChart(path, rep) }
-	return e.report(ctx, "fleet", cfg.jsonOut, cfg.chart, rep.measured(), rep.printTable, chart, rep)
+	return e.Report(ctx, "fleet", cfg.out, rep.measured(), rep.printTable, chart, rep)
 }
 
 func (e *env) parseFleet(args []string) (*fleetConfig, int, bool) {
-	fs := e.newFlagSet("fleet", fleetUsage, fleetExamples)
+	fs := e.NewFlagSet("fleet", fleetUsage, fleetExamples)
 	dsn := fs.String("dsn", "", "PostgreSQL URL postgres://...")
 	arms := fs.String("arms", strings.Join(fleetArms, ","), "arms to run, comma-separated: one, static4, static8, fleet, pgbouncer")
 	members := fs.Int("members", 4, "members N of the steady phase (the deploy runs 2N at its peak)")
@@ -165,25 +166,22 @@ func (e *env) parseFleet(args []string) (*fleetConfig, int, bool) {
 	load := fs.Float64("load", 1.5, "requests per second in all, as a multiple of the capacity T/S")
 	phase := fs.Duration("phase", 3*time.Second, "length of each phase (and of each step of the deploy)")
 	warmup := fs.Duration("warmup", 2*time.Second, "length of the start phase, before steady")
-	interval := fs.Duration("fleet-interval", bulkhead.DefaultFleetInterval, "the fleet arm's coordination interval (WithFleetInterval), at least 10ms")
+	interval := fs.Duration("fleet-interval", fleet.DefaultInterval, "the fleet arm's coordination interval (fleet.Interval), at least 10ms")
 	poll := fs.Duration("poll", 5*time.Millisecond, "how often pg_stat_activity is read")
-	var fallback optInt
-	fs.Var(&fallback, "fleet-fallback", fmt.Sprintf("the fleet arm's share while its coordination fails (WithFleetFallback; default %d, the library's)", bulkhead.DefaultFleetFallback))
-	pi := e.addPolicyFlags(fs, unusedSettings["fleet"])
+	var fallback cli.OptInt
+	fs.Var(&fallback, "fleet-fallback", fmt.Sprintf("the fleet arm's share while its coordination fails (fleet.Fallback; default %d, the library's)", fleet.DefaultFallback))
+	pi := e.AddPolicyFlags(fs)
 	seed := fs.Uint64("seed", 1, "seed of the arrival times")
 	pgb := fs.String("pgbouncer", "", "the PgBouncer binary of the pgbouncer arm (default: pgbouncer in PATH or /usr/sbin)")
-	chart := fs.String("chart", "", "write a chart of the results to this .svg file (SVG only)")
-	jsonOut := fs.String("json", "", "write the results as JSON to this file (- for stdout; the table then goes to stderr)")
-	if code, done := e.parseFlags(fs, args); done {
+	out := cli.AddOutputFlags(fs, "the results")
+	set, code, done := e.Parse(fs, args)
+	if done {
 		return nil, code, true
 	}
-	set := flagsSet(fs)
-	bad := func(format string, a ...any) (*fleetConfig, int, bool) {
-		return nil, e.fail(fmt.Errorf("fleet: "+format, a...)), true
-	}
+	bad := cli.Failer[fleetConfig](e.Env, "fleet")
 	cfg := &fleetConfig{
 		members: *members, service: *service, deadline: *deadline, load: *load, phase: *phase, warmup: *warmup,
-		interval: *interval, poll: *poll, seed: *seed, pgbouncer: *pgb, chart: *chart, jsonOut: *jsonOut,
+		interval: *interval, poll: *poll, seed: *seed, pgbouncer: *pgb, out: *out,
 	}
 	var err error
 	if cfg.arms, err = parseArms(*arms); err != nil {
@@ -211,33 +209,33 @@ func (e *env) parseFleet(args []string) (*fleetConfig, int, bool) {
 		return bad("--fleet-interval does nothing without the fleet arm (--arms %s); want fleet in --arms, or no --fleet-interval", *arms)
 	case set["fleet-fallback"] && !has(armFleet):
 		return bad("--fleet-fallback does nothing without the fleet arm (--arms %s); want fleet in --arms, or no --fleet-fallback", *arms)
-	case set["fleet-fallback"] && (fallback.v < 0 || fallback.v > maxFleetTotal):
-		return bad("--fleet-fallback is %d, want 0 to %d", fallback.v, maxFleetTotal)
+	case set["fleet-fallback"] && (fallback.V < 0 || fallback.V > maxFleetTotal):
+		return bad("--fleet-fallback is %d, want 0 to %d", fallback.V, maxFleetTotal)
 	case set["pgbouncer"] && !has(armPgBouncer):
 		return bad("--pgbouncer does nothing without the pgbouncer arm (--arms %s); want pgbouncer in --arms, or no --pgbouncer", *arms)
 	case has(armFleet) && cfg.phase < 2*cfg.interval:
 		return bad("--phase %v is shorter than two fleet intervals (--fleet-interval %v): the shares could not settle within a phase; want --phase of at least %v", cfg.phase, cfg.interval, 2*cfg.interval)
 	}
-	r, err := pi.resolve(e.lookup, set, bulkhead.Policy{MaxConcurrent: 8})
+	r, err := pi.Resolve(set, bulkhead.Policy{MaxConcurrent: 8})
 	if err != nil {
 		return bad("%w", err)
 	}
 	if set["fleet-fallback"] {
-		cfg.fallback = &fallback.v
+		cfg.fallback = &fallback.V
 	}
-	cfg.total, cfg.queue, cfg.wait = r.p.MaxConcurrent, -1, -1
-	if r.given(setQ) {
-		cfg.queue = r.p.MaxQueue
+	cfg.total, cfg.queue, cfg.wait = r.P.MaxConcurrent, -1, -1
+	if r.Given(cli.SetQ) {
+		cfg.queue = r.P.MaxQueue
 	}
-	if r.given(setWait) {
-		cfg.wait = r.p.QueueWait
+	if r.Given(cli.SetWait) {
+		cfg.wait = r.P.QueueWait
 	}
-	cfg.policySource = fmt.Sprintf("T %s, Q %s, wait %s", r.describe(setB), r.describe(setQ), r.describe(setWait))
+	cfg.policySource = fmt.Sprintf("T %s, Q %s, wait %s", r.Describe(cli.SetB), r.Describe(cli.SetQ), r.Describe(cli.SetWait))
 	switch {
 	case cfg.total > maxFleetTotal:
-		return bad("T is %d (%s), want 1 to %d", cfg.total, r.describe(setB), maxFleetTotal)
-	case cfg.queue > maxClients:
-		return bad("Q is %d (%s), want 0 to %d", cfg.queue, r.describe(setQ), maxClients)
+		return bad("T is %d (%s), want 1 to %d", cfg.total, r.Describe(cli.SetB), maxFleetTotal)
+	case cfg.queue > cli.MaxClients:
+		return bad("Q is %d (%s), want 0 to %d", cfg.queue, r.Describe(cli.SetQ), cli.MaxClients)
 	case cfg.rate() > maxOverloadRate:
 		return bad("--load %v × T/S is %.0f requests per second, want at most %d", cfg.load, cfg.rate(), maxOverloadRate)
 	}
@@ -250,30 +248,23 @@ func (e *env) parseFleet(args []string) (*fleetConfig, int, bool) {
 			return bad("the %s arm's policy B=%d Q=%d wait=%v (%s) is invalid: %w", arm, p.MaxConcurrent, p.MaxQueue, p.QueueWait, cfg.policySource, err)
 		}
 	}
-	if cfg.jsonOut != "" && cfg.jsonOut != "-" {
-		if err := checkDir(cfg.jsonOut); err != nil {
-			return bad("--json %q: %v", cfg.jsonOut, err)
-		}
-	}
-	if cfg.chart != "" {
-		if err := checkChartPath(cfg.chart); err != nil {
-			return bad("%w", err)
-		}
+	if err := cfg.out.Check(); err != nil {
+		return bad("%w", err)
 	}
 	if !set["dsn"] {
-		if v, ok := e.lookup("DATABASE_URL"); !ok || v == "" {
+		if v, ok := e.Lookup("DATABASE_URL"); !ok || v == "" {
 			return bad("no database: want --dsn postgres://... or DATABASE_URL (the experiment runs on PostgreSQL)")
 		}
 	}
-	t, err := e.resolveTarget(*dsn, set["dsn"])
+	t, err := e.ResolveTarget(*dsn, set["dsn"])
 	if err != nil {
 		return bad("%w", err)
 	}
-	if t.dialect != dialectPostgres {
-		return bad("%s is %s; the experiment runs on PostgreSQL (advisory locks, pg_stat_activity, pg_sleep): want postgres://...", t.display, t.dialect.title())
+	if t.Dialect != cli.DialectPostgres {
+		return bad("%s is %s; the experiment runs on PostgreSQL (advisory locks, pg_stat_activity, pg_sleep): want postgres://...", t.Display, t.Dialect.Title())
 	}
 	cfg.target = t
-	return cfg, exitOK, false
+	return cfg, cli.ExitOK, false
 }
 
 // parseArms parses "fleet,one": arms, each once, run in the experiment's
@@ -316,11 +307,7 @@ func (cfg *fleetConfig) armPolicy(arm string) bulkhead.Policy {
 	case wait > 0:
 		q = max(b, int(math.Floor(float64(b)/cfg.service.Seconds()*wait.Seconds())))
 	}
-	p := bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: wait}
-	if arm == armFleet {
-		p.Fleet = "x" // named per run
-	}
-	return p
+	return bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: wait}
 }
 
 // armSetup describes an arm for the table and the chart.
@@ -330,15 +317,15 @@ func (cfg *fleetConfig) armSetup(arm string) string {
 		return fmt.Sprintf("ungated members (database/sql, MaxOpenConns %d) through PgBouncer, pool_mode transaction, default_pool_size %d", memberMaxOpen, cfg.total)
 	case armFleet:
 		p := cfg.armPolicy(arm)
-		fb := bulkhead.DefaultFleetFallback
+		fb := fleet.DefaultFallback
 		if cfg.fallback != nil {
 			fb = *cfg.fallback
 		}
 		return fmt.Sprintf("fleet budget T=%d Q=%d wait=%v shared, interval %v, fallback %d", p.MaxConcurrent, p.MaxQueue, p.QueueWait, cfg.interval, fb)
 	case armOne:
-		return "one process, " + policySetup(cfg.armPolicy(arm), "")
+		return "one process, " + cli.PolicySetup(cfg.armPolicy(arm), "")
 	}
-	return "each member " + policySetup(cfg.armPolicy(arm), "")
+	return "each member " + cli.PolicySetup(cfg.armPolicy(arm), "")
 }
 
 // The results, as written by --json. Times are seconds from the start of
@@ -368,7 +355,7 @@ type (
 	fleetArm struct {
 		Name        string            `json:"name"`
 		Setup       string            `json:"setup"`
-		Policy      *policyJSON       `json:"policy,omitempty"` // a member's (the fleet's: the totals)
+		Policy      *cli.PolicyJSON   `json:"policy,omitempty"` // a member's (the fleet's: the totals)
 		Interrupted bool              `json:"interrupted"`
 		Phases      []*fleetPhase     `json:"phases"`
 		Events      []*fleetEvent     `json:"events"`
@@ -392,14 +379,13 @@ type (
 		Late             int64          `json:"late"`
 		RejectedFull     int64          `json:"rejected_full"`
 		RejectedTimeout  int64          `json:"rejected_timeout"`
-		RejectedNoConn   int64          `json:"rejected_no_connection"`
 		DeadlineExceeded int64          `json:"deadline_exceeded"`
 		Other            int64          `json:"other_errors"`
 		ErrorSamples     map[string]int `json:"error_samples,omitempty"`
 		OfferedPerS      float64        `json:"offered_per_s"`
 		GoodputPerS      float64        `json:"goodput_per_s"`
-		SuccessMs        *pct           `json:"success_ms,omitempty"`
-		FailureMs        *pct           `json:"failure_ms,omitempty"`
+		SuccessMs        *cli.Pct       `json:"success_ms,omitempty"`
+		FailureMs        *cli.Pct       `json:"failure_ms,omitempty"`
 		ServerMaxTx      *int           `json:"server_max_transactions,omitempty"`
 		ServerMaxConns   *int           `json:"server_max_connections,omitempty"` // the service's sessions, coordination sessions aside
 		Dials            int64          `json:"dials"`                            // server connections the members' gates dialed
@@ -475,8 +461,8 @@ func (a *fleetArm) phase(name string) *fleetPhase {
 
 func (e *env) runFleet(ctx context.Context, cfg *fleetConfig) (*fleetReport, error) {
 	self := os.Executable
-	if e.self != nil {
-		self = e.self
+	if e.Self != nil {
+		self = e.Self
 	}
 	bin, err := self()
 	if err != nil {
@@ -489,25 +475,25 @@ func (e *env) runFleet(ctx context.Context, cfg *fleetConfig) (*fleetReport, err
 		}
 	}
 	rep := &fleetReport{
-		Database: cfg.target.display, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
-		Total: cfg.total, Members: cfg.members, ServiceMs: ms(cfg.service), DeadlineMs: ms(cfg.deadline),
-		Load: cfg.load, RatePerS: cfg.rate(), QueueWaitMs: ms(cfg.queueWait()), Rule: cfg.queue < 0 && cfg.wait < 0,
-		PhaseS: cfg.phase.Seconds(), WarmupS: cfg.warmup.Seconds(), IntervalS: cfg.interval.Seconds(), PollMs: ms(cfg.poll),
+		Database: cfg.target.Display, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
+		Total: cfg.total, Members: cfg.members, ServiceMs: cli.Ms(cfg.service), DeadlineMs: cli.Ms(cfg.deadline),
+		Load: cfg.load, RatePerS: cfg.rate(), QueueWaitMs: cli.Ms(cfg.queueWait()), Rule: cfg.queue < 0 && cfg.wait < 0,
+		PhaseS: cfg.phase.Seconds(), WarmupS: cfg.warmup.Seconds(), IntervalS: cfg.interval.Seconds(), PollMs: cli.Ms(cfg.poll),
 	}
 	rep.ServerVersion = serverVersion(ctx, cfg.target)
 	if rep.ServerVersion == "" && ctx.Err() == nil {
 		// serverVersion says nothing of why: ask once more for the error.
-		db := sql.OpenDB(cfg.target.plainConnector("bulkhead-monitor"))
-		pctx, cancel := context.WithTimeout(ctx, 2*connectTimeout)
+		db := sql.OpenDB(cfg.target.PlainConnector("bulkhead-monitor"))
+		pctx, cancel := context.WithTimeout(ctx, 2*cli.ConnectTimeout)
 		err := db.PingContext(pctx)
 		cancel()
 		db.Close()
 		if err != nil {
-			return nil, fmt.Errorf("cannot connect to %s: %w", cfg.target.display, err)
+			return nil, fmt.Errorf("cannot connect to %s: %w", cfg.target.Display, err)
 		}
 	}
 	start := time.Now()
-	log := &lockedWriter{w: e.stderr}
+	log := &lockedWriter{w: e.Stderr}
 	run := &fleetRun{cfg: cfg, log: log, bin: bin, pgbBin: pgbBin, id: fmt.Sprintf("bhfleet-%d", os.Getpid())}
 	for _, name := range cfg.arms {
 		if ctx.Err() != nil {
@@ -655,7 +641,7 @@ func (r *fleetRun) arm(ctx context.Context, name string) (*fleetArm, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer mon.close()
+	defer mon.Close()
 	var pgb *pgBouncer
 	if name == armPgBouncer {
 		if pgb, err = startPgBouncer(ctx, r.pgbBin, cfg.target, cfg.total, r.log); err != nil {
@@ -677,8 +663,8 @@ func (r *fleetRun) arm(ctx context.Context, name string) (*fleetArm, error) {
 		}
 		pgb.stop()
 	}
-	mon.drain(drainLimit, 20*time.Millisecond)
-	mon.stop()
+	mon.Drain(drainLimit, 20*time.Millisecond)
+	mon.Stop()
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -693,11 +679,11 @@ func (r *fleetRun) arm(ctx context.Context, name string) (*fleetArm, error) {
 	arm.Name, arm.Setup = name, cfg.armSetup(name)
 	if name != armPgBouncer {
 		p := cfg.armPolicy(name)
-		arm.Policy = &policyJSON{MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, QueueWaitMs: ms(p.QueueWait)}
+		arm.Policy = &cli.PolicyJSON{MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, QueueWaitMs: cli.Ms(p.QueueWait)}
 	}
 	arm.Interrupted = ctx.Err() != nil
 	if n, err := mon.failures(); err != nil {
-		arm.PollError = fmt.Sprintf("%d polls failed, the first: %s", n, oneLine(err))
+		arm.PollError = fmt.Sprintf("%d polls failed, the first: %s", n, cli.OneLine(err))
 	}
 	if a.pgbErr != "" {
 		arm.Errors = append(arm.Errors, a.pgbErr)
@@ -863,7 +849,7 @@ func (a *armRun) startMember(ctx context.Context, rate float64) (*memberProc, er
 	ph := a.phase
 	a.mu.Unlock()
 	mc := memberConfig{
-		Index: idx, Arm: a.name, DSN: cfg.target.pg.ConnString(), Via: a.via, App: a.app, CoordApp: a.coordApp,
+		Index: idx, Arm: a.name, DSN: cfg.target.PG.ConnString(), Via: a.via, App: a.app, CoordApp: a.coordApp,
 		Fleet: a.fleet, Gated: a.name != armPgBouncer, Interval: cfg.interval, Fallback: cfg.fallback, Service: cfg.service,
 		Deadline: cfg.deadline, Rate: rate, Phase: ph, Report: fleetReportEvery, Seed: cfg.seed,
 	}
@@ -1117,7 +1103,7 @@ func (m *memberProc) info(t0 int64) fleetMemberInfo {
 // fleetPoller reads pg_stat_activity every few milliseconds on its own
 // connection: the service's transactions open on the server.
 type fleetPoller struct {
-	*poller
+	*cli.Poller
 
 	mu     sync.Mutex
 	list   []fleetSample
@@ -1125,13 +1111,13 @@ type fleetPoller struct {
 	failed int   // polls that failed
 }
 
-func startFleetPoller(ctx context.Context, t *target, app string, every time.Duration) (*fleetPoller, error) {
-	a, err := openActivityDB(ctx, t, app)
+func startFleetPoller(ctx context.Context, t *cli.Target, app string, every time.Duration) (*fleetPoller, error) {
+	a, err := cli.OpenActivityDB(ctx, t, app)
 	if err != nil {
 		return nil, err
 	}
 	p := &fleetPoller{}
-	p.poller = a.poll(every, func(at time.Time, tx, conns int, err error) {
+	p.Poller = a.Poll(every, func(at time.Time, tx, conns int, err error) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if err != nil {
@@ -1227,7 +1213,6 @@ func summarize(d *armData, deadline time.Duration, total int, fleet bool) *fleet
 		ph.Late += m.Late
 		ph.RejectedFull += m.Full
 		ph.RejectedTimeout += m.Timeout
-		ph.RejectedNoConn += m.NoConn
 		ph.DeadlineExceeded += m.Deadline
 		ph.Other += m.Other
 		for _, us := range m.OKUs {
@@ -1240,7 +1225,7 @@ func summarize(d *armData, deadline time.Duration, total int, fleet bool) *fleet
 			if ph.ErrorSamples == nil {
 				ph.ErrorSamples = map[string]int{}
 			}
-			if _, ok := ph.ErrorSamples[msg]; ok || len(ph.ErrorSamples) < maxErrSamples {
+			if _, ok := ph.ErrorSamples[msg]; ok || len(ph.ErrorSamples) < cli.MaxErrSamples {
 				ph.ErrorSamples[msg] += n
 			}
 		}
@@ -1261,12 +1246,12 @@ func summarize(d *armData, deadline time.Duration, total int, fleet bool) *fleet
 	}
 	for k, sp := range d.phases {
 		ph := arm.Phases[k]
-		ph.Arrived = ph.Succeeded + ph.Late + ph.RejectedFull + ph.RejectedTimeout + ph.RejectedNoConn + ph.DeadlineExceeded + ph.Other
+		ph.Arrived = ph.Succeeded + ph.Late + ph.RejectedFull + ph.RejectedTimeout + ph.DeadlineExceeded + ph.Other
 		if secs := float64(sp.end-sp.begin) / 1e9; secs > 0 {
 			ph.OfferedPerS = float64(ph.Arrived) / secs
 			ph.GoodputPerS = float64(ph.Succeeded) / secs
 		}
-		ph.SuccessMs, ph.FailureMs = percentiles(accs[k].ok), percentiles(accs[k].fail)
+		ph.SuccessMs, ph.FailureMs = cli.Percentiles(accs[k].ok), cli.Percentiles(accs[k].fail)
 		most, conns := -1, -1
 		for _, s := range d.samples {
 			if s.t >= sp.begin && s.t < sp.end {

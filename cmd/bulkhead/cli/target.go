@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"database/sql/driver"
@@ -17,31 +17,31 @@ import (
 	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
-// dialect is the kind of database a target is.
-type dialect int
+// Dialect is the kind of database a target is.
+type Dialect int
 
 const (
-	dialectSQLite dialect = iota
-	dialectPostgres
-	dialectMySQL
+	DialectSQLite Dialect = iota
+	DialectPostgres
+	DialectMySQL
 )
 
-func (d dialect) String() string {
+func (d Dialect) String() string {
 	switch d {
-	case dialectPostgres:
+	case DialectPostgres:
 		return "postgres"
-	case dialectMySQL:
+	case DialectMySQL:
 		return "mysql"
 	}
 	return "sqlite"
 }
 
-// title is the database's name for people.
-func (d dialect) title() string {
+// Title is the database's name for people.
+func (d Dialect) Title() string {
 	switch d {
-	case dialectPostgres:
+	case DialectPostgres:
 		return "PostgreSQL"
-	case dialectMySQL:
+	case DialectMySQL:
 		return "MySQL"
 	}
 	return "SQLite"
@@ -50,46 +50,46 @@ func (d dialect) title() string {
 // dsnForms is what a DSN may look like, for error messages.
 const dsnForms = "want postgres://user:password@host:5432/database or mysql://user:password@host:3306/database"
 
-// connectTimeout bounds a dial when the DSN does not say otherwise.
-const connectTimeout = 5 * time.Second
+// ConnectTimeout bounds a dial when the DSN does not say otherwise.
+const ConnectTimeout = 5 * time.Second
 
-// startTimeout bounds the first connection of a run: two dials of a
+// StartTimeout bounds the first connection of a run: two dials of a
 // server, or, for the embedded SQLite, the compilation of its WebAssembly
 // engine, which takes seconds of CPU and many more on a busy machine.
-func (t *target) startTimeout() time.Duration {
-	if t.dialect == dialectSQLite {
+func (t *Target) StartTimeout() time.Duration {
+	if t.Dialect == DialectSQLite {
 		return 2 * time.Minute
 	}
-	return 2 * connectTimeout
+	return 2 * ConnectTimeout
 }
 
-// target is the database a command runs against: PostgreSQL or MySQL from
+// Target is the database a command runs against: PostgreSQL or MySQL from
 // a URL, or an embedded in-memory SQLite database when none is given.
-type target struct {
-	dialect dialect
-	display string // the URL without its password, or "embedded SQLite (in memory)"
-	pg      *pgx.ConnConfig
-	my      *mysql.Config
+type Target struct {
+	Dialect Dialect
+	Display string // the URL without its password, or "embedded SQLite (in memory)"
+	PG      *pgx.ConnConfig
+	My      *mysql.Config
 }
 
-// resolveTarget picks the database from --dsn, else DATABASE_URL, else
+// ResolveTarget picks the database from --dsn, else DATABASE_URL, else
 // the embedded SQLite database.
-func (e *env) resolveTarget(dsn string, dsnGiven bool) (*target, error) {
+func (e *Env) ResolveTarget(dsn string, dsnGiven bool) (*Target, error) {
 	source := "--dsn"
 	if !dsnGiven {
-		v, ok := e.lookup("DATABASE_URL")
+		v, ok := e.Lookup(EnvDatabaseURL)
 		if !ok || v == "" {
-			return &target{dialect: dialectSQLite, display: "embedded SQLite (in memory)"}, nil
+			return &Target{Dialect: DialectSQLite, Display: "embedded SQLite (in memory)"}, nil
 		}
-		dsn, source = v, "DATABASE_URL"
+		dsn, source = v, EnvDatabaseURL
 	}
-	return parseTarget(source, dsn)
+	return ParseTarget(source, dsn)
 }
 
-// parseTarget parses a postgres:// or mysql:// URL; source names where it
+// ParseTarget parses a postgres:// or mysql:// URL; source names where it
 // came from in errors.
-func parseTarget(source, dsn string) (*target, error) {
-	shown := redact(dsn)
+func ParseTarget(source, dsn string) (*Target, error) {
+	shown := Redact(dsn)
 	if dsn == "" {
 		return nil, fmt.Errorf("%s is empty; %s", source, dsnForms)
 	}
@@ -104,15 +104,15 @@ func parseTarget(source, dsn string) (*target, error) {
 			return nil, fmt.Errorf("%s %q is not a valid PostgreSQL URL (%v); %s", source, shown, err, dsnForms)
 		}
 		if cfg.ConnectTimeout == 0 {
-			cfg.ConnectTimeout = connectTimeout
+			cfg.ConnectTimeout = ConnectTimeout
 		}
-		return &target{dialect: dialectPostgres, display: shown, pg: cfg}, nil
+		return &Target{Dialect: DialectPostgres, Display: shown, PG: cfg}, nil
 	case "mysql":
 		cfg, err := parseMySQL(dsn)
 		if err != nil {
 			return nil, fmt.Errorf("%s %q is not a valid MySQL URL (%v); %s", source, shown, err, dsnForms)
 		}
-		return &target{dialect: dialectMySQL, display: shown, my: cfg}, nil
+		return &Target{Dialect: DialectMySQL, Display: shown, My: cfg}, nil
 	}
 	return nil, fmt.Errorf("%s %q has scheme %q; %s", source, shown, scheme, dsnForms)
 }
@@ -143,58 +143,58 @@ func parseMySQL(dsn string) (*mysql.Config, error) {
 	cfg.Passwd, _ = u.User.Password()
 	cfg.DBName = strings.TrimPrefix(u.Path, "/")
 	if cfg.Timeout == 0 {
-		cfg.Timeout = connectTimeout
+		cfg.Timeout = ConnectTimeout
 	}
 	return cfg, nil
 }
 
-// connector returns a new connector to the target. On PostgreSQL, app
+// Connector returns a new connector to the target. On PostgreSQL, app
 // becomes the connections' application_name unless keepApp is set and the
 // URL names one. Each SQLite connection opens its own in-memory database.
-func (t *target) connector(app string, keepApp bool) (driver.Connector, error) {
-	switch t.dialect {
-	case dialectPostgres:
-		cfg := t.pg.Copy()
+func (t *Target) Connector(app string, keepApp bool) (driver.Connector, error) {
+	switch t.Dialect {
+	case DialectPostgres:
+		cfg := t.PG.Copy()
 		if _, ok := cfg.RuntimeParams["application_name"]; !ok || !keepApp {
 			cfg.RuntimeParams["application_name"] = app
 		}
 		return stdlib.GetConnector(*cfg), nil
-	case dialectMySQL:
-		return mysql.NewConnector(t.my)
+	case DialectMySQL:
+		return mysql.NewConnector(t.My)
 	}
 	// The commands' statements read no table: a private in-memory
 	// database per connection is all they need.
 	return demo.SQLite()
 }
 
-// gatedConnector is connector for the gated runs: on PostgreSQL it is
+// GatedConnector is Connector for the gated runs: on PostgreSQL it is
 // pgxgate's connector, as the library recommends, so that the gate bounds
 // the server and not only the process: a cancelled statement returns
 // only after the server stopped it, and a transaction ends on the server
 // whatever happened to its context.
-func (t *target) gatedConnector(app string, keepApp bool) (driver.Connector, error) {
-	if t.dialect != dialectPostgres {
-		return t.connector(app, keepApp)
+func (t *Target) GatedConnector(app string, keepApp bool) (driver.Connector, error) {
+	if t.Dialect != DialectPostgres {
+		return t.Connector(app, keepApp)
 	}
-	cfg := t.pg.Copy()
+	cfg := t.PG.Copy()
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok || !keepApp {
 		cfg.RuntimeParams["application_name"] = app
 	}
 	return pgxgate.Connector(cfg), nil
 }
 
-// plainConnector returns a connector to a PostgreSQL target with
+// PlainConnector returns a connector to a PostgreSQL target with
 // application_name app, for reading the server's views.
-func (t *target) plainConnector(app string) driver.Connector {
-	cfg := t.pg.Copy()
+func (t *Target) PlainConnector(app string) driver.Connector {
+	cfg := t.PG.Copy()
 	cfg.RuntimeParams["application_name"] = app
 	return stdlib.GetConnector(*cfg)
 }
 
 var passwordInURL = regexp.MustCompile(`(://[^:/@]*:)[^@/]*@`)
 
-// redact hides the password of a URL, even one that does not parse.
-func redact(dsn string) string {
+// Redact hides the password of a URL, even one that does not parse.
+func Redact(dsn string) string {
 	if u, err := url.Parse(dsn); err == nil && u.User != nil {
 		return u.Redacted()
 	}

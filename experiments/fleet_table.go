@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 )
 
 // The fleet experiment's table: one row per arm and phase, then the
@@ -30,7 +32,7 @@ func (p *fleetPhase) members() string {
 	return strings.Join(parts, "→")
 }
 
-func (p *fleetPhase) rejected() int64 { return p.RejectedFull + p.RejectedTimeout + p.RejectedNoConn }
+func (p *fleetPhase) rejected() int64 { return p.RejectedFull + p.RejectedTimeout }
 
 // settle is the phase's settle cell: the slowest event's time to settle,
 // "> x s" if one did not within x (the time to the next event), "-"
@@ -79,7 +81,7 @@ func (rep *fleetReport) printTable(w io.Writer) {
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "arm\tphase\tmembers\toffered/s\tgoodput/s\tok p99\tfail p99\tsucceeded\trejected\tdeadline\tlate\tother\tsrv tx\tsrv conns\tsettle\tround fails\t")
-	p99 := func(x *pct) string {
+	p99 := func(x *cli.Pct) string {
 		if x == nil {
 			return "-"
 		}

@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 )
 
 // The pgbouncer arm's PgBouncer: started by the fleet command on a free
@@ -63,8 +65,8 @@ func findPgBouncer(given string) (string, error) {
 // port in front of t, with pool pool, and its user list. Clients are
 // trusted (the server still checks PgBouncer's own login, with the DSN's
 // password if it has one).
-func pgbouncerConfig(t *target, dir string, port, pool int) (ini, users string) {
-	pg := t.pg
+func pgbouncerConfig(t *cli.Target, dir string, port, pool int) (ini, users string) {
+	pg := t.PG
 	db := pg.Database
 	var srv []string
 	srv = append(srv, "host="+pg.Host, "port="+strconv.Itoa(int(pg.Port)), "dbname="+db, "user="+pg.User)
@@ -98,7 +100,7 @@ func pgbouncerConfig(t *target, dir string, port, pool int) (ini, users string) 
 // startPgBouncer starts PgBouncer and waits until it accepts connections.
 // Run as root, it is told to switch to the user nobody: it refuses to run
 // as root.
-func startPgBouncer(ctx context.Context, bin string, t *target, pool int, log io.Writer) (*pgBouncer, error) {
+func startPgBouncer(ctx context.Context, bin string, t *cli.Target, pool int, log io.Writer) (*pgBouncer, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -173,7 +175,7 @@ func startPgBouncer(ctx context.Context, bin string, t *target, pool int, log io
 // for a while has them: pool transactions at once through it. Left cold,
 // the first requests of the arm would wait for PgBouncer's dials to the
 // server, and their cancellations would follow them.
-func (p *pgBouncer) warm(ctx context.Context, t *target, pool int) error {
+func (p *pgBouncer) warm(ctx context.Context, t *cli.Target, pool int) error {
 	cfg, err := viaPgBouncer(t, p.addr, "bulkhead-monitor")
 	if err != nil {
 		return err
@@ -181,7 +183,7 @@ func (p *pgBouncer) warm(ctx context.Context, t *target, pool int) error {
 	db := sql.OpenDB(stdlib.GetConnector(*cfg))
 	defer db.Close()
 	db.SetMaxOpenConns(pool)
-	ctx, cancel := context.WithTimeout(ctx, 4*connectTimeout)
+	ctx, cancel := context.WithTimeout(ctx, 4*cli.ConnectTimeout)
 	defer cancel()
 	errs := make(chan error, pool)
 	for range pool {
@@ -210,12 +212,12 @@ func (p *pgBouncer) exited() (string, bool) {
 
 // viaPgBouncer is t's connection configuration through a PgBouncer at
 // addr, with application_name app.
-func viaPgBouncer(t *target, addr, app string) (*pgx.ConnConfig, error) {
+func viaPgBouncer(t *cli.Target, addr, app string) (*pgx.ConnConfig, error) {
 	host, port, err := splitHostPort(addr)
 	if err != nil {
 		return nil, err
 	}
-	cfg := t.pg.Copy()
+	cfg := t.PG.Copy()
 	cfg.RuntimeParams["application_name"] = app
 	// This PgBouncer has no TLS: plain, as sslmode=prefer falls back to
 	// (the fallbacks name the server, not PgBouncer).

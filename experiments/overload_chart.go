@@ -5,6 +5,9 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/svg"
 )
 
 // Colours of the configurations.
@@ -18,7 +21,7 @@ var configColors = map[string]string{
 // overloadRefStroke is the look of a reference line over bars: thin and
 // dark, drawn on top, since a bar (an area) would hide a line under it;
 // a thin line over a bar leaves the bar visible.
-var overloadRefStroke = stroke{color: "#555555", width: 1.5, dash: "6 4"}
+var overloadRefStroke = svg.Stroke{Color: "#555555", Width: 1.5, Dash: "6 4"}
 
 // overloadPanel is one panel of the chart: a value of each phase, drawn
 // as bars grouped by load, and reference lines.
@@ -61,7 +64,7 @@ func writeOverloadChart(path string, reps []*overloadReport) error {
 	return os.WriteFile(path, stacked(parts), 0o644)
 }
 
-// stacked puts SVG documents (newSVG's) one above the other in one
+// stacked puts SVG documents (svg.Page's) one above the other in one
 // document, each as a nested svg element.
 func stacked(parts [][]byte) []byte {
 	var w, h float64
@@ -102,7 +105,7 @@ func attr(doc, name string) string {
 }
 
 func overloadPanels(rep *overloadReport) []overloadPanel {
-	p99 := func(f func(*overloadPhase) *pct) func(*overloadPhase) (float64, bool) {
+	p99 := func(f func(*overloadPhase) *cli.Pct) func(*overloadPhase) (float64, bool) {
 		return func(ph *overloadPhase) (float64, bool) {
 			if v := f(ph); v != nil {
 				return v.P99, true
@@ -119,12 +122,12 @@ func overloadPanels(rep *overloadReport) []overloadPanel {
 		},
 		{
 			title: "p99 latency of successes", ylabel: "ms", format: "%.0f",
-			value: p99(func(ph *overloadPhase) *pct { return ph.SuccessMs }),
+			value: p99(func(ph *overloadPhase) *cli.Pct { return ph.SuccessMs }),
 			refs:  []refLine{deadline},
 		},
 		{
 			title: "p99 time for a failure to come back", ylabel: "ms", format: "%.1f",
-			value: p99(func(ph *overloadPhase) *pct { return ph.FailureMs }),
+			value: p99(func(ph *overloadPhase) *cli.Pct { return ph.FailureMs }),
 			refs:  []refLine{deadline},
 		},
 		{
@@ -164,31 +167,28 @@ func overloadChartSVG(rep *overloadReport) ([]byte, error) {
 		colors[i] = configColors[c]
 	}
 	panels := overloadPanels(rep)
-	legends := make([][]legendEntry, len(panels))
+	legends := make([][]svg.LegendEntry, len(panels))
 	legendW := 0.0
 	for i, pn := range panels {
 		for _, c := range configs {
-			legends[i] = append(legends[i], legendEntry{name: c, fill: configColors[c]})
+			legends[i] = append(legends[i], svg.LegendEntry{Name: c, Fill: configColors[c]})
 		}
 		for _, r := range pn.refs {
-			legends[i] = append(legends[i], legendEntry{name: r.name, st: r.st})
+			legends[i] = append(legends[i], svg.LegendEntry{Name: r.name, St: r.st})
 		}
-		legendW = max(legendW, legendWidth(legends[i]))
+		legendW = max(legendW, svg.LegendWidth(legends[i]))
 	}
 
 	captions := []string{rep.caption(0), rep.caption(1)}
-	top := 8 + captionLineH*float64(len(captions))
+	top := svg.CaptionsH(len(captions))
 	const cols = 2
 	rows := (len(panels) + cols - 1) / cols
 	w, h := overloadW, top+float64(rows)*overloadPanelH+8
-	d := newSVG(w, h)
-	for i, s := range captions {
-		d.text(w/2, 8+captionSize+captionLineH*float64(i), textStyle{size: captionSize, anchor: "middle"}, s)
-	}
+	d := svg.Page(w, h, captions)
 	for i, pn := range panels {
-		outer := box{x: float64(i%cols) * w / cols, y: top + float64(i/cols)*overloadPanelH, w: w / cols, h: overloadPanelH}
-		lay := layoutPanel(outer, legendW)
-		d.drawBars(barPanel{
+		outer := svg.Box{X: float64(i%cols) * w / cols, Y: top + float64(i/cols)*overloadPanelH, W: w / cols, H: overloadPanelH}
+		lay := svg.LayoutPanel(outer, legendW)
+		drawBars(d, barPanel{
 			title: pn.title, ylabel: pn.ylabel, format: pn.format,
 			groups: names, keys: keys, series: configs, colors: colors, refs: pn.refs,
 			value: func(g, s int) (float64, bool) {
@@ -199,7 +199,7 @@ func overloadChartSVG(rep *overloadReport) ([]byte, error) {
 			},
 		}, lay, legends[i])
 	}
-	return d.bytes(), nil
+	return d.Bytes(), nil
 }
 
 // caption returns the chart's caption, line i of two.

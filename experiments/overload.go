@@ -15,13 +15,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 )
 
-const overloadUsage = `Usage: bulkhead overload [--dsn URL] [--loads 1,3,6] [--duration D] [flags]
+const overloadUsage = `Usage: experiments overload [--dsn URL] [--loads 1,3,6] [--duration D] [flags]
 
 The open-loop overload experiment. Requests arrive at random (Poisson
 arrivals) at a fixed rate, each in its own goroutine with its own deadline
@@ -74,10 +76,10 @@ max_connections: use a server nobody else depends on. Ctrl-C stops the
 run and reports what was measured.
 `
 
-const overloadExamples = `  bulkhead overload --dsn postgres://postgres@127.0.0.1:5432/test --chart docs/overload.svg
-  bulkhead overload --dsn postgres://postgres@127.0.0.1:5432/test --loads 3 --duration 3s \
+const overloadExamples = `  experiments overload --dsn postgres://postgres@127.0.0.1:5432/test --chart docs/overload.svg
+  experiments overload --dsn postgres://postgres@127.0.0.1:5432/test --loads 3 --duration 3s \
       --max-concurrent 2 --max-queue 20 --queue-wait 80ms --json -
-  bulkhead overload --capacity 200 --loads 1,2 --duration 1s --cpu-rows 2000
+  experiments overload --capacity 200 --loads 1,2 --duration 1s --cpu-rows 2000
 `
 
 // The configurations of the experiment, in the order they run.
@@ -90,8 +92,8 @@ const (
 
 var overloadConfigs = []string{cfgPlain, cfgSemaphore, cfgWaitFirst, cfgGate}
 
-// numCPU is B's default for overload.
-var numCPU = runtime.NumCPU
+// runSeq numbers the runs of a process: their application_name.
+var runSeq atomic.Int64
 
 // Limits of the overload flags.
 const (
@@ -103,7 +105,7 @@ const (
 
 // overloadConfig is a validated overload command line.
 type overloadConfig struct {
-	target       *target
+	target       *cli.Target
 	loads        []float64 // multiples of C
 	configs      []string
 	duration     time.Duration // counted, per load and configuration
@@ -122,8 +124,7 @@ type overloadConfig struct {
 	services     []time.Duration // S to scale cpuRows to, one run each; none: cpuRows as given
 	rounds       int             // each load's configurations run this many times
 	seed         uint64
-	chart        string
-	jsonOut      string
+	out          cli.Outputs
 }
 
 func (e *env) overload(ctx context.Context, args []string) int {
@@ -134,11 +135,11 @@ func (e *env) overload(ctx context.Context, args []string) int {
 	reps, err := e.runOverloads(ctx, cfg)
 	if err != nil {
 		if ctx.Err() != nil && len(reps) == 0 {
-			fmt.Fprintln(e.stderr, "bulkhead: overload: interrupted before anything was measured")
-			return exitInterrupted
+			fmt.Fprintln(e.Stderr, "bulkhead: overload: interrupted before anything was measured")
+			return cli.ExitInterrupted
 		}
 		if ctx.Err() == nil {
-			return e.fail(fmt.Errorf("overload: %w", err))
+			return e.Fail(fmt.Errorf("overload: %w", err))
 		}
 	}
 	measured := slices.ContainsFunc(reps, func(rep *overloadReport) bool { return len(rep.Phases) > 0 })
@@ -152,7 +153,7 @@ func (e *env) overload(ctx context.Context, args []string) int {
 	if len(cfg.services) == 0 && len(reps) == 1 {
 		v = reps[0] // one run: the report itself, as before --service
 	}
-	return e.report(ctx, "overload", cfg.jsonOut, cfg.chart, measured, table, chart, v)
+	return e.Report(ctx, "overload", cfg.out, measured, table, chart, v)
 }
 
 // runOverloads runs the experiment once, or once per --service with
@@ -169,7 +170,7 @@ func (e *env) runOverloads(ctx context.Context, cfg *overloadConfig) ([]*overloa
 	var reps []*overloadReport
 	rows := cfg.cpuRows
 	for i, want := range cfg.services {
-		fmt.Fprintf(e.stderr, "overload: scaling --cpu-rows to S = %v\n", want)
+		fmt.Fprintf(e.Stderr, "overload: scaling --cpu-rows to S = %v\n", want)
 		var err error
 		rows, err = calibrateRows(ctx, cfg, want, rows, fmt.Sprintf("bh-overload-%d-calibrate-%d", os.Getpid(), i))
 		if err != nil {
@@ -181,7 +182,7 @@ func (e *env) runOverloads(ctx context.Context, cfg *overloadConfig) ([]*overloa
 		if err != nil {
 			return reps, err
 		}
-		rep.ServiceTargetMs = ms(want)
+		rep.ServiceTargetMs = cli.Ms(want)
 		reps = append(reps, rep)
 		if rep.Interrupted {
 			break
@@ -191,7 +192,7 @@ func (e *env) runOverloads(ctx context.Context, cfg *overloadConfig) ([]*overloa
 }
 
 func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
-	fs := e.newFlagSet("overload", overloadUsage, overloadExamples)
+	fs := e.NewFlagSet("overload", overloadUsage, overloadExamples)
 	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://...")
 	loads := fs.String("loads", "1,3,6", "offered loads, as multiples of the capacity C, comma-separated")
 	configs := fs.String("configs", strings.Join(overloadConfigs, ","), "configurations to run, comma-separated: plain, semaphore, waitfirst, gate")
@@ -205,21 +206,18 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	capWorkers := fs.Int("capacity-workers", 0, "workers, back to back, that measure C (0: B)")
 	capDuration := fs.Duration("capacity-duration", 3*time.Second, "how long C is measured (S: a third of it)")
 	workload := fs.String("workload", "", "tag the gate's requests with this workload of the policy (--workloads)")
-	pi := e.addPolicyFlags(fs, unusedSettings["overload"])
+	pi := e.AddPolicyFlags(fs)
 	seed := fs.Uint64("seed", 1, "seed of the arrival times: the same for every configuration")
-	chart := fs.String("chart", "", "write a chart of the results to this .svg file (SVG only)")
-	jsonOut := fs.String("json", "", "write the results as JSON to this file (- for stdout; the table then goes to stderr)")
-	if code, done := e.parseFlags(fs, args); done {
+	out := cli.AddOutputFlags(fs, "the results")
+	set, code, done := e.Parse(fs, args)
+	if done {
 		return nil, code, true
 	}
-	set := flagsSet(fs)
-	bad := func(format string, a ...any) (*overloadConfig, int, bool) {
-		return nil, e.fail(fmt.Errorf("overload: "+format, a...)), true
-	}
+	bad := cli.Failer[overloadConfig](e.Env, "overload")
 	cfg := &overloadConfig{
 		duration: *duration, warmup: *warmup, deadline: *deadline, cpuRows: *cpuRows, rounds: *rounds,
 		capacity: *capacity, capWorkers: *capWorkers, capDuration: *capDuration,
-		seed: *seed, chart: *chart, jsonOut: *jsonOut,
+		seed: *seed, out: *out,
 	}
 	var err error
 	if cfg.loads, err = parseLoads(*loads); err != nil {
@@ -231,7 +229,7 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	if cfg.services, err = parseServices(*services, *deadline); err != nil {
 		return bad("--service %q: %v", *services, err)
 	}
-	if len(cfg.services) > 0 && flagsSet(fs)["cpu-rows"] {
+	if len(cfg.services) > 0 && cli.FlagsSet(fs)["cpu-rows"] {
 		return bad("--cpu-rows %d does nothing with --service %s: the rows are scaled to each service time; want one or the other", *cpuRows, *services)
 	}
 	switch {
@@ -247,8 +245,8 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 		return bad("--cpu-rows is %d, want 1 to 1000000000", cfg.cpuRows)
 	case cfg.capacity < 0 || cfg.capacity > maxOverloadRate || math.IsNaN(cfg.capacity):
 		return bad("--capacity is %v, want 0 (measure) to %d per second", cfg.capacity, maxOverloadRate)
-	case cfg.capWorkers < 0 || cfg.capWorkers > maxClients:
-		return bad("--capacity-workers is %d, want 0 (B) to %d", cfg.capWorkers, maxClients)
+	case cfg.capWorkers < 0 || cfg.capWorkers > cli.MaxClients:
+		return bad("--capacity-workers is %d, want 0 (B) to %d", cfg.capWorkers, cli.MaxClients)
 	case cfg.capDuration <= 0 || cfg.capDuration > time.Hour:
 		return bad("--capacity-duration is %v, want more than 0s and at most 1h0m0s", cfg.capDuration)
 	case set["capacity-workers"] && cfg.capacity > 0:
@@ -257,8 +255,8 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	// The gate's settings do nothing unless the gate runs (the queue
 	// wait is also waitfirst's).
 	if !slices.Contains(cfg.configs, cfgGate) {
-		for _, name := range []string{setWait, setDryRun, setWorkloads, "workload"} {
-			if name == setWait && slices.Contains(cfg.configs, cfgWaitFirst) {
+		for _, name := range []string{cli.SetWait, cli.SetDryRun, cli.SetWorkloads, "workload"} {
+			if name == cli.SetWait && slices.Contains(cfg.configs, cfgWaitFirst) {
 				continue
 			}
 			if set[name] {
@@ -266,52 +264,45 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 			}
 		}
 	}
-	r, err := pi.resolve(e.lookup, set, bulkhead.Policy{MaxConcurrent: numCPU()})
+	r, err := pi.Resolve(set, bulkhead.Policy{MaxConcurrent: numCPU()})
 	if err == nil {
-		err = checkWorkload(r, *workload, set)
+		err = cli.CheckWorkload(r, *workload, set)
 	}
 	if err != nil {
 		return bad("%w", err)
 	}
-	cfg.b, cfg.q, cfg.wait = r.p.MaxConcurrent, -1, -1
-	if r.given(setQ) {
-		cfg.q = r.p.MaxQueue
+	cfg.b, cfg.q, cfg.wait = r.P.MaxConcurrent, -1, -1
+	if r.Given(cli.SetQ) {
+		cfg.q = r.P.MaxQueue
 	}
-	if r.given(setWait) {
-		cfg.wait = r.p.QueueWait
+	if r.Given(cli.SetWait) {
+		cfg.wait = r.P.QueueWait
 	}
-	cfg.dryRun, cfg.workloads, cfg.workload = r.p.DryRun, r.p.Workloads, *workload
-	cfg.policySource = fmt.Sprintf("B %s, Q %s, wait %s", r.describe(setB), r.describe(setQ), r.describe(setWait))
+	cfg.dryRun, cfg.workloads, cfg.workload = r.P.DryRun, r.P.Workloads, *workload
+	cfg.policySource = fmt.Sprintf("B %s, Q %s, wait %s", r.Describe(cli.SetB), r.Describe(cli.SetQ), r.Describe(cli.SetWait))
 	switch {
-	case cfg.b > maxClients:
-		return bad("B is %d (%s), want 1 to %d", cfg.b, r.describe(setB), maxClients)
-	case cfg.q > maxClients:
-		return bad("Q is %d (%s), want 0 to %d", cfg.q, r.describe(setQ), maxClients)
+	case cfg.b > cli.MaxClients:
+		return bad("B is %d (%s), want 1 to %d", cfg.b, r.Describe(cli.SetB), cli.MaxClients)
+	case cfg.q > cli.MaxClients:
+		return bad("Q is %d (%s), want 0 to %d", cfg.q, r.Describe(cli.SetQ), cli.MaxClients)
 	}
-	if r.given(setQ) && r.given(setWait) {
-		if err := r.check(); err != nil {
+	if r.Given(cli.SetQ) && r.Given(cli.SetWait) {
+		if err := r.Check(); err != nil {
 			return bad("%w", err)
 		}
 	}
 	if cfg.capWorkers == 0 {
 		cfg.capWorkers = cfg.b
 	}
-	if cfg.jsonOut != "" && cfg.jsonOut != "-" {
-		if err := checkDir(cfg.jsonOut); err != nil {
-			return bad("--json %q: %v", cfg.jsonOut, err)
-		}
+	if err := cfg.out.Check(); err != nil {
+		return bad("%w", err)
 	}
-	if cfg.chart != "" {
-		if err := checkChartPath(cfg.chart); err != nil {
-			return bad("%w", err)
-		}
-	}
-	t, err := e.resolveTarget(*dsn, set["dsn"])
+	t, err := e.ResolveTarget(*dsn, set["dsn"])
 	if err != nil {
 		return bad("%w", err)
 	}
 	cfg.target = t
-	return cfg, exitOK, false
+	return cfg, cli.ExitOK, false
 }
 
 // parseLoads parses "1,3,6": each a multiple of the capacity, more than 0
@@ -392,12 +383,12 @@ func parseServices(s string, deadline time.Duration) ([]time.Duration, error) {
 // of want, starting from rows: S grows linearly with the rows summed.
 func calibrateRows(ctx context.Context, cfg *overloadConfig, want time.Duration, rows int, app string) (int, error) {
 	for range 8 {
-		op := (&loadConfig{target: cfg.target, work: "cpu", cpuRows: rows}).operation()
+		op := cli.Operation(cfg.target, "cpu", 0, rows)
 		lats, _, err := closedLoop(ctx, cfg, op, app, 1, max(time.Second, 50*want))
 		if err != nil {
 			return 0, err
 		}
-		got := percentiles(lats).P50 // ms
+		got := cli.Percentiles(lats).P50 // ms
 		r := float64(want) / float64(time.Millisecond) / got
 		if r > 0.95 && r < 1.05 {
 			return rows, nil
@@ -459,12 +450,12 @@ type (
 		ServerVersion    string           `json:"server_version,omitempty"`
 		Work             string           `json:"work"`
 		DeadlineMs       float64          `json:"deadline_ms"`
-		ServiceMs        *pct             `json:"unloaded_service_ms"`         // S: one worker, back to back
+		ServiceMs        *cli.Pct         `json:"unloaded_service_ms"`         // S: one worker, back to back
 		ServiceTargetMs  float64          `json:"service_target_ms,omitempty"` // the --service S aimed at
 		Capacity         float64          `json:"capacity_per_s"`              // C
 		CapacityMeasured bool             `json:"capacity_measured"`
 		CapacityWorkers  int              `json:"capacity_workers"`
-		Policy           policyJSON       `json:"policy"`
+		Policy           cli.PolicyJSON   `json:"policy"`
 		Rule             bool             `json:"policy_by_rule"`     // Q and the wait came from queueRule
 		Workload         string           `json:"workload,omitempty"` // the workload the gate's requests named
 		WarmupS          float64          `json:"warmup_s"`
@@ -490,11 +481,11 @@ type (
 		OtherErrors      int64          `json:"other_errors"`
 		ErrorSamples     map[string]int `json:"error_samples,omitempty"`
 		GoodputPerS      float64        `json:"goodput_per_s"`
-		SuccessMs        *pct           `json:"success_ms,omitempty"`
-		FailureMs        *pct           `json:"failure_ms,omitempty"` // every failure
-		RejectFullMs     *pct           `json:"rejected_full_ms,omitempty"`
-		RejectTimeoutMs  *pct           `json:"rejected_timeout_ms,omitempty"`
-		LagMs            *pct           `json:"start_lag_ms,omitempty"` // request goroutine start behind its arrival time
+		SuccessMs        *cli.Pct       `json:"success_ms,omitempty"`
+		FailureMs        *cli.Pct       `json:"failure_ms,omitempty"` // every failure
+		RejectFullMs     *cli.Pct       `json:"rejected_full_ms,omitempty"`
+		RejectTimeoutMs  *cli.Pct       `json:"rejected_timeout_ms,omitempty"`
+		LagMs            *cli.Pct       `json:"start_lag_ms,omitempty"` // request goroutine start behind its arrival time
 		ServerMaxTx      *int           `json:"server_max_transactions,omitempty"`
 		ServerMaxConns   *int           `json:"server_max_connections,omitempty"`
 		ServerError      string         `json:"server_monitor_error,omitempty"`
@@ -509,22 +500,22 @@ func (p *overloadPhase) failed() int64 {
 
 func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadReport, error) {
 	rep := &overloadReport{
-		cfg: cfg, Database: cfg.target.display, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
+		cfg: cfg, Database: cfg.target.Display, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
 		Work:       fmt.Sprintf("each request a transaction running a CPU-bound query over %d rows", cfg.cpuRows),
-		DeadlineMs: ms(cfg.deadline), CapacityWorkers: cfg.capWorkers,
+		DeadlineMs: cli.Ms(cfg.deadline), CapacityWorkers: cfg.capWorkers,
 		WarmupS: cfg.warmup.Seconds(), DurationS: cfg.duration.Seconds(),
 	}
-	op := (&loadConfig{target: cfg.target, work: "cpu", cpuRows: cfg.cpuRows}).operation()
-	id := fmt.Sprintf("bh-overload-%d-%d", os.Getpid(), loadSeq.Add(1))
+	op := cli.Operation(cfg.target, "cpu", 0, cfg.cpuRows)
+	id := fmt.Sprintf("bh-overload-%d-%d", os.Getpid(), runSeq.Add(1))
 
 	// S and C, measured on plain database/sql, back to back.
-	fmt.Fprintf(e.stderr, "overload: measuring the unloaded service time (1 worker, %v)\n", cfg.capDuration/3)
+	fmt.Fprintf(e.Stderr, "overload: measuring the unloaded service time (1 worker, %v)\n", cfg.capDuration/3)
 	lats, _, err := closedLoop(ctx, cfg, op, id+"-service", 1, cfg.capDuration/3)
 	if err != nil {
 		return nil, err
 	}
-	rep.ServiceMs = percentiles(lats)
-	if s := rep.ServiceMs; s != nil && s.P50 >= ms(cfg.deadline) {
+	rep.ServiceMs = cli.Percentiles(lats)
+	if s := rep.ServiceMs; s != nil && s.P50 >= cli.Ms(cfg.deadline) {
 		// Nothing could commit in time: the run would measure nothing.
 		return nil, fmt.Errorf("--deadline %v is not above the unloaded service time S (p50 %.1f ms, --cpu-rows %d): no request could commit in time; want a deadline of a few times S, such as %v, or fewer --cpu-rows",
 			cfg.deadline, s.P50, cfg.cpuRows, (time.Duration(4 * s.P50 * float64(time.Millisecond))).Round(time.Millisecond))
@@ -532,7 +523,7 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 	rep.ServerVersion = serverVersion(ctx, cfg.target)
 	rep.Capacity, rep.CapacityMeasured = cfg.capacity, cfg.capacity == 0
 	if rep.CapacityMeasured {
-		fmt.Fprintf(e.stderr, "overload: measuring the capacity (%d workers, %v)\n", cfg.capWorkers, cfg.capDuration)
+		fmt.Fprintf(e.Stderr, "overload: measuring the capacity (%d workers, %v)\n", cfg.capWorkers, cfg.capDuration)
 		_, rate, err := closedLoop(ctx, cfg, op, id+"-capacity", cfg.capWorkers, cfg.capDuration)
 		if err != nil {
 			return nil, err
@@ -562,9 +553,9 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 		return nil, fmt.Errorf("the gate's policy B=%d Q=%d wait=%v (%s) is invalid for --deadline %v and C = %.0f/s: %w; want --queue-wait too, or a longer --deadline",
 			policy.MaxConcurrent, policy.MaxQueue, policy.QueueWait, cfg.policySource, cfg.deadline, rep.Capacity, err)
 	}
-	rep.Policy = policyJSON{MaxConcurrent: policy.MaxConcurrent, MaxQueue: policy.MaxQueue, QueueWaitMs: ms(policy.QueueWait), DryRun: policy.DryRun}
+	rep.Policy = cli.PolicyJSON{MaxConcurrent: policy.MaxConcurrent, MaxQueue: policy.MaxQueue, QueueWaitMs: cli.Ms(policy.QueueWait), DryRun: policy.DryRun}
 	rep.Workload = cfg.workload
-	fmt.Fprintf(e.stderr, "overload: S p50 %.1f ms, C %.0f/s; gate B=%d Q=%d wait=%v\n",
+	fmt.Fprintf(e.Stderr, "overload: S p50 %.1f ms, C %.0f/s; gate B=%d Q=%d wait=%v\n",
 		rep.ServiceMs.P50, rep.Capacity, policy.MaxConcurrent, policy.MaxQueue, policy.QueueWait)
 
 	for li, load := range cfg.loads {
@@ -596,7 +587,7 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 				}
 				ph.Load, ph.RatePerS, ph.Round = load, rate, round+1
 				all = append(all, ph)
-				fmt.Fprintf(e.stderr, "overload: %s×C %-9s goodput %.0f/s, %d of %d committed in time\n",
+				fmt.Fprintf(e.Stderr, "overload: %s×C %-9s goodput %.0f/s, %d of %d committed in time\n",
 					fmtLoad(load), name, ph.GoodputPerS, ph.WithinDeadline, ph.Arrived)
 			}
 		}
@@ -636,13 +627,13 @@ func (rep *overloadReport) addMedians(all []*overloadPhase) {
 func fmtLoad(v float64) string { return strconv.FormatFloat(v, 'g', 4, 64) }
 
 // serverVersion returns the PostgreSQL server's version, or "".
-func serverVersion(ctx context.Context, t *target) string {
-	if t.dialect != dialectPostgres {
+func serverVersion(ctx context.Context, t *cli.Target) string {
+	if t.Dialect != cli.DialectPostgres {
 		return ""
 	}
-	db := sql.OpenDB(t.plainConnector("bulkhead-monitor"))
+	db := sql.OpenDB(t.PlainConnector("bulkhead-monitor"))
 	defer db.Close()
-	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	ctx, cancel := context.WithTimeout(ctx, cli.ConnectTimeout)
 	defer cancel()
 	var v string
 	if err := db.QueryRowContext(ctx, "SHOW server_version").Scan(&v); err != nil {
@@ -655,7 +646,7 @@ func serverVersion(ctx context.Context, t *target) string {
 // plain pool of workers connections, after a warm-up of one operation per
 // worker, and returns the latencies and the rate of committed operations.
 func closedLoop(ctx context.Context, cfg *overloadConfig, op func(context.Context, *sql.DB) error, app string, workers int, length time.Duration) ([]time.Duration, float64, error) {
-	inner, err := cfg.target.connector(app, false)
+	inner, err := cfg.target.Connector(app, false)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -689,7 +680,7 @@ func closedLoop(ctx context.Context, cfg *overloadConfig, op func(context.Contex
 		if ctx.Err() != nil {
 			return nil, 0, errors.New("interrupted before the run started")
 		}
-		return nil, 0, fmt.Errorf("cannot run the work on %s: %w", cfg.target.display, first)
+		return nil, 0, fmt.Errorf("cannot run the work on %s: %w", cfg.target.Display, first)
 	}
 	stop, cancel := context.WithTimeout(ctx, length)
 	defer cancel()
@@ -713,7 +704,7 @@ func closedLoop(ctx context.Context, cfg *overloadConfig, op func(context.Contex
 	wg.Wait()
 	elapsed := time.Since(start)
 	if first != nil {
-		return nil, 0, fmt.Errorf("measuring on %s: %w", cfg.target.display, first)
+		return nil, 0, fmt.Errorf("measuring on %s: %w", cfg.target.Display, first)
 	}
 	return lats, float64(len(lats)) / elapsed.Seconds(), nil
 }
@@ -731,7 +722,7 @@ func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*
 		// The gate as the README recommends it: on PostgreSQL, pgx returns
 		// from a cancelled statement only once the server stopped it
 		// (pgxgate.Connector), so that the server runs at most B.
-		inner, err := cfg.target.gatedConnector(app, false)
+		inner, err := cfg.target.GatedConnector(app, false)
 		if err != nil {
 			return nil, "", err
 		}
@@ -739,9 +730,9 @@ func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*
 		if err != nil {
 			return nil, "", err
 		}
-		return g.OpenDB(), "bulkhead " + policySetup(p, cfg.workload), nil
+		return g.OpenDB(), "bulkhead " + cli.PolicySetup(p, cfg.workload), nil
 	}
-	inner, err := cfg.target.connector(app, false)
+	inner, err := cfg.target.Connector(app, false)
 	if err != nil {
 		return nil, "", err
 	}
@@ -764,7 +755,7 @@ func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*
 type phaseRec struct {
 	deadline time.Duration
 	mu       sync.Mutex
-	n        [numOutcomes]int64
+	n        [cli.NumOutcomes]int64
 	good     int64
 	ok       []time.Duration
 	fail     []time.Duration
@@ -772,45 +763,39 @@ type phaseRec struct {
 	timeout  []time.Duration
 	lag      []time.Duration
 	errs     map[string]int
-	warm     [numOutcomes]int // outcomes of the requests of the warm-up
+	warm     [cli.NumOutcomes]int // outcomes of the requests of the warm-up
 }
 
 // outcomeNames name the outcomes in the JSON.
-var outcomeNames = [numOutcomes]string{
-	outCompleted: "committed", outRejectedFull: "rejected_full", outRejectedTimeout: "rejected_timeout",
-	outDeadline: "deadline_exceeded", outInterrupted: "interrupted", outOther: "other",
+var outcomeNames = [cli.NumOutcomes]string{
+	cli.OutCompleted: "committed", cli.OutRejectedFull: "rejected_full", cli.OutRejectedTimeout: "rejected_timeout",
+	cli.OutDeadline: "deadline_exceeded", cli.OutInterrupted: "interrupted", cli.OutOther: "other",
 }
 
-func (r *phaseRec) addWarmup(o outcome) {
+func (r *phaseRec) addWarmup(o cli.Outcome) {
 	r.mu.Lock()
 	r.warm[o]++
 	r.mu.Unlock()
 }
 
-func (r *phaseRec) add(o outcome, lat, lag time.Duration, err error) {
+func (r *phaseRec) add(o cli.Outcome, lat, lag time.Duration, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.n[o]++
 	r.lag = append(r.lag, lag)
 	switch o {
-	case outCompleted:
+	case cli.OutCompleted:
 		r.ok = append(r.ok, lat)
 		if lat <= r.deadline {
 			r.good++
 		}
 		return
-	case outRejectedFull:
+	case cli.OutRejectedFull:
 		r.full = append(r.full, lat)
-	case outRejectedTimeout:
+	case cli.OutRejectedTimeout:
 		r.timeout = append(r.timeout, lat)
-	case outOther:
-		msg := strings.Join(strings.Fields(err.Error()), " ")
-		if len(msg) > 200 {
-			msg = msg[:200] + "..."
-		}
-		if _, ok := r.errs[msg]; ok || len(r.errs) < maxErrSamples {
-			r.errs[msg]++
-		}
+	case cli.OutOther:
+		cli.AddErrSample(r.errs, err)
 	}
 	r.fail = append(r.fail, lat)
 }
@@ -828,28 +813,29 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Conte
 			db.Close()
 		}
 	}()
-	// Every configuration starts with the connections its pool keeps
-	// idle already dialed: B+Q for plain and gate, B for semaphore.
-	idle := p.MaxConcurrent + p.MaxQueue
-	if name == cfgSemaphore || name == cfgWaitFirst {
-		idle = p.MaxConcurrent
+	// Every configuration starts with the server connections it uses
+	// already dialed: B+Q, what the plain pool keeps idle; B for the
+	// others (the gate's operations never hold more).
+	idle := p.MaxConcurrent
+	if name == cfgPlain {
+		idle = p.MaxConcurrent + p.MaxQueue
 	}
 	if name == cfgWaitFirst {
 		wf, run := &waitFirst{b: p.MaxConcurrent, wait: p.QueueWait}, op
 		op = func(ctx context.Context, db *sql.DB) error { return wf.do(ctx, db, run) }
 	}
-	if err := warmPool(ctx, db, idle, cfg.target.startTimeout()); err != nil {
+	if err := warmPool(ctx, db, idle, cfg.target.StartTimeout()); err != nil {
 		if ctx.Err() != nil {
 			return nil, errors.New("interrupted before the run started")
 		}
-		return nil, fmt.Errorf("cannot connect to %s: %w", cfg.target.display, err)
+		return nil, fmt.Errorf("cannot connect to %s: %w", cfg.target.Display, err)
 	}
 	var mon *activityMonitor
-	if cfg.target.dialect == dialectPostgres {
+	if cfg.target.Dialect == cli.DialectPostgres {
 		if mon, err = startActivityMonitor(ctx, cfg.target, app); err != nil {
 			return nil, err
 		}
-		defer mon.close()
+		defer mon.Close()
 	}
 
 	reqCtx := ctx
@@ -879,7 +865,7 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Conte
 			opCtx, cancel := context.WithTimeout(reqCtx, cfg.deadline)
 			err := op(opCtx, db)
 			lat := time.Since(t0)
-			o := classify(err, opCtx, ctx)
+			o := cli.Classify(err, opCtx, ctx)
 			cancel()
 			if counted {
 				rec.add(o, lat, t0.Sub(arrival), err)
@@ -894,34 +880,34 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Conte
 	ph := &overloadPhase{Config: name, Setup: setup}
 	if mon != nil {
 		t0 := time.Now()
-		mon.drain(drainLimit, overloadPoll)
-		ph.ServerDrainMs = ms(time.Since(t0))
-		mon.stop()
+		mon.Drain(drainLimit, overloadPoll)
+		ph.ServerDrainMs = cli.Ms(time.Since(t0))
+		mon.Stop()
 		if mon.seen {
 			tx, conns := mon.maxTx, mon.maxConns
 			ph.ServerMaxTx, ph.ServerMaxConns = &tx, &conns
 		}
 		if mon.err != nil {
-			ph.ServerError = oneLine(mon.err)
+			ph.ServerError = cli.OneLine(mon.err)
 		}
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	ph.Committed = rec.n[outCompleted]
+	ph.Committed = rec.n[cli.OutCompleted]
 	ph.WithinDeadline = rec.good
-	ph.RejectedFull = rec.n[outRejectedFull]
-	ph.RejectedTimeout = rec.n[outRejectedTimeout]
-	ph.DeadlineExceeded = rec.n[outDeadline]
-	ph.InterruptedOps = rec.n[outInterrupted]
-	ph.OtherErrors = rec.n[outOther]
+	ph.RejectedFull = rec.n[cli.OutRejectedFull]
+	ph.RejectedTimeout = rec.n[cli.OutRejectedTimeout]
+	ph.DeadlineExceeded = rec.n[cli.OutDeadline]
+	ph.InterruptedOps = rec.n[cli.OutInterrupted]
+	ph.OtherErrors = rec.n[cli.OutOther]
 	ph.Arrived = ph.Committed + ph.failed()
 	ph.ArrivedPerS = float64(ph.Arrived) / cfg.duration.Seconds()
 	ph.GoodputPerS = float64(ph.WithinDeadline) / cfg.duration.Seconds()
-	ph.SuccessMs = percentiles(rec.ok)
-	ph.FailureMs = percentiles(rec.fail)
-	ph.RejectFullMs = percentiles(rec.full)
-	ph.RejectTimeoutMs = percentiles(rec.timeout)
-	ph.LagMs = percentiles(rec.lag)
+	ph.SuccessMs = cli.Percentiles(rec.ok)
+	ph.FailureMs = cli.Percentiles(rec.fail)
+	ph.RejectFullMs = cli.Percentiles(rec.full)
+	ph.RejectTimeoutMs = cli.Percentiles(rec.timeout)
+	ph.LagMs = cli.Percentiles(rec.lag)
 	if len(rec.errs) > 0 {
 		ph.ErrorSamples = rec.errs
 	}
@@ -964,7 +950,7 @@ func warmPool(ctx context.Context, db *sql.DB, n int, limit time.Duration) error
 // connection, for the most transactions and connections of one
 // application_name; it stops counting at the first failed reading.
 type activityMonitor struct {
-	*poller
+	*cli.Poller
 
 	// Written by the polling goroutine; read after stop.
 	maxTx, maxConns int
@@ -972,13 +958,13 @@ type activityMonitor struct {
 	err             error
 }
 
-func startActivityMonitor(ctx context.Context, t *target, app string) (*activityMonitor, error) {
-	a, err := openActivityDB(ctx, t, app)
+func startActivityMonitor(ctx context.Context, t *cli.Target, app string) (*activityMonitor, error) {
+	a, err := cli.OpenActivityDB(ctx, t, app)
 	if err != nil {
 		return nil, err
 	}
 	m := &activityMonitor{}
-	m.poller = a.poll(overloadPoll, func(_ time.Time, tx, conns int, err error) {
+	m.Poller = a.Poll(overloadPoll, func(_ time.Time, tx, conns int, err error) {
 		switch {
 		case m.err != nil:
 		case err != nil:
@@ -1024,14 +1010,14 @@ func (rep *overloadReport) printTable(w io.Writer) {
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "load\tconfig\tarrived/s\tgoodput/s\tok p50\tok p99\tfail p99\tfull p99\tarrived\tcommitted\tfull\ttimeout\tdeadline\tother\tsrv tx\tsrv conns\t")
-	p := func(x *pct, f func(*pct) float64) string {
+	p := func(x *cli.Pct, f func(*cli.Pct) float64) string {
 		if x == nil {
 			return "-"
 		}
 		return fmt.Sprintf("%.1f", f(x))
 	}
-	p50 := func(x *pct) float64 { return x.P50 }
-	p99 := func(x *pct) float64 { return x.P99 }
+	p50 := func(x *cli.Pct) float64 { return x.P50 }
+	p99 := func(x *cli.Pct) float64 { return x.P99 }
 	srv := func(v *int) string {
 		if v == nil {
 			return "-"
