@@ -62,16 +62,16 @@ func (c *conn) bind(ctx context.Context) error {
 			return err
 		}
 		err = c.readyGuarded(ctx, s)
-		var ie *initError
-		switch {
-		case err == nil:
-			c.s = s
-			return nil
-		case err == errBad:
-			p.discard(s, true)
-		case errors.As(err, &ie):
+		if ie, ok := err.(*initError); ok {
 			p.discard(s, false)
 			return ie.err
+		}
+		switch err {
+		case nil:
+			c.s = s
+			return nil
+		case errBad:
+			p.discard(s, true)
 		default: // ctx ended while the driver checked s: it checks s again at its next use
 			p.put(s, true)
 			return err

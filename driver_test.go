@@ -1234,3 +1234,50 @@ func TestADriverPanicThatDatabaseSQLSurvivesLeaksNoConnectionSlot(t *testing.T) 
 		})
 	}
 }
+
+// The gate allocates nothing of its own per operation: through
+// database/sql, an Exec, a QueryRow and a transaction allocate as much
+// gated as plain.
+func TestTheGateAddsNoAllocationPerOperation(t *testing.T) {
+	ctx := context.Background()
+	ops := []struct {
+		name string
+		run  func(*sql.DB) error
+	}{
+		{"exec", func(db *sql.DB) error { _, err := db.ExecContext(ctx, "UPDATE t"); return err }},
+		{"queryrow", func(db *sql.DB) error { var v int64; return db.QueryRowContext(ctx, "SELECT 1").Scan(&v) }},
+		{"tx", func(db *sql.DB) error {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, "UPDATE t"); err != nil {
+				return err
+			}
+			return tx.Commit()
+		}},
+	}
+	for _, op := range ops {
+		plain := sql.OpenDB(fakedb.New())
+		g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gated := g.OpenDB()
+		allocs := func(db *sql.DB) float64 {
+			if err := op.run(db); err != nil { // warm: the connection dialed
+				t.Fatal(err)
+			}
+			return testing.AllocsPerRun(200, func() {
+				if err := op.run(db); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+		if p, g := allocs(plain), allocs(gated); g > p {
+			t.Errorf("%s: %v allocations gated, %v plain", op.name, g, p)
+		}
+		plain.Close()
+		gated.Close()
+	}
+}
