@@ -50,7 +50,8 @@ var (
 
 // bind gives c a session if it has none: the idle one given back last, or
 // a new one. Sessions the driver finds dead on the way are closed and the
-// next one tried.
+// next one tried. The session is c's while the driver checks it: if the
+// driver panics, the caller's deferred lose closes it.
 func (c *conn) bind(ctx context.Context) error {
 	if c.s != nil {
 		return nil
@@ -61,14 +62,17 @@ func (c *conn) bind(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		err = c.readyGuarded(ctx, s)
+		c.s = s
+		err = p.ready(ctx, s)
+		if err != nil {
+			c.s = nil
+		}
 		if ie, ok := err.(*initError); ok {
 			p.discard(s, false)
 			return ie.err
 		}
 		switch err {
 		case nil:
-			c.s = s
 			return nil
 		case errBad:
 			p.discard(s, true)
@@ -77,19 +81,6 @@ func (c *conn) bind(ctx context.Context) error {
 			return err
 		}
 	}
-}
-
-// readyGuarded is pool.ready; if the driver panics, s is closed.
-func (c *conn) readyGuarded(ctx context.Context, s *session) error {
-	ok := false
-	defer func() {
-		if !ok {
-			c.g.pool.discard(s, false)
-		}
-	}()
-	err := c.g.pool.ready(ctx, s)
-	ok = true
-	return err
 }
 
 // lose discards c's session after the driver panicked on it: its state is
@@ -116,6 +107,7 @@ func (c *conn) start(ctx context.Context, k Kind, p *permit) error {
 		ok := false
 		defer func() {
 			if !ok { // the driver panicked while its session was checked
+				c.lose()
 				c.g.abort(p, errPanicked)
 			}
 		}()
@@ -133,18 +125,17 @@ func (c *conn) start(ctx context.Context, k Kind, p *permit) error {
 
 var errPanicked = errors.New("bulkhead: the driver panicked")
 
-// call runs f, a driver call on c's session; if the driver panics, c's
-// session is lost (lose) and the panic goes on up.
-func call[T any](c *conn, f func() (T, error)) (T, error) {
-	ok := false
-	defer func() {
-		if !ok {
-			c.lose()
-		}
-	}()
-	v, err := f()
-	ok = true
-	return v, err
+// finish is deferred by a method that calls the driver on c's session,
+// under the operation's permits p (nil for none of its own): if the
+// driver panicked (returned is still false), c's session is lost, and
+// then p is released; the panic goes on up.
+func (c *conn) finish(p *permit, returned *bool) {
+	if !*returned {
+		c.lose()
+	}
+	if p != nil {
+		c.g.release(p)
+	}
 }
 
 // session returns c's session for a call outside an operation (Ping,
@@ -157,7 +148,7 @@ func (c *conn) session(ctx context.Context) (*session, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			c.bad = true
+			c.lose()
 		}
 	}()
 	err := c.bind(ctx)
@@ -274,7 +265,10 @@ func (c *conn) Ping(ctx context.Context) error {
 	if err != nil || s.pinger == nil {
 		return err
 	}
-	_, err = call(c, func() (struct{}, error) { return struct{}{}, s.pinger.Ping(ctx) })
+	returned := false
+	defer c.finish(nil, &returned)
+	err = s.pinger.Ping(ctx)
+	returned = true
 	return ctxErr(ctx, err)
 }
 
@@ -297,8 +291,10 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	}
 	// Open from here: if the driver panics, lose releases the permits.
 	c.tx.ctx, c.tx.open = ctx, true
-	s := c.s
-	ti, err := call(c, func() (driver.Tx, error) { return s.begin(ctx, opts) })
+	returned := false
+	defer c.finish(nil, &returned)
+	ti, err := c.s.begin(ctx, opts)
+	returned = true
 	if err != nil {
 		c.tx.end() // before database/sql may retry (driver.ErrBadConn)
 		return nil, ctxErr(ctx, err)
@@ -332,18 +328,21 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	if c.bad {
 		return nil, driver.ErrBadConn
 	}
+	var p *permit
 	if c.tx.open {
 		if err := c.inTx(ctx); err != nil {
 			return nil, err
 		}
-		r, err := c.exec(ctx, query, args)
-		return r, ctxErr(ctx, err)
+	} else {
+		p = &c.execP
+		if err := c.start(ctx, KindExec, p); err != nil {
+			return nil, err
+		}
 	}
-	if err := c.start(ctx, KindExec, &c.execP); err != nil {
-		return nil, err
-	}
-	defer c.g.release(&c.execP)
+	returned := false
+	defer c.finish(p, &returned)
 	r, err := c.exec(ctx, query, args)
+	returned = true
 	return r, ctxErr(ctx, err)
 }
 
@@ -359,7 +358,7 @@ func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue)
 		if err != nil {
 			return nil, err
 		}
-		r, err := call(c, func() (driver.Result, error) { return s.exec(ctx, query, cargs) })
+		r, err := s.exec(ctx, query, cargs)
 		if err != driver.ErrSkip {
 			return r, err
 		}
@@ -367,14 +366,12 @@ func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue)
 		// leaves a driver.Value as it is for every converter we know.
 		args = cargs
 	}
-	return call(c, func() (driver.Result, error) {
-		si, err := s.prepare(ctx, query)
-		if err != nil {
-			return nil, err
-		}
-		defer si.Close()
-		return stmtExec(ctx, s, si, args)
-	})
+	si, err := s.prepare(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	defer si.Close()
+	return stmtExec(ctx, s, si, args)
 }
 
 // Query is the legacy form of QueryContext.
@@ -393,7 +390,10 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 		if err := c.inTx(ctx); err != nil {
 			return nil, err
 		}
+		returned := false
+		defer c.finish(nil, &returned)
 		ri, si, err := c.query(ctx, query, args)
+		returned = true
 		if err != nil {
 			return nil, ctxErr(ctx, err)
 		}
@@ -414,26 +414,22 @@ func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue
 		if err != nil {
 			return nil, nil, err
 		}
-		ri, err := call(c, func() (driver.Rows, error) { return s.query(ctx, query, cargs) })
+		ri, err := s.query(ctx, query, cargs)
 		if err != driver.ErrSkip {
 			return ri, nil, err
 		}
 		args = cargs // as in exec
 	}
-	var si driver.Stmt
-	ri, err := call(c, func() (driver.Rows, error) {
-		var err error
-		if si, err = s.prepare(ctx, query); err != nil {
-			return nil, err
-		}
-		ri, err := stmtQuery(ctx, s, si, args)
-		if err != nil {
-			si.Close()
-			si = nil
-		}
-		return ri, err
-	})
-	return ri, si, err
+	si, err := s.prepare(ctx, query)
+	if err != nil {
+		return nil, nil, err
+	}
+	ri, err := stmtQuery(ctx, s, si, args)
+	if err != nil {
+		si.Close()
+		return nil, nil, err
+	}
+	return ri, si, nil
 }
 
 // runRows runs an autocommit query, run, under both permits and a
@@ -450,13 +446,17 @@ func (c *conn) runRows(ctx context.Context, run func() (driver.Rows, driver.Stmt
 	if err := c.start(ctx, KindQuery, &r.p); err != nil {
 		return nil, err
 	}
-	handed := false
+	returned, handed := false, false
 	defer func() {
+		if !returned {
+			c.lose()
+		}
 		if !handed {
 			c.g.release(&r.p)
 		}
 	}()
 	ri, si, err := run()
+	returned = true
 	if err != nil {
 		return nil, ctxErr(ctx, err)
 	}
@@ -478,8 +478,10 @@ type tx struct {
 }
 
 func (t *tx) Commit() error {
-	defer t.end()
-	_, err := call(t.c, func() (struct{}, error) { return struct{}{}, t.inner.Commit() })
+	returned := false
+	defer t.finish(&returned)
+	err := t.inner.Commit()
+	returned = true
 	return ctxErr(t.ctx, err)
 }
 
@@ -488,12 +490,23 @@ func (t *tx) Commit() error {
 // discarded unless the driver can reset and validate it: database/sql's
 // rule for its own pool (keepConnOnRollback).
 func (t *tx) Rollback() error {
-	defer t.end()
+	returned := false
+	defer t.finish(&returned)
 	if s := t.c.s; s != nil && (s.resetter == nil || s.validator == nil) && t.ctx.Err() != nil {
 		t.c.bad = true
 	}
-	_, err := call(t.c, func() (struct{}, error) { return struct{}{}, t.inner.Rollback() })
+	err := t.inner.Rollback()
+	returned = true
 	return ctxErr(t.ctx, err)
+}
+
+// finish is deferred by Commit and Rollback: the session is lost if the
+// driver panicked, then the permits are released.
+func (t *tx) finish(returned *bool) {
+	if !*returned {
+		t.c.lose()
+	}
+	t.end()
 }
 
 // end releases the transaction's permits, once.

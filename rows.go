@@ -35,23 +35,29 @@ func (r *rows) Columns() []string              { return r.inner.Columns() }
 func (r *rows) Next(dest []driver.Value) error { return r.inner.Next(dest) }
 
 func (r *rows) Close() error {
-	defer func() {
-		if r.open {
-			r.open = false
-			r.c.g.release(&r.p)
+	returned := false
+	defer r.finish(&returned)
+	err := r.inner.Close()
+	if r.stmt != nil {
+		if cerr := r.stmt.Close(); err == nil {
+			err = cerr
 		}
-	}()
-	_, err := call(r.c, func() (struct{}, error) {
-		err := r.inner.Close()
-		if r.stmt != nil {
-			if cerr := r.stmt.Close(); err == nil {
-				err = cerr
-			}
-			r.stmt = nil
-		}
-		return struct{}{}, err
-	})
+		r.stmt = nil
+	}
+	returned = true
 	return err
+}
+
+// finish is deferred by Close: the session is lost if the driver panicked,
+// then the permits are released, once.
+func (r *rows) finish(returned *bool) {
+	if !*returned {
+		r.c.lose()
+	}
+	if r.open {
+		r.open = false
+		r.c.g.release(&r.p)
+	}
 }
 
 func (r *rows) HasNextResultSet() bool {

@@ -113,7 +113,10 @@ func (c *conn) PrepareContext(ctx context.Context, text string) (driver.Stmt, er
 	}
 	_, err := c.session(ctx)
 	if err == nil {
+		returned := false
+		defer c.finish(nil, &returned)
 		_, err = st.on(ctx)
+		returned = true
 	}
 	if err != nil {
 		st.Close()
@@ -130,7 +133,7 @@ func (st *stmt) on(ctx context.Context) (driver.Stmt, error) {
 	if si, ok := s.stmts[st.q]; ok {
 		return si, nil
 	}
-	si, err := call(st.c, func() (driver.Stmt, error) { return s.prepare(ctx, st.q.text) })
+	si, err := s.prepare(ctx, st.q.text)
 	if err != nil {
 		return nil, err
 	}
@@ -184,18 +187,21 @@ func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driv
 	if c.bad {
 		return nil, driver.ErrBadConn
 	}
+	var p *permit
 	if c.tx.open {
 		if err := c.inTx(ctx); err != nil {
 			return nil, err
 		}
-		r, err := st.exec(ctx, args)
-		return r, ctxErr(ctx, err)
+	} else {
+		p = &c.execP
+		if err := c.start(ctx, KindExec, p); err != nil {
+			return nil, err
+		}
 	}
-	if err := c.start(ctx, KindExec, &c.execP); err != nil {
-		return nil, err
-	}
-	defer c.g.release(&c.execP)
+	returned := false
+	defer c.finish(p, &returned)
 	r, err := st.exec(ctx, args)
+	returned = true
 	return r, ctxErr(ctx, err)
 }
 
@@ -204,8 +210,7 @@ func (st *stmt) exec(ctx context.Context, args []driver.NamedValue) (driver.Resu
 	if err != nil {
 		return nil, err
 	}
-	s := st.c.s
-	return call(st.c, func() (driver.Result, error) { return stmtExec(ctx, s, si, args) })
+	return stmtExec(ctx, st.c.s, si, args)
 }
 
 // QueryContext runs the statement; its rows hold both permits until they
@@ -219,7 +224,10 @@ func (st *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (dri
 		if err := c.inTx(ctx); err != nil {
 			return nil, err
 		}
+		returned := false
+		defer c.finish(nil, &returned)
 		ri, err := st.query(ctx, args)
+		returned = true
 		return ri, ctxErr(ctx, err)
 	}
 	return c.runRows(ctx, func() (driver.Rows, driver.Stmt, error) {
@@ -233,8 +241,7 @@ func (st *stmt) query(ctx context.Context, args []driver.NamedValue) (driver.Row
 	if err != nil {
 		return nil, err
 	}
-	s := st.c.s
-	return call(st.c, func() (driver.Rows, error) { return stmtQuery(ctx, s, si, args) })
+	return stmtQuery(ctx, st.c.s, si, args)
 }
 
 // stmtExec converts args for the driver's statement si on s and runs it
