@@ -24,14 +24,15 @@ import (
 // (the rollback after a cancellation, closing rows): the plain fields of
 // conn, tx, stmt and rows need no lock of their own.
 type conn struct {
-	g     *Gate
-	s     *session // the session held, or nil
-	used  bool     // an operation ran on s since database/sql handed c out
-	bad   bool     // c is to be discarded: its session was lost, or the driver's rule says so
-	idle  bool     // c is idle in database/sql's pool (pool.giveBack)
-	tx    tx       // the open transaction: a connection has at most one
-	rows  rows     // an autocommit query's rows, reused while free
-	execP permit   // the permits of the autocommit Exec running on c
+	g      *Gate
+	s      *session // the session held, or nil
+	used   bool     // an operation ran on s since database/sql handed c out
+	bad    bool     // c is to be discarded: its session was lost, or the driver's rule says so
+	idle   bool     // c is idle in database/sql's pool (pool.park, pool.giveBack)
+	parked bool     // c is idle, its session s parked (someone else may have taken it since)
+	tx     tx       // the open transaction: a connection has at most one
+	rows   rows     // an autocommit query's rows, reused while free
+	execP  permit   // the permits of the autocommit Exec running on c
 }
 
 var (
@@ -48,38 +49,48 @@ var (
 	_ driver.NamedValueChecker  = (*conn)(nil)
 )
 
-// bind gives c a session if it has none: the idle one given back last, or
-// a new one. Sessions the driver finds dead on the way are closed and the
-// next one tried. The session is c's while the driver checks it: if the
-// driver panics, the caller's deferred lose closes it.
+// bind gives c a session if it holds none: the one it parked, if still
+// there, else one from the pool (pool.get). Sessions the driver finds dead
+// on the way are closed and the next one tried. The session is c's while
+// the driver checks it: if the driver panics, the caller's deferred lose
+// closes it.
 func (c *conn) bind(ctx context.Context) error {
-	if c.s != nil {
+	p := c.g.pool
+	var s *session
+	switch {
+	case c.parked:
+		c.parked = false
+		if p.unpark(c.s) {
+			s = c.s
+		} else {
+			c.s = nil // taken by another connection, or closed
+		}
+	case c.s != nil:
 		return nil
 	}
-	p := c.g.pool
 	for {
-		s, err := p.get(ctx)
-		if err != nil {
-			return err
+		if s == nil {
+			var err error
+			if s, err = p.get(ctx); err != nil {
+				return err
+			}
 		}
 		c.s = s
-		err = p.ready(ctx, s)
-		if err != nil {
-			c.s = nil
+		err := p.ready(ctx, s)
+		if err == nil {
+			return nil
 		}
+		c.s = nil
 		if ie, ok := err.(*initError); ok {
 			p.discard(s, false)
 			return ie.err
 		}
-		switch err {
-		case nil:
-			return nil
-		case errBad:
-			p.discard(s, true)
-		default: // ctx ended while the driver checked s: it checks s again at its next use
+		if err != errBad { // ctx ended while the driver checked s: it checks s again at its next use
 			p.put(s, true)
 			return err
 		}
+		p.discard(s, true)
+		s = nil
 	}
 }
 
@@ -103,7 +114,7 @@ func (c *conn) start(ctx context.Context, k Kind, p *permit) error {
 	if err := c.g.acquire(ctx, k, p); err != nil {
 		return err
 	}
-	if c.s == nil {
+	if c.s == nil || c.parked {
 		ok := false
 		defer func() {
 			if !ok { // the driver panicked while its session was checked
@@ -211,27 +222,42 @@ func (c *conn) ResetSession(context.Context) error {
 		c.idle = false
 		c.g.pool.idleLogical.Add(-1)
 	}
+	// A parked session another connection took and closed (found dead):
+	// database/sql would have discarded this connection.
+	if c.parked && c.s.state.Load() == gone {
+		c.bad = true
+	}
 	if c.bad {
 		return driver.ErrBadConn
 	}
 	return nil
 }
 
-// IsValid is called by database/sql when it takes c back: c gives its
-// session back, after the driver's Validator, if it has one, agreed, and
-// stays in database/sql's pool only while the idle connections there are
-// fewer than the gate's idle server connections (pool.giveBack): one a
-// dead server connection left without one is discarded, as database/sql
-// would have discarded the dead one.
+// IsValid is called by database/sql when it takes c back: c parks its
+// session, after the driver's Validator, if it has one, agreed. Without a
+// session, c stays in database/sql's pool only while the idle connections
+// there are fewer than the gate's idle server connections
+// (pool.giveBack): one a dead server connection left without one is
+// discarded, as database/sql would have discarded the dead one.
 func (c *conn) IsValid() bool {
 	if c.bad {
 		return false
+	}
+	if c.parked { // nothing took the session back since c was handed out (a rejection, a lazy Prepare)
+		c.parked = false
+		if !c.g.pool.unpark(c.s) {
+			c.s = nil
+		}
 	}
 	s := c.s
 	if s != nil && s.validator != nil && !s.validator.IsValid() {
 		c.s = nil
 		c.g.pool.discard(s, true)
 		return false
+	}
+	if s != nil && c.g.pool.park(s, c.used) {
+		c.parked, c.idle, c.used = true, true, false
+		return true
 	}
 	c.s = nil
 	c.idle = c.g.pool.giveBack(s, c.used, true)
@@ -245,7 +271,10 @@ func (c *conn) IsValid() bool {
 func (c *conn) Close() error {
 	if s := c.s; s != nil {
 		c.s = nil
-		c.g.pool.discard(s, false)
+		if !c.parked || c.g.pool.unpark(s) {
+			c.g.pool.discard(s, false)
+		}
+		c.parked = false
 	}
 	c.tx.end()
 	c.g.pool.logicalClosed(c.idle)

@@ -21,12 +21,27 @@ import (
 // SetConnMaxLifetime, SetConnMaxIdleTime or a bad connection, the pool
 // closes its coldest idle session), and database/sql keeps no more idle
 // logical connections than the pool has idle sessions (a logical
-// connection beyond them is reported bad as database/sql takes it back or
-// hands it out, and database/sql discards it).
+// connection beyond them is reported bad as database/sql takes it back,
+// and database/sql discards it).
+//
+// A logical connection given back keeps its session, parked: its next
+// operation takes it back with one compare-and-swap, and anyone who needs
+// a session and finds none idle in the pool takes a parked one the same
+// way, under the pool's lock. The pool's idle stack holds the sessions
+// nobody parks: a dial whose caller was served meanwhile, a session whose
+// logical connection database/sql did not keep.
+
+// Session states: held by one holder (a logical connection, a dial, the
+// pool's idle stack), parked on an idle logical connection, or closed.
+const (
+	held int32 = iota
+	parked
+	gone
+)
 
 // session is a server connection: a driver connection and its optional
-// interfaces, asserted once. It has one holder at a time (a logical
-// connection, or the pool while idle); its plain fields are the holder's.
+// interfaces, asserted once. It has one holder at a time; its plain
+// fields are the holder's, and pass to the next holder through state.
 type session struct {
 	ci            driver.Conn
 	execer        driver.ExecerContext
@@ -46,7 +61,7 @@ type session struct {
 	stmts   map[*query]driver.Stmt // statements prepared on it
 	pending []*query               // statements to close before its next use; under pool.mu
 	closing atomic.Bool            // pending is not empty
-	gone    bool                   // closed; under pool.mu
+	state   atomic.Int32           // held, parked or gone
 }
 
 func newSession(ci driver.Conn) *session {
@@ -72,14 +87,21 @@ type pool struct {
 	init        func(context.Context, driver.Conn) error // WithConnInit's, or nil
 
 	mu      sync.Mutex
-	idle    []*session // the last is the one given back last
+	idle    []*session // held by the pool; the last is the one given back last
+	all     []*session // every open session, in the order they were dialed
 	open    int        // sessions open or being dialed
 	logical int        // logical connections open
 	reqs    []chan got // callers waiting for a session, first first
 	dialing int
 	closed  bool
-	// idleLogical counts the logical connections idle in database/sql's
-	// pool: given back (IsValid) and not handed out again (ResetSession).
+	// waiters mirrors len(reqs), and closing closed, for park's look
+	// without the lock.
+	waiters atomic.Int32
+	closing atomic.Bool
+	// parked counts the parked sessions, and idleLogical the logical
+	// connections idle in database/sql's pool: given back (IsValid) and
+	// not handed out again (ResetSession).
+	parked      atomic.Int64
 	idleLogical atomic.Int64
 	epoch       atomic.Uint64 // bumped each time a session is found dead
 
@@ -97,10 +119,11 @@ type got struct {
 // errBad: the driver found a session dead (ErrBadConn on reset or ping).
 var errBad = errors.New("bulkhead: the driver found the server connection bad")
 
-// get takes the idle session given back last, or else waits for a dial
-// (started for the caller unless enough dials are already on their way)
-// or for a session given back, whichever comes first, until ctx ends.
-// The session is not made ready for use yet (see ready).
+// get takes the idle session given back last, or else a parked one (the
+// first dialed), or else waits for a dial (started for the caller unless
+// enough dials are already on their way) or for a session given back,
+// whichever comes first, until ctx ends. The session is not made ready
+// for use yet (see ready).
 func (p *pool) get(ctx context.Context) (*session, error) {
 	p.mu.Lock()
 	if p.closed {
@@ -113,8 +136,18 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 		p.mu.Unlock()
 		return s, nil
 	}
+	if p.parked.Load() > 0 {
+		for _, s := range p.all {
+			if s.take() {
+				p.parked.Add(-1)
+				p.mu.Unlock()
+				return s, nil
+			}
+		}
+	}
 	ch := make(chan got, 1)
 	p.reqs = append(p.reqs, ch)
+	p.waiters.Store(int32(len(p.reqs)))
 	if p.dialing < len(p.reqs) {
 		p.dialing++
 		p.open++
@@ -131,6 +164,7 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 		p.mu.Lock()
 		if i := slices.Index(p.reqs, ch); i >= 0 {
 			p.reqs = slices.Delete(p.reqs, i, i+1)
+			p.waiters.Store(int32(len(p.reqs)))
 			p.mu.Unlock()
 			return nil, ctx.Err()
 		}
@@ -178,6 +212,7 @@ func (p *pool) dial(ctx context.Context) {
 		if len(p.reqs) > p.dialing {
 			ch = p.reqs[0]
 			p.reqs = p.reqs[1:]
+			p.waiters.Store(int32(len(p.reqs)))
 		}
 		p.mu.Unlock()
 		if ch != nil {
@@ -186,6 +221,7 @@ func (p *pool) dial(ctx context.Context) {
 		return
 	}
 	g.s.checked = p.epoch.Load()
+	p.all = append(p.all, g.s)
 	closing := p.handLocked(g.s)
 	p.mu.Unlock()
 	closeAll(closing)
@@ -196,6 +232,39 @@ func (p *pool) dial(ctx context.Context) {
 // next use, as database/sql resets a connection it hands out again).
 func (p *pool) put(s *session, used bool) {
 	p.giveBack(s, used, false)
+}
+
+// park leaves s, held by a logical connection database/sql takes back,
+// parked on it, and counts that connection idle, unless callers wait for
+// a session or the pool is closed: then it reports false, and the caller
+// gives s back (giveBack).
+func (p *pool) park(s *session, used bool) bool {
+	if p.waiters.Load() > 0 || p.closing.Load() {
+		return false
+	}
+	if used {
+		s.dirty = true
+	}
+	p.closePending(s)
+	p.parked.Add(1)
+	p.idleLogical.Add(1)
+	s.state.Store(parked)
+	return true
+}
+
+// take makes a parked session held by the caller, and reports whether it
+// did. The owner takes its own without the pool's lock; anyone else
+// holds the lock.
+func (s *session) take() bool { return s.state.CompareAndSwap(parked, held) }
+
+// unpark takes back the session s parked on its logical connection, if
+// it is still there, and reports whether it did.
+func (p *pool) unpark(s *session) bool {
+	if s.take() {
+		p.parked.Add(-1)
+		return true
+	}
+	return false
 }
 
 // giveBack is put, for s if not nil; with logical, it is also called as
@@ -217,7 +286,7 @@ func (p *pool) giveBack(s *session, used, logical bool) (keep bool) {
 	}
 	// A dial on its way counts as idle: its session needs a logical
 	// connection to stay (sessions never outnumber them).
-	if logical && p.idleLogical.Load() < int64(len(p.idle)+p.dialing) {
+	if logical && p.idleLogical.Load() < int64(len(p.idle)+p.dialing)+p.parked.Load() {
 		p.idleLogical.Add(1)
 		keep = true
 	}
@@ -238,6 +307,7 @@ func (p *pool) handLocked(s *session) []*session {
 	if len(p.reqs) > 0 {
 		ch := p.reqs[0]
 		p.reqs = p.reqs[1:]
+		p.waiters.Store(int32(len(p.reqs)))
 		ch <- got{s: s}
 		return nil
 	}
@@ -261,7 +331,10 @@ func (p *pool) trimLocked() []*session {
 // dropLocked forgets s, which the caller will close.
 func (p *pool) dropLocked(s *session) {
 	p.open--
-	s.gone = true
+	s.state.Store(gone)
+	if i := slices.Index(p.all, s); i >= 0 {
+		p.all = slices.Delete(p.all, i, i+1)
+	}
 }
 
 func closeAll(ss []*session) {
@@ -317,6 +390,7 @@ func (p *pool) logicalClosed(idle bool) {
 // found s dead, ctx's error if ctx ended meanwhile, or the init's error
 // (an *initError); s is then still the caller's.
 func (p *pool) ready(ctx context.Context, s *session) error {
+	p.closePending(s)
 	if e := p.epoch.Load(); s.checked != e {
 		if s.pinger != nil {
 			if err := s.pinger.Ping(ctx); err != nil {
@@ -359,19 +433,19 @@ func (e *initError) Unwrap() error { return e.err }
 // preparedOn records that s prepared q, forgetting the closed sessions.
 func (p *pool) preparedOn(q *query, s *session) {
 	p.mu.Lock()
-	q.on = slices.DeleteFunc(q.on, func(s *session) bool { return s.gone })
+	q.on = slices.DeleteFunc(q.on, func(s *session) bool { return s.state.Load() == gone })
 	q.on = append(q.on, s)
 	p.mu.Unlock()
 }
 
 // closeEverywhere closes q's driver statement on every session that
-// prepared it: now on those idle (taken meanwhile), else when its holder
-// gives it back.
+// prepared it: now on those idle or parked (taken meanwhile), else when
+// its holder gives it back.
 func (p *pool) closeEverywhere(q *query) {
-	var idle []*session
+	var idle, parkedOnes []*session
 	p.mu.Lock()
 	for _, s := range q.on {
-		if s.gone {
+		if s.state.Load() == gone {
 			continue
 		}
 		s.pending = append(s.pending, q)
@@ -379,15 +453,19 @@ func (p *pool) closeEverywhere(q *query) {
 		if i := slices.Index(p.idle, s); i >= 0 {
 			p.idle = slices.Delete(p.idle, i, i+1)
 			idle = append(idle, s)
+		} else if s.take() {
+			parkedOnes = append(parkedOnes, s)
 		}
 	}
 	q.on = nil
 	p.mu.Unlock()
+	for _, s := range parkedOnes {
+		p.closePending(s)
+		s.state.Store(parked) // back to its logical connection
+	}
 	for _, s := range idle {
 		p.closePending(s)
 		p.mu.Lock()
-		// Back where it was among the idle, as far as can be told: last
-		// if it was the warmest, else first.
 		closing := p.handLocked(s)
 		p.mu.Unlock()
 		closeAll(closing)
@@ -413,18 +491,27 @@ func (p *pool) closePending(s *session) {
 	}
 }
 
-// close closes the idle sessions and fails the waiting callers with
-// ErrClosed; sessions in use are closed when they are given back.
+// close closes the idle and parked sessions and fails the waiting
+// callers with ErrClosed; sessions in use are closed when they are given
+// back.
 func (p *pool) close() {
 	p.mu.Lock()
 	p.closed = true
+	p.closing.Store(true)
 	idle := p.idle
 	p.idle = nil
+	for _, s := range p.all {
+		if s.take() {
+			p.parked.Add(-1)
+			idle = append(idle, s)
+		}
+	}
 	for _, s := range idle {
 		p.dropLocked(s)
 	}
 	reqs := p.reqs
 	p.reqs = nil
+	p.waiters.Store(0)
 	p.mu.Unlock()
 	for _, ch := range reqs {
 		ch <- got{err: ErrClosed}
@@ -432,11 +519,12 @@ func (p *pool) close() {
 	closeAll(idle)
 }
 
-// counts returns the sessions open (or being dialed) and idle.
+// counts returns the sessions open (or being dialed) and idle (or
+// parked).
 func (p *pool) counts() (open, idle int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.open, len(p.idle)
+	return p.open, len(p.idle) + int(p.parked.Load())
 }
 
 // The driver calls on a session, made as database/sql would make them on

@@ -157,13 +157,11 @@ func TestEveryRejectionIsAttributedToItsOperationsKindAndWorkload(t *testing.T) 
 	}
 }
 
-// Under overload the logical connections that waited for permits are
-// many. An operation binds the idle session given back last, whichever
-// logical connection had it: the running operations then stay on the
-// fewest, warmest server backends instead of rotating over all of them,
-// and when database/sql closes connections the gate closes the coldest
-// idle sessions.
-func TestOperationsStayOnTheWarmestSessionAndTheColdestAreClosedFirst(t *testing.T) {
+// A logical connection given back keeps its server connection, parked:
+// its next operation runs there again, and when database/sql closes
+// connections (SetMaxIdleConns), their server connections are closed with
+// them, as without the gate.
+func TestAConnectionsServerConnectionStaysWithItAndClosesWithIt(t *testing.T) {
 	fc := fakedb.New()
 	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 0})
 	if err != nil {
@@ -200,26 +198,32 @@ func TestOperationsStayOnTheWarmestSessionAndTheColdestAreClosedFirst(t *testing
 		}
 		return ids
 	}
+	// database/sql hands out the connection given back last: its
+	// transactions run on its session, 4.
 	for round := range 3 {
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if ids := inTx(); len(ids) != 1 || ids[0] != 4 {
-			t.Fatalf("round %d: the transaction runs on server connections %v, want [4], the one given back last", round, ids)
+			t.Fatalf("round %d: the transaction runs on server connections %v, want [4], its connection's", round, ids)
 		}
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// database/sql keeps one idle connection: the gate keeps one session,
-	// the warmest.
+	// database/sql keeps one idle connection, the first given back: the
+	// gate keeps its server connection, 1, and closes the others with
+	// their connections.
 	db.SetMaxIdleConns(1)
 	var ids []int64
 	for _, dc := range fc.Conns() {
 		ids = append(ids, fc.ConnOf(dc).ID())
 	}
-	if s := g.Stats(); len(ids) != 1 || ids[0] != 4 || s.OpenConns != 1 || s.IdleConns != 1 {
-		t.Fatalf("with one idle connection kept: server connections %v open, stats %+v; want [4]", ids, s)
+	if s := g.Stats(); len(ids) != 1 || ids[0] != 1 || s.OpenConns != 1 || s.IdleConns != 1 {
+		t.Fatalf("with one idle connection kept: server connections %v open, stats %+v; want [1]", ids, s)
+	}
+	if s := g.Stats(); s.Dials != 4 {
+		t.Fatalf("%+v: want no dial beyond the four", s)
 	}
 }

@@ -108,7 +108,7 @@ func (c *conn) PrepareContext(ctx context.Context, text string) (driver.Stmt, er
 	}
 	q, known := c.g.stmts.openQuery(text)
 	st := &stmt{c: c, q: q}
-	if c.s == nil && known {
+	if (c.s == nil || c.parked) && known {
 		return st, nil
 	}
 	_, err := c.session(ctx)
@@ -162,8 +162,8 @@ func (st *stmt) Close() error {
 	st.closed = true
 	if st.c.g.stmts.closeQuery(st.q) {
 		p := st.c.g.pool
-		p.closeEverywhere(st.q)
-		if s := st.c.s; s != nil {
+		p.closeEverywhere(st.q) // a parked session included
+		if s := st.c.s; s != nil && !st.c.parked {
 			p.closePending(s)
 		}
 	}
