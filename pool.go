@@ -11,25 +11,26 @@ import (
 )
 
 // The server connections. database/sql's pool holds the gate's logical
-// connections (conn.go); a logical connection takes a server connection
-// (a session) from this pool only once an operation on it holds its
-// permits, or a Ping, a Prepare or Raw needs one, and gives it back when
-// database/sql takes the logical connection back. Two rules keep
-// database/sql's settings and counts true of the server connections:
-// the pool never keeps more sessions than database/sql has logical
-// connections (when database/sql closes one, for SetMaxIdleConns,
-// SetConnMaxLifetime, SetConnMaxIdleTime or a bad connection, the pool
-// closes its coldest idle session), and database/sql keeps no more idle
-// logical connections than the pool has idle sessions (a logical
-// connection beyond them is reported bad as database/sql takes it back,
-// and database/sql discards it).
+// connections (conn.go). A logical connection holds a server connection
+// (a session) from the moment an operation on it holds its permits, or a
+// Ping, a Prepare or Raw needs one. When database/sql takes it back, it
+// keeps the session parked: its next operation takes it back with one
+// compare-and-swap, once it holds its permits, and anyone who needs a
+// session and finds none idle takes a parked one the same way, under the
+// pool's lock; so a connection that waits or is refused holds none. The
+// idle stack holds the sessions nobody parks: a dial whose caller was
+// served meanwhile, a session whose logical connection database/sql did
+// not keep.
 //
-// A logical connection given back keeps its session, parked: its next
-// operation takes it back with one compare-and-swap, and anyone who needs
-// a session and finds none idle in the pool takes a parked one the same
-// way, under the pool's lock. The pool's idle stack holds the sessions
-// nobody parks: a dial whose caller was served meanwhile, a session whose
-// logical connection database/sql did not keep.
+// Two rules keep database/sql's settings and counts true of the server
+// connections: the pool never keeps more sessions than database/sql has
+// logical connections (when database/sql closes one, for
+// SetMaxIdleConns, SetConnMaxLifetime, SetConnMaxIdleTime or a bad
+// connection, its session is closed, or else the coldest idle one), and
+// database/sql keeps no more idle logical connections than there are idle
+// or parked sessions (a logical connection beyond them is reported bad as
+// database/sql takes it back, one whose parked session was found dead as
+// it hands it out, and database/sql discards it).
 
 // Session states: held by one holder (a logical connection, a dial, the
 // pool's idle stack), parked on an idle logical connection, or closed.
