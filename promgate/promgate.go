@@ -12,7 +12,7 @@
 //	prometheus.MustRegister(metrics)
 //
 // To log the events as well, join them: bulkhead.WithEvents(
-// bulkhead.JoinEvents(metrics.Events(), bulkhead.SlogEvents(logger))).
+// bulkhead.JoinEvents(metrics.Events(), sloggate.Events(logger))).
 // Several gates (one per database) each get their own Collector, told
 // apart by ConstLabels, and may share one registry.
 //

@@ -68,6 +68,7 @@ var readmeImports = map[string]string{
 	"pgxgate":    "github.com/dbbulkhead/bulkhead/pgxgate",
 	"promgate":   "github.com/dbbulkhead/bulkhead/promgate",
 	"fleet":      "github.com/dbbulkhead/bulkhead/fleet",
+	"sloggate":   "github.com/dbbulkhead/bulkhead/sloggate",
 	"gorm":       "gorm.io/gorm",
 	"postgres":   "gorm.io/driver/postgres",
 	"mysql":      "github.com/go-sql-driver/mysql",

@@ -1,6 +1,6 @@
 //go:build go1.25
 
-package bulkhead_test
+package sloggate_test
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/sloggate"
 )
 
 // recordLog is a slog.Handler that keeps every record it is given, as
@@ -78,12 +79,12 @@ func (h *recordLog) got() (lines, durs []string) {
 	return slices.Clone(h.lines), slices.Clone(h.durs)
 }
 
-func TestSlogEventsLogsAdmitAndReleaseAtDebugAndRejectAtWarn(t *testing.T) {
+func TestEventsLogsAdmitAndReleaseAtDebugAndRejectAtWarn(t *testing.T) {
 	h := &recordLog{min: slog.LevelDebug}
 	// B=1, Q=1 and a 1ns queue wait: a second operation while the first holds
 	// its permit is admitted, then rejected at once with a queue timeout.
 	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond},
-		bulkhead.WithEvents(bulkhead.SlogEvents(slog.New(h))))
+		bulkhead.WithEvents(sloggate.Events(slog.New(h))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,12 +123,12 @@ func TestSlogEventsLogsAdmitAndReleaseAtDebugAndRejectAtWarn(t *testing.T) {
 	}
 }
 
-func TestSlogEventsLogsARejectionWithTheOperationsKind(t *testing.T) {
+func TestEventsLogsARejectionWithTheOperationsKind(t *testing.T) {
 	h := &recordLog{min: slog.LevelDebug}
 	// B=1, Q=0: the transaction holds the one permit, so the statement
 	// is refused at admission.
 	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0},
-		bulkhead.WithEvents(bulkhead.SlogEvents(slog.New(h))))
+		bulkhead.WithEvents(sloggate.Events(slog.New(h))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,9 +148,9 @@ func TestSlogEventsLogsARejectionWithTheOperationsKind(t *testing.T) {
 	}
 }
 
-func TestSlogEventsBuildsNoDebugRecordWhenTheLoggerIsAboveDebug(t *testing.T) {
+func TestEventsBuildsNoDebugRecordWhenTheLoggerIsAboveDebug(t *testing.T) {
 	h := &recordLog{min: slog.LevelInfo}
-	ev := bulkhead.SlogEvents(slog.New(h))
+	ev := sloggate.Events(slog.New(h))
 	ev.OnAdmit(bulkhead.Event{Kind: bulkhead.KindQuery})
 	ev.OnRelease(bulkhead.Event{Kind: bulkhead.KindQuery, Held: time.Millisecond})
 	ev.OnReject(bulkhead.Event{Kind: bulkhead.KindQuery, Reason: bulkhead.ErrAdmissionFull})
@@ -162,12 +163,12 @@ func TestSlogEventsBuildsNoDebugRecordWhenTheLoggerIsAboveDebug(t *testing.T) {
 	}
 }
 
-func TestSlogEventsWithANilLoggerUsesTheDefaultLoggerAtEachEvent(t *testing.T) {
+func TestEventsWithANilLoggerUsesTheDefaultLoggerAtEachEvent(t *testing.T) {
 	// Not parallel: it replaces the process's default logger.
 	old := slog.Default()
 	t.Cleanup(func() { slog.SetDefault(old) })
 	synctest.Test(t, func(t *testing.T) {
-		ev := bulkhead.SlogEvents(nil) // made before the default is set
+		ev := sloggate.Events(nil) // made before the default is set
 		h := &recordLog{min: slog.LevelDebug}
 		slog.SetDefault(slog.New(h))
 		ev.OnReject(bulkhead.Event{Kind: bulkhead.KindTx, Reason: bulkhead.ErrQueueTimeout})
@@ -175,7 +176,7 @@ func TestSlogEventsWithANilLoggerUsesTheDefaultLoggerAtEachEvent(t *testing.T) {
 		// The summary goes to the default logger of the moment it is logged.
 		h2 := &recordLog{min: slog.LevelDebug}
 		slog.SetDefault(slog.New(h2))
-		time.Sleep(bulkhead.DefaultSlogInterval)
+		time.Sleep(sloggate.DefaultInterval)
 		synctest.Wait()
 		lines, _ := h.got()
 		if want := []string{"WARN bulkhead: rejected kind=transaction reason=queue_timeout"}; !slices.Equal(lines, want) {
@@ -188,66 +189,12 @@ func TestSlogEventsWithANilLoggerUsesTheDefaultLoggerAtEachEvent(t *testing.T) {
 	})
 }
 
-func TestJoinEventsCallsEachSetCallbackInOrderAndLeavesUnsetOnesNil(t *testing.T) {
-	var calls []string
-	rec := func(name string) func(bulkhead.Event) {
-		return func(e bulkhead.Event) { calls = append(calls, name+":"+e.Kind.String()) }
-	}
-	j := bulkhead.JoinEvents(
-		bulkhead.Events{OnAdmit: rec("a1"), OnRelease: rec("r1")},
-		bulkhead.Events{},
-		bulkhead.Events{OnAdmit: rec("a2")},
-	)
-	if j.OnReject != nil {
-		t.Error("OnReject is set, want nil: no element sets it")
-	}
-	j.OnAdmit(bulkhead.Event{Kind: bulkhead.KindTx})
-	j.OnRelease(bulkhead.Event{Kind: bulkhead.KindExec})
-	if want := []string{"a1:transaction", "a2:transaction", "r1:statement"}; !slices.Equal(calls, want) {
-		t.Errorf("calls %q, want %q", calls, want)
-	}
-	if e := bulkhead.JoinEvents(); e.OnAdmit != nil || e.OnReject != nil || e.OnRelease != nil {
-		t.Error("JoinEvents() has a callback set, want none")
-	}
-}
-
-func TestReasonLabelNamesBothRejectionCausesAndNothingElse(t *testing.T) {
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
-	tx, err := db.BeginTx(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	_, timeout := db.ExecContext(t.Context(), "UPDATE t SET v = 1")
-	for _, c := range []struct {
-		err  error
-		want string
-	}{
-		{bulkhead.ErrAdmissionFull, "admission_full"},
-		{bulkhead.ErrQueueTimeout, "queue_timeout"},
-		{fmt.Errorf("save order: %w", timeout), "queue_timeout"},
-		{bulkhead.ErrRejected, ""},
-		{bulkhead.ErrClosed, ""},
-		{context.Canceled, ""},
-		{nil, ""},
-	} {
-		if got := bulkhead.ReasonLabel(c.err); got != c.want {
-			t.Errorf("ReasonLabel(%v) = %q, want %q", c.err, got, c.want)
-		}
-	}
-}
-
-func TestSlogEventsNamesTheWorkloadAndTellsADryRunRejectionApart(t *testing.T) {
+func TestEventsNamesTheWorkloadAndTellsADryRunRejectionApart(t *testing.T) {
 	h := &recordLog{min: slog.LevelDebug}
 	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{
 		MaxConcurrent: 1, DryRun: true,
 		Workloads: map[string]bulkhead.Workload{"reports": {MaxConcurrent: 1}},
-	}, bulkhead.WithEvents(bulkhead.SlogEvents(slog.New(h))))
+	}, bulkhead.WithEvents(sloggate.Events(slog.New(h))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,10 +236,10 @@ func rejectGroupOf(r logged) string {
 	return fmt.Sprintf("%s/%s/%t", r.attrs["reason"], workload, r.msg == "bulkhead: would reject (dry run)")
 }
 
-func TestSlogEventsSumsUpAnOverloadInOneRecordPerGroupAndInterval(t *testing.T) {
+func TestEventsSumsUpAnOverloadInOneRecordPerGroupAndInterval(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := &recordLog{min: slog.LevelDebug}
-		ev := bulkhead.SlogEvents(slog.New(h)) // DefaultSlogInterval: 1 s
+		ev := sloggate.Events(slog.New(h)) // DefaultInterval: 1 s
 		start := time.Now()
 		// Four goroutines, one group each, reject 50 times every 10 ms of
 		// fake time for 5 s: 100,000 rejections, the last at 4.99 s. The
@@ -320,7 +267,7 @@ func TestSlogEventsSumsUpAnOverloadInOneRecordPerGroupAndInterval(t *testing.T) 
 		}
 		wg.Wait()
 		// The last summary is due at 5 s, and the window closes at 6 s.
-		time.Sleep(2 * bulkhead.DefaultSlogInterval)
+		time.Sleep(2 * sloggate.DefaultInterval)
 		synctest.Wait()
 
 		recs := h.records()
@@ -367,11 +314,11 @@ func TestSlogEventsSumsUpAnOverloadInOneRecordPerGroupAndInterval(t *testing.T) 
 	})
 }
 
-func TestSlogEventsLogsTheFirstRejectionAtOnceAndAgainAfterAQuietInterval(t *testing.T) {
+func TestEventsLogsTheFirstRejectionAtOnceAndAgainAfterAQuietInterval(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const every = 100 * time.Millisecond
 		h := &recordLog{min: slog.LevelWarn}
-		ev := bulkhead.SlogEventsEvery(slog.New(h), every)
+		ev := sloggate.EventsEvery(slog.New(h), every)
 		full := bulkhead.Event{Kind: bulkhead.KindExec, Reason: bulkhead.ErrAdmissionFull}
 		check := func(when string, want ...string) {
 			t.Helper()
@@ -407,10 +354,10 @@ func TestSlogEventsLogsTheFirstRejectionAtOnceAndAgainAfterAQuietInterval(t *tes
 	})
 }
 
-func TestSlogEventsEveryWithoutAnIntervalLogsEachRejection(t *testing.T) {
+func TestEventsEveryWithoutAnIntervalLogsEachRejection(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := &recordLog{min: slog.LevelWarn}
-		ev := bulkhead.SlogEventsEvery(slog.New(h), 0)
+		ev := sloggate.EventsEvery(slog.New(h), 0)
 		for range 3 {
 			ev.OnReject(bulkhead.Event{Kind: bulkhead.KindQuery, Workload: "reports", Reason: bulkhead.ErrQueueTimeout, DryRun: true})
 		}
@@ -424,10 +371,10 @@ func TestSlogEventsEveryWithoutAnIntervalLogsEachRejection(t *testing.T) {
 	})
 }
 
-func TestSlogEventsCountsARejectionWithoutAllocating(t *testing.T) {
+func TestEventsCountsARejectionWithoutAllocating(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := &recordLog{min: slog.LevelWarn}
-		ev := bulkhead.SlogEvents(slog.New(h))
+		ev := sloggate.Events(slog.New(h))
 		e := bulkhead.Event{Kind: bulkhead.KindQuery, Workload: "reports", Reason: bulkhead.ErrQueueTimeout}
 		ev.OnReject(e) // logged at once; opens the interval
 		ev.OnReject(e) // the group's first count
@@ -436,7 +383,7 @@ func TestSlogEventsCountsARejectionWithoutAllocating(t *testing.T) {
 		if n := testing.AllocsPerRun(1000, func() { ev.OnReject(e) }); n != 0 {
 			t.Errorf("a counted rejection allocates %v times, want 0", n)
 		}
-		time.Sleep(bulkhead.DefaultSlogInterval)
+		time.Sleep(sloggate.DefaultInterval)
 		synctest.Wait()
 		recs := h.records()
 		if len(recs) != 2 || recs[1].attrs["count"].Int64() != 1+1001 {
@@ -445,10 +392,10 @@ func TestSlogEventsCountsARejectionWithoutAllocating(t *testing.T) {
 	})
 }
 
-func TestSlogEventsLogsNoRejectionThroughALoggerAboveWarn(t *testing.T) {
+func TestEventsLogsNoRejectionThroughALoggerAboveWarn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := &recordLog{min: slog.LevelError}
-		ev := bulkhead.SlogEvents(slog.New(h))
+		ev := sloggate.Events(slog.New(h))
 		e := bulkhead.Event{Kind: bulkhead.KindExec, Reason: bulkhead.ErrAdmissionFull}
 		for range 1000 {
 			ev.OnReject(e)
@@ -456,7 +403,7 @@ func TestSlogEventsLogsNoRejectionThroughALoggerAboveWarn(t *testing.T) {
 		if n := testing.AllocsPerRun(1000, func() { ev.OnReject(e) }); n != 0 {
 			t.Errorf("a rejection through a logger above Warn allocates %v times, want 0", n)
 		}
-		time.Sleep(10 * bulkhead.DefaultSlogInterval)
+		time.Sleep(10 * sloggate.DefaultInterval)
 		synctest.Wait()
 		if lines, _ := h.got(); len(lines) != 0 {
 			t.Errorf("records %q, want none", lines)
@@ -464,24 +411,24 @@ func TestSlogEventsLogsNoRejectionThroughALoggerAboveWarn(t *testing.T) {
 	})
 }
 
-// BenchmarkSlogEventsReject measures OnReject under an overload: "summed"
-// (SlogEvents, one interval open: a counted rejection), from one goroutine
+// BenchmarkEventsReject measures OnReject under an overload: "summed"
+// (Events, one interval open: a counted rejection), from one goroutine
 // and from GOMAXPROCS, and with the workload changing at each rejection;
-// "each" (SlogEventsEvery with interval 0: a record
+// "each" (EventsEvery with interval 0: a record
 // per rejection, as before); "disabled" (a logger above Warn). The logger
 // writes text to io.Discard.
-func BenchmarkSlogEventsReject(b *testing.B) {
+func BenchmarkEventsReject(b *testing.B) {
 	text := slog.New(slog.NewTextHandler(io.Discard, nil))
 	e := bulkhead.Event{Kind: bulkhead.KindQuery, Workload: "reports", Reason: bulkhead.ErrQueueTimeout}
 	b.Run("summed", func(b *testing.B) {
-		ev := bulkhead.SlogEvents(text)
+		ev := sloggate.Events(text)
 		b.ReportAllocs()
 		for b.Loop() {
 			ev.OnReject(e)
 		}
 	})
 	b.Run("summed-parallel", func(b *testing.B) {
-		ev := bulkhead.SlogEvents(text)
+		ev := sloggate.Events(text)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
@@ -490,7 +437,7 @@ func BenchmarkSlogEventsReject(b *testing.B) {
 		})
 	})
 	b.Run("summed-3-workloads", func(b *testing.B) {
-		ev := bulkhead.SlogEvents(text)
+		ev := sloggate.Events(text)
 		es := []bulkhead.Event{e, e, e}
 		es[1].Workload, es[2].Workload = "", "batch"
 		b.ReportAllocs()
@@ -501,14 +448,14 @@ func BenchmarkSlogEventsReject(b *testing.B) {
 		}
 	})
 	b.Run("each", func(b *testing.B) {
-		ev := bulkhead.SlogEventsEvery(text, 0)
+		ev := sloggate.EventsEvery(text, 0)
 		b.ReportAllocs()
 		for b.Loop() {
 			ev.OnReject(e)
 		}
 	})
 	b.Run("disabled", func(b *testing.B) {
-		ev := bulkhead.SlogEvents(slog.New(slog.DiscardHandler))
+		ev := sloggate.Events(slog.New(slog.DiscardHandler))
 		b.ReportAllocs()
 		for b.Loop() {
 			ev.OnReject(e)
