@@ -349,3 +349,39 @@ func FuzzPolicyFromLookup(f *testing.F) {
 
 // samePolicy compares policies, maps included.
 func samePolicy(a, b Policy) bool { return reflect.DeepEqual(a, b) }
+
+func TestPolicyFromEnvRejectsAnUnknownBulkheadVariableNamingTheNearestKnownName(t *testing.T) {
+	t.Setenv("BULKHEAD_MAX_CONCURENT", "2")
+	p, err := PolicyFromEnv()
+	if err == nil {
+		t.Fatalf("PolicyFromEnv with BULKHEAD_MAX_CONCURENT=2 = %+v, want an error", p)
+	}
+	if !errors.Is(err, ErrInvalidPolicy) {
+		t.Errorf("error %v does not match ErrInvalidPolicy", err)
+	}
+	polCheckMessage(t, err, `unknown environment variable BULKHEAD_MAX_CONCURENT="2"`, "did you mean BULKHEAD_MAX_CONCURRENT?")
+
+	for _, c := range []struct {
+		environ []string
+		want    string // "" for no error
+	}{
+		{[]string{"BULKHEAD_QUEUEWAIT=5ms"}, "did you mean BULKHEAD_QUEUE_WAIT?"},
+		{[]string{"BULKHEAD_COLOUR=blue"}, `unknown environment variable BULKHEAD_COLOUR="blue" (known: `},
+		{[]string{"BULKHEAD_FLEET=orders", "BULKHEAD_TEST_PG=1", "BULKHEADS=2", "PATH=/bin"}, ""},
+	} {
+		p, err := PolicyFromEnviron(DefaultPolicy, c.environ)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("PolicyFromEnviron(%q): %v, want no error", c.environ, err)
+		case c.want == "" && !samePolicy(p, DefaultPolicy):
+			t.Errorf("PolicyFromEnviron(%q) = %+v, want DefaultPolicy", c.environ, p)
+		case c.want != "" && err == nil:
+			t.Errorf("PolicyFromEnviron(%q) = %+v, want an error", c.environ, p)
+		case c.want != "":
+			polCheckMessage(t, err, c.want)
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %q spans lines, want one", err)
+			}
+		}
+	}
+}
