@@ -25,7 +25,7 @@ lint: ## go vet and staticcheck, every module
 	$(GO) run $(STATICCHECK) $(ALL)
 
 compat: ## build the root module (its packages, not its tests) with the oldest Go its go line names (downloads that toolchain)
-	GOWORK=off GOTOOLCHAIN=$(MIN_GO) $(GO) build ./ ./httpgate ./fleet
+	GOWORK=off GOTOOLCHAIN=$(MIN_GO) $(GO) build ./ ./httpgate ./fleet ./sloggate
 
 bench: ## the gate alone, its connection path, and database/sql on the fake driver, gated and plain side by side (bench.txt; see BENCHMARKS.md)
 	{ $(GO) test -run '^$$' -bench 'Semaphore|GatePermit|WaiterMemory|ConnPath' -benchmem -count 6 . && \
@@ -45,11 +45,11 @@ overload: ## the overload experiment (module experiments), open-loop on local Po
 	  --service 5ms,10ms,20ms --configs semaphore,waitfirst,gate --max-concurrent 2 --rounds 3 --duration 3s \
 	  --json overload.json --chart docs/overload.svg
 
-fleet: ## issue 12's fleet experiment (module experiments) on local PostgreSQL: 4 processes, T = 8; one process, static B = T/4 and T/8, the fleet budget, PgBouncer; deploy, SIGKILL, scale-down; prints the table, redraws docs/fleet.svg (~2 min; pgbouncer arm: apt-get install pgbouncer)
+fleet: ## the fleet experiment (module experiments) on local PostgreSQL: 4 processes, T = 8; one process, static B = T/4 and T/8, the fleet budget, PgBouncer; deploy, SIGKILL, scale-down; prints the table, redraws docs/fleet.svg (~2 min; pgbouncer arm: apt-get install pgbouncer)
 	$(GO) run ./experiments fleet --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} \
 	  --json fleet.json --chart docs/fleet.svg
 
-generate: ## regenerate wrap_gen.go and the fake driver's types
+generate: ## regenerate the fake driver's types (internal/fakedb)
 	$(GO) generate ./...
 
 chart: ## regenerate docs/load.svg: gated vs plain database/sql under overload (local PostgreSQL, ~25 s)
