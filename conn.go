@@ -354,25 +354,31 @@ func (c *conn) Exec(query string, args []driver.Value) (driver.Result, error) {
 // ExecContext runs an autocommit statement under both permits, or a
 // statement of the open transaction under the transaction's.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	if c.bad {
-		return nil, driver.ErrBadConn
-	}
-	var p *permit
-	if c.tx.open {
-		if err := c.inTx(ctx); err != nil {
-			return nil, err
-		}
-	} else {
-		p = &c.execP
-		if err := c.start(ctx, KindExec, p); err != nil {
-			return nil, err
-		}
+	p, err := c.startExec(ctx)
+	if err != nil {
+		return nil, err
 	}
 	returned := false
 	defer c.finish(p, &returned)
 	r, err := c.exec(ctx, query, args)
 	returned = true
 	return r, ctxErr(ctx, err)
+}
+
+// startExec checks c for a statement: an autocommit one takes both
+// permits into c.execP, returned to be released at its end; one of the
+// open transaction takes none (nil).
+func (c *conn) startExec(ctx context.Context) (*permit, error) {
+	if c.bad {
+		return nil, driver.ErrBadConn
+	}
+	if c.tx.open {
+		return nil, c.inTx(ctx)
+	}
+	if err := c.start(ctx, KindExec, &c.execP); err != nil {
+		return nil, err
+	}
+	return &c.execP, nil
 }
 
 // exec runs query on c's session. When the driver has no Execer, or

@@ -184,19 +184,9 @@ func (st *stmt) Query(args []driver.Value) (driver.Rows, error) {
 // c's open transaction.
 func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	c := st.c
-	if c.bad {
-		return nil, driver.ErrBadConn
-	}
-	var p *permit
-	if c.tx.open {
-		if err := c.inTx(ctx); err != nil {
-			return nil, err
-		}
-	} else {
-		p = &c.execP
-		if err := c.start(ctx, KindExec, p); err != nil {
-			return nil, err
-		}
+	p, err := c.startExec(ctx)
+	if err != nil {
+		return nil, err
 	}
 	returned := false
 	defer c.finish(p, &returned)
