@@ -26,7 +26,7 @@ import (
 
 const fleetUsage = `Usage: experiments fleet --dsn postgres://... [--arms one,static4,static8,fleet,pgbouncer] [flags]
 
-The fleet experiment (issue 12): several processes of one service, each a
+The fleet experiment: several processes of one service, each a
 member started as this same program, share one PostgreSQL database whose
 budget is T transactions at once (--max-concurrent, 8 by default). Each arm
 runs the same schedule:

@@ -17,7 +17,7 @@ import (
 	"github.com/dbbulkhead/bulkhead/fleet"
 )
 
-const budgetUsage = `Usage: bulkhead budget --dsn postgres://... --instances N [--conns-per-instance C | policy flags] [--other K]
+const budgetUsage = `Usage: bulkhead budget --dsn postgres://... [--instances N] [--conns-per-instance C | policy flags] [--other K]
 
 Checks the connection budget of a live PostgreSQL server:
 
@@ -433,9 +433,9 @@ func (b budgetCheck) print(w io.Writer, where string) {
 	}
 
 	c := b.conns
-	fmt.Fprintf(w, "\nper instance: %d connections (%s)\n", c.perInstance, c.perWhy)
+	fmt.Fprintf(w, "\nper instance: %s (%s)\n", connections(c.perInstance), c.perWhy)
 	if c.shared > 0 {
-		fmt.Fprintf(w, "once: %d connections (%s)\n", c.shared, c.sharedWhy)
+		fmt.Fprintf(w, "once: %s (%s)\n", connections(c.shared), c.sharedWhy)
 	}
 	if c.assumes != "" {
 		fmt.Fprintf(w, "assumes: %s\n", c.assumes)
@@ -463,4 +463,12 @@ func (b budgetCheck) print(w io.Writer, where string) {
 		return
 	}
 	fmt.Fprintf(w, "verdict: OVER BUDGET by %d connections: lower the instances or B and Q per instance, or raise max_connections (a pooler such as PgBouncer also helps)\n", b.need()-b.available())
+}
+
+// connections is "1 connection" or "n connections".
+func connections(n int) string {
+	if n == 1 {
+		return "1 connection"
+	}
+	return fmt.Sprintf("%d connections", n)
 }

@@ -210,7 +210,7 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q\n%s", r.Code, r.Stderr, r.Stdout)
 	}
 	want := []string{
-		"per instance: 1 connections (its coordination session)",
+		"per instance: 1 connection (its coordination session)",
 		fmt.Sprintf("once: 4 connections (fleet %s: T = 4 for operations in all, whatever the members' shares (from BULKHEAD_FLEET=%s))", name, name),
 		"assumes: the members' idle server connections are not counted",
 		"budget: fleet T + instances × 1 + other ≤ max_connections − reserved",

@@ -19,7 +19,7 @@ import (
 
 const loadUsage = `Usage: bulkhead load [--dsn URL] [--clients N] [--duration D | --count N] [flags]
 
-The overload experiment. N clients run operations back to back, each a
+A closed-loop load: N clients run operations back to back, each a
 transaction that holds the database for --hold (pg_sleep on PostgreSQL,
 SLEEP on MySQL, an open transaction on the embedded SQLite) or does
 CPU-bound work (--work cpu), with a deadline per operation (--deadline),

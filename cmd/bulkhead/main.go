@@ -99,7 +99,7 @@ func (e *env) run(ctx context.Context, args []string) int {
 	case "-version", "--version":
 		return e.version(ctx, nil)
 	case "overload", "fleet":
-		return e.Fail(fmt.Errorf("%s is an experiment now: go run ./experiments %s (from the repository's root)", cmd, cmd))
+		return e.Fail(fmt.Errorf("%s is not a command of this tool: it is an experiment, go run ./experiments %s (from the repository's root)", cmd, cmd))
 	}
 	return e.Fail(fmt.Errorf("unknown command %q; want demo, load, budget, policy or version (bulkhead --help)", cmd))
 }

@@ -52,7 +52,7 @@ func TestUnknownCommandIsNamed(t *testing.T) {
 	clitest.WantOneLineError(t, runCmd(t, nil, "frobnicate"), `"frobnicate"`, "demo, load, budget, policy or version")
 	// The experiments left the tool: they are named where they are now.
 	for _, cmd := range []string{"overload", "fleet"} {
-		clitest.WantOneLineError(t, runCmd(t, nil, cmd, "--help"), cmd+" is an experiment now", "go run ./experiments "+cmd)
+		clitest.WantOneLineError(t, runCmd(t, nil, cmd, "--help"), cmd+" is not a command of this tool: it is an experiment", "go run ./experiments "+cmd)
 	}
 }
 
