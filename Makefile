@@ -9,7 +9,7 @@ SQLC := github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
 # The oldest Go the root module says it builds with (its go line).
 MIN_GO := go1.22.12
 
-.PHONY: help test test-short lint compat bench bench-pg bench-smoke overload fleet generate chart sqlc sqlc-check
+.PHONY: help test test-short lint compat bench bench-cost bench-pg bench-smoke overload fleet generate chart sqlc sqlc-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -29,7 +29,10 @@ compat: ## build the root module (its packages, not its tests) with the oldest G
 
 bench: ## the gate alone, its connection path, and database/sql on the fake driver, gated and plain side by side (bench.txt; see BENCHMARKS.md)
 	{ $(GO) test -run '^$$' -bench 'Semaphore|GatePermit|WaiterMemory|ConnPath' -benchmem -count 6 . && \
-	  $(GO) test -run '^$$' -bench 'FakeDB|GateCost|WaitingOperation' -benchmem -count 6 ./tests; } | tee bench.txt
+	  $(GO) test -run '^$$' -bench 'FakeDB|GateCost|WaitingOperation' -benchmem -count 6 ./tests ./tests/fakebench; } | tee bench.txt
+
+bench-cost: ## the gate's cost per operation on the fake driver, this tree against BASE (a git revision, default main) in one paired run (pair.txt)
+	tests/fakebench/pair $${BASE:-main} 10
 
 bench-pg: ## PostgreSQL throughput, plain and gated in alternate processes (bench-pg.txt; needs the server)
 	$(GO) test -c -o bench-pg.test ./tests && for i in 1 2 3 4 5 6 7 8 9 10; do \
