@@ -128,10 +128,11 @@ func runWorkers(b *testing.B, workers int, db *sql.DB, op func(context.Context, 
 // db.ExecContext in its own goroutine, in the gate's queue (the only
 // execution permit is held by an open transaction) and reports what each
 // takes, as bytes/waiter: (HeapInuse+StackInuse once all wait − before),
-// each after a GC. Through database/sql a waiting operation also holds one
-// of its pooled logical connections (but no server connection), so this
-// is the whole cost of a queued operation, not the limiter's alone (see
-// BenchmarkWaiterMemory for that).
+// each after a GC. A waiting operation holds its goroutine and a logical
+// connection of database/sql's pool, opened for it (the gate keeps no
+// more idle logical connections than it has server connections), but no
+// server connection: this is the whole cost of a queued operation, not
+// the limiter's alone (see BenchmarkWaiterMemory for that).
 func BenchmarkWaitingOperation(b *testing.B) {
 	const waiters = 1000
 	fc := fakedb.New()
@@ -142,9 +143,6 @@ func BenchmarkWaitingOperation(b *testing.B) {
 	db := g.OpenDB()
 	defer db.Close()
 	ctx := context.Background()
-	// Open the logical connections once: the measure is of waiting
-	// operations, not of connections being created.
-	warmConns(b, db, waiters+1)
 	b.ReportAllocs()
 	var total float64
 	runs := 0
@@ -180,27 +178,6 @@ func BenchmarkWaitingOperation(b *testing.B) {
 		}
 	}
 	b.ReportMetric(total/float64(runs), "bytes/waiter")
-}
-
-// warmConns opens n logical connections in db's pool and leaves them
-// idle (they hold no server connection).
-func warmConns(b *testing.B, db *sql.DB, n int) {
-	b.Helper()
-	ctx := context.Background()
-	conns := make([]*sql.Conn, 0, n)
-	for range n {
-		c, err := db.Conn(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		c.Close()
-	}
-	if open := db.Stats().OpenConnections; open != n {
-		b.Fatalf("%d connections open after warming, want %d", open, n)
-	}
 }
 
 // memInUse is the heap and stack memory in use, after a GC.
