@@ -223,9 +223,11 @@ func (c *conn) ResetSession(context.Context) error {
 		c.g.pool.idleLogical.Add(-1)
 	}
 	// A parked session another connection took and closed (found dead):
-	// database/sql would have discarded this connection.
+	// database/sql would have discarded this connection, unless an idle
+	// session is left for it.
 	if c.parked && c.s.state.Load() == gone {
-		c.bad = true
+		c.parked, c.s = false, nil
+		c.bad = c.g.pool.excess(-1)
 	}
 	if c.bad {
 		return driver.ErrBadConn
@@ -234,8 +236,8 @@ func (c *conn) ResetSession(context.Context) error {
 }
 
 // IsValid is called by database/sql when it takes c back: c parks its
-// session, after the driver's Validator, if it has one, agreed. Without a
-// session, c stays in database/sql's pool only while the idle connections
+// session, after the driver's Validator, if it has one, agreed, unless
+// pool.park declines. Without a session, c stays in database/sql's pool only while the idle connections
 // there are fewer than the gate's idle server connections
 // (pool.giveBack): one a dead server connection left without one is
 // discarded, as database/sql would have discarded the dead one.

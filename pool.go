@@ -28,9 +28,9 @@ import (
 // SetMaxIdleConns, SetConnMaxLifetime, SetConnMaxIdleTime or a bad
 // connection, its session is closed, or else the coldest idle one), and
 // database/sql keeps no more idle logical connections than there are idle
-// or parked sessions (a logical connection beyond them is reported bad as
-// database/sql takes it back, one whose parked session was found dead as
-// it hands it out, and database/sql discards it).
+// or parked sessions: a logical connection beyond them is reported
+// invalid as database/sql takes it back (leaving its session, if any, to
+// the pool), or bad as it hands it out, and database/sql discards it.
 
 // Session states: held by one holder (a logical connection, a dial, the
 // pool's idle stack), parked on an idle logical connection, or closed.
@@ -237,10 +237,12 @@ func (p *pool) put(s *session, used bool) {
 
 // park leaves s, held by a logical connection database/sql takes back,
 // parked on it, and counts that connection idle, unless callers wait for
-// a session or the pool is closed: then it reports false, and the caller
-// gives s back (giveBack).
+// a session, the pool is closed, or idle logical connections without a
+// session outnumber the idle sessions (a parked one was taken or found
+// dead): then it reports false, and the caller gives s back (giveBack),
+// where it serves one of those.
 func (p *pool) park(s *session, used bool) bool {
-	if p.waiters.Load() > 0 || p.closing.Load() {
+	if p.waiters.Load() > 0 || p.closing.Load() || p.idleLogical.Load() > p.parked.Load() && p.excess(0) {
 		return false
 	}
 	if used {
@@ -251,6 +253,16 @@ func (p *pool) park(s *session, used bool) bool {
 	p.idleLogical.Add(1)
 	s.state.Store(parked)
 	return true
+}
+
+// excess reports whether the idle logical connections without a parked
+// session, but for leaving, outnumber the idle sessions and dials on
+// their way: database/sql keeps more idle connections than the gate has
+// server connections for.
+func (p *pool) excess(leaving int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.idleLogical.Load()-p.parked.Load()-leaving > int64(len(p.idle)+p.dialing)
 }
 
 // take makes a parked session held by the caller, and reports whether it

@@ -217,6 +217,9 @@ func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *tes
 		if open := fc.Open(); open != 1 {
 			t.Fatalf("gated %v: the driver has %d connections open, want 1", gated, open)
 		}
+		if s := db.Stats(); s.OpenConnections != 1 || s.Idle != 1 {
+			t.Fatalf("gated %v: database/sql %+v after the Ping, want 1 open, idle", gated, s)
+		}
 		if n := fc.Count(fakedb.OpConnect); n != 4 {
 			t.Fatalf("gated %v: %d dials, want 4", gated, n)
 		}

@@ -489,3 +489,78 @@ bulkhead_max_concurrent 0
 		t.Errorf("%d fleet series for a gate outside a fleet, want 0", n)
 	}
 }
+
+// A dial that fails fails the operation that needed it: the collector
+// counts the failed dial in bulkhead_dial_errors_total, whoever asked for
+// it (two operations and a Ping here), and the operation in
+// bulkhead_connect_failed_total, as the gate's Stats do; once dials
+// succeed again, the next operation is admitted.
+func TestCollectorCountsFailedDialsAndTheOperationsTheyFailed(t *testing.T) {
+	c := promgate.New(promgate.Opts{})
+	fc := fakedb.New()
+	refused := errors.New("fake dial refused")
+	fc.FailNext(fakedb.OpConnect, 3, refused)
+	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 1, QueueWait: time.Hour}, bulkhead.WithEvents(c.Events()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Attach(g)
+	db := g.OpenDB()
+	defer db.Close()
+	ctx := t.Context()
+
+	counters := func() map[string]float64 {
+		t.Helper()
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(c)
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]float64{}
+		for _, mf := range mfs {
+			if mf.GetType() == dto.MetricType_COUNTER && len(mf.GetMetric()) == 1 {
+				got[mf.GetName()] = mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return got
+	}
+	check := func(when string, dials, dialErrors, connectFailed, admitted float64) {
+		t.Helper()
+		got := counters()
+		for _, w := range []struct {
+			name string
+			want float64
+		}{
+			{"bulkhead_dials_total", dials},
+			{"bulkhead_dial_errors_total", dialErrors},
+			{"bulkhead_connect_failed_total", connectFailed},
+			{"bulkhead_admitted_total", admitted},
+		} {
+			if v, ok := got[w.name]; !ok || v != w.want {
+				t.Errorf("%s: %s = %v (exported: %v), want %v", when, w.name, v, ok, w.want)
+			}
+		}
+		if s := g.Stats(); float64(s.Dials) != dials || float64(s.DialErrors) != dialErrors || float64(s.ConnectFailed) != connectFailed {
+			t.Errorf("%s: Stats Dials=%d DialErrors=%d ConnectFailed=%d, want %v, %v, %v", when, s.Dials, s.DialErrors, s.ConnectFailed, dials, dialErrors, connectFailed)
+		}
+	}
+
+	const failedOps = 2
+	for i := range failedOps {
+		if _, err := db.ExecContext(ctx, "UPDATE t SET v = 1"); !errors.Is(err, refused) {
+			t.Fatalf("operation %d with dials failing: %v, want the dial's error", i+1, err)
+		}
+	}
+	check("after two operations whose dial failed", failedOps, failedOps, failedOps, 0)
+	// A Ping takes no permit: its failed dial is a dial error, not a
+	// failed operation.
+	if err := db.PingContext(ctx); !errors.Is(err, refused) {
+		t.Fatalf("Ping with dials failing: %v, want the dial's error", err)
+	}
+	check("after a Ping whose dial failed", failedOps+1, failedOps+1, failedOps, 0)
+	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 1"); err != nil {
+		t.Fatalf("an operation once dials succeed: %v", err)
+	}
+	check("after an operation whose dial succeeded", failedOps+2, failedOps+1, failedOps, 1)
+}
