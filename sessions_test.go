@@ -2,10 +2,10 @@
 
 package bulkhead_test
 
-// One gate, one pool, one budget (issue 10, points 1 and 2): the gate's
-// *sql.DB, a second pool on the same gate, every rejection attributed to
-// its operation, and sessions held outside operations (a *sql.Conn kept
-// for LISTEN) counted against the connection budget, not admission.
+// One gate, one pool, one budget: the gate's *sql.DB, a second pool on
+// the same gate, every rejection attributed to its operation, and
+// sessions held outside operations (a *sql.Conn kept for LISTEN), which
+// take no permit.
 
 import (
 	"context"

@@ -1,7 +1,7 @@
 package pgxgate_test
 
-// The server bound after every ending of a transaction (issue 10, point
-// 3): when an operation's permits come back, the server no longer runs its
+// The server bound after every ending of a transaction: when an
+// operation's permits come back, the server no longer runs its
 // transaction. Proven with a lock probe, the operation that gets the
 // permit next taking the same row lock with NOWAIT, and with
 // pg_stat_activity read by that operation, over hundreds of rounds; and
@@ -219,7 +219,7 @@ func (r *endRig) round(i int, tally *endTally, end func(ctx context.Context, can
 	}
 }
 
-// The three endings of the issue, each with the lock held.
+// The three endings of a transaction, each with the lock held.
 var endings = []struct {
 	name   string
 	rounds int

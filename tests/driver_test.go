@@ -1,7 +1,7 @@
 package tests
 
 // Contract tests of the gate against a real PostgreSQL server through
-// github.com/jackc/pgx/v5/stdlib (issue "The gate"). What runs on the server
+// github.com/jackc/pgx/v5/stdlib. What runs on the server
 // is read from pg_stat_activity on a separate, ungated connection
 // (newMonitor), filtered by the application_name that pgConfig gives each
 // test.

@@ -416,7 +416,7 @@ func TestAmbiguousCommitReleasesOnceAndIsNeverRetried(t *testing.T) {
 
 // ---------------------------------------------------------------------------
 // Slow dials and a slow network: rejections stay immediate, dials are not
-// thrown away (issue 10, point 8).
+// thrown away.
 
 // A rejection sends nothing to the server, also when the pooled
 // connection it would have used needs a reset: pgx pings a connection idle

@@ -2,8 +2,8 @@
 
 package tests
 
-// The gate in front of PgBouncer in transaction mode (issue 12, "Behind
-// PgBouncer"). Each test starts its own PgBouncer (Debian's package
+// The gate in front of PgBouncer in transaction mode (docs/fleet.md,
+// "Behind PgBouncer"). Each test starts its own PgBouncer (Debian's package
 // pgbouncer) as a child process on a free port of 127.0.0.1, in front of
 // the test server, and stops it when the test ends.
 

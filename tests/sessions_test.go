@@ -127,8 +127,8 @@ func TestAListeningConnHoldsAServerConnectionButNoPermit(t *testing.T) {
 
 // On PostgreSQL: once several server connections are open, operations
 // that run one at a time all land on one of them, the idle one given back
-// last, whichever logical connection database/sql hands out (issue 13:
-// the running work stays on the fewest, warmest backends instead of
+// last, whichever logical connection database/sql hands out (the
+// running work stays on the fewest, warmest backends instead of
 // rotating over all B+Q).
 func TestOperationsRunOneAtATimeStayOnTheServerConnectionGivenBackLast(t *testing.T) {
 	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 0})
