@@ -434,37 +434,45 @@ func igOpenPG(t *testing.T) (driver.Connector, *sql.DB) {
 }
 
 // igOpenMySQL opens the MariaDB server of $BULKHEAD_TEST_MYSQL_DSN, by
-// default root@tcp(127.0.0.1:3306)/test. It skips under -short and fails,
-// saying how to start one, when the server does not answer.
+// default root@tcp(127.0.0.1:3306)/test, with interpolateParams set as
+// given. It skips under -short and fails, saying how to start one, when
+// the server does not answer.
 func igOpenMySQL(interpolate bool) func(t *testing.T) (driver.Connector, *sql.DB) {
 	return func(t *testing.T) (driver.Connector, *sql.DB) {
-		t.Helper()
-		if testing.Short() {
-			t.Skip("needs MariaDB; skipped under -short")
-		}
-		dsn := defaultMySQLDSN
-		if v, ok := os.LookupEnv(EnvMySQLDSN); ok {
-			dsn = v
-		}
-		cfg, err := mysql.ParseDSN(dsn)
-		if err != nil {
-			t.Fatalf("%s=%q: %v, want a go-sql-driver/mysql DSN such as %s", EnvMySQLDSN, dsn, err, defaultMySQLDSN)
-		}
-		cfg.InterpolateParams = interpolate
-		if c, err := net.DialTimeout(cfg.Net, cfg.Addr, 2*time.Second); err != nil {
-			t.Fatalf("no MariaDB at %s (%v): start one with `service mariadb start` "+
-				"(root without password, database test; .ci/run starts it in CI), or set %s to a DSN", cfg.Addr, err, EnvMySQLDSN)
-		} else {
-			c.Close()
-		}
-		c, err := mysql.NewConnector(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		setup := sql.OpenDB(c)
-		t.Cleanup(func() { setup.Close() })
-		return c, setup
+		return openMySQL(t, func(cfg *mysql.Config) { cfg.InterpolateParams = interpolate })
 	}
+}
+
+// openMySQL returns a connector on the test's MariaDB server, its DSN's
+// config changed by set, and an ungated *sql.DB on it, both closed at the
+// end of the test (see igOpenMySQL).
+func openMySQL(t *testing.T, set func(*mysql.Config)) (driver.Connector, *sql.DB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs MariaDB; skipped under -short")
+	}
+	dsn := defaultMySQLDSN
+	if v, ok := os.LookupEnv(EnvMySQLDSN); ok {
+		dsn = v
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatalf("%s=%q: %v, want a go-sql-driver/mysql DSN such as %s", EnvMySQLDSN, dsn, err, defaultMySQLDSN)
+	}
+	set(cfg)
+	if c, err := net.DialTimeout(cfg.Net, cfg.Addr, 2*time.Second); err != nil {
+		t.Fatalf("no MariaDB at %s (%v): start one with `service mariadb start` "+
+			"(root without password, database test; .ci/run starts it in CI), or set %s to a DSN", cfg.Addr, err, EnvMySQLDSN)
+	} else {
+		c.Close()
+	}
+	c, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup := sql.OpenDB(c)
+	t.Cleanup(func() { setup.Close() })
+	return c, setup
 }
 
 // igOpenSQLite opens a SQLite file in the test's temporary directory

@@ -700,28 +700,7 @@ func TestAFleetMemberWithNoShareAnswersPing(t *testing.T) {
 // server with multiStatements, and a plain *sql.DB on it for set-up.
 func seamMySQL(t *testing.T) (driver.Connector, *sql.DB) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs MariaDB; skipped under -short")
-	}
-	dsn := defaultMySQLDSN
-	if v, ok := os.LookupEnv(EnvMySQLDSN); ok {
-		dsn = v
-	}
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatalf("%s=%q: %v, want a go-sql-driver/mysql DSN such as %s", EnvMySQLDSN, dsn, err, defaultMySQLDSN)
-	}
-	cfg.MultiStatements = true
-	c, err := mysql.NewConnector(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	setup := sql.OpenDB(c)
-	t.Cleanup(func() { setup.Close() })
-	if err := setup.PingContext(seamCtx(t)); err != nil {
-		t.Fatalf("no MariaDB at %s (%v): start one (root without password, database test), or set %s to a DSN", cfg.Addr, err, EnvMySQLDSN)
-	}
-	return c, setup
+	return openMySQL(t, func(cfg *mysql.Config) { cfg.MultiStatements = true })
 }
 
 // As go-sql-driver/mysql's TestExecMultipleResults and
