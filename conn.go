@@ -420,26 +420,33 @@ func (c *conn) Query(query string, args []driver.Value) (driver.Rows, error) {
 // they are closed, or a query of the open transaction (its rows are then
 // the driver's own).
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	return c.runQuery(ctx, func() (driver.Rows, driver.Stmt, error) { return c.query(ctx, query, args) })
+}
+
+// runQuery runs a query, run, that returns the driver's rows and the
+// statement to close with them, if any: in c's open transaction, under its
+// permits, else as an autocommit query (runRows).
+func (c *conn) runQuery(ctx context.Context, run func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
 	if c.bad {
 		return nil, driver.ErrBadConn
 	}
-	if c.tx.open {
-		if err := c.inTx(ctx); err != nil {
-			return nil, err
-		}
-		returned := false
-		defer c.finish(nil, &returned)
-		ri, si, err := c.query(ctx, query, args)
-		returned = true
-		if err != nil {
-			return nil, ctxErr(ctx, err)
-		}
-		if si != nil { // the fallback's statement, closed with its rows
-			return &rows{c: c, inner: ri, stmt: si}, nil
-		}
-		return ri, nil
+	if !c.tx.open {
+		return c.runRows(ctx, run)
 	}
-	return c.runRows(ctx, func() (driver.Rows, driver.Stmt, error) { return c.query(ctx, query, args) })
+	if err := c.inTx(ctx); err != nil {
+		return nil, err
+	}
+	returned := false
+	defer c.finish(nil, &returned)
+	ri, si, err := run()
+	returned = true
+	if err != nil {
+		return nil, ctxErr(ctx, err)
+	}
+	if si != nil { // the fallback's statement, closed with its rows
+		return &rows{c: c, inner: ri, stmt: si}, nil
+	}
+	return ri, nil
 }
 
 // query runs query on c's session, with database/sql's fallback as exec;

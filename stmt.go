@@ -206,21 +206,7 @@ func (st *stmt) exec(ctx context.Context, args []driver.NamedValue) (driver.Resu
 // QueryContext runs the statement; its rows hold both permits until they
 // are closed, or, in c's open transaction, are the driver's own.
 func (st *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	c := st.c
-	if c.bad {
-		return nil, driver.ErrBadConn
-	}
-	if c.tx.open {
-		if err := c.inTx(ctx); err != nil {
-			return nil, err
-		}
-		returned := false
-		defer c.finish(nil, &returned)
-		ri, err := st.query(ctx, args)
-		returned = true
-		return ri, ctxErr(ctx, err)
-	}
-	return c.runRows(ctx, func() (driver.Rows, driver.Stmt, error) {
+	return st.c.runQuery(ctx, func() (driver.Rows, driver.Stmt, error) {
 		ri, err := st.query(ctx, args)
 		return ri, nil, err
 	})
