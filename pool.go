@@ -485,7 +485,7 @@ func (p *pool) closeEverywhere(q *query) {
 	}
 }
 
-// closePending closes the statements closeLater left for s, held by the
+// closePending closes the statements closeEverywhere left for s, held by the
 // caller.
 func (p *pool) closePending(s *session) {
 	if !s.closing.Load() {
