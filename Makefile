@@ -9,7 +9,7 @@ SQLC := github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
 # The oldest Go the root module says it builds with (its go line).
 MIN_GO := go1.22.12
 
-.PHONY: help test test-short lint compat bench bench-cost bench-pg bench-smoke overload fleet generate chart sqlc sqlc-check
+.PHONY: help test test-short lint compat bench bench-cost bench-pg bench-smoke overload overload-adaptive overload-shift overload-ceiling overload-priority fleet generate chart sqlc sqlc-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -47,6 +47,22 @@ overload: ## the overload experiment (module experiments), open-loop on local Po
 	$(GO) run ./experiments overload --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
 	  --service 5ms,10ms,20ms --configs semaphore,waitfirst,gate --max-concurrent 2 --rounds 3 --duration 3s \
 	  --json overload.json --chart docs/overload.svg
+
+# The adaptive experiments (BENCHMARKS.md: No number to guess), S = 10 ms, B = 2, 3 rounds each.
+ADAPTIVE_RUN = $(GO) run ./experiments overload --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} --service 10ms --rounds 3
+
+overload-adaptive: ## steady 1, 3, 6 × C: the gate with B measured against adaptive B (ceiling 16), failsafe-go's bulkhead and adaptive limiter (overload-adaptive.json; ~5 min)
+	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 1,3,6 --duration 3s --ceiling 16 --configs fsbulkhead,fsadaptive,fsadaptive-wait,gate,adaptive --json overload-adaptive.json
+
+overload-shift: ## the work triples halfway, offered 2 × C: goodput before and after, over time (overload-shift.json, docs/shift.svg; ~3 min)
+	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 2 --shift 3 --duration 6s --ceiling 16 --configs fsbulkhead,fsadaptive,fsadaptive-wait,gate,adaptive --json overload-shift.json --chart docs/shift.svg
+
+overload-ceiling: ## B misconfigured to 16 at 3 × C: the static gate at 16 (by the rule), then the gate at B = 2 beside adaptive B with ceiling 16 (overload-ceiling-*.json; ~2 min)
+	$(ADAPTIVE_RUN) --loads 3 --duration 3s --max-concurrent 16 --configs gate --json overload-ceiling-static16.json
+	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 3 --duration 3s --ceiling 16 --configs gate,adaptive,fsadaptive --json overload-ceiling.json
+
+overload-priority: ## 3 × C, a fifth of the requests high-priority: their goodput against the gate serving them alone (overload-priority.json; ~2 min)
+	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 3 --high 0.2 --duration 3s --ceiling 16 --configs fsbulkhead,gate,adaptive,alone --json overload-priority.json
 
 fleet: ## the fleet experiment (module experiments) on local PostgreSQL: 4 processes, T = 8; one process, static B = T/4 and T/8, the fleet budget, PgBouncer; deploy, SIGKILL, scale-down; prints the table, redraws docs/fleet.svg (~2 min; pgbouncer arm: apt-get install pgbouncer)
 	$(GO) run ./experiments fleet --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} \

@@ -141,11 +141,11 @@ func TestLimiterAcquiresAndReleasesPermitsWithoutWaiting(t *testing.T) {
 	if s := admStats(l); s.Running != 2 || s.Waiting != 0 || s.Admitted != 2 || s.WaitCount != 0 || s.WaitDuration != 0 {
 		t.Fatalf("stats %+v, want 2 running, 2 admitted, no wait", s)
 	}
-	l.release()
+	l.release(0)
 	admCheck(t, l, 1, 0)
 	admMustAcquire(t, l)
-	l.release()
-	l.release()
+	l.release(0)
+	l.release(0)
 	admCheck(t, l, 0, 0)
 	s := admStats(l)
 	want := Stats{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Second, Admitted: 3}
@@ -204,8 +204,8 @@ func TestAdmissionFullRejectsAtOnceWithThePreallocatedError(t *testing.T) {
 		if r := <-queued; !errors.Is(r.err, context.Canceled) {
 			t.Fatalf("queued acquire = %v, want context.Canceled", r.err)
 		}
-		l.release()
-		l.release()
+		l.release(0)
+		l.release(0)
 		admCheck(t, l, 0, 0)
 	})
 }
@@ -232,7 +232,7 @@ func TestWaitersAreGrantedPermitsInArrivalOrder(t *testing.T) {
 				case <-finish[i]:
 				case <-stop:
 				}
-				l.release()
+				l.release(0)
 			}()
 			// Start the next waiter only once this one is queued.
 			synctest.Wait()
@@ -240,7 +240,7 @@ func TestWaitersAreGrantedPermitsInArrivalOrder(t *testing.T) {
 				t.Fatalf("after waiter %d: %d waiting, %d running; want %d, 1", i, s.Waiting, s.Running, i+1)
 			}
 		}
-		l.release() // the holder's permit goes to waiter 0
+		l.release(0) // the holder's permit goes to waiter 0
 		for want := range n {
 			synctest.Wait()
 			select {
@@ -297,7 +297,7 @@ func TestQueueTimeoutRejectsAndGivesBackOnlyTheAdmissionPermit(t *testing.T) {
 		if s.RejectedTimeout != 1 || s.WaitCount != 1 || s.WaitDuration != wait || s.Admitted != 1 || s.Canceled != 0 {
 			t.Fatalf("stats %+v, want 1 timeout, 1 wait of %v, 1 admitted", s, wait)
 		}
-		l.release()
+		l.release(0)
 		admCheck(t, l, 0, 0)
 	})
 }
@@ -320,9 +320,9 @@ func TestZeroQueueWaitRejectsWithoutWaiting(t *testing.T) {
 	if s := admStats(l); s.RejectedTimeout != 1 || s.WaitCount != 0 || s.WaitDuration != 0 {
 		t.Fatalf("stats %+v, want 1 timeout and no wait counted", s)
 	}
-	l.release()
+	l.release(0)
 	admMustAcquire(t, l) // a free permit is still taken at once with QueueWait 0
-	l.release()
+	l.release(0)
 	admCheck(t, l, 0, 0)
 }
 
@@ -350,7 +350,7 @@ func TestContextCanceledWhileQueuedReturnsTheContextError(t *testing.T) {
 		if s := admStats(l); s.Canceled != 1 || s.RejectedTimeout != 0 || s.WaitCount != 1 || s.WaitDuration != 10*time.Millisecond {
 			t.Fatalf("stats %+v, want 1 canceled after a 10ms wait", s)
 		}
-		l.release()
+		l.release(0)
 		admCheck(t, l, 0, 0)
 	})
 }
@@ -372,7 +372,7 @@ func TestAlreadyCanceledContextTakesNothing(t *testing.T) {
 	if s := admStats(l); s.Canceled != 2 || s.RejectedFull != 0 || s.Admitted != 1 {
 		t.Fatalf("stats %+v, want 2 canceled, 1 admitted", s)
 	}
-	l.release()
+	l.release(0)
 	admCheck(t, l, 0, 0)
 }
 
@@ -396,7 +396,7 @@ func TestContextDeadlineWhileQueuedReturnsDeadlineExceeded(t *testing.T) {
 		if s := admStats(l); s.Canceled != 1 || s.RejectedTimeout != 0 {
 			t.Fatalf("stats %+v, want 1 canceled, 0 timeouts", s)
 		}
-		l.release()
+		l.release(0)
 	})
 }
 
@@ -425,11 +425,11 @@ func TestCloseMakesWaitersAndNewOperationsReturnErrClosed(t *testing.T) {
 		if _, err := l.acquire(context.Background()); err != ErrClosed {
 			t.Fatalf("acquire after close with admission free = %v, want ErrClosed", err)
 		}
-		l.release() // running operations still give their permits back
+		l.release(0) // running operations still give their permits back
 		if _, err := l.acquire(context.Background()); err != ErrClosed {
 			t.Fatalf("acquire after close with a permit free = %v, want ErrClosed", err)
 		}
-		l.release()
+		l.release(0)
 		admCheck(t, l, 0, 0)
 		if !l.isClosed() {
 			t.Fatal("isClosed = false after close")
@@ -451,10 +451,10 @@ func TestWaiterQueuedAtCloseGetsErrClosedEvenIfAPermitIsReleasedRightAfter(t *te
 			res := admGo(context.Background(), l)
 			synctest.Wait()
 			l.close()
-			l.release()
+			l.release(0)
 			r := <-res
 			if r.err == nil {
-				l.release()
+				l.release(0)
 			}
 			admCheck(t, l, 0, 0)
 			if r.err != ErrClosed {
@@ -500,7 +500,7 @@ func TestPermitGrantedAsTheWaitEndsIsHandedOn(t *testing.T) {
 						t.Fatalf("second waiter = %v, want the handed-on permit", r.err)
 					}
 					admCheck(t, l, 1, 0)
-					l.release()
+					l.release(0)
 				}
 				admCheck(t, l, 0, 0)
 				wantAdmitted := int64(1)
@@ -518,7 +518,7 @@ func TestPermitGrantedAsTheWaitEndsIsHandedOn(t *testing.T) {
 func TestReleasingMoreThanHeldPanicsAsABug(t *testing.T) {
 	l := newLimiter("", Policy{MaxConcurrent: 2, MaxQueue: 0, QueueWait: 0})
 	admMustAcquire(t, l)
-	l.release()
+	l.release(0)
 	defer func() {
 		r := recover()
 		msg, _ := r.(string)
@@ -526,7 +526,7 @@ func TestReleasingMoreThanHeldPanicsAsABug(t *testing.T) {
 			t.Fatalf("double release recovered %v, want a panic starting with \"bulkhead: bug:\"", r)
 		}
 	}()
-	l.release()
+	l.release(0)
 	t.Fatal("double release did not panic")
 }
 
@@ -559,7 +559,7 @@ func TestStatsCountersAddUp(t *testing.T) {
 			t.Fatalf("canceled waiter = %v after %v, want context.Canceled after 10ms", r.err, r.waited)
 		}
 		time.Sleep(20 * time.Millisecond)
-		l.release()
+		l.release(0)
 		if r := <-g; r.err != nil || r.waited != 30*time.Millisecond {
 			t.Fatalf("granted waiter = %v after %v, want nil after 30ms", r.err, r.waited)
 		}
@@ -569,7 +569,7 @@ func TestStatsCountersAddUp(t *testing.T) {
 		if _, err := l.acquire(ctx); err != context.Canceled {
 			t.Fatalf("acquire with canceled ctx = %v", err)
 		}
-		l.release()
+		l.release(0)
 		admCheck(t, l, 0, 0)
 
 		want := Stats{
@@ -622,7 +622,7 @@ func TestCancellationRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 			var wg sync.WaitGroup
 			wg.Add(2)
 			go func() { defer wg.Done(); <-start; cancel() }()
-			go func() { defer wg.Done(); <-start; l.release() }()
+			go func() { defer wg.Done(); <-start; l.release(0) }()
 			close(start)
 			wg.Wait()
 			releases++
@@ -632,7 +632,7 @@ func TestCancellationRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 			switch r.err {
 			case nil:
 				acquires++
-				l.release()
+				l.release(0)
 				releases++
 			case context.Canceled:
 			default:
@@ -643,7 +643,7 @@ func TestCancellationRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 				t.Fatalf("iteration %d: second waiter = %v, want the permit", i, r2.err)
 			}
 			acquires++
-			l.release()
+			l.release(0)
 			releases++
 			admCheck(t, l, 0, 0)
 		}
@@ -671,12 +671,12 @@ func TestQueueTimeoutRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 		res := admGo(context.Background(), l)
 		// Release once the waiter is queued, or has already timed out.
 		admWaitFor(t, func() bool { return admRead(l).waiting == 1 || l.nTimeout.Load() == 1 })
-		l.release()
+		l.release(0)
 		r := <-res
 		counts.add(r.err)
 		switch {
 		case r.err == nil:
-			l.release()
+			l.release(0)
 		case errors.Is(r.err, ErrQueueTimeout):
 			if r.waited <= 0 {
 				t.Fatalf("iteration %d: timed out after %v, want > 0", i, r.waited)
@@ -714,7 +714,7 @@ func TestCloseRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 			var wg sync.WaitGroup
 			wg.Add(2)
 			go func() { defer wg.Done(); <-start; l.close() }()
-			go func() { defer wg.Done(); <-start; l.release() }()
+			go func() { defer wg.Done(); <-start; l.release(0) }()
 			close(start)
 			wg.Wait()
 
@@ -725,7 +725,7 @@ func TestCloseRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 				switch r.err {
 				case nil:
 					granted++
-					l.release()
+					l.release(0)
 				case ErrClosed:
 				default:
 					t.Fatalf("iteration %d: waiter = %v, want nil or ErrClosed", i, r.err)
@@ -860,7 +860,7 @@ func admRunModel(t *testing.T, seed int64, steps int) {
 			if m.holders == 0 {
 				continue
 			}
-			l.release()
+			l.release(0)
 			synctest.Wait()
 			if len(m.queue) > 0 {
 				w := m.queue[0]
@@ -929,7 +929,7 @@ func admRunModel(t *testing.T, seed int64, steps int) {
 		}
 	}
 	for range m.holders {
-		l.release()
+		l.release(0)
 	}
 	admCheck(t, l, 0, 0)
 }

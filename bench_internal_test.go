@@ -59,7 +59,7 @@ func BenchmarkSemaphore(b *testing.B) {
 			if _, err := l.acquire(ctx); err != nil {
 				b.Fatal(err)
 			}
-			l.release()
+			l.release(0)
 		}
 	})
 	b.Run("path=parallel/sem=xsync", func(b *testing.B) {
@@ -82,7 +82,7 @@ func BenchmarkSemaphore(b *testing.B) {
 				if _, err := l.acquire(ctx); err != nil {
 					panic(err)
 				}
-				l.release()
+				l.release(0)
 			}
 		})
 	})
@@ -106,7 +106,7 @@ func BenchmarkSemaphore(b *testing.B) {
 				if _, err := l.acquire(ctx); err != nil {
 					panic(err)
 				}
-				l.release()
+				l.release(0)
 			}
 		})
 	})
@@ -126,7 +126,7 @@ func BenchmarkSemaphore(b *testing.B) {
 		if _, err := l.acquire(ctx); err != nil {
 			b.Fatal(err)
 		}
-		defer l.release()
+		defer l.release(0)
 		b.ReportAllocs()
 		for b.Loop() {
 			if _, err := l.acquire(ctx); err == nil {
@@ -241,12 +241,12 @@ func BenchmarkWaiterMemory(b *testing.B) {
 		}
 		measureWaiters(b, waiters, waiterRig{
 			hold: acquire,
-			wait: func() { acquire(); l.release() },
+			wait: func() { acquire(); l.release(0) },
 			parked: func() int {
 				_, waiting := l.counts()
 				return waiting
 			},
-			free: l.release,
+			free: func() { l.release(0) },
 		})
 	})
 }

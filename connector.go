@@ -115,6 +115,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 		return nil, err
 	}
 	g := &Gate{inner: inner, global: newBudget(""), capB: -1, capQ: -1}
+	g.global.shedOther = g.shedQueued
 	g.opt.dialTimeout = 30 * time.Second
 	for _, o := range opts {
 		o(&g.opt)
@@ -299,7 +300,11 @@ func (g *Gate) applyLocked(p Policy) {
 	if g.capQ >= 0 {
 		q = min(q, g.capQ)
 	}
-	g.global.resize(b, q, p.QueueWait, p.DryRun)
+	floor := 0
+	if p.Adaptive {
+		floor = max(1, p.MinConcurrent)
+	}
+	g.global.resize(b, q, p.QueueWait, p.DryRun, floor)
 	if len(p.Workloads) == 0 {
 		g.workloads.Store(nil)
 		return
@@ -319,8 +324,11 @@ func (g *Gate) applyLocked(p Policy) {
 			}
 			g.budgets[name] = l
 		}
+		l.mu.Lock()
+		l.prio = w.Priority
+		l.mu.Unlock()
 		wb := min(w.MaxConcurrent, b)
-		l.resize(wb, max(0, min(w.MaxQueue, b+q-wb)), w.QueueWait, p.DryRun)
+		l.resize(wb, max(0, min(w.MaxQueue, b+q-wb)), w.QueueWait, p.DryRun, 0)
 		wls[name] = l
 	}
 	g.workloads.Store(&wls)
@@ -336,10 +344,11 @@ func (g *Gate) workload(name string) *budget {
 // Stats is a snapshot of a gate, or of one workload's budget, shaped like
 // sql.DBStats: the limits in force, then gauges, then cumulative counters.
 // Every gated operation ends in exactly one of Admitted, RejectedFull,
-// RejectedTimeout, ConnectFailed and Canceled (in dry-run, an operation
-// counted in RejectedFull runs, and is counted in Admitted too).
+// RejectedTimeout, RejectedDeadline, ConnectFailed and Canceled (in
+// dry-run, an operation counted in RejectedFull runs, and is counted in
+// Admitted too).
 type Stats struct {
-	MaxConcurrent int           // B: execution permits (below the policy's under Cap)
+	MaxConcurrent int           // B: execution permits (below the policy's under Cap, and moving under Adaptive)
 	MaxQueue      int           // Q: admission permits beyond B
 	QueueWait     time.Duration // longest wait for an execution permit
 	DryRun        bool          // rejections are counted and reported, not made
@@ -349,19 +358,25 @@ type Stats struct {
 	Waiting   int // admitted operations waiting for an execution permit
 	OpenConns int // server connections open or being dialed; 0 for a workload
 	IdleConns int // server connections idle in the gate; 0 for a workload
+	// Hold is the moving average of the time operations held their
+	// permits, which ErrWouldMissDeadline and Adaptive go by: measured on
+	// the operations that could not take their permits at once or took
+	// the last free one (all of them under Adaptive); 0 before the first.
+	Hold time.Duration
 
 	// Counters.
-	Admitted        int64         // got their permits and a server connection, and ran
-	RejectedFull    int64         // refused at once: admission full (dry-run: would have been)
-	RejectedTimeout int64         // admitted, then refused: no execution permit within the wait
-	ConnectFailed   int64         // had their permits, then no server connection: the dial failed
-	Canceled        int64         // the context ended, or the gate closed, before the operation could run
-	WaitCount       int64         // had to wait for an execution permit
-	WaitDuration    time.Duration // total time waited for execution permits
-	WouldWait       int64         // dry-run: found no execution permit free and ran anyway
-	Dials           int64         // server connections dialed, failed dials included; 0 for a workload
-	DialErrors      int64         // dials that failed, whoever asked (operations, Ping, Prepare, Raw); 0 for a workload
-	BadConns        int64         // server connections the driver found dead and the gate closed; 0 for a workload
+	Admitted         int64         // got their permits and a server connection, and ran
+	RejectedFull     int64         // refused at once: admission full (dry-run: would have been)
+	RejectedTimeout  int64         // admitted, then refused: no execution permit within the wait
+	RejectedDeadline int64         // refused at once or after a wait: it could no longer make its context's deadline
+	ConnectFailed    int64         // had their permits, then no server connection: the dial failed
+	Canceled         int64         // the context ended, or the gate closed, before the operation could run
+	WaitCount        int64         // had to wait for an execution permit
+	WaitDuration     time.Duration // total time waited for execution permits
+	WouldWait        int64         // dry-run: found no execution permit free and ran anyway
+	Dials            int64         // server connections dialed, failed dials included; 0 for a workload
+	DialErrors       int64         // dials that failed, whoever asked (operations, Ping, Prepare, Raw); 0 for a workload
+	BadConns         int64         // server connections the driver found dead and the gate closed; 0 for a workload
 }
 
 // Stats returns a snapshot of the gate's global budget, which every

@@ -9,7 +9,13 @@
 //   - execution: B permits, handed out in FIFO order within the policy's
 //     QueueWait and never past the caller's context. A timeout is a
 //     rejection matching ErrQueueTimeout (and ErrRejected); a context
-//     that ends returns the context's error.
+//     that ends returns the context's error. An operation that could no
+//     longer finish within its context's deadline, given the hold times
+//     the gate measures, is refused with ErrWouldMissDeadline instead of
+//     waiting for a permit it could not use.
+//
+// Policy.Adaptive lets the gate find B below MaxConcurrent, and
+// Workload.Priority orders the queue (docs/design.md).
 //
 // An operation is a transaction (from BeginTx until the driver's Commit or
 // Rollback returned), an autocommit Exec (until it returned) or an

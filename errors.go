@@ -10,7 +10,7 @@ import (
 )
 
 // Sentinel errors. A rejection matches ErrRejected and exactly one of
-// ErrAdmissionFull and ErrQueueTimeout. None of them matches
+// ErrAdmissionFull, ErrQueueTimeout and ErrWouldMissDeadline. None of them matches
 // driver.ErrBadConn, so database/sql never retries a rejection.
 var (
 	// ErrRejected is matched by every rejection: the database is at its
@@ -23,6 +23,12 @@ var (
 	// ErrQueueTimeout: the operation was admitted, but no execution
 	// permit came within the queue wait.
 	ErrQueueTimeout = errors.New("bulkhead: queue wait timed out")
+	// ErrWouldMissDeadline: the operation's context has a deadline it
+	// could no longer make: the wait expected ahead of it, or the wait it
+	// had done, plus the hold time the gate measures, went past it. It is
+	// refused at once or leaves the queue then, so that the permits go to
+	// operations that can still finish in time.
+	ErrWouldMissDeadline = errors.New("bulkhead: would miss its deadline")
 	// ErrClosed: the gate was closed (by db.Close) before or while the
 	// operation waited. It is not a rejection.
 	ErrClosed = errors.New("bulkhead: closed")
@@ -45,7 +51,7 @@ var ErrTxStillOpen = errors.New("bulkhead: the connection's transaction has not 
 // running and Q waiting is one value shared by every caller, so that
 // rejecting under steady overload allocates nothing.
 type RejectedError struct {
-	Cause         error  // ErrAdmissionFull or ErrQueueTimeout
+	Cause         error  // ErrAdmissionFull, ErrQueueTimeout or ErrWouldMissDeadline
 	Workload      string // the workload whose budget refused it; "" for the global budget
 	MaxConcurrent int    // B of that budget
 	MaxQueue      int    // Q of that budget
@@ -54,6 +60,9 @@ type RejectedError struct {
 	// waiting for one.
 	Running, Waiting int
 	Waited           time.Duration // time spent waiting; 0 for ErrAdmissionFull
+	// Hold is the budget's estimate of an operation's hold time, which
+	// ErrWouldMissDeadline weighed against the time left.
+	Hold time.Duration
 }
 
 func (e *RejectedError) Error() string {
@@ -62,8 +71,11 @@ func (e *RejectedError) Error() string {
 		budget = fmt.Sprintf(" for workload %q", e.Workload)
 	}
 	held := fmt.Sprintf("%d running + %d waiting of B=%d, Q=%d", e.Running, e.Waiting, e.MaxConcurrent, e.MaxQueue)
-	if e.Cause == ErrQueueTimeout {
+	switch e.Cause {
+	case ErrQueueTimeout:
 		return fmt.Sprintf("bulkhead: queue wait timed out%s after %v: %s", budget, e.Waited, held)
+	case ErrWouldMissDeadline:
+		return fmt.Sprintf("bulkhead: would miss its deadline%s after a wait of %v, with operations holding their permits %v: %s", budget, e.Waited, e.Hold, held)
 	}
 	return fmt.Sprintf("bulkhead: admission full%s: %s", budget, held)
 }

@@ -32,7 +32,7 @@ func (k Kind) String() string {
 type Event struct {
 	Kind     Kind
 	Workload string        // the workload budget it passed, "" for none
-	Reason   error         // OnReject: ErrAdmissionFull or ErrQueueTimeout
+	Reason   error         // OnReject: ErrAdmissionFull, ErrQueueTimeout or ErrWouldMissDeadline
 	DryRun   bool          // OnReject: the rejection was not made (Policy.DryRun)
 	Waited   time.Duration // time spent waiting for the execution permits
 	Held     time.Duration // OnRelease and hold warnings: time the permits were held
@@ -93,7 +93,7 @@ func fanOut(fs []func(Event)) func(Event) {
 }
 
 // ReasonLabel names the cause of a rejection for logs and metric labels:
-// "admission_full" or "queue_timeout" (errors.Is, so that a rejection or
+// "admission_full", "queue_timeout" or "would_miss_deadline" (errors.Is, so that a rejection or
 // an Event.Reason both work); "" for anything else.
 func ReasonLabel(err error) string {
 	switch {
@@ -103,6 +103,8 @@ func ReasonLabel(err error) string {
 		return "admission_full"
 	case errors.Is(err, ErrQueueTimeout):
 		return "queue_timeout"
+	case errors.Is(err, ErrWouldMissDeadline):
+		return "would_miss_deadline"
 	}
 	return ""
 }

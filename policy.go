@@ -15,7 +15,7 @@ import (
 // MaxConcurrent must be at least 1.
 type Policy struct {
 	// MaxConcurrent (B) is how many operations may run at once: the
-	// execution permits.
+	// execution permits. Under Adaptive, it is the ceiling.
 	MaxConcurrent int
 	// MaxQueue (Q) is how many admitted operations may wait for an
 	// execution permit. Admission permits number MaxConcurrent+MaxQueue.
@@ -28,18 +28,45 @@ type Policy struct {
 	// reject, without rejecting or waiting: for rolling limits out on a
 	// live service.
 	DryRun bool
+	// Adaptive moves the B in force between MinConcurrent and
+	// MaxConcurrent from the hold times the gate measures: up by one
+	// while callers wait or are refused and holds show no queueing inside
+	// the database, down by one when they show more than one operation
+	// queued there, with a window at the floor now and then to measure
+	// the hold without queueing (docs/design.md). It starts at
+	// MinConcurrent; Stats.MaxConcurrent is the B in force. Workloads
+	// keep their own B.
+	Adaptive bool
+	// MinConcurrent is the floor of Adaptive's B, from 1 (0 means 1) to
+	// MaxConcurrent; it must be 0 without Adaptive.
+	MinConcurrent int
 	// Workloads are named budgets inside this one. An operation whose
 	// context names a workload (WithWorkload) passes its budget first,
 	// then the global one; other operations pass the global budget alone.
 	Workloads map[string]Workload
 }
 
-// Workload is a named budget inside a Policy: its own B, Q and queue wait.
+// Workload is a named budget inside a Policy: its own B, Q and queue wait,
+// and the priority of its operations in the global budget.
 type Workload struct {
 	MaxConcurrent int           // B of the workload, from 1 to the policy's MaxConcurrent
 	MaxQueue      int           // Q of the workload; its B+Q at most the policy's B+Q
 	QueueWait     time.Duration // the workload's wait for its permits, in all
+	// Priority orders the global budget's queue, higher first (operations
+	// of no workload have 0), from MinPriority to MaxPriority. When the
+	// global admission is full, an operation sheds the youngest waiter of
+	// the lowest priority below its own, which is rejected with
+	// ErrAdmissionFull: under overload the lower priorities lose their
+	// share of the queue and of B first, and get both back when the
+	// database has room.
+	Priority int
 }
+
+// The range of Workload.Priority.
+const (
+	MinPriority = -100
+	MaxPriority = 100
+)
 
 // MaxQueueWait is the longest QueueWait a policy accepts.
 const MaxQueueWait = time.Hour
@@ -78,6 +105,10 @@ func (p Policy) Validate() error {
 		return invalid("QueueWait is %v, want at most %v", p.QueueWait, MaxQueueWait)
 	case p.MaxQueue > 0 && p.QueueWait == 0:
 		return invalid("MaxQueue is %d with QueueWait 0s: a queue nobody may wait in, want QueueWait above 0s or MaxQueue 0", p.MaxQueue)
+	case p.MinConcurrent < 0 || p.MinConcurrent > p.MaxConcurrent:
+		return invalid("MinConcurrent is %d, want 0 to MaxConcurrent (%d)", p.MinConcurrent, p.MaxConcurrent)
+	case p.MinConcurrent > 0 && !p.Adaptive:
+		return invalid("MinConcurrent is %d without Adaptive: a floor nothing moves B to, want Adaptive true or MinConcurrent 0", p.MinConcurrent)
 	}
 	names := make([]string, 0, len(p.Workloads))
 	for name := range p.Workloads {
@@ -98,6 +129,8 @@ func (p Policy) Validate() error {
 			return invalid("workload %q: QueueWait is %v, want 0s to %v", name, w.QueueWait, MaxQueueWait)
 		case w.MaxQueue > 0 && w.QueueWait == 0:
 			return invalid("workload %q: MaxQueue is %d with QueueWait 0s: a queue nobody may wait in, want QueueWait above 0s or MaxQueue 0", name, w.MaxQueue)
+		case w.Priority < MinPriority || w.Priority > MaxPriority:
+			return invalid("workload %q: Priority is %d, want %d to %d", name, w.Priority, MinPriority, MaxPriority)
 		}
 	}
 	return nil
@@ -124,12 +157,17 @@ const (
 	envWait      = "BULKHEAD_QUEUE_WAIT"
 	envDryRun    = "BULKHEAD_DRY_RUN"
 	envWorkloads = "BULKHEAD_WORKLOADS"
+	envAdaptive  = "BULKHEAD_ADAPTIVE"
+	envMin       = "BULKHEAD_MIN_CONCURRENT"
 	envFleet     = "BULKHEAD_FLEET" // read by package fleet
 	// envTest starts the variables of this repository's own tests.
 	envTest = "BULKHEAD_TEST_"
 )
 
-var envKnown = []string{envB, envQ, envWait, envDryRun, envWorkloads, envFleet}
+// envKnown: the policy's variables first (envPolicy of them), then the others.
+var envKnown = []string{envB, envQ, envWait, envDryRun, envWorkloads, envAdaptive, envMin, envFleet}
+
+const envPolicy = 7
 
 // PolicyFromEnv returns DefaultPolicy with each field that is set in the
 // environment replaced:
@@ -138,7 +176,9 @@ var envKnown = []string{envB, envQ, envWait, envDryRun, envWorkloads, envFleet}
 //	BULKHEAD_MAX_QUEUE       Q, a decimal integer ≥ 0 (default 10)
 //	BULKHEAD_QUEUE_WAIT      a Go duration with a unit, 0s to 1h, e.g. 50ms (default 100ms)
 //	BULKHEAD_DRY_RUN         true or false (default false)
-//	BULKHEAD_WORKLOADS       name:B:Q:wait, comma-separated, e.g. batch:2:4:50ms (default none)
+//	BULKHEAD_WORKLOADS       name:B:Q:wait[:priority], comma-separated, e.g. batch:2:4:50ms:-1 (default none)
+//	BULKHEAD_ADAPTIVE        true or false (default false): B moves up to BULKHEAD_MAX_CONCURRENT
+//	BULKHEAD_MIN_CONCURRENT  Adaptive's floor, a decimal integer ≥ 1 (default 1)
 //
 // Nothing is silently defaulted: a variable that is set must be well
 // formed (an empty value, a sign, spaces, a fraction, hex or exponent
@@ -166,7 +206,7 @@ func PolicyFromEnviron(base Policy, environ []string) (Policy, error) {
 			if near := nearest(k, envKnown); near != "" {
 				hint = ", did you mean " + near + "?"
 			}
-			return Policy{}, invalid("unknown environment variable %s=%q%s (known: %s)", k, v, hint, strings.Join(envKnown[:5], ", "))
+			return Policy{}, invalid("unknown environment variable %s=%q%s (known: %s)", k, v, hint, strings.Join(envKnown[:envPolicy], ", "))
 		}
 		vars[k] = v
 	}
@@ -182,12 +222,13 @@ func PolicyFromEnviron(base Policy, environ []string) (Policy, error) {
 		p.QueueWait, err = parseWait(envWait, v)
 	}
 	if v, ok := vars[envDryRun]; ok && err == nil {
-		switch v {
-		case "true", "false":
-			p.DryRun = v == "true"
-		default:
-			err = invalid("%s=%q, want true or false", envDryRun, v)
-		}
+		p.DryRun, err = parseBool(envDryRun, v)
+	}
+	if v, ok := vars[envAdaptive]; ok && err == nil {
+		p.Adaptive, err = parseBool(envAdaptive, v)
+	}
+	if v, ok := vars[envMin]; ok && err == nil {
+		p.MinConcurrent, err = parseCount(envMin, v, 1)
 	}
 	if v, ok := vars[envWorkloads]; ok && err == nil {
 		p.Workloads, err = parseWorkloads(v)
@@ -197,12 +238,12 @@ func PolicyFromEnviron(base Policy, environ []string) (Policy, error) {
 	}
 	if err := p.Validate(); err != nil {
 		var from []string
-		for _, k := range envKnown[:5] {
+		for _, k := range envKnown[:envPolicy] {
 			v, ok := vars[k]
 			switch {
 			case ok:
 				from = append(from, k+"="+strconv.Quote(v))
-			case k != envDryRun && k != envWorkloads:
+			case k == envB || k == envQ || k == envWait:
 				from = append(from, k+" unset")
 			}
 		}
@@ -242,6 +283,13 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
+func parseBool(name, v string) (bool, error) {
+	if v != "true" && v != "false" {
+		return false, invalid("%s=%q, want true or false", name, v)
+	}
+	return v == "true", nil
+}
+
 // parseCount accepts plain decimal digits only: strconv.Atoi alone would
 // take "+4" and "-1".
 func parseCount(name, v string, min int) (int, error) {
@@ -273,17 +321,17 @@ func parseWait(name, v string) (time.Duration, error) {
 	return d, nil
 }
 
-// parseWorkloads reads name:B:Q:wait entries separated by commas; an
-// empty value means no workloads.
+// parseWorkloads reads name:B:Q:wait[:priority] entries separated by
+// commas; an empty value means no workloads.
 func parseWorkloads(v string) (map[string]Workload, error) {
-	const want = "name:B:Q:wait entries separated by commas, e.g. batch:2:4:50ms"
+	const want = "name:B:Q:wait[:priority] entries separated by commas, e.g. batch:2:4:50ms:-1"
 	ws := map[string]Workload{}
 	if v == "" {
 		return ws, nil
 	}
 	for _, entry := range strings.Split(v, ",") {
 		f := strings.Split(entry, ":")
-		if len(f) != 4 {
+		if len(f) != 4 && len(f) != 5 {
 			return nil, invalid("%s=%q: entry %q, want %s", envWorkloads, v, entry, want)
 		}
 		name := f[0]
@@ -305,7 +353,14 @@ func parseWorkloads(v string) (map[string]Workload, error) {
 		if err != nil {
 			return nil, err
 		}
-		ws[name] = Workload{MaxConcurrent: b, MaxQueue: q, QueueWait: d}
+		prio := 0
+		if len(f) == 5 {
+			prio, err = strconv.Atoi(f[4])
+			if err != nil || prio < MinPriority || prio > MaxPriority || f[4] != strconv.Itoa(prio) {
+				return nil, invalid("%s=%q: workload %q priority %q, want an integer from %d to %d", envWorkloads, v, name, f[4], MinPriority, MaxPriority)
+			}
+		}
+		ws[name] = Workload{MaxConcurrent: b, MaxQueue: q, QueueWait: d, Priority: prio}
 	}
 	return ws, nil
 }

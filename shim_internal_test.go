@@ -14,7 +14,7 @@ type limiter = budget
 
 func newLimiter(name string, p Policy) *budget {
 	l := newBudget(name)
-	l.resize(p.MaxConcurrent, p.MaxQueue, p.QueueWait, p.DryRun)
+	l.resize(p.MaxConcurrent, p.MaxQueue, p.QueueWait, p.DryRun, 0)
 	return l
 }
 

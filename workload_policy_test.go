@@ -56,7 +56,7 @@ func TestWorkloadsAndDryRunFromTheEnvironmentParseValidValues(t *testing.T) {
 }
 
 func TestMalformedWorkloadsAndDryRunValuesAreErrorsNamingTheVariableAndTheValue(t *testing.T) {
-	const wantEntry = "want name:B:Q:wait entries separated by commas"
+	const wantEntry = "want name:B:Q:wait[:priority] entries separated by commas"
 	const wantName = "want 1 to 64 of a-z, 0-9, _ and -"
 	for _, c := range []struct {
 		env  string
@@ -66,7 +66,12 @@ func TestMalformedWorkloadsAndDryRunValuesAreErrorsNamingTheVariableAndTheValue(
 		// Entries.
 		{EnvWorkloads, "batch", []string{`BULKHEAD_WORKLOADS="batch"`, `entry "batch"`, wantEntry}},
 		{EnvWorkloads, "batch:2:4", []string{`BULKHEAD_WORKLOADS="batch:2:4"`, wantEntry}},
-		{EnvWorkloads, "batch:2:4:50ms:1", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms:1"`, wantEntry}},
+		{EnvWorkloads, "batch:2:4:50ms:1:2", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms:1:2"`, wantEntry}},
+		// Priorities.
+		{EnvWorkloads, "batch:2:4:50ms:101", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms:101"`, `workload "batch" priority "101"`, "want an integer from -100 to 100"}},
+		{EnvWorkloads, "batch:2:4:50ms:+1", []string{`priority "+1"`, "want an integer from -100 to 100"}},
+		{EnvWorkloads, "batch:2:4:50ms:", []string{`priority ""`}},
+		{EnvWorkloads, "batch:2:4:50ms:high", []string{`priority "high"`}},
 		{EnvWorkloads, "batch:2:4:50ms,", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms,"`, `entry ""`, wantEntry}},
 		{EnvWorkloads, ",batch:2:4:50ms", []string{`BULKHEAD_WORKLOADS=",batch:2:4:50ms"`, `entry ""`}},
 		{EnvWorkloads, "batch:2:4:50ms;report:1:0:0s", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms;report:1:0:0s"`, wantEntry}},

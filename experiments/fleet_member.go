@@ -148,7 +148,7 @@ func classifyMember(err error, lat, deadline time.Duration, opCtx context.Contex
 	switch cli.Classify(err, opCtx, context.Background()) {
 	case cli.OutRejectedFull:
 		return moFull
-	case cli.OutRejectedTimeout:
+	case cli.OutRejectedTimeout, cli.OutRejectedDeadline: // refused after admission
 		return moTimeout
 	case cli.OutDeadline:
 		return moDeadline

@@ -12,6 +12,7 @@ require (
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/dbbulkhead/bulkhead/pgxgate v0.0.0-00010101000000-000000000000 // indirect
+	github.com/failsafe-go/failsafe-go v0.9.8 // indirect
 	github.com/go-sql-driver/mysql v1.10.1 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect

@@ -35,7 +35,11 @@ var numCPU = runtime.NumCPU
 // own defaults.
 var commands = map[string]cli.Command{
 	"overload": {
-		Unused: map[string]string{cli.SetFleet: cli.OneProcess},
+		Unused: map[string]string{
+			cli.SetFleet:    cli.OneProcess,
+			cli.SetAdaptive: "the adaptive configuration is the gate with Adaptive, beside the others (--configs adaptive, --ceiling)",
+			cli.SetMinB:     "the adaptive configuration starts at 1",
+		},
 		Defaults: map[string]string{
 			cli.SetB:    fmt.Sprintf("the number of CPUs, %d here", numCPU()),
 			cli.SetQ:    "max(B, ⌊C·wait⌋), by the rule",
@@ -47,6 +51,8 @@ var commands = map[string]cli.Command{
 			cli.SetDryRun:    "the experiment measures what each arm enforces",
 			cli.SetWorkloads: "the experiment's requests are of one kind",
 			cli.SetFleet:     "the experiment names the fleet of its fleet arm itself, one per run",
+			cli.SetAdaptive:  "each arm's B is the one the experiment sets",
+			cli.SetMinB:      "each arm's B is the one the experiment sets",
 		},
 		Defaults: map[string]string{
 			cli.SetDSN:  "none: required",

@@ -44,7 +44,29 @@ plus --duration to each configuration in turn, with the same arrivals:
              waited for in FIFO order for the gate's queue wait, with no
              bound on the queue, before a connection is taken from a
              database/sql pool of B
+  fsbulkhead failsafe-go's bulkhead: B permits waited for at most the
+             gate's queue wait, before a connection is taken from a
+             database/sql pool of B
+  fsadaptive failsafe-go's adaptive limiter, limits 1 to the ceiling
+             (--ceiling), starting at 4, queueing with rejection factors 2
+             and 3, around a plain database/sql pool
+  fsadaptive-wait  the same with a max wait equal to the gate's queue wait
   gate       bulkhead B, Q and the queue wait, through g.OpenDB()
+  adaptive   bulkhead with Policy.Adaptive: B found between 1 and the
+             ceiling (--ceiling, default B), Q 4 times the ceiling, the
+             queue wait the deadline: nothing computed from C
+
+With --high F each arrival is, at random (seeded), a high-priority request
+with probability F: the gate configurations tag those with workload
+"high" (Priority 1) and the others with "low" (Priority 0), each with the
+policy's B, Q and wait; the configuration "alone" is the gate offered the
+high-priority arrivals alone. Each configuration's goodput of high-priority
+requests is reported, and compared with alone's.
+
+With --shift F the work of each request is multiplied by F for the second
+half of the counted duration (the database slows down); C after the shift
+is measured too, and each configuration's goodput is reported before and
+after the shift and over time (--chart draws it).
 
 With --service (e.g. 5ms,10ms,20ms) the whole experiment runs once per
 service time: --cpu-rows is first scaled until the unloaded service time
@@ -84,13 +106,21 @@ const overloadExamples = `  experiments overload --dsn postgres://postgres@127.0
 
 // The configurations of the experiment, in the order they run.
 const (
-	cfgPlain     = "plain"
-	cfgSemaphore = "semaphore"
-	cfgWaitFirst = "waitfirst"
-	cfgGate      = "gate"
+	cfgPlain          = "plain"
+	cfgSemaphore      = "semaphore"
+	cfgWaitFirst      = "waitfirst"
+	cfgFsBulkhead     = "fsbulkhead"
+	cfgFsAdaptive     = "fsadaptive"
+	cfgFsAdaptiveWait = "fsadaptive-wait"
+	cfgGate           = "gate"
+	cfgAdaptive       = "adaptive"
+	cfgAlone          = "alone"
 )
 
-var overloadConfigs = []string{cfgPlain, cfgSemaphore, cfgWaitFirst, cfgGate}
+var overloadConfigs = []string{cfgPlain, cfgSemaphore, cfgWaitFirst, cfgFsBulkhead, cfgFsAdaptive, cfgFsAdaptiveWait, cfgGate, cfgAdaptive, cfgAlone}
+
+// timelineStep is the width of the buckets of goodput over time.
+const timelineStep = 250 * time.Millisecond
 
 // runSeq numbers the runs of a process: their application_name.
 var runSeq atomic.Int64
@@ -123,6 +153,9 @@ type overloadConfig struct {
 	policySource string          // where B, Q and the wait came from, for errors
 	services     []time.Duration // S to scale cpuRows to, one run each; none: cpuRows as given
 	rounds       int             // each load's configurations run this many times
+	shift        float64         // the work is multiplied by it halfway through the counted duration; 0: no shift
+	ceiling      int             // the adaptive configurations' ceiling
+	high         float64         // the share of high-priority arrivals; 0: no priorities
 	seed         uint64
 	out          cli.Outputs
 }
@@ -195,7 +228,7 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	fs := e.NewFlagSet("overload", overloadUsage, overloadExamples)
 	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://...")
 	loads := fs.String("loads", "1,3,6", "offered loads, as multiples of the capacity C, comma-separated")
-	configs := fs.String("configs", strings.Join(overloadConfigs, ","), "configurations to run, comma-separated: plain, semaphore, waitfirst, gate")
+	configs := fs.String("configs", "plain,semaphore,waitfirst,gate", "configurations to run, comma-separated: "+strings.Join(overloadConfigs, ", "))
 	duration := fs.Duration("duration", 5*time.Second, "how long requests are counted, per load and configuration")
 	warmup := fs.Duration("warmup", time.Second, "how long requests arrive before they are counted")
 	deadline := fs.Duration("deadline", 100*time.Millisecond, "deadline of each request, from its start")
@@ -206,6 +239,9 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	capWorkers := fs.Int("capacity-workers", 0, "workers, back to back, that measure C (0: B)")
 	capDuration := fs.Duration("capacity-duration", 3*time.Second, "how long C is measured (S: a third of it)")
 	workload := fs.String("workload", "", "tag the gate's requests with this workload of the policy (--workloads)")
+	shift := fs.Float64("shift", 0, "multiply the work by this (e.g. 3) halfway through the counted duration (0: no shift)")
+	high := fs.Float64("high", 0, "the share of arrivals that are high-priority requests, e.g. 0.2 (0: no priorities)")
+	ceiling := fs.Int("ceiling", 0, "the ceiling of the adaptive configurations (adaptive, fsadaptive; 0: B)")
 	pi := e.AddPolicyFlags(fs)
 	seed := fs.Uint64("seed", 1, "seed of the arrival times: the same for every configuration")
 	out := cli.AddOutputFlags(fs, "the results")
@@ -217,7 +253,7 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	cfg := &overloadConfig{
 		duration: *duration, warmup: *warmup, deadline: *deadline, cpuRows: *cpuRows, rounds: *rounds,
 		capacity: *capacity, capWorkers: *capWorkers, capDuration: *capDuration,
-		seed: *seed, out: *out,
+		seed: *seed, out: *out, shift: *shift, ceiling: *ceiling, high: *high,
 	}
 	var err error
 	if cfg.loads, err = parseLoads(*loads); err != nil {
@@ -239,6 +275,16 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 		return bad("--warmup is %v, want 0s to 1h0m0s", cfg.warmup)
 	case cfg.deadline <= 0 || cfg.deadline > time.Hour:
 		return bad("--deadline is %v, want more than 0s and at most 1h0m0s", cfg.deadline)
+	case cfg.shift != 0 && !(cfg.shift >= 0.1 && cfg.shift <= 100):
+		return bad("--shift is %v, want 0 (none) or 0.1 to 100", cfg.shift)
+	case cfg.high < 0 || cfg.high >= 1 || math.IsNaN(cfg.high):
+		return bad("--high is %v, want 0 (no priorities) to below 1", cfg.high)
+	case cfg.high > 0 && (*workload != "" || set[cli.SetWorkloads]):
+		return bad("--high %v names the workloads high and low itself; want no --workload or --workloads with it", cfg.high)
+	case cfg.high == 0 && slices.Contains(cfg.configs, cfgAlone):
+		return bad("--configs %s: alone is the gate offered the high-priority arrivals alone; want --high too", *configs)
+	case cfg.ceiling < 0 || cfg.ceiling > cli.MaxClients:
+		return bad("--ceiling is %d, want 0 (B) to %d", cfg.ceiling, cli.MaxClients)
 	case cfg.rounds < 1 || cfg.rounds > 9:
 		return bad("--rounds is %d, want 1 to 9", cfg.rounds)
 	case cfg.cpuRows < 1 || cfg.cpuRows > 1_000_000_000:
@@ -293,6 +339,9 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	}
 	if cfg.capWorkers == 0 {
 		cfg.capWorkers = cfg.b
+	}
+	if cfg.ceiling == 0 {
+		cfg.ceiling = cfg.b
 	}
 	if err := cfg.out.Check(); err != nil {
 		return bad("%w", err)
@@ -450,9 +499,12 @@ type (
 		ServerVersion    string           `json:"server_version,omitempty"`
 		Work             string           `json:"work"`
 		DeadlineMs       float64          `json:"deadline_ms"`
-		ServiceMs        *cli.Pct         `json:"unloaded_service_ms"`         // S: one worker, back to back
-		ServiceTargetMs  float64          `json:"service_target_ms,omitempty"` // the --service S aimed at
-		Capacity         float64          `json:"capacity_per_s"`              // C
+		ServiceMs        *cli.Pct         `json:"unloaded_service_ms"`              // S: one worker, back to back
+		ServiceTargetMs  float64          `json:"service_target_ms,omitempty"`      // the --service S aimed at
+		Capacity         float64          `json:"capacity_per_s"`                   // C
+		Shift            float64          `json:"shift,omitempty"`                  // --shift
+		CapacityShifted  float64          `json:"capacity_shifted_per_s,omitempty"` // C with the work shifted, measured as C is
+		Ceiling          int              `json:"ceiling"`                          // of the adaptive configurations
 		CapacityMeasured bool             `json:"capacity_measured"`
 		CapacityWorkers  int              `json:"capacity_workers"`
 		Policy           cli.PolicyJSON   `json:"policy"`
@@ -476,11 +528,21 @@ type (
 		WithinDeadline   int64          `json:"within_deadline"`
 		RejectedFull     int64          `json:"rejected_full"`
 		RejectedTimeout  int64          `json:"rejected_timeout"`
+		RejectedDeadline int64          `json:"rejected_deadline"` // the gate: it would have missed its deadline
 		DeadlineExceeded int64          `json:"deadline_exceeded"`
 		InterruptedOps   int64          `json:"interrupted"`
 		OtherErrors      int64          `json:"other_errors"`
 		ErrorSamples     map[string]int `json:"error_samples,omitempty"`
 		GoodputPerS      float64        `json:"goodput_per_s"`
+		GoodBeforePerS   float64        `json:"goodput_before_shift_per_s,omitempty"` // --shift: of the requests arriving before it
+		GoodAfterPerS    float64        `json:"goodput_after_shift_per_s,omitempty"`  // and after
+		HighArrived      int64          `json:"high_arrived,omitempty"`               // --high: the high-priority requests counted
+		HighGoodPerS     float64        `json:"high_goodput_per_s,omitempty"`         // and their goodput
+		HighOutcomes     map[string]int `json:"high_outcomes,omitempty"`              // and their outcomes
+		Timeline         []float64      `json:"goodput_timeline_per_s,omitempty"`     // --shift: goodput by arrival, per timelineStep from the start of the counted duration
+		MaxLimit         int            `json:"max_limit,omitempty"`                  // adaptive: the highest B in force seen
+		LimitTimeline    []int          `json:"limit_timeline,omitempty"`             // adaptive: the B in force at the end of each timelineStep from the start of the counted duration
+		LastLimit        int            `json:"last_limit,omitempty"`                 // adaptive: the B in force at the end
 		SuccessMs        *cli.Pct       `json:"success_ms,omitempty"`
 		FailureMs        *cli.Pct       `json:"failure_ms,omitempty"` // every failure
 		RejectFullMs     *cli.Pct       `json:"rejected_full_ms,omitempty"`
@@ -495,7 +557,7 @@ type (
 )
 
 func (p *overloadPhase) failed() int64 {
-	return p.RejectedFull + p.RejectedTimeout + p.DeadlineExceeded + p.InterruptedOps + p.OtherErrors
+	return p.RejectedFull + p.RejectedTimeout + p.RejectedDeadline + p.DeadlineExceeded + p.InterruptedOps + p.OtherErrors
 }
 
 func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadReport, error) {
@@ -533,6 +595,19 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 		}
 		rep.Capacity = rate
 	}
+	w := work{op: op, shifted: op}
+	if cfg.shift > 0 {
+		rows := max(1, int(math.Round(float64(cfg.cpuRows)*cfg.shift)))
+		w.shifted = cli.Operation(cfg.target, "cpu", 0, rows)
+		w.at = cfg.warmup + cfg.duration/2
+		fmt.Fprintf(e.Stderr, "overload: measuring the capacity with the work shifted ×%v (%d rows, %d workers, %v)\n", cfg.shift, rows, cfg.capWorkers, cfg.capDuration)
+		_, rate, err := closedLoop(ctx, cfg, w.shifted, id+"-capacity-shifted", cfg.capWorkers, cfg.capDuration)
+		if err != nil {
+			return nil, err
+		}
+		rep.Shift, rep.CapacityShifted = cfg.shift, rate
+	}
+	rep.Ceiling = cfg.ceiling
 	if ctx.Err() != nil {
 		rep.Interrupted = true
 		return rep, nil
@@ -549,6 +624,9 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 		q = cfg.q
 	}
 	policy := bulkhead.Policy{MaxConcurrent: cfg.b, MaxQueue: q, QueueWait: wait, DryRun: cfg.dryRun, Workloads: cfg.workloads}
+	if cfg.high > 0 {
+		policy.Workloads = priorityWorkloads(cfg.b, q, wait)
+	}
 	if err := policy.Validate(); err != nil {
 		return nil, fmt.Errorf("the gate's policy B=%d Q=%d wait=%v (%s) is invalid for --deadline %v and C = %.0f/s: %w; want --queue-wait too, or a longer --deadline",
 			policy.MaxConcurrent, policy.MaxQueue, policy.QueueWait, cfg.policySource, cfg.deadline, rep.Capacity, err)
@@ -564,6 +642,7 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 			return nil, fmt.Errorf("load %v×C is %.0f requests per second, more than %d", load, rate, maxOverloadRate)
 		}
 		starts := arrivals(rate, cfg.warmup+cfg.duration, cfg.seed+uint64(li))
+		w.high = highArrivals(len(starts), cfg.high, cfg.seed+uint64(li))
 		var all []*overloadPhase // this load's, every round
 		for round := range cfg.rounds {
 			// Each round starts with another configuration, so that a
@@ -575,7 +654,7 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 					rep.addMedians(all)
 					return rep, nil
 				}
-				ph, err := runOpenLoop(ctx, cfg, op, fmt.Sprintf("%s-%s-%d-%d", id, name, li, round), name, policy, starts)
+				ph, err := runOpenLoop(ctx, cfg, w, fmt.Sprintf("%s-%s-%d-%d", id, name, li, round), name, policy, starts)
 				if err != nil && ctx.Err() != nil {
 					// Interrupted before the phase started: report the rest.
 					rep.Interrupted = true
@@ -716,59 +795,137 @@ func cmpOr(a, b error) error {
 	return b
 }
 
-// openOverloadDB opens the *sql.DB of one configuration.
-func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*sql.DB, string, error) {
-	if name == cfgGate {
+// adaptivePolicy is the adaptive configuration's policy: B found up to
+// the ceiling, Q four times the ceiling, the queue wait the deadline.
+func adaptivePolicy(cfg *overloadConfig, p bulkhead.Policy) bulkhead.Policy {
+	p.MaxConcurrent, p.MaxQueue, p.QueueWait, p.Adaptive = cfg.ceiling, 4*cfg.ceiling, min(cfg.deadline, bulkhead.MaxQueueWait), true
+	p.Workloads = nil
+	if cfg.high > 0 {
+		p.Workloads = priorityWorkloads(p.MaxConcurrent, p.MaxQueue, p.QueueWait)
+	}
+	return p
+}
+
+// The workloads of --high: high-priority requests and the others, each
+// allowed the whole budget.
+const (
+	wlHigh = "high"
+	wlLow  = "low"
+)
+
+func priorityWorkloads(b, q int, wait time.Duration) map[string]bulkhead.Workload {
+	return map[string]bulkhead.Workload{
+		wlHigh: {MaxConcurrent: b, MaxQueue: q, QueueWait: wait, Priority: 1},
+		wlLow:  {MaxConcurrent: b, MaxQueue: q, QueueWait: wait},
+	}
+}
+
+// highArrivals draws, for each of n arrivals, whether it is high-priority,
+// with probability share, from a generator seeded with seed.
+func highArrivals(n int, share float64, seed uint64) []bool {
+	if share <= 0 {
+		return nil
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x5851f42d4c957f2d))
+	out := make([]bool, n)
+	for i := range out {
+		out[i] = rng.Float64() < share
+	}
+	return out
+}
+
+// openOverloadDB opens the *sql.DB of one configuration, and for the
+// gate's the gate.
+func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*sql.DB, *bulkhead.Gate, string, error) {
+	if name == cfgAdaptive {
+		p = adaptivePolicy(cfg, p)
+	}
+	if name == cfgGate || name == cfgAdaptive || name == cfgAlone {
 		// The gate as the README recommends it: on PostgreSQL, pgx returns
 		// from a cancelled statement only once the server stopped it
 		// (pgxgate.Connector), so that the server runs at most B.
 		inner, err := cfg.target.GatedConnector(app, false)
 		if err != nil {
-			return nil, "", err
+			return nil, nil, "", err
 		}
 		g, err := bulkhead.New(inner, p)
 		if err != nil {
-			return nil, "", err
+			return nil, nil, "", err
 		}
-		return g.OpenDB(), "bulkhead " + cli.PolicySetup(p, cfg.workload), nil
+		setup := "bulkhead " + cli.PolicySetup(p, cfg.workload)
+		if p.Adaptive {
+			setup += fmt.Sprintf(", adaptive from 1 to %d", p.MaxConcurrent)
+		}
+		return g.OpenDB(), g, setup, nil
 	}
 	inner, err := cfg.target.Connector(app, false)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	db := sql.OpenDB(inner)
-	if name == cfgPlain {
+	switch name {
+	case cfgPlain:
 		db.SetMaxIdleConns(p.MaxConcurrent + p.MaxQueue)
-		return db, fmt.Sprintf("database/sql, MaxOpenConns unlimited, MaxIdleConns %d", p.MaxConcurrent+p.MaxQueue), nil
+		return db, nil, fmt.Sprintf("database/sql, MaxOpenConns unlimited, MaxIdleConns %d", p.MaxConcurrent+p.MaxQueue), nil
+	case cfgFsAdaptive, cfgFsAdaptiveWait:
+		db.SetMaxIdleConns(cfg.ceiling)
+		wait := "none"
+		if name == cfgFsAdaptiveWait {
+			wait = p.QueueWait.String()
+		}
+		return db, nil, fmt.Sprintf("failsafe-go adaptivelimiter limits 1-%d start %d queueing 2/3 max wait %s; database/sql, MaxOpenConns unlimited, MaxIdleConns %d",
+			cfg.ceiling, min(4, cfg.ceiling), wait, cfg.ceiling), nil
 	}
-	// semaphore, and the pool behind waitfirst's permits: B connections.
+	// semaphore, and the pool behind waitfirst's and fsbulkhead's
+	// permits: B connections.
 	db.SetMaxOpenConns(p.MaxConcurrent)
 	db.SetMaxIdleConns(p.MaxConcurrent)
-	if name == cfgWaitFirst {
-		return db, fmt.Sprintf("wait-before-checkout bulkhead B=%d wait=%v, queue unbounded; database/sql, MaxOpenConns %d", p.MaxConcurrent, p.QueueWait, p.MaxConcurrent), nil
+	switch name {
+	case cfgWaitFirst:
+		return db, nil, fmt.Sprintf("wait-before-checkout bulkhead B=%d wait=%v, queue unbounded; database/sql, MaxOpenConns %d", p.MaxConcurrent, p.QueueWait, p.MaxConcurrent), nil
+	case cfgFsBulkhead:
+		return db, nil, fmt.Sprintf("failsafe-go bulkhead B=%d max wait %v; database/sql, MaxOpenConns %d", p.MaxConcurrent, p.QueueWait, p.MaxConcurrent), nil
 	}
-	return db, fmt.Sprintf("database/sql, MaxOpenConns %d", p.MaxConcurrent), nil
+	return db, nil, fmt.Sprintf("database/sql, MaxOpenConns %d", p.MaxConcurrent), nil
+}
+
+// work is what the requests run: op, then shifted from at (the arrival
+// offset) on.
+type work struct {
+	op, shifted func(context.Context, *sql.DB) error
+	at          time.Duration // 0: no shift
+	high        []bool        // --high: whether each arrival is high-priority; nil: none is
 }
 
 // phaseRec collects one phase's outcomes. Only requests that arrived after
 // the warm-up are recorded.
 type phaseRec struct {
 	deadline time.Duration
+	warmup   time.Duration // arrivals before it are not counted
+	shiftAt  time.Duration // the work shifts for arrivals from it on; 0: never
 	mu       sync.Mutex
-	n        [cli.NumOutcomes]int64
-	good     int64
-	ok       []time.Duration
-	fail     []time.Duration
-	full     []time.Duration
-	timeout  []time.Duration
-	lag      []time.Duration
-	errs     map[string]int
-	warm     [cli.NumOutcomes]int // outcomes of the requests of the warm-up
+	// Of the requests committed within their deadline: those arrived
+	// before the shift, and all by arrival per timelineStep.
+	goodBefore int64
+	timeline   []int64
+	// Of the high-priority requests (--high): all, and those committed
+	// within their deadline.
+	highN, highGood int64
+	highOut         [cli.NumOutcomes]int
+	n               [cli.NumOutcomes]int64
+	good            int64
+	ok              []time.Duration
+	fail            []time.Duration
+	full            []time.Duration
+	timeout         []time.Duration
+	lag             []time.Duration
+	errs            map[string]int
+	warm            [cli.NumOutcomes]int // outcomes of the requests of the warm-up
 }
 
 // outcomeNames name the outcomes in the JSON.
 var outcomeNames = [cli.NumOutcomes]string{
-	cli.OutCompleted: "committed", cli.OutRejectedFull: "rejected_full", cli.OutRejectedTimeout: "rejected_timeout",
+	cli.OutCompleted: "committed", cli.OutRejectedFull: "rejected_full", cli.OutRejectedTimeout: "rejected_timeout", cli.OutRejectedDeadline: "rejected_deadline",
 	cli.OutDeadline: "deadline_exceeded", cli.OutInterrupted: "interrupted", cli.OutOther: "other",
 }
 
@@ -778,16 +935,30 @@ func (r *phaseRec) addWarmup(o cli.Outcome) {
 	r.mu.Unlock()
 }
 
-func (r *phaseRec) add(o cli.Outcome, lat, lag time.Duration, err error) {
+// add records a counted request that arrived at offset at.
+func (r *phaseRec) add(o cli.Outcome, lat, lag time.Duration, err error, at time.Duration, high bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.n[o]++
+	if high {
+		r.highN++
+		r.highOut[o]++
+		if o == cli.OutCompleted && lat <= r.deadline {
+			r.highGood++
+		}
+	}
 	r.lag = append(r.lag, lag)
 	switch o {
 	case cli.OutCompleted:
 		r.ok = append(r.ok, lat)
 		if lat <= r.deadline {
 			r.good++
+			if r.shiftAt > 0 && at < r.shiftAt {
+				r.goodBefore++
+			}
+			if i := int((at - r.warmup) / timelineStep); i >= 0 && i < len(r.timeline) {
+				r.timeline[i]++
+			}
 		}
 		return
 	case cli.OutRejectedFull:
@@ -802,8 +973,8 @@ func (r *phaseRec) add(o cli.Outcome, lat, lag time.Duration, err error) {
 
 // runOpenLoop offers the arrivals starts to one configuration and returns
 // what it measured.
-func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Context, *sql.DB) error, app, name string, p bulkhead.Policy, starts []time.Duration) (*overloadPhase, error) {
-	db, setup, err := openOverloadDB(cfg, app, name, p)
+func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name string, p bulkhead.Policy, starts []time.Duration) (*overloadPhase, error) {
+	db, gate, setup, err := openOverloadDB(cfg, app, name, p)
 	if err != nil {
 		return nil, err
 	}
@@ -817,13 +988,35 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Conte
 	// already dialed: B+Q, what the plain pool keeps idle; B for the
 	// others (the gate's operations never hold more).
 	idle := p.MaxConcurrent
-	if name == cfgPlain {
+	wrap := func(op func(context.Context, *sql.DB) error) func(context.Context, *sql.DB) error { return op }
+	switch name {
+	case cfgPlain:
 		idle = p.MaxConcurrent + p.MaxQueue
+	case cfgWaitFirst:
+		wf := &waitFirst{b: p.MaxConcurrent, wait: p.QueueWait}
+		wrap = func(op func(context.Context, *sql.DB) error) func(context.Context, *sql.DB) error {
+			return func(ctx context.Context, db *sql.DB) error { return wf.do(ctx, db, op) }
+		}
+	case cfgFsBulkhead:
+		bh := newFsBulkhead(p.MaxConcurrent, p.QueueWait)
+		wrap = func(op func(context.Context, *sql.DB) error) func(context.Context, *sql.DB) error {
+			return fsOp(bh, op)
+		}
+	case cfgFsAdaptive, cfgFsAdaptiveWait:
+		idle = cfg.ceiling
+		var wait time.Duration
+		if name == cfgFsAdaptiveWait {
+			wait = p.QueueWait
+		}
+		lim := newFsAdaptive(cfg.ceiling, wait)
+		wrap = func(op func(context.Context, *sql.DB) error) func(context.Context, *sql.DB) error {
+			return fsOp(lim, op)
+		}
+	case cfgAdaptive:
+		idle = cfg.ceiling
 	}
-	if name == cfgWaitFirst {
-		wf, run := &waitFirst{b: p.MaxConcurrent, wait: p.QueueWait}, op
-		op = func(ctx context.Context, db *sql.DB) error { return wf.do(ctx, db, run) }
-	}
+	gated := name == cfgGate || name == cfgAdaptive || name == cfgAlone
+	op, shifted := wrap(w.op), wrap(w.shifted)
 	if err := warmPool(ctx, db, idle, cfg.target.StartTimeout()); err != nil {
 		if ctx.Err() != nil {
 			return nil, errors.New("interrupted before the run started")
@@ -842,12 +1035,24 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Conte
 	if name == cfgGate && cfg.workload != "" {
 		reqCtx = bulkhead.WithWorkload(ctx, cfg.workload)
 	}
-	rec := &phaseRec{deadline: cfg.deadline, errs: map[string]int{}}
+	rec := &phaseRec{deadline: cfg.deadline, errs: map[string]int{}, warmup: cfg.warmup, shiftAt: w.at}
+	if w.at > 0 {
+		rec.timeline = make([]int64, (cfg.duration+timelineStep-1)/timelineStep)
+	}
+	var limits *limitWatch
+	if gate != nil && name == cfgAdaptive {
+		limits = watchLimit(gate)
+		defer limits.stop()
+	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var wg sync.WaitGroup
 	begin := time.Now()
-	for _, at := range starts {
+	for i, at := range starts {
+		high := w.high != nil && w.high[i]
+		if name == cfgAlone && !high {
+			continue
+		}
 		if d := time.Until(begin.Add(at)); d > 0 {
 			timer.Reset(d)
 			select {
@@ -860,24 +1065,39 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Conte
 		}
 		counted := at >= cfg.warmup
 		arrival := begin.Add(at)
+		run := op
+		if w.at > 0 && at >= w.at {
+			run = shifted
+		}
+		rctx := reqCtx
+		if w.high != nil && gated {
+			rctx = bulkhead.WithWorkload(reqCtx, map[bool]string{true: wlHigh, false: wlLow}[high])
+		}
 		wg.Go(func() {
 			t0 := time.Now()
-			opCtx, cancel := context.WithTimeout(reqCtx, cfg.deadline)
-			err := op(opCtx, db)
+			opCtx, cancel := context.WithTimeout(rctx, cfg.deadline)
+			err := run(opCtx, db)
 			lat := time.Since(t0)
 			o := cli.Classify(err, opCtx, ctx)
+			if fo, ok := fsOutcome(err); ok {
+				o = fo
+			}
 			cancel()
 			if counted {
-				rec.add(o, lat, t0.Sub(arrival), err)
+				rec.add(o, lat, t0.Sub(arrival), err, at, high)
 			} else {
 				rec.addWarmup(o)
 			}
 		})
 	}
 	wg.Wait()
+	ph := &overloadPhase{Config: name, Setup: setup}
+	if limits != nil {
+		ph.MaxLimit, ph.LastLimit = limits.stop()
+		ph.LimitTimeline = limits.timeline(cfg.warmup)
+	}
 	db.Close()
 	closed = true
-	ph := &overloadPhase{Config: name, Setup: setup}
 	if mon != nil {
 		t0 := time.Now()
 		mon.Drain(drainLimit, overloadPoll)
@@ -897,12 +1117,31 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, op func(context.Conte
 	ph.WithinDeadline = rec.good
 	ph.RejectedFull = rec.n[cli.OutRejectedFull]
 	ph.RejectedTimeout = rec.n[cli.OutRejectedTimeout]
+	ph.RejectedDeadline = rec.n[cli.OutRejectedDeadline]
 	ph.DeadlineExceeded = rec.n[cli.OutDeadline]
 	ph.InterruptedOps = rec.n[cli.OutInterrupted]
 	ph.OtherErrors = rec.n[cli.OutOther]
 	ph.Arrived = ph.Committed + ph.failed()
 	ph.ArrivedPerS = float64(ph.Arrived) / cfg.duration.Seconds()
 	ph.GoodputPerS = float64(ph.WithinDeadline) / cfg.duration.Seconds()
+	if w.high != nil {
+		ph.HighArrived, ph.HighGoodPerS = rec.highN, float64(rec.highGood)/cfg.duration.Seconds()
+		ph.HighOutcomes = map[string]int{}
+		for o, n := range rec.highOut {
+			if n > 0 {
+				ph.HighOutcomes[outcomeNames[o]] = n
+			}
+		}
+	}
+	if w.at > 0 {
+		before := (w.at - cfg.warmup).Seconds()
+		ph.GoodBeforePerS = float64(rec.goodBefore) / before
+		ph.GoodAfterPerS = float64(rec.good-rec.goodBefore) / (cfg.duration.Seconds() - before)
+		for i, n := range rec.timeline {
+			step := min(timelineStep, cfg.duration-time.Duration(i)*timelineStep)
+			ph.Timeline = append(ph.Timeline, float64(n)/step.Seconds())
+		}
+	}
 	ph.SuccessMs = cli.Percentiles(rec.ok)
 	ph.FailureMs = cli.Percentiles(rec.fail)
 	ph.RejectFullMs = cli.Percentiles(rec.full)
@@ -1009,7 +1248,7 @@ func (rep *overloadReport) printTable(w io.Writer) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "load\tconfig\tarrived/s\tgoodput/s\tok p50\tok p99\tfail p99\tfull p99\tarrived\tcommitted\tfull\ttimeout\tdeadline\tother\tsrv tx\tsrv conns\t")
+	fmt.Fprintln(tw, "load\tconfig\tarrived/s\tgoodput/s\tok p50\tok p99\tfail p99\tfull p99\tarrived\tcommitted\tfull\ttimeout\tlate\tdeadline\tother\tsrv tx\tsrv conns\t")
 	p := func(x *cli.Pct, f func(*cli.Pct) float64) string {
 		if x == nil {
 			return "-"
@@ -1025,32 +1264,58 @@ func (rep *overloadReport) printTable(w io.Writer) {
 		return strconv.Itoa(*v)
 	}
 	for _, ph := range rep.Phases {
-		fmt.Fprintf(tw, "%s×C\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s×C\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n",
 			fmtLoad(ph.Load), ph.Config, ph.ArrivedPerS, ph.GoodputPerS, p(ph.SuccessMs, p50), p(ph.SuccessMs, p99),
 			p(ph.FailureMs, p99), p(ph.RejectFullMs, p99), ph.Arrived, ph.Committed, ph.RejectedFull,
-			ph.RejectedTimeout, ph.DeadlineExceeded, ph.OtherErrors+ph.InterruptedOps, srv(ph.ServerMaxTx), srv(ph.ServerMaxConns))
+			ph.RejectedTimeout, ph.RejectedDeadline, ph.DeadlineExceeded, ph.OtherErrors+ph.InterruptedOps, srv(ph.ServerMaxTx), srv(ph.ServerMaxConns))
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "(latencies in ms; full = rejected at once, admission full; timeout = rejected after the queue wait; other includes interrupted)")
+	fmt.Fprintln(w, "(latencies in ms; full = rejected at once, admission full; timeout = rejected after the queue wait; late = rejected, at once or after a wait, as it would have missed its deadline; other includes interrupted)")
 	fmt.Fprintln(w)
 	for _, load := range cfg.loads {
-		g := rep.phase(load, cfgGate)
-		if g == nil {
-			continue
-		}
-		var parts []string
-		for _, other := range []string{cfgPlain, cfgSemaphore, cfgWaitFirst} {
-			if o := rep.phase(load, other); o != nil {
-				part := fmt.Sprintf("%s × %s", ratio(g.GoodputPerS, o.GoodputPerS), other)
-				if r := rep.roundRatios(load, other); r != "" {
-					part += " (by round " + r + ")"
+		for _, mine := range []string{cfgGate, cfgAdaptive} {
+			g := rep.phase(load, mine)
+			if g == nil {
+				continue
+			}
+			var parts []string
+			for _, other := range overloadConfigs {
+				if o := rep.phase(load, other); o != nil && other != mine && other != cfgAdaptive {
+					part := fmt.Sprintf("%s × %s", ratio(g.GoodputPerS, o.GoodputPerS), other)
+					if r := rep.roundRatios(load, mine, other); r != "" {
+						part += " (by round " + r + ")"
+					}
+					parts = append(parts, part)
 				}
-				parts = append(parts, part)
+			}
+			if len(parts) > 0 {
+				fmt.Fprintf(w, "%s×C: %s goodput = %s\n", fmtLoad(load), mine, strings.Join(parts, ", "))
+			}
+			if mine == cfgAdaptive {
+				fmt.Fprintf(w, "%s×C: adaptive B at most %d, %d at the end (ceiling %d)\n", fmtLoad(load), g.MaxLimit, g.LastLimit, rep.Ceiling)
 			}
 		}
-		if len(parts) > 0 {
-			fmt.Fprintf(w, "%s×C: gate goodput = %s\n", fmtLoad(load), strings.Join(parts, ", "))
+	}
+	if cfg.high > 0 {
+		fmt.Fprintf(w, "\nhigh-priority requests (%v of the arrivals):\n", cfg.high)
+		for _, ph := range rep.Phases {
+			line := fmt.Sprintf("%s×C %s: %d arrived, goodput %.0f/s", fmtLoad(ph.Load), ph.Config, ph.HighArrived, ph.HighGoodPerS)
+			if a := rep.phase(ph.Load, cfgAlone); a != nil && ph != a {
+				line += fmt.Sprintf(" = %s × alone", ratio(ph.HighGoodPerS, a.HighGoodPerS))
+			}
+			fmt.Fprintln(w, line)
 		}
+	}
+	if rep.Shift > 0 {
+		fmt.Fprintf(w, "\nwork ×%v from %v into the counted %v: C %.0f/s before, %.0f/s after (measured as C is)\n",
+			rep.Shift, cfg.duration/2, cfg.duration, rep.Capacity, rep.CapacityShifted)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "load\tconfig\tgoodput before/s\t÷ C\tafter/s\t÷ C after\t")
+		for _, ph := range rep.Phases {
+			fmt.Fprintf(tw, "%s×C\t%s\t%.0f\t%s\t%.1f\t%s\t\n", fmtLoad(ph.Load), ph.Config,
+				ph.GoodBeforePerS, ratio(ph.GoodBeforePerS, rep.Capacity), ph.GoodAfterPerS, ratio(ph.GoodAfterPerS, rep.CapacityShifted))
+		}
+		tw.Flush()
 	}
 	for _, ph := range rep.Phases {
 		keys := make([]string, 0, len(ph.ErrorSamples))
@@ -1070,12 +1335,12 @@ func (rep *overloadReport) printTable(w io.Writer) {
 	}
 }
 
-// roundRatios formats, for each round, the gate's goodput over other's
-// at load, or "" with one round.
-func (rep *overloadReport) roundRatios(load float64, other string) string {
+// roundRatios formats, for each round, mine's goodput over other's at
+// load, or "" with one round.
+func (rep *overloadReport) roundRatios(load float64, mine, other string) string {
 	var out []string
 	for _, g := range rep.Rounds {
-		if g.Load != load || g.Config != cfgGate {
+		if g.Load != load || g.Config != mine {
 			continue
 		}
 		for _, o := range rep.Rounds {
@@ -1096,4 +1361,64 @@ func ratio(a, b float64) string {
 		return "∞"
 	}
 	return "-"
+}
+
+// limitWatch polls a gate's B in force every overloadPoll, for the
+// adaptive configuration.
+type limitWatch struct {
+	done      chan struct{}
+	finished  chan struct{}
+	once      sync.Once
+	start     time.Time
+	max, last int
+	samples   []limitSample
+}
+
+type limitSample struct {
+	at time.Duration // since the watch started
+	b  int
+}
+
+func watchLimit(g *bulkhead.Gate) *limitWatch {
+	w := &limitWatch{done: make(chan struct{}), finished: make(chan struct{}), start: time.Now()}
+	go func() {
+		defer close(w.finished)
+		t := time.NewTicker(overloadPoll)
+		defer t.Stop()
+		for {
+			b := g.Stats().MaxConcurrent
+			w.max, w.last = max(w.max, b), b
+			w.samples = append(w.samples, limitSample{time.Since(w.start), b})
+			select {
+			case <-w.done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return w
+}
+
+// stop ends the polling (once) and returns the highest B seen and the last.
+func (w *limitWatch) stop() (maxB, last int) {
+	w.once.Do(func() { close(w.done) })
+	<-w.finished
+	return w.max, w.last
+}
+
+// timeline returns, after stop, the B in force at the end of each
+// timelineStep from offset on.
+func (w *limitWatch) timeline(offset time.Duration) []int {
+	var out []int
+	for _, s := range w.samples {
+		if s.at < offset {
+			continue
+		}
+		i := int((s.at - offset) / timelineStep)
+		for len(out) <= i {
+			out = append(out, s.b)
+		}
+		out[i] = s.b
+	}
+	return out
 }

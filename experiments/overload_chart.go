@@ -12,10 +12,15 @@ import (
 
 // Colours of the configurations.
 var configColors = map[string]string{
-	cfgPlain:     "#d62728",
-	cfgSemaphore: "#ff7f0e",
-	cfgWaitFirst: "#1f77b4",
-	cfgGate:      "#1b9e3e",
+	cfgPlain:          "#d62728",
+	cfgSemaphore:      "#ff7f0e",
+	cfgWaitFirst:      "#1f77b4",
+	cfgGate:           "#1b9e3e",
+	cfgFsBulkhead:     "#9467bd",
+	cfgFsAdaptive:     "#8c564b",
+	cfgFsAdaptiveWait: "#e377c2",
+	cfgAdaptive:       "#17becf",
+	cfgAlone:          "#7f7f7f",
 }
 
 // overloadRefStroke is the look of a reference line over bars: thin and
@@ -54,6 +59,9 @@ func writeOverloadChart(path string, reps []*overloadReport) error {
 			return err
 		}
 		parts = append(parts, b)
+		if rep.Shift > 0 {
+			parts = append(parts, shiftChartSVG(rep))
+		}
 	}
 	if len(parts) == 0 {
 		return fmt.Errorf("nothing measured")

@@ -665,7 +665,7 @@ func (m *Member) load(s bulkhead.Stats) string {
 	m.seen = s
 	worked := s.Running > 0 || s.Admitted > prev.Admitted
 	switch {
-	case s.Waiting > 0 || s.WaitCount > prev.WaitCount || s.RejectedFull > prev.RejectedFull || s.RejectedTimeout > prev.RejectedTimeout:
+	case s.Waiting > 0 || s.WaitCount > prev.WaitCount || s.RejectedFull > prev.RejectedFull || s.RejectedTimeout > prev.RejectedTimeout || s.RejectedDeadline > prev.RejectedDeadline:
 		return loadBusy
 	case worked && s.MaxConcurrent > m.fair:
 		return loadBusy

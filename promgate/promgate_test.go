@@ -68,10 +68,11 @@ bulkhead_idle_connections %d
 # HELP bulkhead_admitted_total Operations that got their permits and a server connection, and ran.
 # TYPE bulkhead_admitted_total counter
 bulkhead_admitted_total %d
-# HELP bulkhead_rejections_total Operations rejected, by reason: admission_full (refused at once) or queue_timeout (no execution permit within the queue wait); in a dry run, those that would have been.
+# HELP bulkhead_rejections_total Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait) or would_miss_deadline (it could not have finished within its context's deadline); in a dry run, those that would have been.
 # TYPE bulkhead_rejections_total counter
 bulkhead_rejections_total{reason="admission_full"} %d
 bulkhead_rejections_total{reason="queue_timeout"} %d
+bulkhead_rejections_total{reason="would_miss_deadline"} %d
 # HELP bulkhead_canceled_total Operations whose context ended, or whose gate closed, before they ran.
 # TYPE bulkhead_canceled_total counter
 bulkhead_canceled_total %d
@@ -86,12 +87,12 @@ var statsNames = []string{
 }
 
 type statsWant struct {
-	running, waiting, open, idle, admitted, full, timeout, canceled, dials int
+	running, waiting, open, idle, admitted, full, timeout, late, canceled, dials int
 }
 
 func compareStats(t *testing.T, c prometheus.Collector, w statsWant) {
 	t.Helper()
-	text := fmt.Sprintf(statsHelp, w.running, w.waiting, w.open, w.idle, w.admitted, w.full, w.timeout, w.canceled, w.dials)
+	text := fmt.Sprintf(statsHelp, w.running, w.waiting, w.open, w.idle, w.admitted, w.full, w.timeout, w.late, w.canceled, w.dials)
 	if err := testutil.CollectAndCompare(c, strings.NewReader(text), statsNames...); err != nil {
 		t.Error(err)
 	}
@@ -299,9 +300,9 @@ bulkhead_admitted_total{db="users"} 1
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "bulkhead_admitted_total"); err != nil {
 		t.Error(err)
 	}
-	// 8 gauges + 9 counter series + 1 wait histogram + 3 hold histograms, per gate.
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 2*21 {
-		t.Errorf("gathered %d series (%v), want %d", n, err, 2*21)
+	// 8 gauges + 10 counter series + 1 wait histogram + 3 hold histograms, per gate.
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 2*22 {
+		t.Errorf("gathered %d series (%v), want %d", n, err, 2*22)
 	}
 }
 
@@ -377,12 +378,14 @@ bulkhead_workload_admitted_total{workload="reports"} 1
 # TYPE bulkhead_workload_max_concurrent gauge
 bulkhead_workload_max_concurrent{workload="api"} 2
 bulkhead_workload_max_concurrent{workload="reports"} 1
-# HELP bulkhead_workload_rejections_total Operations rejected, by reason: admission_full (refused at once) or queue_timeout (no execution permit within the queue wait); in a dry run, those that would have been.
+# HELP bulkhead_workload_rejections_total Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait) or would_miss_deadline (it could not have finished within its context's deadline); in a dry run, those that would have been.
 # TYPE bulkhead_workload_rejections_total counter
 bulkhead_workload_rejections_total{reason="admission_full",workload="api"} 0
 bulkhead_workload_rejections_total{reason="admission_full",workload="reports"} 1
 bulkhead_workload_rejections_total{reason="queue_timeout",workload="api"} 0
+bulkhead_workload_rejections_total{reason="would_miss_deadline",workload="api"} 0
 bulkhead_workload_rejections_total{reason="queue_timeout",workload="reports"} 0
+bulkhead_workload_rejections_total{reason="would_miss_deadline",workload="reports"} 0
 # HELP bulkhead_admitted_total Operations that got their permits and a server connection, and ran.
 # TYPE bulkhead_admitted_total counter
 bulkhead_admitted_total 2

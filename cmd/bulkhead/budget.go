@@ -91,9 +91,13 @@ func connsPerInstance(p bulkhead.Policy, fleet string) instanceConns {
 				"database/sql keeps idle: B+Q with gate.OpenDB): pass those in --other",
 		}
 	}
+	perWhy := fmt.Sprintf("B + (B+Q) = %d + %d: B operations running, B+Q idle, as gate.OpenDB sets SetMaxIdleConns(B+Q)", b, b+q)
+	if p.Adaptive {
+		perWhy += fmt.Sprintf("; adaptive: B=%d is the ceiling of the B in force", b)
+	}
 	return instanceConns{
 		perInstance: b + b + q,
-		perWhy:      fmt.Sprintf("B + (B+Q) = %d + %d: B operations running, B+Q idle, as gate.OpenDB sets SetMaxIdleConns(B+Q)", b, b+q),
+		perWhy:      perWhy,
 		assumes: "each instance opens its *sql.DB with gate.OpenDB (or keeps at most B+Q idle); a connection of database/sql holds a server " +
 			"connection while an operation on it runs (or a Ping, Prepare, Raw or *sql.Conn needs one), and the gate keeps no more server " +
 			"connections than database/sql keeps connections",
@@ -138,13 +142,16 @@ func (e *env) budget(ctx context.Context, args []string) int {
 			return e.Fail(fmt.Errorf("budget: --conns-per-instance is %d, want 1 to %d", ic.perInstance, budgetLimit))
 		}
 		// The connections are given: the policy is not read.
-		for _, name := range []string{cli.SetB, cli.SetQ, cli.SetDryRun, cli.SetFleet} {
+		for _, name := range []string{cli.SetB, cli.SetQ, cli.SetDryRun, cli.SetAdaptive, cli.SetMinB, cli.SetFleet} {
 			if set[name] {
 				return e.Fail(fmt.Errorf("budget: --%s does nothing with --conns-per-instance, which gives the connections per instance; want one or the other", name))
 			}
 		}
 	} else {
 		r, err := pi.Resolve(set, bulkhead.DefaultPolicy)
+		if err == nil {
+			err = r.CheckAdaptive()
+		}
 		if err != nil {
 			return e.Fail(fmt.Errorf("budget: %w", err))
 		}

@@ -265,3 +265,14 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 		t.Fatalf("T=4 against 4 slots held and an orphan: exit %d\n%s", r.Code, r.Stdout)
 	}
 }
+
+// Under adaptive, B is the ceiling of the B in force: the connections an
+// instance can have open are counted from it, as without.
+func TestBudgetCountsAnAdaptivePolicyAtItsCeiling(t *testing.T) {
+	fixed := connsPerInstance(bulkhead.Policy{MaxConcurrent: 3, MaxQueue: 2}, "")
+	c := connsPerInstance(bulkhead.Policy{MaxConcurrent: 3, MaxQueue: 2, Adaptive: true, MinConcurrent: 1}, "")
+	if c.perInstance != 8 || fixed.perInstance != 8 || !strings.HasPrefix(c.perWhy, fixed.perWhy) ||
+		!strings.Contains(c.perWhy, "adaptive: B=3 is the ceiling of the B in force") || strings.Contains(fixed.perWhy, "adaptive") {
+		t.Errorf("adaptive %+v, fixed %+v: want B + (B+Q) = 8 each, the ceiling named under adaptive", c, fixed)
+	}
+}

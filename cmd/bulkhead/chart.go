@@ -14,6 +14,7 @@ const (
 	colCompleted = "#1b9e3e"
 	colRejected  = "#d62728"
 	colDeadline  = "#9467bd"
+	colLate      = "#8c564b"
 	colRunning   = "#1f77b4"
 	colWaiting   = "#ff7f0e"
 	colServer    = "#222222"
@@ -185,13 +186,14 @@ func loadChartSVG(rep *loadReport) ([]byte, error) {
 
 // chartPanels returns the four panels of a run, top to bottom.
 func chartPanels(r *runResult) []panel {
-	var done, full, timeout, failed, running, waiting, srvTx, p50, p95, p99 []svg.Point
+	var done, full, timeout, late, failed, running, waiting, srvTx, p50, p95, p99 []svg.Point
 	for _, s := range r.Seconds {
 		x := float64(s.T) + s.LengthS/2
 		rate := func(n int) float64 { return float64(n) / s.LengthS }
 		done = append(done, svg.Point{X: x, Y: rate(s.Completed)})
 		full = append(full, svg.Point{X: x, Y: rate(s.RejectedFull)})
 		timeout = append(timeout, svg.Point{X: x, Y: rate(s.RejectedTimeout)})
+		late = append(late, svg.Point{X: x, Y: rate(s.RejectedDeadline)})
 		failed = append(failed, svg.Point{X: x, Y: rate(s.Deadline + s.Other + s.Interrupted)})
 		running = append(running, svg.Point{X: x, Y: s.Running})
 		waiting = append(waiting, svg.Point{X: x, Y: s.Waiting})
@@ -208,6 +210,9 @@ func chartPanels(r *runResult) []panel {
 	limitName := fmt.Sprintf("MaxOpenConns = %d", r.MaxOpenConns)
 	if r.Policy != nil {
 		limit, limitName = float64(r.Policy.MaxConcurrent), fmt.Sprintf("B = %d", r.Policy.MaxConcurrent)
+		if r.Policy.Adaptive {
+			limitName = fmt.Sprintf("B = %d, the adaptive ceiling", r.Policy.MaxConcurrent)
+		}
 	}
 	conc := panel{title: "operations in flight (mean per second)", ylabel: "operations", lines: []series{
 		{name: limitName, st: svg.RefStroke, ref: true, pts: []svg.Point{{X: 0, Y: limit}, {X: r.ElapsedS, Y: limit}}},
@@ -227,6 +232,7 @@ func chartPanels(r *runResult) []panel {
 		{title: "rejections per second", ylabel: "rejections/s", lines: []series{
 			{name: "admission full", st: svg.Stroke{Color: colRejected, Width: 3}, pts: full},
 			{name: "queue timeout", st: svg.Stroke{Color: colWaiting, Width: 1.8}, pts: timeout},
+			{name: "would miss deadline", st: svg.Stroke{Color: colLate, Width: 1.2}, pts: late},
 		}},
 		conc,
 		{title: "latency of completed operations", ylabel: "ms", lines: []series{

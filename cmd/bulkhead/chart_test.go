@@ -19,7 +19,7 @@ func syntheticReport() *loadReport {
 		Seconds: []secondJSON{
 			{T: 0, LengthS: 1, Completed: 90, WithinDeadline: 90, RejectedFull: 400, RejectedTimeout: 20, Running: 2, Waiting: 1.5,
 				Latency: &cli.Pct{P50: 10, P95: 14, P99: 20}, ServerTx: &two, ServerConns: &four},
-			{T: 1, LengthS: 1, RejectedFull: 500, Running: 2, Waiting: 2, ServerTx: &two, ServerConns: &four},
+			{T: 1, LengthS: 1, RejectedFull: 500, RejectedDeadline: 30, Running: 2, Waiting: 2, ServerTx: &two, ServerConns: &four},
 			{T: 2, LengthS: 1.2, Completed: 100, WithinDeadline: 99, Running: 1.8, Waiting: 1,
 				Latency: &cli.Pct{P50: 11, P95: 15, P99: 110}},
 		}}
@@ -49,7 +49,7 @@ func TestLoadChartIsAWellFormedSVG(t *testing.T) {
 	w, h := loadChartSize(2, false)
 	s := clitest.WantSVGFile(t, path, w, h)
 	for _, want := range []string{"gated (B=2 Q=2 wait=5ms): rejections per second", "baseline (database/sql MaxOpenConns=2): operations per second",
-		"in flight (mean) and server transactions (most)", "latency of completed operations", ">admission full<", ">B = 2<", ">MaxOpenConns = 2<", ">deadline 100 ms<"} {
+		"in flight (mean) and server transactions (most)", "latency of completed operations", ">admission full<", ">queue timeout<", ">would miss deadline<", ">B = 2<", ">MaxOpenConns = 2<", ">deadline 100 ms<"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("chart lacks %q", want)
 		}

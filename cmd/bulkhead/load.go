@@ -23,7 +23,7 @@ A closed-loop load: N clients run operations back to back, each a
 transaction that holds the database for --hold (pg_sleep on PostgreSQL,
 SLEEP on MySQL, an open transaction on the embedded SQLite) or does
 CPU-bound work (--work cpu), with a deadline per operation (--deadline),
-through the gate (--max-concurrent B, --max-queue Q, --queue-wait; the
+through the gate (--max-concurrent B, --max-queue Q, --queue-wait, --adaptive; the
 defaults come from the BULKHEAD_* environment). A client whose operation
 failed pauses --backoff before the next one, like a caller honouring
 Retry-After. With --baseline the same load then runs without the gate, on
@@ -244,7 +244,7 @@ func openGatedRun(cfg *loadConfig, app string) (*loadRun, error) {
 	}
 	r.gate, r.db = g, g.OpenDB()
 	r.tag = cfg.workload
-	r.setup = cli.PolicySetup(cfg.policy, cfg.workload)
+	r.setup = cli.PolicySetup(cfg.policy, cfg.workload) + cli.AdaptiveSetup(cfg.policy)
 	r.gauges = func() (int, int) {
 		st := g.Stats()
 		return st.Running, st.Waiting
@@ -563,9 +563,9 @@ func (r *recorder) server(tx, conns int) {
 func (r *recorder) progressLine(name string) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return fmt.Sprintf("%-8s %5.1fs  completed %d  rejected full %d  timeout %d  deadline %d  running %d  waiting %d",
+	return fmt.Sprintf("%-8s %5.1fs  completed %d  rejected full %d  timeout %d  late %d  deadline %d  running %d  waiting %d",
 		name, time.Since(r.start).Seconds(), r.n[cli.OutCompleted], r.n[cli.OutRejectedFull], r.n[cli.OutRejectedTimeout],
-		r.n[cli.OutDeadline], r.last.running, r.last.waiting)
+		r.n[cli.OutRejectedDeadline], r.n[cli.OutDeadline], r.last.running, r.last.waiting)
 }
 
 // result summarises the run.
@@ -589,6 +589,7 @@ func (r *recorder) result(run *loadRun, cfg *loadConfig, interrupted bool, mon *
 		WithinDeadline:   r.good,
 		RejectedFull:     r.n[cli.OutRejectedFull],
 		RejectedTimeout:  r.n[cli.OutRejectedTimeout],
+		RejectedDeadline: r.n[cli.OutRejectedDeadline],
 		DeadlineExceeded: r.n[cli.OutDeadline],
 		InterruptedOps:   r.n[cli.OutInterrupted],
 		OtherErrors:      r.n[cli.OutOther],
@@ -603,13 +604,14 @@ func (r *recorder) result(run *loadRun, cfg *loadConfig, interrupted bool, mon *
 	}
 	if run.gate != nil {
 		p := cfg.policy
-		res.Policy = &cli.PolicyJSON{MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, QueueWaitMs: cli.Ms(p.QueueWait), DryRun: p.DryRun}
+		res.Policy = &cli.PolicyJSON{MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, QueueWaitMs: cli.Ms(p.QueueWait), DryRun: p.DryRun,
+			Adaptive: p.Adaptive, MinConcurrent: cli.MinConcurrent(p)}
 		if w := cli.Percentiles(r.waits); w != nil {
 			res.QueueWaitP99Ms = &w.P99
 		}
 		st := run.gate.Stats()
 		res.Gate = &gateJSON{
-			Admitted: st.Admitted, RejectedFull: st.RejectedFull, RejectedTimeout: st.RejectedTimeout,
+			Admitted: st.Admitted, RejectedFull: st.RejectedFull, RejectedTimeout: st.RejectedTimeout, RejectedDeadline: st.RejectedDeadline,
 			ConnectFailed: st.ConnectFailed, Canceled: st.Canceled, WaitCount: st.WaitCount,
 			OpenConns: st.OpenConns, Dials: st.Dials, DialErrors: st.DialErrors, DryRun: st.DryRun, WouldWait: st.WouldWait,
 		}
@@ -637,18 +639,19 @@ func (r *recorder) result(run *loadRun, cfg *loadConfig, interrupted bool, mon *
 	secs, lengths := r.buckets(elapsed)
 	for i, s := range secs {
 		sj := secondJSON{
-			T:               i,
-			LengthS:         lengths[i],
-			Completed:       s.n[cli.OutCompleted],
-			WithinDeadline:  s.good,
-			RejectedFull:    s.n[cli.OutRejectedFull],
-			RejectedTimeout: s.n[cli.OutRejectedTimeout],
-			Deadline:        s.n[cli.OutDeadline],
-			Interrupted:     s.n[cli.OutInterrupted],
-			Other:           s.n[cli.OutOther],
-			RunningMax:      s.runMax,
-			WaitingMax:      s.waitMax,
-			Latency:         cli.Percentiles(s.lat),
+			T:                i,
+			LengthS:          lengths[i],
+			Completed:        s.n[cli.OutCompleted],
+			WithinDeadline:   s.good,
+			RejectedFull:     s.n[cli.OutRejectedFull],
+			RejectedTimeout:  s.n[cli.OutRejectedTimeout],
+			RejectedDeadline: s.n[cli.OutRejectedDeadline],
+			Deadline:         s.n[cli.OutDeadline],
+			Interrupted:      s.n[cli.OutInterrupted],
+			Other:            s.n[cli.OutOther],
+			RunningMax:       s.runMax,
+			WaitingMax:       s.waitMax,
+			Latency:          cli.Percentiles(s.lat),
 		}
 		if s.samples > 0 {
 			sj.Running = float64(s.runSum) / float64(s.samples)
@@ -725,6 +728,7 @@ type (
 		WithinDeadline        int64           `json:"within_deadline"`
 		RejectedFull          int64           `json:"rejected_full"`
 		RejectedTimeout       int64           `json:"rejected_timeout"`
+		RejectedDeadline      int64           `json:"rejected_deadline"` // refused: it would have missed its deadline
 		DeadlineExceeded      int64           `json:"deadline_exceeded"`
 		InterruptedOps        int64           `json:"interrupted_ops"`
 		OtherErrors           int64           `json:"other_errors"`
@@ -744,41 +748,43 @@ type (
 		Seconds               []secondJSON    `json:"seconds"`
 	}
 	gateJSON struct {
-		Admitted        int64 `json:"admitted"`
-		RejectedFull    int64 `json:"rejected_full"`
-		RejectedTimeout int64 `json:"rejected_timeout"`
-		ConnectFailed   int64 `json:"connect_failed"` // had their permits, then no server connection: the dial failed
-		Canceled        int64 `json:"canceled"`
-		WaitCount       int64 `json:"wait_count"`
-		OpenConns       int   `json:"open_conns"`           // server connections open as the run ended
-		Dials           int64 `json:"dials"`                // server connections dialed, failed dials included
-		DialErrors      int64 `json:"dial_errors"`          // of which failed
-		DryRun          bool  `json:"dry_run,omitempty"`    // rejections counted, not enforced
-		WouldWait       int64 `json:"would_wait,omitempty"` // dry-run: found no permit free, ran anyway
+		Admitted         int64 `json:"admitted"`
+		RejectedFull     int64 `json:"rejected_full"`
+		RejectedTimeout  int64 `json:"rejected_timeout"`
+		RejectedDeadline int64 `json:"rejected_deadline"`
+		ConnectFailed    int64 `json:"connect_failed"` // had their permits, then no server connection: the dial failed
+		Canceled         int64 `json:"canceled"`
+		WaitCount        int64 `json:"wait_count"`
+		OpenConns        int   `json:"open_conns"`           // server connections open as the run ended
+		Dials            int64 `json:"dials"`                // server connections dialed, failed dials included
+		DialErrors       int64 `json:"dial_errors"`          // of which failed
+		DryRun           bool  `json:"dry_run,omitempty"`    // rejections counted, not enforced
+		WouldWait        int64 `json:"would_wait,omitempty"` // dry-run: found no permit free, ran anyway
 	}
 	secondJSON struct {
-		T               int      `json:"t"`        // the bucket starts T seconds into the run
-		LengthS         float64  `json:"length_s"` // and lasts this long (1, except the last)
-		Completed       int      `json:"completed"`
-		WithinDeadline  int      `json:"within_deadline"`
-		RejectedFull    int      `json:"rejected_full"`
-		RejectedTimeout int      `json:"rejected_timeout"`
-		Deadline        int      `json:"deadline_exceeded"`
-		Interrupted     int      `json:"interrupted"`
-		Other           int      `json:"other_errors"`
-		Running         float64  `json:"running_mean"`
-		Waiting         float64  `json:"waiting_mean"`
-		RunningMax      int      `json:"running_max"`
-		WaitingMax      int      `json:"waiting_max"`
-		Latency         *cli.Pct `json:"latency_ms,omitempty"`
-		ServerTx        *int     `json:"server_transactions,omitempty"`
-		ServerConns     *int     `json:"server_connections,omitempty"`
+		T                int      `json:"t"`        // the bucket starts T seconds into the run
+		LengthS          float64  `json:"length_s"` // and lasts this long (1, except the last)
+		Completed        int      `json:"completed"`
+		WithinDeadline   int      `json:"within_deadline"`
+		RejectedFull     int      `json:"rejected_full"`
+		RejectedTimeout  int      `json:"rejected_timeout"`
+		RejectedDeadline int      `json:"rejected_deadline"`
+		Deadline         int      `json:"deadline_exceeded"`
+		Interrupted      int      `json:"interrupted"`
+		Other            int      `json:"other_errors"`
+		Running          float64  `json:"running_mean"`
+		Waiting          float64  `json:"waiting_mean"`
+		RunningMax       int      `json:"running_max"`
+		WaitingMax       int      `json:"waiting_max"`
+		Latency          *cli.Pct `json:"latency_ms,omitempty"`
+		ServerTx         *int     `json:"server_transactions,omitempty"`
+		ServerConns      *int     `json:"server_connections,omitempty"`
 	}
 )
 
 // failed is the number of operations that did not complete.
 func (r *runResult) failed() int64 {
-	return r.RejectedFull + r.RejectedTimeout + r.DeadlineExceeded + r.InterruptedOps + r.OtherErrors
+	return r.RejectedFull + r.RejectedTimeout + r.RejectedDeadline + r.DeadlineExceeded + r.InterruptedOps + r.OtherErrors
 }
 
 // checkTotals asserts that every attempted operation is counted once, in
@@ -789,7 +795,7 @@ func (r *runResult) checkTotals() error {
 	}
 	var sum int64
 	for _, s := range r.Seconds {
-		sum += int64(s.Completed + s.RejectedFull + s.RejectedTimeout + s.Deadline + s.Interrupted + s.Other)
+		sum += int64(s.Completed + s.RejectedFull + s.RejectedTimeout + s.RejectedDeadline + s.Deadline + s.Interrupted + s.Other)
 	}
 	if sum != r.Attempted {
 		return fmt.Errorf("internal error: %s: per-second outcomes add up to %d, attempted %d", r.Name, sum, r.Attempted)
@@ -810,7 +816,7 @@ func (rep *loadReport) printTable(w io.Writer) {
 	// Numbers align right; labels, padded to one width here, stay left.
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', tabwriter.AlignRight)
 	row := func(label string, f func(r *runResult) string) {
-		fmt.Fprintf(tw, "%-26s\t", label)
+		fmt.Fprintf(tw, "%-29s\t", label)
 		for _, r := range rep.Runs {
 			fmt.Fprintf(tw, "%s\t", f(r))
 		}
@@ -841,6 +847,7 @@ func (rep *loadReport) printTable(w io.Writer) {
 	row("  within deadline", num(func(r *runResult) int64 { return r.WithinDeadline }))
 	row("rejected: admission full", num(func(r *runResult) int64 { return r.RejectedFull }))
 	row("rejected: queue timeout", num(func(r *runResult) int64 { return r.RejectedTimeout }))
+	row("rejected: would miss deadline", num(func(r *runResult) int64 { return r.RejectedDeadline }))
 	if slices.ContainsFunc(rep.Runs, func(r *runResult) bool { return r.Gate != nil && r.Gate.DryRun }) {
 		dry := func(f func(g *gateJSON) int64) func(*runResult) string {
 			return func(r *runResult) string {
@@ -892,7 +899,7 @@ func (rep *loadReport) printTable(w io.Writer) {
 	}
 	for _, r := range rep.Runs {
 		fmt.Fprintf(w, "%s: attempted %d = completed %d + rejected %d + deadline exceeded %d + interrupted %d + other %d\n",
-			r.Name, r.Attempted, r.Completed, r.RejectedFull+r.RejectedTimeout, r.DeadlineExceeded, r.InterruptedOps, r.OtherErrors)
+			r.Name, r.Attempted, r.Completed, r.RejectedFull+r.RejectedTimeout+r.RejectedDeadline, r.DeadlineExceeded, r.InterruptedOps, r.OtherErrors)
 		if r.ServerMonitorError != "" {
 			fmt.Fprintf(w, "%s: pg_stat_activity monitor stopped: %s\n", r.Name, r.ServerMonitorError)
 		}

@@ -57,7 +57,7 @@ func TestLoadOnSQLiteAttemptsExactlyTheCountAndAddsUp(t *testing.T) {
 	// The command's own counts agree with the gate's.
 	// The gate keeps no more server connections than database/sql keeps
 	// connections: at the end, at most its B+Q = 3 idle ones.
-	if g := gated.Gate; g == nil || g.RejectedFull != gated.RejectedFull || g.RejectedTimeout != gated.RejectedTimeout ||
+	if g := gated.Gate; g == nil || g.RejectedFull != gated.RejectedFull || g.RejectedTimeout != gated.RejectedTimeout || g.RejectedDeadline != gated.RejectedDeadline ||
 		g.OpenConns < 1 || g.OpenConns > gated.PoolOpenConns || g.OpenConns > 3 || g.Dials < int64(g.OpenConns) || g.DialErrors != 0 || g.ConnectFailed != 0 {
 		t.Errorf("gate stats %+v, command counted %d full and %d timeouts, database/sql has %d connections; want at most those and B+Q = 3 server connections",
 			g, gated.RejectedFull, gated.RejectedTimeout, gated.PoolOpenConns)
@@ -208,8 +208,9 @@ func TestLoadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
 		t.Errorf("gated: %d server connections at most, %d open at the end (database/sql: %d), %d dials (%d failed); want at most B + (B+Q) = 6, then B+Q = 4, no failure",
 			*gated.ServerMaxConnections, g.OpenConns, gated.PoolOpenConns, g.Dials, g.DialErrors)
 	}
-	if gated.Gate.RejectedFull != gated.RejectedFull || gated.Gate.RejectedTimeout != gated.RejectedTimeout {
-		t.Errorf("gate stats %+v, command counted %d full and %d timeouts", gated.Gate, gated.RejectedFull, gated.RejectedTimeout)
+	if gated.Gate.RejectedFull != gated.RejectedFull || gated.Gate.RejectedTimeout != gated.RejectedTimeout || gated.Gate.RejectedDeadline != gated.RejectedDeadline {
+		t.Errorf("gate stats %+v, command counted %d full, %d timeouts and %d that would miss their deadline",
+			gated.Gate, gated.RejectedFull, gated.RejectedTimeout, gated.RejectedDeadline)
 	}
 	if !strings.Contains(r.Stdout, "server: most transactions") {
 		t.Errorf("table lacks the server rows:\n%s", r.Stdout)
@@ -294,16 +295,16 @@ func TestLoadTakesThePolicyFromTheEnvironment(t *testing.T) {
 }
 
 func TestTotalsCheckCatchesAMiscount(t *testing.T) {
-	ok := &runResult{Name: "x", Attempted: 6, Completed: 1, RejectedFull: 1, RejectedTimeout: 1, DeadlineExceeded: 1,
+	ok := &runResult{Name: "x", Attempted: 7, Completed: 1, RejectedFull: 1, RejectedTimeout: 1, RejectedDeadline: 1, DeadlineExceeded: 1,
 		InterruptedOps: 1, OtherErrors: 1, Seconds: []secondJSON{
-			{Completed: 1, RejectedFull: 1, RejectedTimeout: 1},
+			{Completed: 1, RejectedFull: 1, RejectedTimeout: 1, RejectedDeadline: 1},
 			{Deadline: 1, Interrupted: 1, Other: 1},
 		}}
 	if err := ok.checkTotals(); err != nil {
 		t.Fatal(err)
 	}
 	lost := *ok
-	lost.Attempted = 7
+	lost.Attempted = 8
 	if lost.checkTotals() == nil {
 		t.Error("an operation counted as attempted but in no outcome passed")
 	}

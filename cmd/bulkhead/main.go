@@ -38,7 +38,8 @@ func run(ctx context.Context, e *cli.Env, args []string) int {
 // use: the flag is then an error, the variable not read.
 var commands = map[string]cli.Command{
 	"demo": {Unused: map[string]string{
-		cli.SetB: demoFixed, cli.SetQ: demoFixed, cli.SetWait: demoFixed, cli.SetDryRun: demoFixed, cli.SetWorkloads: demoFixed, cli.SetFleet: demoFixed,
+		cli.SetB: demoFixed, cli.SetQ: demoFixed, cli.SetWait: demoFixed, cli.SetDryRun: demoFixed, cli.SetWorkloads: demoFixed,
+		cli.SetAdaptive: demoFixed, cli.SetMinB: demoFixed, cli.SetFleet: demoFixed,
 	}},
 	"load": {Unused: map[string]string{cli.SetFleet: cli.OneProcess}},
 	"budget": {Unused: map[string]string{

@@ -9,12 +9,13 @@ import (
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 )
 
-const policyUsage = `Usage: bulkhead policy [--max-concurrent B] [--max-queue Q] [--queue-wait D] [--dry-run] [--workloads W] [--fleet NAME]
+const policyUsage = `Usage: bulkhead policy [--max-concurrent B] [--max-queue Q] [--queue-wait D] [--dry-run] [--workloads W] [--adaptive [--min-concurrent M]] [--fleet NAME]
 
 Prints the policy that the flags and the BULKHEAD_* environment give, as
 bulkhead.PolicyFromEnv reads the variables: each setting, its value and
-where it came from (flag, variable or default), dry-run, the workloads,
-the fleet, and the server connections one instance can have open (see
+where it came from (flag, variable or default), dry-run, the workloads
+and their priorities, adaptive B and its floor, the fleet, and the
+server connections one instance can have open (see
 bulkhead budget --help: B for operations plus B+Q idle; in a fleet, its
 share of T plus its coordination session). A malformed
 variable is an error that names it, its value and what is expected, and
@@ -24,6 +25,8 @@ the flag that overrides it (exit 2).
 const policyExamples = `  bulkhead policy
   BULKHEAD_MAX_CONCURRENT=4 BULKHEAD_MAX_QUEUE=8 BULKHEAD_QUEUE_WAIT=20ms bulkhead policy
   BULKHEAD_WORKLOADS=batch:2:4:50ms bulkhead policy --dry-run
+  BULKHEAD_WORKLOADS=batch:2:4:50ms:-1,orders:4:4:50ms:10 bulkhead policy
+  BULKHEAD_ADAPTIVE=true BULKHEAD_MIN_CONCURRENT=2 bulkhead policy --max-concurrent 16
   BULKHEAD_FLEET=orders BULKHEAD_MAX_CONCURRENT=8 bulkhead policy
 `
 
@@ -58,8 +61,16 @@ func (e *env) policy(_ context.Context, args []string) int {
 		fmt.Fprintf(tw, "workloads\t%d\t%s\n", len(names), r.Describe(cli.SetWorkloads))
 		for _, n := range names {
 			w := p.Workloads[n]
-			fmt.Fprintf(tw, "  workload %s\tB=%d Q=%d wait=%v\twithin the policy's B and B+Q\n", n, w.MaxConcurrent, w.MaxQueue, w.QueueWait)
+			fmt.Fprintf(tw, "  workload %s\t%s\twithin the policy's B and B+Q, its priority in the policy's queue (higher first)\n", n, cli.WorkloadSetup(w, true))
 		}
+	}
+	if p.Adaptive {
+		fmt.Fprintf(tw, "adaptive\t%v\t%s: the B in force moves from %d to B=%d by the hold times measured\n",
+			p.Adaptive, r.Describe(cli.SetAdaptive), cli.MinConcurrent(p), p.MaxConcurrent)
+		fmt.Fprintf(tw, "min concurrent\t%d\t%s\n", cli.MinConcurrent(p), r.Describe(cli.SetMinB))
+	} else {
+		fmt.Fprintf(tw, "adaptive\t%v\t%s\n", p.Adaptive, r.Describe(cli.SetAdaptive))
+		fmt.Fprintf(tw, "min concurrent\tnone\t%s: adaptive only\n", r.Describe(cli.SetMinB))
 	}
 	if r.Fleet == "" {
 		fmt.Fprintf(tw, "fleet\tnone\t%s\n", r.Describe(cli.SetFleet))

@@ -18,6 +18,8 @@ func TestPolicyPrintsTheDefaultsWhenNothingIsSet(t *testing.T) {
 		"queue wait 100ms default, BULKHEAD_QUEUE_WAIT unset",
 		"dry run false default, BULKHEAD_DRY_RUN unset",
 		"workloads none default, BULKHEAD_WORKLOADS unset",
+		"adaptive false default, BULKHEAD_ADAPTIVE unset",
+		"min concurrent none default, BULKHEAD_MIN_CONCURRENT unset: adaptive only",
 		"connections per instance 30 at most B + (B+Q) = 10 + 20: B operations running, B+Q idle, as gate.OpenDB sets SetMaxIdleConns(B+Q)",
 	)
 }
@@ -41,6 +43,8 @@ func TestPolicyReportsTheLibraryErrorNamingTheVariable(t *testing.T) {
 		cli.EnvMaxConcurrent: {cli.EnvMaxConcurrent: "0"},
 		cli.EnvMaxQueue:      {cli.EnvMaxQueue: "+4"},
 		cli.EnvQueueWait:     {cli.EnvQueueWait: "1e9"},
+		cli.EnvAdaptive:      {cli.EnvAdaptive: "1"},
+		cli.EnvMinConcurrent: {cli.EnvAdaptive: "true", cli.EnvMinConcurrent: "0x2"},
 	}
 	for name, vars := range cases {
 		t.Run(name, func(t *testing.T) {

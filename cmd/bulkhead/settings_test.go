@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"regexp"
 	"runtime"
@@ -74,6 +75,8 @@ func TestUnknownBulkheadVariableIsAnErrorNamingTheNearestKnownOne(t *testing.T) 
 		clitest.WantOneLineError(t, runCmd(t, bad, args...), args[0]+":", "BULKHEAD_DRYRUN", "did you mean BULKHEAD_DRY_RUN?")
 	}
 	wantDemoOutput(t, runCmd(t, bad, "demo"))
+	clitest.WantOneLineError(t, runCmd(t, map[string]string{"BULKHEAD_ADAPTIV": "true"}, "policy"), "policy:",
+		`BULKHEAD_ADAPTIV="true"`, "did you mean BULKHEAD_ADAPTIVE?")
 }
 
 func TestPolicySettingsAreFlagThenEnvironmentThenDefault(t *testing.T) {
@@ -111,6 +114,9 @@ func TestABadVariableIsOverriddenByItsFlagAlone(t *testing.T) {
 		{cli.EnvQueueWait, "20", "--queue-wait", "20ms"},
 		{cli.EnvDryRun, "yes", "--dry-run", "true"},
 		{cli.EnvWorkloads, "batch:2", "--workloads", "batch:1:0:0s"},
+		{cli.EnvWorkloads, "batch:1:0:0s:high", "--workloads", "batch:1:0:0s:-1"},
+		{cli.EnvAdaptive, "yes", "--adaptive", "true"},
+		{cli.EnvAdaptive, "", "--adaptive", "false"},
 	} {
 		t.Run(c.env, func(t *testing.T) {
 			vars := map[string]string{c.env: c.value}
@@ -137,6 +143,19 @@ func TestAPolicyInvalidAsAWholeNamesWhereEachFieldCameFrom(t *testing.T) {
 	clitest.WantOneLineError(t, r, "policy:", `workload "batch"`, "MaxConcurrent is 3", "workloads from --workloads")
 	r = runCmd(t, nil, "policy", "--workloads", "Batch:1:0:0s")
 	clitest.WantOneLineError(t, r, "policy:", `--workloads="Batch:1:0:0s"`, `workload name "Batch"`)
+	// A floor without adaptive, or above B.
+	r = runCmd(t, map[string]string{cli.EnvMinConcurrent: "2"}, "policy")
+	clitest.WantOneLineError(t, r, "policy:", "MinConcurrent is 2 without Adaptive", "min=2 from BULKHEAD_MIN_CONCURRENT=2", "adaptive=false default, BULKHEAD_ADAPTIVE unset")
+	r = runCmd(t, map[string]string{cli.EnvAdaptive: "true", cli.EnvMinConcurrent: "2"}, "policy", "--adaptive=false")
+	clitest.WantOneLineError(t, r, "policy:", "MinConcurrent is 2 without Adaptive", "adaptive=false from --adaptive")
+	r = runCmd(t, map[string]string{cli.EnvAdaptive: "true"}, "policy", "--max-concurrent", "4", "--min-concurrent", "5")
+	clitest.WantOneLineError(t, r, "policy:", "MinConcurrent is 5, want 0 to MaxConcurrent (4)", "B=4 from --max-concurrent",
+		"adaptive=true from BULKHEAD_ADAPTIVE=true", "min=5 from --min-concurrent")
+	// The same in load and budget, before they connect.
+	r = runCmd(t, nil, "load", "--min-concurrent", "2")
+	clitest.WantOneLineError(t, r, "load:", "MinConcurrent is 2 without Adaptive", "min=2 from --min-concurrent")
+	r = runCmd(t, nil, "budget", "--dsn", "postgres://nobody@127.0.0.1:1/none", "--adaptive", "--max-concurrent", "2", "--min-concurrent", "3")
+	clitest.WantOneLineError(t, r, "budget:", "MinConcurrent is 3, want 0 to MaxConcurrent (2)", "B=2 from --max-concurrent", "min=3 from --min-concurrent")
 }
 
 func TestFlagsThatDoNothingAreErrors(t *testing.T) {
@@ -150,6 +169,10 @@ func TestFlagsThatDoNothingAreErrors(t *testing.T) {
 		{"budget", "--conns-per-instance", "3", "--max-concurrent", "2"},
 		{"demo", "--max-concurrent", "2"},
 		{"demo", "--dry-run"},
+		{"demo", "--adaptive"},
+		{"demo", "--min-concurrent", "2"},
+		{"budget", "--conns-per-instance", "3", "--adaptive"},
+		{"budget", "--conns-per-instance", "3", "--min-concurrent", "2"},
 		{"policy", "--dsn", "postgres://h/db"},
 	} {
 		t.Run(strings.Join(c, " "), func(t *testing.T) {
@@ -180,6 +203,13 @@ func TestBadFlagValuesNameTheFlagTheValueAndWhatIsWanted(t *testing.T) {
 		{[]string{"policy", "--queue-wait", "2h"}, []string{"--queue-wait is 2h0m0s, want 0s to 1h0m0s"}},
 		{[]string{"load", "--workload", "batch"}, []string{`--workload "batch" names no workload`}},
 		{[]string{"load", "--workloads", "a:1:0:0s", "--workload", "b"}, []string{`--workload "b" is not a workload of the policy; want one of a`}},
+		{[]string{"load", "--adaptive=maybe"}, []string{`--adaptive "maybe": want true or false`}},
+		{[]string{"policy", "--min-concurrent", "two"}, []string{`--min-concurrent "two": want a decimal integer`}},
+		{[]string{"policy", "--min-concurrent", "0"}, []string{"--min-concurrent is 0, want an integer from 1 to 2147483647"}},
+		{[]string{"budget", "--min-concurrent", "-1"}, []string{"--min-concurrent is -1, want an integer from 1"}},
+		{[]string{"policy", "--workloads", "batch:1:0:0s:101"}, []string{`--workloads="batch:1:0:0s:101"`, `workload "batch" priority "101"`, "want an integer from -100 to 100"}},
+		{[]string{"load", "--workloads", "batch:1:0:0s:+1"}, []string{`--workloads="batch:1:0:0s:+1"`, `priority "+1"`}},
+		{[]string{"policy", "--workloads", "batch:1:0:0s:1:2"}, []string{`--workloads="batch:1:0:0s:1:2"`, `entry "batch:1:0:0s:1:2"`, "name:B:Q:wait[:priority]"}},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			clitest.WantOneLineError(t, runCmd(t, nil, c.args...), append([]string{c.args[0] + ":"}, c.want...)...)
@@ -190,7 +220,10 @@ func TestBadFlagValuesNameTheFlagTheValueAndWhatIsWanted(t *testing.T) {
 func TestHelpShowsTheRealDefaults(t *testing.T) {
 	h := runCmd(t, nil, "load", "--help").Stdout
 	for _, want := range []string{"(default 10, or $BULKHEAD_MAX_CONCURRENT)", "(default 100ms, or $BULKHEAD_QUEUE_WAIT)",
-		"(default none, or $BULKHEAD_WORKLOADS)", `(default "hold")`, "--dry-run\n"} {
+		"(default none, or $BULKHEAD_WORKLOADS)", `(default "hold")`, "--dry-run\n", "--adaptive\n",
+		"(default 1, or $BULKHEAD_MIN_CONCURRENT)", "name:B:Q:wait[:priority]",
+		"  BULKHEAD_ADAPTIVE        --adaptive        true or false; default false",
+		"  BULKHEAD_MIN_CONCURRENT  --min-concurrent  integer 1 to B, with adaptive only; default 1"} {
 		if !strings.Contains(h, want) {
 			t.Errorf("load --help lacks %q:\n%s", want, h)
 		}
@@ -202,15 +235,15 @@ func TestHelpShowsTheRealDefaults(t *testing.T) {
 }
 
 func TestPolicyShowsDryRunAndWorkloads(t *testing.T) {
-	r := runCmd(t, map[string]string{cli.EnvDryRun: "true", cli.EnvWorkloads: "report:1:0:0s,batch:2:4:50ms"}, "policy")
+	r := runCmd(t, map[string]string{cli.EnvDryRun: "true", cli.EnvWorkloads: "report:1:0:0s,batch:2:4:50ms:-1"}, "policy")
 	if r.Code != cli.ExitOK {
 		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
 	clitest.WantCells(t, r.Stdout,
 		"dry run true from BULKHEAD_DRY_RUN=true",
-		"workloads 2 from BULKHEAD_WORKLOADS=report:1:0:0s,batch:2:4:50ms",
-		" workload batch B=2 Q=4 wait=50ms",
-		" workload report B=1 Q=0 wait=0s",
+		"workloads 2 from BULKHEAD_WORKLOADS=report:1:0:0s,batch:2:4:50ms:-1",
+		" workload batch B=2 Q=4 wait=50ms priority=-1 within the policy's B and B+Q, its priority in the policy's queue",
+		" workload report B=1 Q=0 wait=0s priority=0 within",
 		"connections per instance no bound in dry-run the gate runs every operation",
 	)
 	if i, j := strings.Index(r.Stdout, "workload batch"), strings.Index(r.Stdout, "workload report"); i > j {
@@ -218,6 +251,102 @@ func TestPolicyShowsDryRunAndWorkloads(t *testing.T) {
 	}
 	r = runCmd(t, nil, "policy")
 	clitest.WantCells(t, r.Stdout, "dry run false default, BULKHEAD_DRY_RUN unset", "workloads none default, BULKHEAD_WORKLOADS unset")
+}
+
+// Adaptive, as dry-run: flag > variable > default, and its floor shown
+// with it (1 unless given; none without adaptive).
+func TestPolicyShowsAdaptiveAndItsFloor(t *testing.T) {
+	r := runCmd(t, map[string]string{cli.EnvAdaptive: "true", cli.EnvMinConcurrent: "2"}, "policy", "--max-concurrent", "16")
+	if r.Code != cli.ExitOK || r.Stderr != "" {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	clitest.WantCells(t, r.Stdout,
+		"adaptive true from BULKHEAD_ADAPTIVE=true: the B in force moves from 2 to B=16 by the hold times measured",
+		"min concurrent 2 from BULKHEAD_MIN_CONCURRENT=2",
+		"connections per instance 42 at most B + (B+Q) = 16 + 26", "adaptive: B=16 is the ceiling of the B in force",
+	)
+	// The flags override the variables, malformed ones too.
+	r = runCmd(t, map[string]string{cli.EnvAdaptive: "on", cli.EnvMinConcurrent: "+2"}, "policy", "--adaptive", "--min-concurrent", "3")
+	if r.Code != cli.ExitOK || r.Stderr != "" {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	clitest.WantCells(t, r.Stdout, "adaptive true from --adaptive: the B in force moves from 3 to B=10", "min concurrent 3 from --min-concurrent")
+	r = runCmd(t, map[string]string{cli.EnvAdaptive: "true"}, "policy")
+	clitest.WantCells(t, r.Stdout, "adaptive true from BULKHEAD_ADAPTIVE=true: the B in force moves from 1 to B=10",
+		"min concurrent 1 default, BULKHEAD_MIN_CONCURRENT unset")
+	r = runCmd(t, map[string]string{cli.EnvAdaptive: "true"}, "policy", "--adaptive=false")
+	clitest.WantCells(t, r.Stdout, "adaptive false from --adaptive", "min concurrent none default, BULKHEAD_MIN_CONCURRENT unset: adaptive only")
+	// A malformed variable names itself, its value, what it wants and
+	// the flag that overrides it.
+	for _, c := range []struct{ env, value, want string }{
+		{cli.EnvAdaptive, "yes", "want true or false"},
+		{cli.EnvAdaptive, "True", "want true or false"},
+		{cli.EnvMinConcurrent, "0", "want a decimal integer from 1 to 2147483647"},
+		{cli.EnvMinConcurrent, "+2", "want a decimal integer from 1"},
+		{cli.EnvMinConcurrent, "1.5", "want a decimal integer from 1"},
+	} {
+		vars := map[string]string{cli.EnvAdaptive: "true", c.env: c.value}
+		flag := "--adaptive"
+		if c.env == cli.EnvMinConcurrent {
+			flag = "--min-concurrent"
+		}
+		clitest.WantOneLineError(t, runCmd(t, vars, "policy"), "policy:", c.env+`="`+c.value+`"`, c.want, flag+" overrides it")
+	}
+	clitest.WantOneLineError(t, runCmd(t, map[string]string{cli.EnvAdaptive: "true", cli.EnvMinConcurrent: ""}, "policy"),
+		"policy:", cli.EnvMinConcurrent+" is set but empty", "--min-concurrent overrides it")
+	clitest.WantOneLineError(t, runCmd(t, map[string]string{cli.EnvAdaptive: ""}, "policy"), "policy:", cli.EnvAdaptive+`=""`, "want true or false")
+}
+
+// load takes adaptive from the environment, says so in its setup and its
+// JSON, and runs its gate with it.
+func TestLoadRunsAnAdaptiveGate(t *testing.T) {
+	jsonPath := t.TempDir() + "/load.json"
+	r := runCmd(t, map[string]string{cli.EnvAdaptive: "true", cli.EnvWorkloads: "batch:2:4:10s:-1"}, "load", "--clients", "4", "--count", "40",
+		"--max-concurrent", "3", "--min-concurrent", "2", "--max-queue", "4", "--queue-wait", "10s", "--hold", "1ms", "--deadline", "30s",
+		"--progress", "0", "--workload", "batch", "--json", jsonPath)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	run := clitest.ReadJSON[loadReport](t, jsonPath).Runs[0]
+	wantTotalsAddUp(t, run)
+	if run.Policy == nil || *run.Policy != (cli.PolicyJSON{MaxConcurrent: 3, MaxQueue: 4, QueueWaitMs: 10000, Adaptive: true, MinConcurrent: 2}) {
+		t.Errorf("policy %+v, want adaptive from 2 to 3", run.Policy)
+	}
+	if want := "B=3 Q=4 wait=10s workload batch B=2 Q=4 wait=10s priority=-1, adaptive from 2 to 3"; run.Setup != want || !strings.Contains(r.Stdout, want) {
+		t.Errorf("setup %q, want %q; table:\n%s", run.Setup, want, r.Stdout)
+	}
+}
+
+// An operation that can no longer make its deadline is refused
+// (ErrWouldMissDeadline): counted apart from the other rejections, as
+// the gate counts it, in the table, the JSON and the totals.
+func TestLoadCountsTheRejectionsThatWouldMissTheirDeadline(t *testing.T) {
+	jsonPath := t.TempDir() + "/load.json"
+	r := runCmd(t, nil, "load", "--clients", "8", "--count", "60", "--max-concurrent", "1", "--max-queue", "8", "--queue-wait", "1s",
+		"--hold", "20ms", "--deadline", "30ms", "--backoff", "1ms", "--progress", "0", "--json", jsonPath)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	run := clitest.ReadJSON[loadReport](t, jsonPath).Runs[0]
+	if err := run.checkTotals(); err != nil {
+		t.Error(err)
+	}
+	if run.RejectedDeadline == 0 || run.Gate == nil || run.Gate.RejectedDeadline != run.RejectedDeadline ||
+		run.Gate.RejectedFull != run.RejectedFull || run.Gate.RejectedTimeout != run.RejectedTimeout {
+		t.Fatalf("rejected full %d, timeout %d, would miss deadline %d; gate %+v: want some that would miss, as the gate counted",
+			run.RejectedFull, run.RejectedTimeout, run.RejectedDeadline, run.Gate)
+	}
+	sum := 0
+	for _, s := range run.Seconds {
+		sum += s.RejectedDeadline
+	}
+	if int64(sum) != run.RejectedDeadline {
+		t.Errorf("per second %d would miss their deadline, in all %d", sum, run.RejectedDeadline)
+	}
+	clitest.WantCells(t, r.Stdout,
+		fmt.Sprintf("rejected: would miss deadline %d", run.RejectedDeadline),
+		fmt.Sprintf("gated: attempted 60 = completed %d + rejected %d +", run.Completed, run.RejectedFull+run.RejectedTimeout+run.RejectedDeadline),
+	)
 }
 
 func TestLoadHonoursDryRun(t *testing.T) {

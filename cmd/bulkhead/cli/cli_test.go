@@ -77,6 +77,7 @@ func TestClassifyTellsEveryOutcomeApart(t *testing.T) {
 	stop()
 	full := &bulkhead.RejectedError{Cause: bulkhead.ErrAdmissionFull}
 	timeout := &bulkhead.RejectedError{Cause: bulkhead.ErrQueueTimeout}
+	late := &bulkhead.RejectedError{Cause: bulkhead.ErrWouldMissDeadline}
 	cases := []struct {
 		name          string
 		err           error
@@ -87,6 +88,8 @@ func TestClassifyTellsEveryOutcomeApart(t *testing.T) {
 		{"success after the deadline", nil, expired, live, OutCompleted},
 		{"admission full", fmt.Errorf("begin: %w", full), live, live, OutRejectedFull},
 		{"queue timeout", timeout, live, live, OutRejectedTimeout},
+		{"would miss its deadline", fmt.Errorf("begin: %w", late), live, live, OutRejectedDeadline},
+		{"would miss its deadline, which then passed", late, expired, live, OutRejectedDeadline},
 		{"rejected while stopping", full, stopped, stopped, OutRejectedFull},
 		{"deadline error", fmt.Errorf("timeout: %w", context.DeadlineExceeded), live, live, OutDeadline},
 		{"driver error after the deadline", errors.New("conn closed"), expired, live, OutDeadline},

@@ -27,6 +27,7 @@ const (
 	OutCompleted Outcome = iota
 	OutRejectedFull
 	OutRejectedTimeout
+	OutRejectedDeadline // refused by the gate: it would have missed its deadline
 	OutDeadline
 	OutInterrupted
 	OutOther
@@ -42,6 +43,8 @@ func Classify(err error, opCtx, runCtx context.Context) Outcome {
 		return OutRejectedFull
 	case errors.Is(err, bulkhead.ErrQueueTimeout):
 		return OutRejectedTimeout
+	case errors.Is(err, bulkhead.ErrWouldMissDeadline):
+		return OutRejectedDeadline
 	case runCtx.Err() != nil:
 		return OutInterrupted
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(opCtx.Err(), context.DeadlineExceeded):
@@ -93,6 +96,8 @@ type PolicyJSON struct {
 	MaxQueue      int     `json:"max_queue"`
 	QueueWaitMs   float64 `json:"queue_wait_ms"`
 	DryRun        bool    `json:"dry_run,omitempty"`
+	Adaptive      bool    `json:"adaptive,omitempty"`       // MaxConcurrent is the ceiling of the B in force
+	MinConcurrent int     `json:"min_concurrent,omitempty"` // adaptive: the floor of the B in force
 }
 
 // Operation returns what one operation of a measuring command does on t:

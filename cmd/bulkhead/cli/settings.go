@@ -43,6 +43,8 @@ const (
 	SetWait      = "queue-wait"
 	SetDryRun    = "dry-run"
 	SetWorkloads = "workloads"
+	SetAdaptive  = "adaptive"
+	SetMinB      = "min-concurrent"
 	SetFleet     = "fleet"
 )
 
@@ -55,6 +57,8 @@ const (
 	EnvQueueWait     = "BULKHEAD_QUEUE_WAIT"
 	EnvDryRun        = "BULKHEAD_DRY_RUN"
 	EnvWorkloads     = "BULKHEAD_WORKLOADS"
+	EnvAdaptive      = "BULKHEAD_ADAPTIVE"
+	EnvMinConcurrent = "BULKHEAD_MIN_CONCURRENT"
 	EnvFleet         = "BULKHEAD_FLEET"
 )
 
@@ -65,7 +69,9 @@ var Settings = []Setting{
 	{Flag: SetQ, Env: EnvMaxQueue, What: "Q, operations waiting for a permit", Form: "integer ≥ 0", Def: "10"},
 	{Flag: SetWait, Env: EnvQueueWait, What: "longest wait for a permit", Form: "duration 0s to 1h, e.g. 20ms", Def: "100ms"},
 	{Flag: SetDryRun, Env: EnvDryRun, What: "count what the gate would reject, reject nothing", Form: "true or false", Def: "false"},
-	{Flag: SetWorkloads, Env: EnvWorkloads, What: "named budgets inside the policy", Form: "name:B:Q:wait,... e.g. batch:2:4:50ms", Def: "none"},
+	{Flag: SetWorkloads, Env: EnvWorkloads, What: "named budgets inside the policy, each with its priority (-100 to 100, default 0) in the policy's queue", Form: "name:B:Q:wait[:priority],... e.g. batch:2:4:50ms:-1", Def: "none"},
+	{Flag: SetAdaptive, Env: EnvAdaptive, What: "move the B in force between the min concurrent and B, its ceiling, from the hold times measured", Form: "true or false", Def: "false"},
+	{Flag: SetMinB, Env: EnvMinConcurrent, What: "the floor of the adaptive B, with adaptive only", Form: "integer 1 to B, with adaptive only", Def: "1"},
 	{Flag: SetFleet, Env: EnvFleet, What: "a fleet budget: B and Q are the whole fleet's, shared by its instances", Form: "name of a-z, 0-9, _ and -", Def: "none"},
 }
 
@@ -278,6 +284,8 @@ type PolicyInput struct {
 	wait optDuration
 	dry  optBool
 	wl   optString
+	adpt optBool
+	minB OptInt
 	flt  optString
 }
 
@@ -289,7 +297,9 @@ func (e *Env) AddPolicyFlags(fs *flag.FlagSet) *PolicyInput {
 	fs.Var(&pi.q, SetQ, "Q: operations admitted to wait for a permit")
 	fs.Var(&pi.wait, SetWait, "longest wait for a permit")
 	fs.Var(&pi.dry, SetDryRun, "dry run: count what the gate would reject, reject nothing")
-	fs.Var(&pi.wl, SetWorkloads, "workloads, name:B:Q:wait entries separated by commas, e.g. batch:2:4:50ms (\"\" for none)")
+	fs.Var(&pi.wl, SetWorkloads, "workloads, name:B:Q:wait[:priority] entries separated by commas, e.g. batch:2:4:50ms:-1 (priority -100 to 100, default 0; \"\" for none)")
+	fs.Var(&pi.adpt, SetAdaptive, "adaptive: move the B in force between --min-concurrent and --max-concurrent, its ceiling, from the hold times measured")
+	fs.Var(&pi.minB, SetMinB, "the floor of the adaptive B, 1 to B (with --adaptive only)")
 	fs.Var(&pi.flt, SetFleet, "fleet: B and Q are those of the whole fleet of that name (see README: Fleets)")
 	return pi
 }
@@ -365,6 +375,8 @@ func parseEnvAlone(name, v string) (bulkhead.Policy, error) {
 		base.QueueWait = bulkhead.MaxQueueWait
 	case EnvWorkloads:
 		base.MaxConcurrent = math.MaxInt32
+	case EnvMinConcurrent:
+		base.MaxConcurrent, base.Adaptive = math.MaxInt32, true
 	}
 	p, err := bulkhead.PolicyFromEnviron(base, []string{name + "=" + v})
 	if err != nil {
@@ -452,6 +464,10 @@ func (pi *PolicyInput) Resolve(set map[string]bool, def bulkhead.Policy) (*Resol
 			r.P.DryRun = p.DryRun
 		case SetWorkloads:
 			r.P.Workloads = p.Workloads
+		case SetAdaptive:
+			r.P.Adaptive = p.Adaptive
+		case SetMinB:
+			r.P.MinConcurrent = p.MinConcurrent
 		}
 	}
 	return r, nil
@@ -486,6 +502,13 @@ func (pi *PolicyInput) fromFlag(name string, r *Resolved) error {
 			return errors.New(strings.Replace(strings.TrimPrefix(err.Error(), "bulkhead: "), EnvWorkloads, "--workloads", 1))
 		}
 		p.Workloads = w.Workloads
+	case SetAdaptive:
+		p.Adaptive = pi.adpt.v
+	case SetMinB:
+		if pi.minB.V < 1 {
+			return fmt.Errorf("--min-concurrent is %d, want an integer from 1 to %d", pi.minB.V, math.MaxInt32)
+		}
+		p.MinConcurrent = pi.minB.V
 	case SetFleet:
 		if err := checkFleetName(pi.flt.v); err != nil {
 			return fmt.Errorf("--fleet: %w", err)
@@ -497,19 +520,38 @@ func (pi *PolicyInput) fromFlag(name string, r *Resolved) error {
 
 // Check validates the policy as a whole; its error names where each
 // field came from.
-func (r *Resolved) Check() error {
-	if err := r.P.Validate(); err != nil {
-		parts := []string{
-			fmt.Sprintf("B=%d %s", r.P.MaxConcurrent, r.Describe(SetB)),
-			fmt.Sprintf("Q=%d %s", r.P.MaxQueue, r.Describe(SetQ)),
-			fmt.Sprintf("wait=%v %s", r.P.QueueWait, r.Describe(SetWait)),
-		}
-		if len(r.P.Workloads) > 0 {
-			parts = append(parts, "workloads "+r.Describe(SetWorkloads))
-		}
-		return fmt.Errorf("%w (%s)", err, strings.Join(parts, ", "))
+func (r *Resolved) Check() error { return r.check(r.P, true) }
+
+// CheckAdaptive validates Adaptive and MinConcurrent against B alone, for
+// a command that uses B but not the queue (budget); its error names where
+// each field came from.
+func (r *Resolved) CheckAdaptive() error {
+	p := bulkhead.Policy{MaxConcurrent: r.P.MaxConcurrent, Adaptive: r.P.Adaptive, MinConcurrent: r.P.MinConcurrent}
+	return r.check(p, false)
+}
+
+// check validates p, the policy of r or part of it (queue: with its Q
+// and wait).
+func (r *Resolved) check(p bulkhead.Policy, queue bool) error {
+	err := p.Validate()
+	if err == nil {
+		return nil
 	}
-	return nil
+	parts := []string{fmt.Sprintf("B=%d %s", p.MaxConcurrent, r.Describe(SetB))}
+	if queue {
+		parts = append(parts,
+			fmt.Sprintf("Q=%d %s", p.MaxQueue, r.Describe(SetQ)),
+			fmt.Sprintf("wait=%v %s", p.QueueWait, r.Describe(SetWait)))
+	}
+	if len(p.Workloads) > 0 {
+		parts = append(parts, "workloads "+r.Describe(SetWorkloads))
+	}
+	if p.Adaptive || p.MinConcurrent > 0 {
+		parts = append(parts,
+			fmt.Sprintf("adaptive=%v %s", p.Adaptive, r.Describe(SetAdaptive)),
+			fmt.Sprintf("min=%d %s", p.MinConcurrent, r.Describe(SetMinB)))
+	}
+	return fmt.Errorf("%w (%s)", err, strings.Join(parts, ", "))
 }
 
 // WorkloadNames lists the workloads of p, sorted.
@@ -539,15 +581,43 @@ func CheckWorkload(r *Resolved, workload string, set map[string]bool) error {
 }
 
 // PolicySetup describes the gate of a run: its policy, dry-run and the
-// workload its operations name.
+// workload its operations name, with its priority when not 0. It does
+// not say Adaptive: AdaptiveSetup does.
 func PolicySetup(p bulkhead.Policy, workload string) string {
 	s := fmt.Sprintf("B=%d Q=%d wait=%v", p.MaxConcurrent, p.MaxQueue, p.QueueWait)
 	if workload != "" {
-		w := p.Workloads[workload]
-		s += fmt.Sprintf(" workload %s B=%d Q=%d wait=%v", workload, w.MaxConcurrent, w.MaxQueue, w.QueueWait)
+		s += " workload " + workload + " " + WorkloadSetup(p.Workloads[workload], false)
 	}
 	if p.DryRun {
 		s += " dry-run"
 	}
 	return s
+}
+
+// WorkloadSetup describes a workload's budget: B, Q, wait and its
+// priority, always or only when not 0.
+func WorkloadSetup(w bulkhead.Workload, priority bool) string {
+	s := fmt.Sprintf("B=%d Q=%d wait=%v", w.MaxConcurrent, w.MaxQueue, w.QueueWait)
+	if priority || w.Priority != 0 {
+		s += fmt.Sprintf(" priority=%d", w.Priority)
+	}
+	return s
+}
+
+// MinConcurrent is the floor of p's adaptive B (Policy.MinConcurrent, 0
+// meaning 1), or 0 without Adaptive.
+func MinConcurrent(p bulkhead.Policy) int {
+	if !p.Adaptive {
+		return 0
+	}
+	return max(1, p.MinConcurrent)
+}
+
+// AdaptiveSetup is what PolicySetup's text gets under Adaptive: ",
+// adaptive from the floor to B", or "".
+func AdaptiveSetup(p bulkhead.Policy) string {
+	if !p.Adaptive {
+		return ""
+	}
+	return fmt.Sprintf(", adaptive from %d to %d", MinConcurrent(p), p.MaxConcurrent)
 }

@@ -1,0 +1,308 @@
+//go:build go1.25
+
+package bulkhead
+
+// Policy.Adaptive: (*adaptive).observe driven with synthetic hold times,
+// one window of completions at a time, and the limit in force through a
+// budget and a gate.
+
+import (
+	"context"
+	"errors"
+	"math/rand"
+	"testing"
+	"time"
+)
+
+// adWork is the hold time of an operation with no queueing inside the
+// database.
+const adWork = 10 * time.Millisecond
+
+// adWindow feeds one window of completions run under limit b, each
+// held hold(b), with callers waiting (waited) on each, and returns the
+// limit in force after it. It fails unless the window is max(8, 4·b)
+// completions long, only its last one may change the limit, and the
+// limit moves by at most one, to the floor (a probe) or back from it.
+func adWindow(t *testing.T, a *adaptive, b int, hold time.Duration, waited bool) int {
+	t.Helper()
+	n := max(8, 4*b)
+	for i := 1; i < n; i++ {
+		if nb, ok := a.observe(hold, b, waited); ok || nb != b {
+			t.Fatalf("completion %d of a window of %d under b=%d returned %d, %v; want b unchanged until the window ends", i, n, b, nb, ok)
+		}
+	}
+	probing := a.resume
+	nb, ok := a.observe(hold, b, waited)
+	if ok != (nb != b) || (nb < b-1 || nb > b+1) && nb != a.floor && probing == 0 {
+		t.Fatalf("window end under b=%d returned %d, %v; want b moved by at most one or to the floor, and true only if it moved", b, nb, ok)
+	}
+	return nb
+}
+
+// adCores is a database that runs cores operations at once and queues the
+// rest: with b running, each holds work·max(b, cores)/cores.
+func adCores(cores int, work time.Duration) func(b int) time.Duration {
+	return func(b int) time.Duration {
+		return work * time.Duration(max(b, cores)) / time.Duration(cores)
+	}
+}
+
+// adRun runs windows under model from b and returns the limit after each.
+func adRun(t *testing.T, a *adaptive, b, windows int, model func(int) time.Duration, waited bool) []int {
+	t.Helper()
+	trace := make([]int, windows)
+	for i := range trace {
+		b = adWindow(t, a, b, model(b), waited)
+		if b < a.floor || b > a.ceil {
+			t.Fatalf("window %d: b=%d, want within floor %d and ceiling %d (trace %v)", i, b, a.floor, a.ceil, trace[:i])
+		}
+		trace[i] = b
+	}
+	return trace
+}
+
+// With the hold the same at every limit (no queueing inside the
+// database) and callers waiting, b climbs by one per window to the
+// ceiling, and stays there.
+func TestAdaptiveClimbsOnePerWindowToTheCeilingWhileHoldsStayFlat(t *testing.T) {
+	a := &adaptive{floor: 1, ceil: 6}
+	trace := adRun(t, a, 1, 12, func(int) time.Duration { return adWork }, true)
+	want := []int{2, 3, 4, 5, 6, 6, 6, 6, 6, 6, 6, 6}
+	for i := range want {
+		if trace[i] != want[i] {
+			t.Fatalf("b after each window %v, want %v", trace, want)
+		}
+	}
+}
+
+// Without callers waiting, b never grows, however flat the holds.
+func TestAdaptiveNeverGrowsWithoutCallersWaiting(t *testing.T) {
+	a := &adaptive{floor: 1, ceil: 8}
+	for i, b := range adRun(t, a, 1, 50, func(int) time.Duration { return adWork }, false) {
+		if b != 1 {
+			t.Fatalf("window %d: b=%d without anyone waiting, want 1", i, b)
+		}
+	}
+}
+
+// One completion with callers waiting is enough for its window to grow;
+// the next window, with nobody waiting, does not.
+func TestAdaptiveGrowsOnlyInAWindowInWhichCallersWaited(t *testing.T) {
+	a := &adaptive{floor: 1, ceil: 8}
+	a.observe(adWork, 1, true)
+	for range 6 {
+		a.observe(adWork, 1, false)
+	}
+	nb, ok := a.observe(adWork, 1, false)
+	if !ok || nb != 2 {
+		t.Fatalf("window with one completion seeing a waiter ended with %d, %v; want 2, true", nb, ok)
+	}
+	if nb := adWindow(t, a, 2, adWork, false); nb != 2 {
+		t.Fatalf("next window, nobody waiting: b=%d, want 2", nb)
+	}
+}
+
+// On a database that runs 2 operations at once, the limit settles where
+// it reads about one operation queued inside the database (b=3: holds
+// 1.5 times the unqueued one), and stays there, but for one window at
+// the floor every probeEvery windows.
+func TestAdaptiveSettlesNearTheDatabasesConcurrency(t *testing.T) {
+	a := &adaptive{floor: 1, ceil: 16}
+	trace := adRun(t, a, 1, 10*probeEvery, adCores(2, adWork), true)
+	if trace[2] != 2 && trace[2] != 3 {
+		t.Fatalf("b after 3 windows %d, want 2 or 3 (trace %v)", trace[2], trace[:3])
+	}
+	probes := 0
+	for i := 2; i < len(trace); i++ {
+		if trace[i] == a.floor {
+			probes++
+			continue
+		}
+		if trace[i] < 2 || trace[i] > 3 {
+			t.Fatalf("window %d: b=%d, want it settled at 2 or 3 on a database of 2 (trace %v)", i, trace[i], trace[:i+1])
+		}
+	}
+	if want := len(trace) / probeEvery; probes < want-1 || probes > want+1 {
+		t.Fatalf("%d windows at the floor in %d, want about one in %d", probes, len(trace), probeEvery)
+	}
+}
+
+// The convergence above, window by window: b reaches 3 in two windows and
+// stays there.
+func TestAdaptiveReachesTheDatabasesConcurrencyInTwoWindows(t *testing.T) {
+	a := &adaptive{floor: 1, ceil: 16}
+	trace := adRun(t, a, 1, probeEvery-1, adCores(2, adWork), true)
+	for i, b := range trace {
+		want := 3
+		if i == 0 {
+			want = 2
+		}
+		if b != want {
+			t.Fatalf("window %d: b=%d, want %d (trace %v)", i, b, want, trace)
+		}
+	}
+}
+
+// When the work itself gets longer (holds triple at the same b), the
+// limit shrinks one per window to the floor, measures the longer work's
+// hold there, and climbs back to the level it had, one per window.
+func TestAdaptiveRecoversItsLevelAfterTheWorkGetsLonger(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		model func(work time.Duration) func(int) time.Duration
+		level int // reached before the shift
+	}{
+		{"flat holds", func(w time.Duration) func(int) time.Duration {
+			return func(int) time.Duration { return w }
+		}, 8},
+		{"a database of 4", func(w time.Duration) func(int) time.Duration { return adCores(4, w) }, 5},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := &adaptive{floor: 1, ceil: 8}
+			before := adRun(t, a, 1, 8, c.model(adWork), true)
+			if b := before[len(before)-1]; b != c.level {
+				t.Fatalf("b before the shift %d, want %d (trace %v)", b, c.level, before)
+			}
+			bound := 2*(c.level-a.floor) + 2
+			after := adRun(t, a, c.level, bound, c.model(3*adWork), true)
+			if after[0] >= c.level {
+				t.Fatalf("first window after the holds tripled: b=%d, want below %d", after[0], c.level)
+			}
+			back := -1
+			for i, b := range after {
+				if b > c.level {
+					t.Fatalf("window %d after the shift: b=%d, above the level %d (trace %v)", i, b, c.level, after)
+				}
+				if b == c.level && back < 0 {
+					back = i + 1
+				}
+			}
+			if back < 0 {
+				t.Fatalf("b never back at %d within %d windows of the shift (trace %v)", c.level, bound, after)
+			}
+			t.Logf("back at %d after %d windows (bound %d): %v", c.level, back, bound, after[:back])
+		})
+	}
+}
+
+// However long the holds get, b never goes below the floor: on a database
+// saturated after a window of short holds, it comes down one per window
+// to the floor, and never goes lower.
+func TestAdaptiveNeverGoesBelowTheFloor(t *testing.T) {
+	a := &adaptive{floor: 2, ceil: 8}
+	if b := adWindow(t, a, 8, adWork, true); b != 8 {
+		t.Fatalf("b after a window of short holds at the ceiling: %d, want 8", b)
+	}
+	trace := adRun(t, a, 8, 100, func(b int) time.Duration { return 4 * time.Duration(b) * adWork }, true)
+	for i := range 6 {
+		if trace[i] != 7-i {
+			t.Fatalf("b after each window %v, want 7, 6, ... down to the floor 2", trace[:6])
+		}
+	}
+	for i, b := range trace { // adRun checks each window against the floor too
+		if b < a.floor {
+			t.Fatalf("window %d: b=%d, below the floor %d", i, b, a.floor)
+		}
+	}
+}
+
+// Whatever the holds and waits, b stays within floor and ceiling and
+// moves by at most one, only at the end of a window (adWindow, adRun).
+func TestAdaptiveStaysWithinItsBoundsUnderArbitraryHolds(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	a := &adaptive{floor: 2, ceil: 7}
+	b := 2
+	for w := range 2000 {
+		hold := time.Duration(1+rng.Intn(1000)) * time.Microsecond
+		b = adWindow(t, a, b, hold, rng.Intn(2) == 0)
+		if b < 2 || b > 7 {
+			t.Fatalf("window %d: b=%d, want 2 to 7", w, b)
+		}
+	}
+}
+
+// Through a budget: the limit starts at the floor, and growing it serves
+// the waiter queued behind the one running.
+func TestAdaptiveBudgetStartsAtTheFloorAndGrowingServesAWaiter(t *testing.T) {
+	l := newBudget("")
+	l.resize(8, 8, time.Hour, false, 1)
+	admMustAcquire(t, l)
+	res := admGo(context.Background(), l)
+	admWaitFor(t, func() bool { return admRead(l).waiting == 1 })
+	if s := admStats(l); s.MaxConcurrent != 1 {
+		t.Fatalf("MaxConcurrent %d at the start, want the floor 1", s.MaxConcurrent)
+	}
+	l.mu.Lock()
+	for range 8 { // a window of flat holds while a caller waits
+		l.observeLocked(adWork)
+	}
+	l.mu.Unlock()
+	if r := dlRecv(t, "the waiter", res); r.err != nil {
+		t.Fatalf("waiter when b grew: %v, want the new permit", r.err)
+	}
+	if s := admStats(l); s.MaxConcurrent != 2 || s.Running != 2 || s.Waiting != 0 || s.Hold != adWork {
+		t.Fatalf("stats %+v, want B=2 in force, 2 running, Hold %v", s, adWork)
+	}
+	l.release(0)
+	l.release(0)
+}
+
+// Through a gate: Stats.MaxConcurrent is the B in force, which starts at
+// MinConcurrent (1 for 0) under Adaptive and is the policy's without it;
+// workloads keep their own B.
+func TestAdaptiveGateStartsAtTheFloorAndSetPolicyMovesIt(t *testing.T) {
+	g, _, _ := dlGate(t, Policy{MaxConcurrent: 8, Adaptive: true,
+		Workloads: map[string]Workload{"batch": {MaxConcurrent: 4}}})
+	want := func(what string, b int) {
+		t.Helper()
+		if s := g.Stats(); s.MaxConcurrent != b {
+			t.Fatalf("%s: MaxConcurrent %d, want %d", what, s.MaxConcurrent, b)
+		}
+	}
+	want("Adaptive, MinConcurrent 0", 1)
+	if ws, ok := g.WorkloadStats("batch"); !ok || ws.MaxConcurrent != 4 {
+		t.Fatalf("workload under Adaptive: %+v, %v; want its own B of 4", ws, ok)
+	}
+	set := func(p Policy) {
+		t.Helper()
+		if err := g.SetPolicy(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(Policy{MaxConcurrent: 8})
+	want("Adaptive off", 8)
+	set(Policy{MaxConcurrent: 8, Adaptive: true, MinConcurrent: 3})
+	want("Adaptive on again, MinConcurrent 3", 3)
+	set(Policy{MaxConcurrent: 2, Adaptive: true})
+	want("ceiling lowered below the B in force", 2)
+	if err := g.Cap(context.Background(), 1, -1); err != nil {
+		t.Fatal(err)
+	}
+	want("capped at 1", 1)
+
+	g2, _, _ := dlGate(t, Policy{MaxConcurrent: 8, Adaptive: true, MinConcurrent: 3})
+	if s := g2.Stats(); s.MaxConcurrent != 3 {
+		t.Fatalf("new gate with MinConcurrent 3: MaxConcurrent %d, want 3", s.MaxConcurrent)
+	}
+}
+
+// With no queue (MaxQueue 0) nobody ever waits: callers refused at
+// admission are the demand that lets the limit grow.
+func TestAdaptiveGrowsOnRefusalsWhenNobodyCanWait(t *testing.T) {
+	l := newBudget("")
+	l.resize(8, 0, 0, false, 1)
+	admMustAcquire(t, l)
+	if _, err := l.admit(0); !errors.Is(err, ErrAdmissionFull) {
+		t.Fatalf("admit with the one permit taken: %v, want ErrAdmissionFull", err)
+	}
+	l.mu.Lock()
+	for range 8 {
+		l.observeLocked(adWork)
+	}
+	b := l.b
+	l.mu.Unlock()
+	if b != 2 {
+		t.Fatalf("b after a window of flat holds with a caller refused: %d, want 2", b)
+	}
+	l.release(0)
+}

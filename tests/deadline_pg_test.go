@@ -1,0 +1,106 @@
+package tests
+
+// The deadline-aware queue on PostgreSQL through pgx: once the gate has
+// measured how long operations hold their permits, an operation whose
+// deadline is closer than that is refused before it reaches the server,
+// while one without a deadline waits its turn and runs.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dbbulkhead/bulkhead"
+)
+
+// dlPgQueued runs query on db in a goroutine, once g shows n operations
+// waiting for the permit (the one started here among them); its result
+// arrives on the channel.
+func dlPgQueued(t *testing.T, ctx context.Context, g *bulkhead.Gate, db *sql.DB, query string, n int) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := db.ExecContext(ctx, query)
+		done <- err
+	}()
+	awaitState(t, "the operation waits for the permit", func() bool { return g.Stats().Waiting == n })
+	return done
+}
+
+// A 10ms deadline behind operations measured holding their permit for
+// pg_sleep(0.05) each (a hold of at least 50ms) cannot be made: it is
+// refused with ErrWouldMissDeadline, dials nothing and runs nothing on
+// the server. Without a deadline the same operation waits and runs.
+func TestADeadlineShorterThanTheMeasuredHoldIsRefusedBeforeReachingPostgreSQL(t *testing.T) {
+	ctx := pgTestCtx(t)
+	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: 5 * time.Second})
+	m := newMonitor(t)
+
+	// Measure: each pg_sleep(0.05) waits behind a held transaction, so it
+	// takes the measured path (an operation that finds the permit free is
+	// not measured).
+	for i := 0; g.Stats().Hold == 0; i++ {
+		if i == 5 {
+			t.Fatalf("Hold still 0 after %d measured operations: %+v", i, g.Stats())
+		}
+		holder := pgBegin(t, ctx, db)
+		done := dlPgQueued(t, ctx, g, db, "SELECT pg_sleep(0.05)", 1)
+		if err := holder.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("measured operation %d: %v", i, err)
+		}
+	}
+	t.Logf("hold measured: %v", g.Stats().Hold)
+
+	// One transaction holds the only permit, running pg_sleep(0.2).
+	tx := pgBegin(t, ctx, db)
+	slept := make(chan error, 1)
+	go func() {
+		_, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.2)")
+		slept <- err
+	}()
+	before := g.Stats()
+
+	const marker = "SELECT 'bh deadline refused'"
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	_, err := db.ExecContext(dctx, marker)
+	cancel()
+	var rej *bulkhead.RejectedError
+	if !errors.As(err, &rej) || rej.Cause != bulkhead.ErrWouldMissDeadline || !errors.Is(err, bulkhead.ErrRejected) {
+		t.Fatalf("operation with a 10ms deadline: %v, want a *RejectedError matching ErrRejected with Cause ErrWouldMissDeadline", err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) || rej.Waited != 0 || rej.Hold <= 0 {
+		t.Fatalf("rejection %+v (%v), want no DeadlineExceeded, Waited 0 and the hold it weighed", *rej, err)
+	}
+	s := g.Stats()
+	if s.RejectedDeadline != 1 || s.Dials != before.Dials || s.OpenConns != before.OpenConns || s.Admitted != before.Admitted {
+		t.Fatalf("stats %+v (before %+v), want 1 deadline rejection and no dial or admission", s, before)
+	}
+	var ran int
+	if err := m.db.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query = $2", m.app, marker).Scan(&ran); err != nil {
+		t.Fatal(err)
+	}
+	if ran != 0 {
+		t.Fatalf("%d server sessions ran the refused operation's SQL, want 0", ran)
+	}
+
+	const waiter = "SELECT 'bh no deadline'"
+	done := dlPgQueued(t, ctx, g, db, waiter, 1)
+	if err := <-slept; err != nil {
+		t.Fatalf("the holder's pg_sleep(0.2): %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("operation without a deadline: %v, want it run once the permit came back", err)
+	}
+	if s := g.Stats(); s.RejectedDeadline != 1 || s.RejectedTimeout != 0 || s.Canceled != 0 {
+		t.Fatalf("stats %+v, want the one deadline rejection and nothing else refused", s)
+	}
+	pgExpectIdle(t, g)
+}
