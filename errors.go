@@ -32,6 +32,11 @@ var (
 	// ErrClosed: the gate was closed (by db.Close) before or while the
 	// operation waited. It is not a rejection.
 	ErrClosed = errors.New("bulkhead: closed")
+	// ErrOutcomeUnknown: a COMMIT got no answer within the driver's bound
+	// (pgxgate.EndGrace): it may or may not have taken effect. Not a
+	// rejection, and not the caller's context error unless that context
+	// ended too: check before retrying.
+	ErrOutcomeUnknown = errors.New("bulkhead: outcome unknown")
 )
 
 // ErrTxStillOpen is returned for an operation on a connection whose

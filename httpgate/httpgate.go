@@ -16,6 +16,7 @@
 //	nil                        200, nothing written
 //	bulkhead.ErrRejected       503 Service Unavailable, Retry-After (1 s by default)
 //	bulkhead.ErrClosed         503 Service Unavailable, no Retry-After (shutting down)
+//	bulkhead.ErrOutcomeUnknown 500 Internal Server Error, no Retry-After (a COMMIT may have taken effect: not to be retried blindly)
 //	context.DeadlineExceeded   504 Gateway Timeout
 //	context.Canceled           499 Client Closed Request
 //	anything else              500 Internal Server Error
@@ -91,6 +92,8 @@ func (rs Responder) Status(err error) (code int, retryAfter time.Duration) {
 		return http.StatusServiceUnavailable, rs.retryAfter()
 	case errors.Is(err, bulkhead.ErrClosed):
 		return http.StatusServiceUnavailable, 0
+	case errors.Is(err, bulkhead.ErrOutcomeUnknown):
+		return http.StatusInternalServerError, 0
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout, 0
 	case errors.Is(err, context.Canceled):

@@ -107,6 +107,8 @@ func TestStatusMapsEachKindOfErrorToItsCode(t *testing.T) {
 		{"deadline", errs["deadline"], http.StatusGatewayTimeout, 0},
 		{"canceled", errs["canceled"], httpgate.StatusClientClosedRequest, 0},
 		{"wrapped canceled", fmt.Errorf("load order 7: %w", errs["canceled"]), httpgate.StatusClientClosedRequest, 0},
+		{"outcome unknown", fmt.Errorf("%w: COMMIT got no answer", bulkhead.ErrOutcomeUnknown), http.StatusInternalServerError, 0},
+		{"outcome unknown past the caller's deadline", errors.Join(context.DeadlineExceeded, bulkhead.ErrOutcomeUnknown), http.StatusInternalServerError, 0},
 		{"other", errors.New("pq: relation orders does not exist"), http.StatusInternalServerError, 0},
 		{"bad conn", sql.ErrConnDone, http.StatusInternalServerError, 0},
 	} {

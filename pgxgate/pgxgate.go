@@ -30,8 +30,9 @@
 //     on the server when Commit or Rollback returns, and Commit reports
 //     what the server did. A COMMIT or ROLLBACK that gets no answer within
 //     EndGrace (plus DeadlineDelay for the cancel request) closes the
-//     connection; then, and only then, the outcome is unknown and the
-//     server may keep the transaction until it notices the closed socket.
+//     connection; then, and only then, the outcome is unknown (Commit's
+//     error matches bulkhead.ErrOutcomeUnknown) and the server may keep
+//     the transaction until it notices the closed socket.
 //
 // Everything else is pgx's: the connections are *stdlib.Conn values
 // (bulkhead.Unwrap reaches them in (*sql.Conn).Raw), with the same optional
@@ -163,8 +164,9 @@ func (t *tx) endContext() (context.Context, context.CancelFunc) {
 
 // Commit sends COMMIT and reports what the server did: nil, or
 // pgx.ErrTxCommitRollback when the transaction had failed and the server
-// rolled it back, or the error that left the outcome unknown (then the
-// connection is closed).
+// rolled it back, or an error matching bulkhead.ErrOutcomeUnknown when
+// no answer came within EndGrace (then the connection is closed), or the
+// error that failed it otherwise.
 func (t *tx) Commit() error {
 	ctx, cancel := t.endContext()
 	defer cancel()
@@ -172,6 +174,11 @@ func (t *tx) Commit() error {
 	if err != nil {
 		if t.c.PgConn().TxStatus() != 'I' {
 			closeNow(t.c)
+		}
+		if ctx.Err() != nil {
+			// pgx's error holds the end context's deadline, which is not
+			// the caller's: it is reported as text, outside the chain.
+			return fmt.Errorf("%w: COMMIT got no answer within pgxgate.EndGrace (%v); the connection was closed and the server may still commit: %v", bulkhead.ErrOutcomeUnknown, EndGrace, err)
 		}
 		return err
 	}

@@ -1,0 +1,66 @@
+//go:build unix
+
+package pgxgate_test
+
+import (
+	"context"
+	"errors"
+	"syscall"
+	"testing"
+
+	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/httpgate"
+	"github.com/dbbulkhead/bulkhead/pgxgate"
+)
+
+// A COMMIT that gets no answer (its backend stopped with SIGSTOP before it
+// could read it) returns, after pgxgate.EndGrace, an error matching
+// bulkhead.ErrOutcomeUnknown and not the caller's context error, which
+// never ended; httpgate answers 500, not a retryable 503; the permit comes
+// back with the connection closed.
+func TestAnUnansweredCommitIsAnUnknownOutcomeNotTheCallersDeadline(t *testing.T) {
+	cfg, _ := pgConfig(t, "outcome")
+	g, err := pgxgate.New(cfg, bulkhead.Policy{MaxConcurrent: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	ctx := t.Context()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP to backend %d: %v (the test must run as a user allowed to signal the server's processes, as .ci/run does)", pid, err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Errorf("SIGCONT to backend %d: %v", pid, err)
+			}
+		}
+	}
+	defer resume()
+	err = tx.Commit()
+	resume()
+	if !errors.Is(err, bulkhead.ErrOutcomeUnknown) {
+		t.Fatalf("Commit with its backend stopped: %v, want an error matching ErrOutcomeUnknown", err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || ctx.Err() != nil {
+		t.Fatalf("Commit: %v matches a context error (caller's context: %v), want none: the caller's context never ended", err, ctx.Err())
+	}
+	if code, retry := httpgate.Status(err); code != 500 || retry != 0 {
+		t.Errorf("httpgate.Status: %d, Retry-After %v; want 500 and none", code, retry)
+	}
+	if s := g.Stats(); s.Running != 0 {
+		t.Errorf("Running %d after the Commit returned, want 0", s.Running)
+	}
+	t.Logf("Commit: %v", err)
+}
