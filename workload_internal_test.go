@@ -168,8 +168,8 @@ func TestConcurrentWorkloadsNeverExceedTheGlobalOrTheirOwnLimits(t *testing.T) {
 	if s.Running != 0 || s.Waiting != 0 {
 		t.Fatalf("global stats after the end %+v", s)
 	}
-	if int(s.RejectedFull+s.RejectedTimeout) != all.rejected {
-		t.Fatalf("%d rejections returned, stats count %d+%d", all.rejected, s.RejectedFull, s.RejectedTimeout)
+	if int(s.RejectedFull+s.RejectedTimeout+s.RejectedDeadline) != all.rejected {
+		t.Fatalf("%d rejections returned, stats count %d+%d+%d", all.rejected, s.RejectedFull, s.RejectedTimeout, s.RejectedDeadline)
 	}
 	if int(s.Admitted) < all.ok || int(s.Admitted) > all.ok+all.ctxErr {
 		t.Fatalf("Admitted=%d with %d successes and %d cancellations", s.Admitted, all.ok, all.ctxErr)

@@ -724,10 +724,10 @@ func TestPoolExhaustionEndsInSuccessOrRejectionAndTheStatsAddUp(t *testing.T) {
 	}
 	s := g.Stats()
 	attempts := int64(goroutines * each)
-	if sum := s.Admitted + s.RejectedFull + s.RejectedTimeout + s.ConnectFailed + s.Canceled; sum != attempts {
-		t.Errorf("Admitted+RejectedFull+RejectedTimeout+ConnectFailed+Canceled = %d+%d+%d+%d+%d = %d, want %d attempts", s.Admitted, s.RejectedFull, s.RejectedTimeout, s.ConnectFailed, s.Canceled, sum, attempts)
+	if sum := s.Admitted + s.RejectedFull + s.RejectedTimeout + s.RejectedDeadline + s.ConnectFailed + s.Canceled; sum != attempts {
+		t.Errorf("Admitted+RejectedFull+RejectedTimeout+RejectedDeadline+ConnectFailed+Canceled = %d+%d+%d+%d+%d+%d = %d, want %d attempts", s.Admitted, s.RejectedFull, s.RejectedTimeout, s.RejectedDeadline, s.ConnectFailed, s.Canceled, sum, attempts)
 	}
-	if s.Admitted != ok.Load() || s.RejectedFull+s.RejectedTimeout != rejected.Load() {
+	if s.Admitted != ok.Load() || s.RejectedFull+s.RejectedTimeout+s.RejectedDeadline != rejected.Load() {
 		t.Errorf("stats %+v; callers saw %d successes and %d rejections", s, ok.Load(), rejected.Load())
 	}
 	if s.Running != 0 || s.Waiting != 0 || s.OpenConns > p.MaxConcurrent+p.MaxQueue {

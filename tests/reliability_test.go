@@ -375,8 +375,8 @@ func (r *relRig) assertIdle() {
 	if s.Admitted != r.admits.Load() {
 		t.Errorf("P: Stats.Admitted=%d, but %d OnAdmit events", s.Admitted, r.admits.Load())
 	}
-	if got := s.RejectedFull + s.RejectedTimeout; got != r.rejects.Load() {
-		t.Errorf("P: RejectedFull+RejectedTimeout=%d, but %d OnReject events", got, r.rejects.Load())
+	if got := s.RejectedFull + s.RejectedTimeout + s.RejectedDeadline; got != r.rejects.Load() {
+		t.Errorf("P: RejectedFull+RejectedTimeout+RejectedDeadline=%d, but %d OnReject events", got, r.rejects.Load())
 	}
 	// Idle, the gate keeps no more server connections than database/sql
 	// keeps (logical) connections.
