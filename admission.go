@@ -596,14 +596,16 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 	n++
 	ps := passage{limit: o.wait}
 	ps.deadline, _ = ctx.Deadline()
-	ls[0].mu.Lock()
-	if ps.limit < 0 {
-		ps.limit = ls[0].wait
+	if ps.limit < 0 || wl != nil {
+		ls[0].mu.Lock()
+		if ps.limit < 0 {
+			ps.limit = ls[0].wait
+		}
+		if wl != nil {
+			ps.prio = wl.prio
+		}
+		ls[0].mu.Unlock()
 	}
-	if wl != nil {
-		ps.prio = wl.prio
-	}
-	ls[0].mu.Unlock()
 	err := ps.acquire(ctx, ls[:n])
 	p.waited = ps.waited()
 	if g.opt.events.OnReject != nil && (ps.wouldReject || errors.Is(err, ErrRejected)) {
