@@ -1,28 +1,18 @@
 package bulkhead
 
 import (
+	"cmp"
 	"context"
 	"database/sql/driver"
 	"errors"
 )
 
-// conn is a logical connection: what database/sql keeps in its pool. It
-// holds a server connection (a session, pool.go) only from the moment an
-// operation on it holds its permits, or a Ping, a Prepare or Raw needs one,
-// until database/sql takes it back (IsValid) or closes it.
-//
-// It offers every optional driver interface, and answers as database/sql
-// would when the driver's connection lacks one: a Ping without Pinger
-// succeeds, an Exec without Execer is prepared and executed, arguments are
-// converted by the driver's own checkers on the session that runs them. The
-// exception is database/sql's rule for a transaction rolled back after its
-// context ended, which depends on SessionResetter and Validator: the gate
-// has both and applies the rule to the driver's own (tx.Rollback).
-//
-// database/sql calls a driver connection, and its Tx, Stmt and Rows, one
-// call at a time (under its driverConn lock), also from its own goroutines
-// (the rollback after a cancellation, closing rows): the plain fields of
-// conn, tx, stmt and rows need no lock of their own.
+// conn is a logical connection, kept in database/sql's pool. It holds a
+// session (pool.go) once an operation on it holds its permits, or a Ping,
+// Prepare or Raw needs one, until database/sql takes it back. It offers
+// every optional driver interface, answering as database/sql would without
+// one. database/sql calls conn, tx, stmt and rows one call at a time (also
+// from its own goroutines): their plain fields need no lock.
 type conn struct {
 	g      *Gate
 	s      *session // the session held, or nil
@@ -49,11 +39,8 @@ var (
 	_ driver.NamedValueChecker  = (*conn)(nil)
 )
 
-// bind gives c a session if it holds none: the one it parked, if still
-// there, else one from the pool (pool.get). Sessions the driver finds dead
-// on the way are closed and the next one tried. The session is c's while
-// the driver checks it: if the driver panics, the caller's deferred lose
-// closes it.
+// bind gives c a session if it has none: its parked one, else the pool's.
+// If the driver panics, the caller's deferred lose closes it.
 func (c *conn) bind(ctx context.Context) error {
 	p := c.g.pool
 	var s *session
@@ -94,10 +81,8 @@ func (c *conn) bind(ctx context.Context) error {
 	}
 }
 
-// lose discards c's session after the driver panicked on it: its state is
-// unknown. database/sql never discards a connection whose driver call
-// panicked, so c reports driver.ErrBadConn from now on, and a transaction
-// open on it gives its permits back.
+// lose discards c's session after the driver panicked on it: c reports
+// driver.ErrBadConn from now on; an open transaction releases its permits.
 func (c *conn) lose() {
 	c.bad = true
 	if s := c.s; s != nil {
@@ -107,9 +92,8 @@ func (c *conn) lose() {
 	c.tx.end()
 }
 
-// start takes the permits of an operation of kind k into p, then a
-// session if c has none. On success the operation is counted as admitted
-// and must end with c.g.release(p); on failure nothing is held.
+// start takes the permits of an operation of kind k into p, then a session;
+// on success it must end with c.g.release(p), on failure nothing is held.
 func (c *conn) start(ctx context.Context, k Kind, p *permit) error {
 	if err := c.g.acquire(ctx, k, p); err != nil {
 		return err
@@ -136,10 +120,8 @@ func (c *conn) start(ctx context.Context, k Kind, p *permit) error {
 
 var errPanicked = errors.New("bulkhead: the driver panicked")
 
-// finish is deferred by a method that calls the driver on c's session,
-// under the operation's permits p (nil for none of its own): if the
-// driver panicked (returned is still false), c's session is lost, and
-// then p is released; the panic goes on up.
+// finish is deferred around a driver call: c loses its session if the call
+// did not return, then p, if not nil, is released.
 func (c *conn) finish(p *permit, returned *bool) {
 	if !*returned {
 		c.lose()
@@ -149,21 +131,15 @@ func (c *conn) finish(p *permit, returned *bool) {
 	}
 }
 
-// session returns c's session for a call outside an operation (Ping,
-// Prepare, Raw), binding one if needed; it stays bound until database/sql
-// takes c back.
+// session binds c's session for Ping, Prepare or Raw, outside an operation.
 func (c *conn) session(ctx context.Context) (*session, error) {
 	if c.bad {
 		return nil, driver.ErrBadConn
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			c.lose()
-		}
-	}()
+	returned := false
+	defer c.finish(nil, &returned)
 	err := c.bind(ctx)
-	ok = true
+	returned = true
 	if err != nil {
 		return nil, ctxErr(ctx, err)
 	}
@@ -171,8 +147,7 @@ func (c *conn) session(ctx context.Context) (*session, error) {
 	return c.s, nil
 }
 
-// Unwrap returns the driver's own connection, binding a session to c if
-// it has none: see the package function Unwrap.
+// Unwrap returns the driver's own connection: see the package's Unwrap.
 func (c *conn) Unwrap() (driver.Conn, error) {
 	s, err := c.session(context.Background())
 	if err != nil {
@@ -181,22 +156,10 @@ func (c *conn) Unwrap() (driver.Conn, error) {
 	return s.ci, nil
 }
 
-// Unwrap returns the driver's own connection behind dc, the value that
-// (*sql.Conn).Raw passes to its function, peeling every wrapper that has
-// an Unwrap() (driver.Conn, error) or Unwrap() driver.Conn method; any
-// other value is returned as it is. Behind a gate it gives the *sql.Conn a
-// server connection, kept until the *sql.Conn is closed, and returns an
-// error if none could be had (the dial failed, or the gate is closed).
-// Work done on the driver's connection is not gated.
-//
-//	err := sqlConn.Raw(func(dc any) error {
-//		c, err := bulkhead.Unwrap(dc)
-//		if err != nil {
-//			return err
-//		}
-//		pgxConn := c.(*stdlib.Conn).Conn()
-//		...
-//	})
+// Unwrap returns the driver's own connection behind dc, the value
+// (*sql.Conn).Raw passes, peeling each Unwrap() (driver.Conn, error) or
+// Unwrap() driver.Conn. Behind a gate the *sql.Conn keeps a server
+// connection until closed, or Unwrap fails. Work on it is not gated.
 func Unwrap(dc any) (any, error) {
 	for {
 		switch u := dc.(type) {
@@ -214,17 +177,14 @@ func Unwrap(dc any) (any, error) {
 	}
 }
 
-// ResetSession is called by database/sql when it hands c out again. c
-// holds no session then: the driver resets the one c takes later, once the
-// operation holds its permits, so that a rejection sends nothing.
+// ResetSession is called as database/sql hands c out; the session is reset
+// later, once c holds its permits.
 func (c *conn) ResetSession(context.Context) error {
 	if c.idle {
 		c.idle = false
 		c.g.pool.idleLogical.Add(-1)
 	}
-	// A parked session another connection took and closed (found dead):
-	// database/sql would have discarded this connection, unless an idle
-	// session is left for it.
+	// Its parked session was closed: c is bad unless an idle one is left.
 	if c.parked && c.s.state.Load() == gone {
 		c.parked, c.s = false, nil
 		c.bad = c.g.pool.excess(-1)
@@ -235,17 +195,13 @@ func (c *conn) ResetSession(context.Context) error {
 	return nil
 }
 
-// IsValid is called by database/sql when it takes c back: c parks its
-// session, after the driver's Validator, if it has one, agreed, unless
-// pool.park declines. Without a session, c stays in database/sql's pool only while the idle connections
-// there are fewer than the gate's idle server connections
-// (pool.giveBack): one a dead server connection left without one is
-// discarded, as database/sql would have discarded the dead one.
+// IsValid is called as database/sql takes c back: c parks its session if
+// the Validator and pool.park agree; pool.giveBack says if c may stay idle.
 func (c *conn) IsValid() bool {
 	if c.bad {
 		return false
 	}
-	if c.parked { // nothing took the session back since c was handed out (a rejection, a lazy Prepare)
+	if c.parked { // not taken back since c was handed out
 		c.parked = false
 		if !c.g.pool.unpark(c.s) {
 			c.s = nil
@@ -267,9 +223,7 @@ func (c *conn) IsValid() bool {
 	return c.idle
 }
 
-// Close closes the logical connection, and its session if it still holds
-// one (database/sql closes a connection it did not take back when it
-// found it bad). A transaction still open on it gives its permits back.
+// Close closes c and its session; an open transaction gives its permits back.
 func (c *conn) Close() error {
 	if s := c.s; s != nil {
 		c.s = nil
@@ -284,13 +238,10 @@ func (c *conn) Close() error {
 	return nil
 }
 
-// CheckNamedValue accepts every argument as it is: the driver's own
-// checkers convert it once the session that runs it is known (convert.go).
+// CheckNamedValue accepts every argument: convertArgs converts it later.
 func (c *conn) CheckNamedValue(*driver.NamedValue) error { return nil }
 
-// Ping is not gated (health checks must answer under overload), but it
-// needs a session. A driver without Pinger answers nil, as database/sql
-// does.
+// Ping is not gated; without the driver's Pinger it returns nil.
 func (c *conn) Ping(ctx context.Context) error {
 	s, err := c.session(ctx)
 	if err != nil || s.pinger == nil {
@@ -308,8 +259,7 @@ func (c *conn) Begin() (driver.Tx, error) {
 	return c.BeginTx(context.Background(), driver.TxOptions{})
 }
 
-// BeginTx takes both permits and a session, then begins. The permits are
-// held until the driver's Commit or Rollback returns.
+// BeginTx takes both permits, until Commit or Rollback returns, and a session.
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if c.bad {
 		return nil, driver.ErrBadConn
@@ -334,18 +284,12 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	return &c.tx, nil
 }
 
-// inTx checks a statement of c's open transaction: it takes no permit,
-// but if that transaction is dying (its context ended and database/sql has
-// not rolled it back yet) it would run inside it and vanish with it:
-// refused with ErrTxStillOpen, or the statement's own context's error.
+// inTx refuses a statement of an open transaction whose context ended.
 func (c *conn) inTx(ctx context.Context) error {
 	if c.tx.ctx.Err() == nil {
 		return nil
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return ErrTxStillOpen
+	return cmp.Or(ctx.Err(), ErrTxStillOpen)
 }
 
 // Exec is the legacy form of ExecContext.
@@ -353,8 +297,7 @@ func (c *conn) Exec(query string, args []driver.Value) (driver.Result, error) {
 	return c.ExecContext(context.Background(), query, valueToNamedValue(args))
 }
 
-// ExecContext runs an autocommit statement under both permits, or a
-// statement of the open transaction under the transaction's.
+// ExecContext runs a statement under both permits, or in the open transaction.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	p, err := c.startExec(ctx)
 	if err != nil {
@@ -367,9 +310,8 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	return r, ctxErr(ctx, err)
 }
 
-// startExec checks c for a statement: an autocommit one takes both
-// permits into c.execP, returned to be released at its end; one of the
-// open transaction takes none (nil).
+// startExec returns the permits a statement takes, to release at its end:
+// c.execP, or nil in the open transaction.
 func (c *conn) startExec(ctx context.Context) (*permit, error) {
 	if c.bad {
 		return nil, driver.ErrBadConn
@@ -383,11 +325,8 @@ func (c *conn) startExec(ctx context.Context) (*permit, error) {
 	return &c.execP, nil
 }
 
-// exec runs query on c's session. When the driver has no Execer, or
-// answers driver.ErrSkip (go-sql-driver/mysql does for a statement with
-// arguments unless interpolateParams is set), it runs database/sql's
-// fallback itself, prepare, execute, close, so that the permits already
-// held cover the whole operation.
+// exec runs query on c's session; without the driver's Execer, or on
+// driver.ErrSkip, it prepares, executes and closes, as database/sql would.
 func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	s := c.s
 	if s.execer != nil || s.legacyExecer != nil {
@@ -399,9 +338,7 @@ func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue)
 		if err != driver.ErrSkip {
 			return r, err
 		}
-		// Converted in place: the statement converts them again, which
-		// leaves a driver.Value as it is for every converter we know.
-		args = cargs
+		args = cargs // converting a driver.Value again leaves it as it is
 	}
 	si, err := s.prepare(ctx, query)
 	if err != nil {
@@ -416,16 +353,13 @@ func (c *conn) Query(query string, args []driver.Value) (driver.Rows, error) {
 	return c.QueryContext(context.Background(), query, valueToNamedValue(args))
 }
 
-// QueryContext runs an autocommit query whose rows hold both permits until
-// they are closed, or a query of the open transaction (its rows are then
-// the driver's own).
+// QueryContext is ExecContext for a query, whose rows hold the permits.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return c.runQuery(ctx, func() (driver.Rows, driver.Stmt, error) { return c.query(ctx, query, args) })
 }
 
-// runQuery runs a query, run, that returns the driver's rows and the
-// statement to close with them, if any: in c's open transaction, under its
-// permits, else as an autocommit query (runRows).
+// runQuery runs run, which returns the driver's rows and a statement to
+// close with them, in c's open transaction, else by runRows.
 func (c *conn) runQuery(ctx context.Context, run func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
 	if c.bad {
 		return nil, driver.ErrBadConn
@@ -449,8 +383,7 @@ func (c *conn) runQuery(ctx context.Context, run func() (driver.Rows, driver.Stm
 	return ri, nil
 }
 
-// query runs query on c's session, with database/sql's fallback as exec;
-// the fallback's statement is returned, to be closed after the rows.
+// query is exec for a query; it returns the fallback's statement, if any.
 func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, driver.Stmt, error) {
 	s := c.s
 	if s.queryer != nil || s.legacyQueryer != nil {
@@ -476,12 +409,8 @@ func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue
 	return ri, si, nil
 }
 
-// runRows runs an autocommit query, run, under both permits and a
-// session, taken into the rows that will hold them until they are closed:
-// c's own, or new ones while c's are still open (two result sets at once
-// on a *sql.Conn). run returns the driver's rows and the statement to
-// close with them, if any. On an error or a panic the permits come back
-// at once.
+// runRows runs run as an autocommit query whose rows (c's, or new ones while
+// c's are open) hold its permits; on an error or a panic they are released.
 func (c *conn) runRows(ctx context.Context, run func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
 	r := &c.rows
 	if r.open {
@@ -509,10 +438,7 @@ func (c *conn) runRows(ctx context.Context, run func() (driver.Rows, driver.Stmt
 	return r, nil
 }
 
-// tx is the open transaction of a conn. It holds both permits from
-// BeginTx until the driver's Commit or Rollback returns, on whatever
-// goroutine calls it (database/sql rolls back from its own goroutine when
-// the transaction's context ends).
+// tx is a conn's open transaction, holding both permits.
 type tx struct {
 	c     *conn
 	inner driver.Tx
@@ -529,10 +455,8 @@ func (t *tx) Commit() error {
 	return ctxErr(t.ctx, err)
 }
 
-// Rollback rolls back in the driver. After the transaction's context
-// ended (database/sql's own rollback, as a rule) the connection is then
-// discarded unless the driver can reset and validate it: database/sql's
-// rule for its own pool (keepConnOnRollback).
+// Rollback rolls back. After the transaction's context ended, c is then
+// discarded unless the driver can reset and validate it (keepConnOnRollback).
 func (t *tx) Rollback() error {
 	returned := false
 	defer t.finish(&returned)
@@ -544,8 +468,7 @@ func (t *tx) Rollback() error {
 	return ctxErr(t.ctx, err)
 }
 
-// finish is deferred by Commit and Rollback: the session is lost if the
-// driver panicked, then the permits are released.
+// finish is conn.finish for Commit and Rollback.
 func (t *tx) finish(returned *bool) {
 	if !*returned {
 		t.c.lose()

@@ -20,25 +20,19 @@ func fromContext(ctx context.Context) opOptions {
 	return opOptions{wait: -1}
 }
 
-// WithWorkload returns a context whose operations count against the named
-// workload's budget (Policy.Workloads) as well as the global one. A name
-// the policy does not list means the global budget alone.
+// WithWorkload returns a context whose operations also count against the
+// named workload's budget (Policy.Workloads), if the policy lists it.
 func WithWorkload(ctx context.Context, name string) context.Context {
 	o := fromContext(ctx)
 	o.workload = name
 	return context.WithValue(ctx, opKey{}, &o)
 }
 
-// WithQueueWait returns a context whose operations wait at most d for
-// their execution permits, instead of the policy's (or workload's)
-// QueueWait; a negative d restores the policy's. d is capped at
-// MaxQueueWait.
+// WithQueueWait returns a context whose operations wait at most d, capped
+// at MaxQueueWait, instead of the QueueWait; a negative d restores it.
 func WithQueueWait(ctx context.Context, d time.Duration) context.Context {
 	o := fromContext(ctx)
-	o.wait = min(d, MaxQueueWait)
-	if d < 0 {
-		o.wait = -1
-	}
+	o.wait = max(min(d, MaxQueueWait), -1) // any d < 0 is -1
 	return context.WithValue(ctx, opKey{}, &o)
 }
 

@@ -6,15 +6,10 @@ import (
 	"reflect"
 )
 
-// convertArgs converts args in place for the driver, as database/sql
-// converts a caller's arguments (driverArgsConnLocked): each passes the
-// statement si's NamedValueChecker, else the connection's nvc, which may
-// hand it on (driver.ErrSkip) to si's ColumnConverter, then to the default
-// conversion, or drop it (driver.ErrRemoveArgument); for a statement, the
-// count must then match its NumInput. The gate's own checkers accept
-// every argument as it is, so this is the only conversion, made on the
-// session that runs the statement. si is nil for a connection's Exec or
-// Query.
+// convertArgs converts args in place as database/sql does
+// (driverArgsConnLocked): si's NamedValueChecker, else nvc, then si's
+// ColumnConverter, then the default; a statement's count must then match
+// its NumInput. si is nil for a connection's Exec or Query.
 func convertArgs(args []driver.NamedValue, nvc driver.NamedValueChecker, si driver.Stmt) ([]driver.NamedValue, error) {
 	want := -1
 	var cci driver.ColumnConverter
@@ -47,30 +42,23 @@ func convertArgs(args []driver.NamedValue, nvc driver.NamedValueChecker, si driv
 	return args[:n], nil
 }
 
-// convertArg runs nv through the checkers in database/sql's order. keep is
-// false for driver.ErrRemoveArgument.
+// convertArg runs nv through the checkers; keep is false to drop it.
 func convertArg(nv *driver.NamedValue, nvc driver.NamedValueChecker, cci driver.ColumnConverter, want int) (keep bool, err error) {
+	err = driver.ErrSkip
 	if nvc != nil {
-		switch err := nvc.CheckNamedValue(nv); err {
-		case nil:
-			return true, nil
-		case driver.ErrRemoveArgument:
-			return false, nil
-		case driver.ErrSkip:
-		default:
-			return false, err
-		}
+		err = nvc.CheckNamedValue(nv)
 	}
-	if cci != nil {
-		switch err := columnConvert(nv, cci, want); err {
-		case nil:
-			return true, nil
-		case driver.ErrRemoveArgument:
-			return false, nil
-		case driver.ErrSkip:
-		default:
-			return false, err
-		}
+	if err == driver.ErrSkip && cci != nil {
+		err = columnConvert(nv, cci, want)
+	}
+	switch err {
+	case nil:
+		return true, nil
+	case driver.ErrRemoveArgument:
+		return false, nil
+	case driver.ErrSkip:
+	default:
+		return false, err
 	}
 	v, err := driver.DefaultParameterConverter.ConvertValue(nv.Value)
 	if err != nil {
@@ -82,9 +70,8 @@ func convertArg(nv *driver.NamedValue, nvc driver.NamedValueChecker, cci driver.
 
 var valuerType = reflect.TypeFor[driver.Valuer]()
 
-// columnConvert converts nv with the statement's converter for its
-// column, after the value's own driver.Valuer, as database/sql does; an
-// argument beyond the statement's count is left to the count check.
+// columnConvert converts nv with its Valuer, then si's column converter;
+// an argument beyond si's count is left to the count check.
 func columnConvert(nv *driver.NamedValue, cci driver.ColumnConverter, want int) error {
 	i := nv.Ordinal - 1
 	if want >= 0 && want <= i {

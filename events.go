@@ -16,14 +16,11 @@ const (
 	KindQuery                 // an autocommit query, until its rows are closed
 )
 
+var kindNames = [...]string{KindTx: "transaction", KindExec: "statement", KindQuery: "query"}
+
 func (k Kind) String() string {
-	switch k {
-	case KindTx:
-		return "transaction"
-	case KindExec:
-		return "statement"
-	case KindQuery:
-		return "query"
+	if int(k) < len(kindNames) && kindNames[k] != "" {
+		return kindNames[k]
 	}
 	return "unknown"
 }
@@ -38,19 +35,17 @@ type Event struct {
 	Held     time.Duration // OnRelease and hold warnings: time the permits were held
 }
 
-// Events are callbacks on the gate's decisions, each called synchronously
-// on the goroutine of the operation (OnRelease: on the goroutine that ended
-// it, possibly database/sql's own): they must be fast, must not block and
-// must not call the gate. Nil callbacks are skipped. A panic in one is
-// logged and recovered.
+// Events are callbacks on the gate's decisions, called synchronously on the
+// operation's goroutine (OnRelease: the one ending it). They must be fast,
+// not block and not call the gate; nil ones are skipped, panics recovered.
 type Events struct {
 	OnAdmit   func(Event) // the permits and a server connection acquired
 	OnReject  func(Event) // rejected (or, with DryRun set, would have been); not called for cancellations
 	OnRelease func(Event) // the permits about to be given back (an admission they make possible comes after)
 }
 
-// emit calls an event callback, recovering a panic in it: it would
-// otherwise escape between taking permits and registering their release.
+// emit calls f, logging and recovering a panic: it would escape between
+// taking permits and registering their release.
 func emit(f func(Event), e Event) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -60,45 +55,36 @@ func emit(f func(Event), e Event) {
 	f(e)
 }
 
-// JoinEvents returns Events that call, for each callback, those of es in
-// order; a callback no element sets stays nil.
+// JoinEvents returns Events calling each callback of es in order; one no
+// element sets stays nil.
 func JoinEvents(es ...Events) Events {
-	var admit, reject, release []func(Event)
+	var j Events
 	for _, e := range es {
-		if e.OnAdmit != nil {
-			admit = append(admit, e.OnAdmit)
-		}
-		if e.OnReject != nil {
-			reject = append(reject, e.OnReject)
-		}
-		if e.OnRelease != nil {
-			release = append(release, e.OnRelease)
-		}
+		j.OnAdmit = then(j.OnAdmit, e.OnAdmit)
+		j.OnReject = then(j.OnReject, e.OnReject)
+		j.OnRelease = then(j.OnRelease, e.OnRelease)
 	}
-	return Events{OnAdmit: fanOut(admit), OnReject: fanOut(reject), OnRelease: fanOut(release)}
+	return j
 }
 
-func fanOut(fs []func(Event)) func(Event) {
-	switch len(fs) {
-	case 0:
-		return nil
-	case 1:
-		return fs[0]
+// then returns a callback calling f, then g; nil if both are.
+func then(f, g func(Event)) func(Event) {
+	switch {
+	case f == nil:
+		return g
+	case g == nil:
+		return f
 	}
 	return func(e Event) {
-		for _, f := range fs {
-			f(e)
-		}
+		f(e)
+		g(e)
 	}
 }
 
-// ReasonLabel names the cause of a rejection for logs and metric labels:
-// "admission_full", "queue_timeout" or "would_miss_deadline" (errors.Is, so that a rejection or
-// an Event.Reason both work); "" for anything else.
+// ReasonLabel names the cause of a rejection or Event.Reason for metric
+// labels: "admission_full", "queue_timeout", "would_miss_deadline" or "".
 func ReasonLabel(err error) string {
 	switch {
-	case err == nil:
-		return ""
 	case errors.Is(err, ErrAdmissionFull):
 		return "admission_full"
 	case errors.Is(err, ErrQueueTimeout):

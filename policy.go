@@ -11,38 +11,28 @@ import (
 	"time"
 )
 
-// Policy holds the limits of a gate. The zero value is not valid:
-// MaxConcurrent must be at least 1.
+// Policy holds the limits of a gate. The zero value is not valid.
 type Policy struct {
-	// MaxConcurrent (B) is how many operations may run at once: the
-	// execution permits. Under Adaptive, it is the ceiling.
+	// MaxConcurrent (B) is the execution permits: how many operations may
+	// run at once; under Adaptive, the ceiling.
 	MaxConcurrent int
 	// MaxQueue (Q) is how many admitted operations may wait for an
 	// execution permit. Admission permits number MaxConcurrent+MaxQueue.
 	MaxQueue int
 	// QueueWait is the longest an admitted operation waits, in FIFO order,
-	// for an execution permit before it is rejected with ErrQueueTimeout.
-	// Zero means no wait at all.
+	// for an execution permit before ErrQueueTimeout; zero means no wait.
 	QueueWait time.Duration
-	// DryRun counts and reports (Stats, events) what the gate would
-	// reject, without rejecting or waiting: for rolling limits out on a
-	// live service.
+	// DryRun counts and reports what the gate would reject, without rejecting.
 	DryRun bool
-	// Adaptive moves the B in force between MinConcurrent and
-	// MaxConcurrent from the hold times the gate measures: up by one
-	// while callers wait or are refused and holds show no queueing inside
-	// the database, down by one when they show more than one operation
-	// queued there, with a window at the floor now and then to measure
-	// the hold without queueing (docs/design.md). It starts at
-	// MinConcurrent; Stats.MaxConcurrent is the B in force. Workloads
-	// keep their own B.
+	// Adaptive moves the B in force (Stats.MaxConcurrent) from MinConcurrent
+	// up to MaxConcurrent by the hold times the gate measures
+	// (docs/design.md). Workloads keep their own B.
 	Adaptive bool
 	// MinConcurrent is the floor of Adaptive's B, from 1 (0 means 1) to
 	// MaxConcurrent; it must be 0 without Adaptive.
 	MinConcurrent int
-	// Workloads are named budgets inside this one. An operation whose
-	// context names a workload (WithWorkload) passes its budget first,
-	// then the global one; other operations pass the global budget alone.
+	// Workloads are named budgets inside this one: an operation whose
+	// context names one (WithWorkload) passes its budget, then the global.
 	Workloads map[string]Workload
 }
 
@@ -52,13 +42,9 @@ type Workload struct {
 	MaxConcurrent int           // B of the workload, from 1 to the policy's MaxConcurrent
 	MaxQueue      int           // Q of the workload; its B+Q at most the policy's B+Q
 	QueueWait     time.Duration // the workload's wait for its permits, in all
-	// Priority orders the global budget's queue, higher first (operations
-	// of no workload have 0), from MinPriority to MaxPriority. When the
-	// global admission is full, an operation sheds the youngest waiter of
-	// the lowest priority below its own, which is rejected with
-	// ErrAdmissionFull: under overload the lower priorities lose their
-	// share of the queue and of B first, and get both back when the
-	// database has room.
+	// Priority orders the global queue, higher first (no workload: 0). When
+	// the global admission is full, an operation sheds the youngest waiter of
+	// the lowest priority below its own, rejected with ErrAdmissionFull.
 	Priority int
 }
 
@@ -71,8 +57,7 @@ const (
 // MaxQueueWait is the longest QueueWait a policy accepts.
 const MaxQueueWait = time.Hour
 
-// DefaultPolicy is the policy PolicyFromEnv starts from: B=10, Q=10, a
-// 100ms queue wait.
+// DefaultPolicy is PolicyFromEnv's base: B=10, Q=10, a 100ms queue wait.
 var DefaultPolicy = Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond}
 
 // ErrInvalidPolicy is matched (errors.Is) by every error about a policy,
@@ -89,8 +74,7 @@ func invalid(format string, args ...any) error {
 	return &policyError{msg: fmt.Sprintf(format, args...)}
 }
 
-// Validate reports the first invalid field of p, naming it and its value.
-// The error matches ErrInvalidPolicy.
+// Validate reports p's first invalid field and its value (ErrInvalidPolicy).
 func (p Policy) Validate() error {
 	switch {
 	case p.MaxConcurrent < 1:
@@ -136,21 +120,12 @@ func (p Policy) Validate() error {
 	return nil
 }
 
+// validName reports whether s is 1 to 64 of a-z, 0-9, _ and -.
 func validName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
+	return s != "" && len(s) <= 64 && strings.Trim(s, "abcdefghijklmnopqrstuvwxyz0123456789_-") == ""
 }
 
-// The environment variables of a policy, and the other BULKHEAD_*
-// variables this module's packages read.
+// The BULKHEAD_* environment variables this module reads.
 const (
 	envB         = "BULKHEAD_MAX_CONCURRENT"
 	envQ         = "BULKHEAD_MAX_QUEUE"
@@ -160,8 +135,7 @@ const (
 	envAdaptive  = "BULKHEAD_ADAPTIVE"
 	envMin       = "BULKHEAD_MIN_CONCURRENT"
 	envFleet     = "BULKHEAD_FLEET" // read by package fleet
-	// envTest starts the variables of this repository's own tests.
-	envTest = "BULKHEAD_TEST_"
+	envTest      = "BULKHEAD_TEST_" // the prefix of this repository's tests' variables
 )
 
 // envKnown: the policy's variables first (envPolicy of them), then the others.
@@ -180,20 +154,16 @@ const envPolicy = 7
 //	BULKHEAD_ADAPTIVE        true or false (default false): B moves up to BULKHEAD_MAX_CONCURRENT
 //	BULKHEAD_MIN_CONCURRENT  Adaptive's floor, a decimal integer ≥ 1 (default 1)
 //
-// Nothing is silently defaulted: a variable that is set must be well
-// formed (an empty value, a sign, spaces, a fraction, hex or exponent
-// notation, a duration without a unit, or a number out of range is an
-// error naming the variable, its value and what is expected), and any
-// other BULKHEAD_* variable is an error naming it and the nearest known
-// name (BULKHEAD_FLEET, read by package fleet, and BULKHEAD_TEST_*,
-// this repository's tests', excepted). Errors match ErrInvalidPolicy.
+// A variable that is set must be well formed (plain digits, a duration
+// with a unit, within range); any other BULKHEAD_* variable, but
+// BULKHEAD_FLEET and BULKHEAD_TEST_*, is unknown. Errors name the
+// variable, its value and what is expected, and match ErrInvalidPolicy.
 func PolicyFromEnv() (Policy, error) {
 	return PolicyFromEnviron(DefaultPolicy, os.Environ())
 }
 
-// PolicyFromEnviron is PolicyFromEnv with the base policy and the
-// environment ("KEY=value" strings, as os.Environ returns them) given.
-// When a key appears more than once, the last one counts.
+// PolicyFromEnviron is PolicyFromEnv with the base policy and environment
+// (as os.Environ returns it) given; of repeated keys, the last counts.
 func PolicyFromEnviron(base Policy, environ []string) (Policy, error) {
 	vars := map[string]string{}
 	for _, kv := range environ {
@@ -290,20 +260,14 @@ func parseBool(name, v string) (bool, error) {
 	return v == "true", nil
 }
 
-// parseCount accepts plain decimal digits only: strconv.Atoi alone would
-// take "+4" and "-1".
+// parseCount accepts plain decimal digits only (no sign).
 func parseCount(name, v string, min int) (int, error) {
 	want := fmt.Sprintf("a decimal integer from %d to %d", min, math.MaxInt32)
 	if v == "" {
 		return 0, invalid("%s is set but empty, want %s", name, want)
 	}
-	for i := 0; i < len(v); i++ {
-		if v[i] < '0' || v[i] > '9' {
-			return 0, invalid("%s=%q, want %s", name, v, want)
-		}
-	}
 	n, err := strconv.ParseInt(v, 10, 32)
-	if err != nil || int(n) < min {
+	if err != nil || int(n) < min || strings.Trim(v, "0123456789") != "" {
 		return 0, invalid("%s=%q, want %s", name, v, want)
 	}
 	return int(n), nil
@@ -321,8 +285,7 @@ func parseWait(name, v string) (time.Duration, error) {
 	return d, nil
 }
 
-// parseWorkloads reads name:B:Q:wait[:priority] entries separated by
-// commas; an empty value means no workloads.
+// parseWorkloads reads BULKHEAD_WORKLOADS; empty means no workloads.
 func parseWorkloads(v string) (map[string]Workload, error) {
 	const want = "name:B:Q:wait[:priority] entries separated by commas, e.g. batch:2:4:50ms:-1"
 	ws := map[string]Workload{}

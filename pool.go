@@ -1,6 +1,7 @@
 package bulkhead
 
 import (
+	"cmp"
 	"context"
 	"database/sql/driver"
 	"errors"
@@ -10,39 +11,22 @@ import (
 	"time"
 )
 
-// The server connections. database/sql's pool holds the gate's logical
-// connections (conn.go). A logical connection holds a server connection
-// (a session) from the moment an operation on it holds its permits, or a
-// Ping, a Prepare or Raw needs one. When database/sql takes it back, it
-// keeps the session parked: its next operation takes it back with one
-// compare-and-swap, once it holds its permits, and anyone who needs a
-// session and finds none idle takes a parked one the same way, under the
-// pool's lock; so a connection that waits or is refused holds none. The
-// idle stack holds the sessions nobody parks: a dial whose caller was
-// served meanwhile, a session whose logical connection database/sql did
-// not keep.
-//
-// Two rules keep database/sql's settings and counts true of the server
-// connections: the pool never keeps more sessions than database/sql has
-// logical connections (when database/sql closes one, for
-// SetMaxIdleConns, SetConnMaxLifetime, SetConnMaxIdleTime or a bad
-// connection, its session is closed, or else the coldest idle one), and
-// database/sql keeps no more idle logical connections than there are idle
-// or parked sessions: a logical connection beyond them is reported
-// invalid as database/sql takes it back (leaving its session, if any, to
-// the pool), or bad as it hands it out, and database/sql discards it.
+// The server connections (sessions). A logical connection database/sql
+// takes back keeps its session parked: its next operation, or anyone who
+// finds no idle session (under the pool's lock), takes it with one CAS.
+// Invariants: sessions never outnumber logical connections, and idle
+// logical connections never outnumber idle or parked sessions (one beyond
+// is reported invalid or bad, and database/sql discards it).
 
-// Session states: held by one holder (a logical connection, a dial, the
-// pool's idle stack), parked on an idle logical connection, or closed.
+// Session states: held by one holder, parked, or closed.
 const (
 	held int32 = iota
 	parked
 	gone
 )
 
-// session is a server connection: a driver connection and its optional
-// interfaces, asserted once. It has one holder at a time; its plain
-// fields are the holder's, and pass to the next holder through state.
+// session is a driver connection and its optional interfaces. Its plain
+// fields belong to its one holder, and pass to the next through state.
 type session struct {
 	ci            driver.Conn
 	execer        driver.ExecerContext
@@ -66,7 +50,7 @@ type session struct {
 }
 
 func newSession(ci driver.Conn) *session {
-	s := &session{ci: ci}
+	s := &session{ci: ci, stmts: map[*query]driver.Stmt{}}
 	s.execer, _ = ci.(driver.ExecerContext)
 	s.queryer, _ = ci.(driver.QueryerContext)
 	s.legacyExecer, _ = ci.(driver.Execer)   //lint:ignore SA1019 legacy drivers have nothing else
@@ -80,37 +64,30 @@ func newSession(ci driver.Conn) *session {
 	return s
 }
 
-// pool keeps the sessions: an idle stack, callers waiting for a dial in
-// FIFO order, and dials that finish for the next caller.
+// pool keeps the sessions: an idle stack, FIFO waiters, and dials.
 type pool struct {
 	connector   driver.Connector
 	dialTimeout time.Duration
 	init        func(context.Context, driver.Conn) error // WithConnInit's, or nil
 
-	mu      sync.Mutex
-	idle    []*session // held by the pool; the last is the one given back last
-	all     []*session // every open session, in the order they were dialed
-	open    int        // sessions open or being dialed
-	logical int        // logical connections open
-	reqs    []chan got // callers waiting for a session, first first
-	dialing int
-	closed  bool
-	// waiters mirrors len(reqs), and closing closed, for park's look
-	// without the lock.
-	waiters atomic.Int32
-	closing atomic.Bool
-	// parked counts the parked sessions, and idleLogical the logical
-	// connections idle in database/sql's pool: given back (IsValid) and
-	// not handed out again (ResetSession).
-	parked      atomic.Int64
-	idleLogical atomic.Int64
+	mu          sync.Mutex
+	idle        []*session // held by the pool; the last is the one given back last
+	all         []*session // every open session, in the order they were dialed
+	open        int        // sessions open or being dialed
+	logical     int        // logical connections open
+	reqs        []chan got // callers waiting for a session, first first
+	dialing     int
+	closed      bool
+	waiters     atomic.Int32  // len(reqs), read without the lock
+	closing     atomic.Bool   // closed, read without the lock
+	parked      atomic.Int64  // parked sessions
+	idleLogical atomic.Int64  // logical connections idle in database/sql's pool
 	epoch       atomic.Uint64 // bumped each time a session is found dead
 
 	nDials, nDialErrors, nBad atomic.Int64
 }
 
-// got is what a waiting caller gets: a session, or the dial's error, or
-// the dial's panic.
+// got is what a waiting caller gets from a dial or a give-back.
 type got struct {
 	s        *session
 	err      error
@@ -120,11 +97,8 @@ type got struct {
 // errBad: the driver found a session dead (ErrBadConn on reset or ping).
 var errBad = errors.New("bulkhead: the driver found the server connection bad")
 
-// get takes the idle session given back last, or else a parked one (the
-// first dialed), or else waits for a dial (started for the caller unless
-// enough dials are already on their way) or for a session given back,
-// whichever comes first, until ctx ends. The session is not made ready
-// for use yet (see ready).
+// get takes the idle session given back last, else a parked one, else
+// waits for a dial or a give-back until ctx ends. The caller makes it ready.
 func (p *pool) get(ctx context.Context) (*session, error) {
 	p.mu.Lock()
 	if p.closed {
@@ -139,8 +113,7 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 	}
 	if p.parked.Load() > 0 {
 		for _, s := range p.all {
-			if s.take() {
-				p.parked.Add(-1)
+			if p.unpark(s) {
 				p.mu.Unlock()
 				return s, nil
 			}
@@ -163,24 +136,23 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 		return g.s, g.err
 	case <-ctx.Done():
 		p.mu.Lock()
-		if i := slices.Index(p.reqs, ch); i >= 0 {
+		i := slices.Index(p.reqs, ch)
+		if i >= 0 {
 			p.reqs = slices.Delete(p.reqs, i, i+1)
 			p.waiters.Store(int32(len(p.reqs)))
-			p.mu.Unlock()
-			return nil, ctx.Err()
 		}
 		p.mu.Unlock()
-		if g := <-ch; g.s != nil { // handed over meanwhile
-			p.put(g.s, false)
+		if i < 0 { // handed over meanwhile
+			if g := <-ch; g.s != nil {
+				p.put(g.s, false)
+			}
 		}
 		return nil, ctx.Err()
 	}
 }
 
-// dial opens a session for the first waiting caller, with the caller's
-// context values but not its cancellation, bounded by WithDialTimeout: a
-// caller that gives up leaves the session to the next one. A failed dial
-// fails the first caller not covered by another dial on its way.
+// dial opens a session for the first waiter, bounded by WithDialTimeout; a
+// failure fails the first waiter not covered by another dial.
 func (p *pool) dial(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, p.dialTimeout)
 	defer cancel()
@@ -202,12 +174,10 @@ func (p *pool) dial(ctx context.Context) {
 			g.s = newSession(ci)
 		}
 	}()
-	if g.s == nil {
-		p.nDialErrors.Add(1)
-	}
 	p.mu.Lock()
 	p.dialing--
 	if g.s == nil {
+		p.nDialErrors.Add(1)
 		p.open--
 		var ch chan got
 		if len(p.reqs) > p.dialing {
@@ -228,19 +198,11 @@ func (p *pool) dial(ctx context.Context) {
 	closeAll(closing)
 }
 
-// put takes back a session its holder is done with; used says whether
-// the holder ran anything on it (the driver then resets it before its
-// next use, as database/sql resets a connection it hands out again).
-func (p *pool) put(s *session, used bool) {
-	p.giveBack(s, used, false)
-}
+// put takes back s from its holder; used has it reset before its next use.
+func (p *pool) put(s *session, used bool) { p.giveBack(s, used, false) }
 
-// park leaves s, held by a logical connection database/sql takes back,
-// parked on it, and counts that connection idle, unless callers wait for
-// a session, the pool is closed, or idle logical connections without a
-// session outnumber the idle sessions (a parked one was taken or found
-// dead): then it reports false, and the caller gives s back (giveBack),
-// where it serves one of those.
+// park parks s on the logical connection database/sql takes back, counted
+// idle; false (give s back) if callers wait, the pool is closed or excess.
 func (p *pool) park(s *session, used bool) bool {
 	if p.waiters.Load() > 0 || p.closing.Load() || p.idleLogical.Load() > p.parked.Load() && p.excess(0) {
 		return false
@@ -256,22 +218,17 @@ func (p *pool) park(s *session, used bool) bool {
 }
 
 // excess reports whether the idle logical connections without a parked
-// session, but for leaving, outnumber the idle sessions and dials on
-// their way: database/sql keeps more idle connections than the gate has
-// server connections for.
+// session, less leaving, outnumber the idle sessions and dials on their way.
 func (p *pool) excess(leaving int64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.idleLogical.Load()-p.parked.Load()-leaving > int64(len(p.idle)+p.dialing)
 }
 
-// take makes a parked session held by the caller, and reports whether it
-// did. The owner takes its own without the pool's lock; anyone else
-// holds the lock.
+// take holds a parked s; anyone but its logical connection holds p.mu.
 func (s *session) take() bool { return s.state.CompareAndSwap(parked, held) }
 
-// unpark takes back the session s parked on its logical connection, if
-// it is still there, and reports whether it did.
+// unpark is take, counted.
 func (p *pool) unpark(s *session) bool {
 	if s.take() {
 		p.parked.Add(-1)
@@ -280,11 +237,8 @@ func (p *pool) unpark(s *session) bool {
 	return false
 }
 
-// giveBack is put, for s if not nil; with logical, it is also called as
-// database/sql takes the logical connection that held s back, and reports
-// whether database/sql may keep that connection idle: whether the idle
-// logical connections stay within the idle sessions (and the dials on
-// their way). It then counts it idle.
+// giveBack is put, for s if not nil; with logical, it also reports whether
+// the logical connection database/sql takes back may stay idle, counted.
 func (p *pool) giveBack(s *session, used, logical bool) (keep bool) {
 	if s != nil {
 		if used {
@@ -297,8 +251,6 @@ func (p *pool) giveBack(s *session, used, logical bool) (keep bool) {
 	if s != nil {
 		closing = p.handLocked(s)
 	}
-	// A dial on its way counts as idle: its session needs a logical
-	// connection to stay (sessions never outnumber them).
 	if logical && p.idleLogical.Load() < int64(len(p.idle)+p.dialing)+p.parked.Load() {
 		p.idleLogical.Add(1)
 		keep = true
@@ -308,10 +260,8 @@ func (p *pool) giveBack(s *session, used, logical bool) (keep bool) {
 	return keep
 }
 
-// handLocked gives s to the first waiting caller, or else makes it idle,
-// then returns the sessions to close: s if the pool is closed, and the
-// coldest idle ones while the pool keeps more sessions than database/sql
-// keeps logical connections.
+// handLocked gives s to the first waiter, else idles it; it returns the
+// sessions to close.
 func (p *pool) handLocked(s *session) []*session {
 	if p.closed {
 		p.dropLocked(s)
@@ -328,8 +278,7 @@ func (p *pool) handLocked(s *session) []*session {
 	return p.trimLocked()
 }
 
-// trimLocked takes out the coldest idle sessions while the pool keeps
-// more than database/sql's logical connections, for the caller to close.
+// trimLocked takes out the coldest idle sessions beyond the logical ones.
 func (p *pool) trimLocked() []*session {
 	var out []*session
 	for p.open > p.logical && len(p.idle) > 0 {
@@ -356,16 +305,13 @@ func closeAll(ss []*session) {
 	}
 }
 
-// closeQuietly closes a driver connection, ignoring its error and a
-// panic: it is being discarded.
+// closeQuietly closes c, ignoring its error and a panic.
 func closeQuietly(c interface{ Close() error }) {
 	defer func() { _ = recover() }()
 	c.Close()
 }
 
-// discard closes s, held by the caller. bad says the driver found it
-// dead: the other idle sessions are then checked before their next use,
-// and bad counted.
+// discard closes s, held by the caller; bad has the others checked.
 func (p *pool) discard(s *session, bad bool) {
 	if bad {
 		p.nBad.Add(1)
@@ -395,35 +341,25 @@ func (p *pool) logicalClosed(idle bool) {
 	closeAll(closing)
 }
 
-// ready makes s, just taken, fit for a new use, as database/sql makes a
-// pooled connection it hands out: it is pinged if a session was found dead
-// since s was last known alive; it is reset (the driver's
-// SessionResetter) if it was used since its last reset; WithConnInit's
-// function runs on it if it never did. It returns errBad if the driver
-// found s dead, ctx's error if ctx ended meanwhile, or the init's error
-// (an *initError); s is then still the caller's.
+// ready pings s if a session was found dead since it was checked, resets
+// it if used, and inits it once. It returns errBad, ctx's error or an
+// *initError; s is then still the caller's.
 func (p *pool) ready(ctx context.Context, s *session) error {
 	p.closePending(s)
 	if e := p.epoch.Load(); s.checked != e {
 		if s.pinger != nil {
 			if err := s.pinger.Ping(ctx); err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				return errBad
+				return cmp.Or(ctx.Err(), errBad)
 			}
 		}
 		s.checked = e
 	}
 	if s.dirty && s.resetter != nil {
 		if err := s.resetter.ResetSession(ctx); err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
+			if cerr := ctx.Err(); cerr != nil || errors.Is(err, driver.ErrBadConn) {
+				return cmp.Or(cerr, errBad)
 			}
-			if errors.Is(err, driver.ErrBadConn) {
-				return errBad
-			}
-			// Other errors are ignored, as database/sql ignores them.
+			// database/sql ignores other errors.
 		}
 	}
 	s.dirty = false
@@ -436,8 +372,7 @@ func (p *pool) ready(ctx context.Context, s *session) error {
 	return nil
 }
 
-// initError is the error of WithConnInit's function: the session is
-// closed, and the use that needed it fails with the error.
+// initError is WithConnInit's error: it closes the session.
 type initError struct{ err error }
 
 func (e *initError) Error() string { return e.err.Error() }
@@ -451,9 +386,8 @@ func (p *pool) preparedOn(q *query, s *session) {
 	p.mu.Unlock()
 }
 
-// closeEverywhere closes q's driver statement on every session that
-// prepared it: now on those idle or parked (taken meanwhile), else when
-// its holder gives it back.
+// closeEverywhere closes q's driver statements: now where idle or parked,
+// else before the session's next use.
 func (p *pool) closeEverywhere(q *query) {
 	var idle, parkedOnes []*session
 	p.mu.Lock()
@@ -477,16 +411,11 @@ func (p *pool) closeEverywhere(q *query) {
 		s.state.Store(parked) // back to its logical connection
 	}
 	for _, s := range idle {
-		p.closePending(s)
-		p.mu.Lock()
-		closing := p.handLocked(s)
-		p.mu.Unlock()
-		closeAll(closing)
+		p.put(s, false)
 	}
 }
 
-// closePending closes the statements closeEverywhere left for s, held by the
-// caller.
+// closePending closes the statements closeEverywhere left for s.
 func (p *pool) closePending(s *session) {
 	if !s.closing.Load() {
 		return
@@ -504,26 +433,21 @@ func (p *pool) closePending(s *session) {
 	}
 }
 
-// close closes the idle and parked sessions and fails the waiting
-// callers with ErrClosed; sessions in use are closed when they are given
-// back.
+// close closes the idle and parked sessions, failing waiters with ErrClosed.
 func (p *pool) close() {
 	p.mu.Lock()
 	p.closed = true
 	p.closing.Store(true)
-	idle := p.idle
-	p.idle = nil
+	idle, reqs := p.idle, p.reqs
+	p.idle, p.reqs = nil, nil
 	for _, s := range p.all {
-		if s.take() {
-			p.parked.Add(-1)
+		if p.unpark(s) {
 			idle = append(idle, s)
 		}
 	}
 	for _, s := range idle {
 		p.dropLocked(s)
 	}
-	reqs := p.reqs
-	p.reqs = nil
 	p.waiters.Store(0)
 	p.mu.Unlock()
 	for _, ch := range reqs {
@@ -532,17 +456,14 @@ func (p *pool) close() {
 	closeAll(idle)
 }
 
-// counts returns the sessions open (or being dialed) and idle (or
-// parked).
+// counts returns the sessions open (or being dialed) and idle or parked.
 func (p *pool) counts() (open, idle int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.open, len(p.idle) + int(p.parked.Load())
 }
 
-// The driver calls on a session, made as database/sql would make them on
-// a connection of its own pool: the context form when the driver has it,
-// else the legacy form after the checks database/sql makes.
+// The driver calls on a session, made as database/sql makes them.
 
 func (s *session) prepare(ctx context.Context, query string) (driver.Stmt, error) {
 	if s.preparer != nil {
@@ -577,43 +498,32 @@ func (s *session) begin(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 	return ti, err
 }
 
-// exec runs query on s; driver.ErrSkip when the driver has no Execer.
+// exec runs query on s, whose driver has an Execer of either form.
 func (s *session) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	if s.execer != nil {
 		return s.execer.ExecContext(ctx, query, args)
 	}
-	if s.legacyExecer == nil {
-		return nil, driver.ErrSkip
-	}
-	dargs, err := namedValueToValue(args)
+	dargs, err := legacyArgs(ctx, args)
 	if err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	return s.legacyExecer.Exec(query, dargs) //lint:ignore SA1019 legacy drivers have nothing else
 }
 
-// query runs query on s; driver.ErrSkip when the driver has no Queryer.
+// query runs query on s, whose driver has a Queryer of either form.
 func (s *session) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	if s.queryer != nil {
 		return s.queryer.QueryContext(ctx, query, args)
 	}
-	if s.legacyQueryer == nil {
-		return nil, driver.ErrSkip
-	}
-	dargs, err := namedValueToValue(args)
+	dargs, err := legacyArgs(ctx, args)
 	if err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	return s.legacyQueryer.Query(query, dargs) //lint:ignore SA1019 legacy drivers have nothing else
 }
 
-func namedValueToValue(named []driver.NamedValue) ([]driver.Value, error) {
+// legacyArgs checks args for a legacy driver call: no names, ctx not ended.
+func legacyArgs(ctx context.Context, named []driver.NamedValue) ([]driver.Value, error) {
 	args := make([]driver.Value, len(named))
 	for i, nv := range named {
 		if nv.Name != "" {
@@ -621,5 +531,5 @@ func namedValueToValue(named []driver.NamedValue) ([]driver.Value, error) {
 		}
 		args[i] = nv.Value
 	}
-	return args, nil
+	return args, ctx.Err()
 }

@@ -6,13 +6,8 @@ import (
 	"reflect"
 )
 
-// rows holds an autocommit query's permits until Close returns.
-// database/sql closes rows itself at the end of Next, in Row.Scan, and from
-// its own goroutine when the query's context ends.
-//
-// It offers every optional rows interface, answering as database/sql does
-// for a driver's rows that lack one: no next result set, scan type any,
-// and no type name, length, nullability, precision or scale.
+// rows holds an autocommit query's permits until Close returns; it offers
+// every optional rows interface, answering as database/sql does without.
 type rows struct {
 	c     *conn
 	inner driver.Rows
@@ -48,8 +43,7 @@ func (r *rows) Close() error {
 	return err
 }
 
-// finish is deferred by Close: the session is lost if the driver panicked,
-// then the permits are released, once.
+// finish is conn.finish for Close, releasing the permits once.
 func (r *rows) finish(returned *bool) {
 	if !*returned {
 		r.c.lose()

@@ -6,18 +6,10 @@ import (
 	"sync"
 )
 
-// stmt is a prepared statement as database/sql sees it: one per query text
-// and logical connection. The driver's statement is prepared on the
-// session that runs it, once per session and query, and closed there once
-// no statement of the query is open (query.refs).
-//
-// database/sql prepares a *sql.Stmt again on each connection it runs it
-// on, before the execution reaches the gate. On a connection that holds no
-// session, a text the gate prepared before is then not sent: it is
-// prepared on the server when it first runs there, under the execution's
-// permits, so that an execution refused at admission sends nothing. Any
-// other Prepare is sent at once, as without the gate (so that a
-// syntax error is reported by Prepare).
+// stmt is a prepared statement of one logical connection. The driver's is
+// prepared once per session and query text, on the session that runs it,
+// and closed once no stmt of the text is open. From a connection with no
+// session, a known text is sent only when it runs, under its permits.
 type stmt struct {
 	c      *conn
 	q      *query
@@ -45,19 +37,17 @@ type statements struct {
 	known map[string]struct{} // texts prepared once, at most maxKnown
 }
 
-// maxKnown bounds the texts a gate remembers: beyond it, a text prepared
-// for the first time on a connection with no session is sent at once.
+// maxKnown bounds the texts a gate remembers as prepared once.
 const maxKnown = 4096
 
-// openQuery counts one more statement of text, and reports whether the
-// text was prepared once before.
+// openQuery counts one more statement of text; known: it was prepared once.
 func (ss *statements) openQuery(text string) (q *query, known bool) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	q = ss.open[text]
 	if q == nil {
 		if ss.open == nil {
-			ss.open = map[string]*query{}
+			ss.open, ss.known = map[string]*query{}, map[string]struct{}{}
 		}
 		q = &query{text: text}
 		ss.open[text] = q
@@ -67,19 +57,17 @@ func (ss *statements) openQuery(text string) (q *query, known bool) {
 	return q, known
 }
 
+// learn marks text as prepared once; openQuery was called for it.
 func (ss *statements) learn(text string) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	if ss.known == nil {
-		ss.known = map[string]struct{}{}
-	}
 	if len(ss.known) < maxKnown {
 		ss.known[text] = struct{}{}
 	}
 }
 
 // closeQuery counts one statement of q fewer, and reports whether it was
-// the last: then q's driver statements are to be closed everywhere.
+// the last: q's driver statements are then to be closed.
 func (ss *statements) closeQuery(q *query) bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -87,9 +75,7 @@ func (ss *statements) closeQuery(q *query) bool {
 	if q.refs > 0 {
 		return false
 	}
-	if ss.open[q.text] == q {
-		delete(ss.open, q.text)
-	}
+	delete(ss.open, q.text) // q is ss.open[q.text] while it has refs
 	return true
 }
 
@@ -98,10 +84,8 @@ func (c *conn) Prepare(query string) (driver.Stmt, error) {
 	return c.PrepareContext(context.Background(), query)
 }
 
-// PrepareContext prepares without a permit: preparing runs no user work.
-// A text prepared before is not sent from a connection with no session
-// (see stmt); otherwise c takes a session, kept until database/sql takes c
-// back, and the driver prepares it there.
+// PrepareContext prepares without a permit: on c's session, bound if
+// needed, unless c has none and the text is known (see stmt).
 func (c *conn) PrepareContext(ctx context.Context, text string) (driver.Stmt, error) {
 	if c.bad {
 		return nil, driver.ErrBadConn
@@ -126,8 +110,7 @@ func (c *conn) PrepareContext(ctx context.Context, text string) (driver.Stmt, er
 	return st, nil
 }
 
-// on returns the driver's statement of st on c's session, preparing it
-// there first if needed.
+// on returns st's driver statement on c's session, prepared if needed.
 func (st *stmt) on(ctx context.Context) (driver.Stmt, error) {
 	s := st.c.s
 	if si, ok := s.stmts[st.q]; ok {
@@ -137,24 +120,18 @@ func (st *stmt) on(ctx context.Context) (driver.Stmt, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.stmts == nil {
-		s.stmts = map[*query]driver.Stmt{}
-	}
 	s.stmts[st.q] = si
 	st.c.g.pool.preparedOn(st.q, s)
 	return si, nil
 }
 
-// NumInput is -1: the count is checked once the driver's statement is
-// known, after its own checkers converted the arguments (convertArgs).
+// NumInput is -1: convertArgs checks the count against the driver's.
 func (st *stmt) NumInput() int { return -1 }
 
 // CheckNamedValue accepts every argument as it is (see convertArgs).
 func (st *stmt) CheckNamedValue(*driver.NamedValue) error { return nil }
 
-// Close closes the statement. The last one of its text closes the
-// driver's statements of it: on c's session now, on the others before
-// their next use.
+// Close closes st; the last of its text closes the driver's statements.
 func (st *stmt) Close() error {
 	if st.closed {
 		return nil
@@ -180,8 +157,7 @@ func (st *stmt) Query(args []driver.Value) (driver.Rows, error) {
 	return st.QueryContext(context.Background(), valueToNamedValue(args))
 }
 
-// ExecContext runs the statement under both permits, or under those of
-// c's open transaction.
+// ExecContext runs st under both permits, or in c's open transaction.
 func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	c := st.c
 	p, err := c.startExec(ctx)
@@ -190,39 +166,28 @@ func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driv
 	}
 	returned := false
 	defer c.finish(p, &returned)
-	r, err := st.exec(ctx, args)
+	var r driver.Result
+	si, err := st.on(ctx)
+	if err == nil {
+		r, err = stmtExec(ctx, c.s, si, args)
+	}
 	returned = true
 	return r, ctxErr(ctx, err)
 }
 
-func (st *stmt) exec(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	si, err := st.on(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return stmtExec(ctx, st.c.s, si, args)
-}
-
-// QueryContext runs the statement; its rows hold both permits until they
-// are closed, or, in c's open transaction, are the driver's own.
+// QueryContext runs st as conn.QueryContext runs a query.
 func (st *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	return st.c.runQuery(ctx, func() (driver.Rows, driver.Stmt, error) {
-		ri, err := st.query(ctx, args)
+		si, err := st.on(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		ri, err := stmtQuery(ctx, st.c.s, si, args)
 		return ri, nil, err
 	})
 }
 
-func (st *stmt) query(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	si, err := st.on(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return stmtQuery(ctx, st.c.s, si, args)
-}
-
-// stmtExec converts args for the driver's statement si on s and runs it
-// as database/sql would: its context form if it has one, else the legacy
-// form after the checks database/sql makes.
+// stmtExec and stmtQuery convert args for si on s and run it.
 func stmtExec(ctx context.Context, s *session, si driver.Stmt, args []driver.NamedValue) (driver.Result, error) {
 	args, err := convertArgs(args, s.checker, si)
 	if err != nil {
@@ -231,11 +196,8 @@ func stmtExec(ctx context.Context, s *session, si driver.Stmt, args []driver.Nam
 	if e, ok := si.(driver.StmtExecContext); ok {
 		return e.ExecContext(ctx, args)
 	}
-	dargs, err := namedValueToValue(args)
+	dargs, err := legacyArgs(ctx, args)
 	if err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	return si.Exec(dargs) //lint:ignore SA1019 legacy drivers have nothing else
@@ -249,11 +211,8 @@ func stmtQuery(ctx context.Context, s *session, si driver.Stmt, args []driver.Na
 	if q, ok := si.(driver.StmtQueryContext); ok {
 		return q.QueryContext(ctx, args)
 	}
-	dargs, err := namedValueToValue(args)
+	dargs, err := legacyArgs(ctx, args)
 	if err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	return si.Query(dargs) //lint:ignore SA1019 legacy drivers have nothing else
