@@ -51,6 +51,10 @@ type budget struct {
 	// workload's budget, called with mu held (see Gate.shedQueued).
 	shedOther func(prio int) bool
 	nDeadline atomic.Int64
+	// lease, when set, is the instant b stops holding (Gate.CapUntil):
+	// from then on b is at most leaseB.
+	lease  time.Time
+	leaseB int
 }
 
 // waiter is one operation queued for an execution permit. The queue is
@@ -64,6 +68,7 @@ type waiter struct {
 	deadline   time.Time // its context's; zero: none
 	prio       int
 	granted    bool
+	lease      time.Time // the lease it was granted under
 	late, shed bool
 	gave       *budget // shed: the budget whose admission permit it gave up
 }
@@ -105,6 +110,41 @@ func (l *budget) setLimitLocked(b int) {
 	l.grantLocked()
 }
 
+// setLease makes b hold only until until (zero: for good); then b falls
+// to at most after.
+func (l *budget) setLease(until time.Time, after int) {
+	l.mu.Lock()
+	l.lease, l.leaseB = until, after
+	l.leaseLocked()
+	l.mu.Unlock()
+}
+
+// leaseLocked lowers b to the lease's fallback once the lease has run out
+// by the monotonic or by the wall clock, whichever says so first (a
+// process whose monotonic clock stalled, in a paused virtual machine,
+// still sees the wall clock jump).
+func (l *budget) leaseLocked() {
+	if l.lease.IsZero() {
+		return
+	}
+	if !leaseOver(l.lease) {
+		return
+	}
+	l.lease = time.Time{}
+	if l.adapt != nil {
+		l.adapt.ceil = min(l.adapt.ceil, l.leaseB)
+		l.adapt.floor = min(l.adapt.floor, l.leaseB)
+	}
+	l.setLimitLocked(min(l.b, l.leaseB))
+}
+
+// leaseOver reports whether the lease until has run out, by the monotonic
+// or by the wall clock.
+func leaseOver(until time.Time) bool {
+	now := time.Now()
+	return !now.Before(until) || !now.Round(0).Before(until.Round(0))
+}
+
 // ceiling is the most b may be: the limit set, which Policy.Adaptive
 // moves b below.
 func (l *budget) ceilingLocked() int {
@@ -115,21 +155,23 @@ func (l *budget) ceilingLocked() int {
 }
 
 // tryAcquire takes both permits if both are free and nobody waits, and
-// reports whether it did: the whole protocol of an operation of a budget
-// with room. measure reports that its hold is to be measured: the budget
+// reports whether it did, and under which lease (Gate.CapUntil): the
+// whole protocol of an operation of a budget with room. measure reports that its hold is to be measured: the budget
 // is adaptive, or the operation took the last execution permit of a
 // budget that has measured holds before (so that the estimate follows the
 // database while nobody waits).
-func (l *budget) tryAcquire() (ok, measure bool) {
+func (l *budget) tryAcquire() (ok, measure bool, lease time.Time) {
 	l.mu.Lock()
+	l.leaseLocked()
 	ok = !l.closed && l.waiting == 0 && l.running < l.b && l.admitted < l.b+l.q
 	if ok {
 		l.admitted++
 		l.running++
 		measure = l.adapt != nil || l.running == l.b && l.hold > 0
+		lease = l.lease
 	}
 	l.mu.Unlock()
-	return ok, measure
+	return ok, measure, lease
 }
 
 // admit takes an admission permit without waiting for an operation of
@@ -240,6 +282,9 @@ func (l *budget) releaseExec() {
 // running work is within the ceiling.
 func (l *budget) grantLocked() {
 	var now time.Time
+	if l.head != nil {
+		l.leaseLocked()
+	}
 	for l.head != nil && (l.running < l.b || l.dryRun) {
 		w := l.head
 		l.unlinkLocked(w)
@@ -254,7 +299,7 @@ func (l *budget) grantLocked() {
 			}
 		}
 		l.running++
-		w.granted = true
+		w.granted, w.lease = true, l.lease
 		close(w.ready)
 	}
 	if l.drained != nil && (l.running <= l.ceilingLocked() || l.dryRun) {
@@ -344,6 +389,7 @@ type passage struct {
 	start       time.Time     // set when it first has to wait
 	timer       *time.Timer
 	timerEnd    time.Time // when timer fires
+	lease       time.Time // the lease its last execution permit was granted under
 	wouldReject bool      // dry-run: admission was full, the rejection not made
 }
 
@@ -439,12 +485,14 @@ func (ps *passage) stop(ls []*budget) {
 // on, never kept by a caller that reports failure.
 func (l *budget) execute(ctx context.Context, ps *passage) error {
 	l.mu.Lock()
+	l.leaseLocked()
 	switch {
 	case l.closed:
 		l.mu.Unlock()
 		return ErrClosed
 	case l.waiting == 0 && l.running < l.b:
 		l.running++
+		ps.lease = l.lease
 		l.mu.Unlock()
 		return nil
 	case l.dryRun:
@@ -520,6 +568,7 @@ func (l *budget) execute(ctx context.Context, ps *passage) error {
 	select {
 	case <-w.ready:
 		if w.granted {
+			ps.lease = w.lease
 			return nil
 		}
 	case <-ps.timer.C:
@@ -566,6 +615,7 @@ type permit struct {
 	wl      *budget // the workload's budget, nil for none
 	waited  time.Duration
 	start   time.Time   // set when the hold time is measured or OnRelease needs it
+	lease   time.Time   // the lease (Gate.CapUntil) its permits were granted under; zero: none
 	timer   *time.Timer // the hold warning, if set
 }
 
@@ -578,8 +628,8 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 	wl := g.workload(o.workload)
 	p.kind, p.wl, p.waited = k, wl, 0
 	if wl == nil && o.wait < 0 && ctx.Err() == nil {
-		if ok, measure := g.global.tryAcquire(); ok {
-			p.measure = measure
+		if ok, measure, lease := g.global.tryAcquire(); ok {
+			p.measure, p.lease = measure, lease
 			return nil
 		}
 	}
@@ -607,7 +657,7 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 		ls[0].mu.Unlock()
 	}
 	err := ps.acquire(ctx, ls[:n])
-	p.waited = ps.waited()
+	p.waited, p.lease = ps.waited(), ps.lease
 	if g.opt.events.OnReject != nil && (ps.wouldReject || errors.Is(err, ErrRejected)) {
 		g.reportReject(p, err)
 	}
@@ -634,8 +684,24 @@ func (p *permit) workloadName() string {
 }
 
 // admitted counts p's operation as admitted, now that it has its permits
-// and a server connection, and starts what watches it.
-func (g *Gate) admitted(p *permit) {
+// and a server connection, and starts what watches it; or, if the lease it
+// was let in under ran out meanwhile (the process was paused), gives its
+// permits back and returns the rejection (ErrLeaseExpired): nothing of it
+// reached the driver.
+func (g *Gate) admitted(p *permit) error {
+	if !p.lease.IsZero() && leaseOver(p.lease) {
+		g.global.release(0)
+		g.global.nFull.Add(1)
+		if p.wl != nil {
+			p.wl.release(0)
+			p.wl.nFull.Add(1)
+		}
+		err := &RejectedError{Cause: ErrLeaseExpired, Workload: p.workloadName(), Waited: p.waited}
+		if g.opt.events.OnReject != nil {
+			g.reportReject(p, err)
+		}
+		return err
+	}
 	g.global.nAdmitted.Add(1)
 	if p.wl != nil {
 		p.wl.nAdmitted.Add(1)
@@ -650,6 +716,7 @@ func (g *Gate) admitted(p *permit) {
 	if g.opt.events.OnAdmit != nil {
 		emit(g.opt.events.OnAdmit, Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited})
 	}
+	return nil
 }
 
 // abort gives back the permits of an operation that got them but no

@@ -113,8 +113,10 @@ func (c *conn) start(ctx context.Context, k Kind, p *permit) error {
 			return ctxErr(ctx, err)
 		}
 	}
+	if err := c.g.admitted(p); err != nil {
+		return err
+	}
 	c.used = true
-	c.g.admitted(p)
 	return nil
 }
 

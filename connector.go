@@ -36,6 +36,8 @@ type Gate struct {
 	policy    Policy     // as set
 	capB      int        // Cap's limits; -1: none
 	capQ      int
+	capUntil  time.Time // CapUntil's lease; zero: none
+	capAfter  int
 	budgets   map[string]*budget // every workload budget made, by name
 	db        *sql.DB
 	workloads atomic.Pointer[map[string]*budget] // the budgets of the policy's workloads
@@ -279,11 +281,20 @@ func (g *Gate) SetPolicy(p Policy) error {
 // enforced), or with ctx's error when ctx ends first, the cap in force
 // all the same.
 func (g *Gate) Cap(ctx context.Context, b, q int) error {
+	return g.CapUntil(ctx, b, q, time.Time{}, 0)
+}
+
+// CapUntil is Cap with a lease: b holds only until the instant until (by
+// the monotonic and the wall clock); from then on, until the next Cap or
+// CapUntil, at most after operations start at once. A fleet member whose
+// coordination lapsed so stops running on its share (package fleet). A
+// zero until is Cap.
+func (g *Gate) CapUntil(ctx context.Context, b, q int, until time.Time, after int) error {
 	if g.err != nil {
 		return g.err
 	}
 	g.mu.Lock()
-	g.capB, g.capQ = b, q
+	g.capB, g.capQ, g.capUntil, g.capAfter = b, q, until, after
 	g.applyLocked(g.policy)
 	g.mu.Unlock()
 	return g.global.waitDrained(ctx)
@@ -300,11 +311,15 @@ func (g *Gate) applyLocked(p Policy) {
 	if g.capQ >= 0 {
 		q = min(q, g.capQ)
 	}
+	if !g.capUntil.IsZero() && !time.Now().Before(g.capUntil) {
+		b = min(b, g.capAfter)
+	}
 	floor := 0
 	if p.Adaptive {
 		floor = max(1, p.MinConcurrent)
 	}
 	g.global.resize(b, q, p.QueueWait, p.DryRun, floor)
+	g.global.setLease(g.capUntil, g.capAfter)
 	if len(p.Workloads) == 0 {
 		g.workloads.Store(nil)
 		return

@@ -10,7 +10,8 @@ import (
 )
 
 // Sentinel errors. A rejection matches ErrRejected and exactly one of
-// ErrAdmissionFull, ErrQueueTimeout and ErrWouldMissDeadline. None of them
+// ErrAdmissionFull, ErrQueueTimeout, ErrWouldMissDeadline and
+// ErrLeaseExpired. None of them
 // matches driver.ErrBadConn, so database/sql never retries a rejection.
 var (
 	// ErrRejected is matched by every rejection: the database is at its
@@ -23,6 +24,9 @@ var (
 	// ErrWouldMissDeadline: the expected wait plus the measured hold time
 	// would pass the context's deadline.
 	ErrWouldMissDeadline = errors.New("bulkhead: would miss its deadline")
+	// ErrLeaseExpired: the operation was let in under a cap whose lease
+	// (Gate.CapUntil) ran out before it reached the driver.
+	ErrLeaseExpired = errors.New("bulkhead: lease expired")
 	// ErrClosed: the gate was closed. It is not a rejection.
 	ErrClosed = errors.New("bulkhead: closed")
 	// ErrOutcomeUnknown: a COMMIT got no answer within the driver's bound
@@ -39,7 +43,7 @@ var ErrTxStillOpen = errors.New("bulkhead: the connection's transaction has not 
 // RejectedError is the error of a rejection; errors.Is matches it with
 // ErrRejected and its Cause. Treat it as read-only: callers may share it.
 type RejectedError struct {
-	Cause            error         // ErrAdmissionFull, ErrQueueTimeout or ErrWouldMissDeadline
+	Cause            error         // ErrAdmissionFull, ErrQueueTimeout, ErrWouldMissDeadline or ErrLeaseExpired
 	Workload         string        // the workload whose budget refused it; "" for the global budget
 	MaxConcurrent    int           // B of that budget
 	MaxQueue         int           // Q of that budget
@@ -59,6 +63,8 @@ func (e *RejectedError) Error() string {
 		return fmt.Sprintf("bulkhead: queue wait timed out%s after %v: %s", budget, e.Waited, held)
 	case ErrWouldMissDeadline:
 		return fmt.Sprintf("bulkhead: would miss its deadline%s after a wait of %v, with operations holding their permits %v: %s", budget, e.Waited, e.Hold, held)
+	case ErrLeaseExpired:
+		return "bulkhead: lease expired before the operation reached the driver (Gate.CapUntil): nothing was sent"
 	}
 	return fmt.Sprintf("bulkhead: admission full%s: %s", budget, held)
 }

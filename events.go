@@ -82,7 +82,8 @@ func then(f, g func(Event)) func(Event) {
 }
 
 // ReasonLabel names the cause of a rejection or Event.Reason for metric
-// labels: "admission_full", "queue_timeout", "would_miss_deadline" or "".
+// labels: "admission_full", "queue_timeout", "would_miss_deadline",
+// "lease_expired" or "".
 func ReasonLabel(err error) string {
 	switch {
 	case errors.Is(err, ErrAdmissionFull):
@@ -91,6 +92,8 @@ func ReasonLabel(err error) string {
 		return "queue_timeout"
 	case errors.Is(err, ErrWouldMissDeadline):
 		return "would_miss_deadline"
+	case errors.Is(err, ErrLeaseExpired):
+		return "lease_expired"
 	}
 	return ""
 }

@@ -513,3 +513,54 @@ func TestClosingTheGateMakesAnOperationQueuedInARemovedWorkloadReturnErrClosed(t
 		wlOK(t, "b1", b1)
 	})
 }
+
+// CapUntil's b holds until its lease runs out, without any call: from
+// then on at most its fallback start, a waiter queued at that instant
+// included; running work keeps its permits, and the next CapUntil puts b
+// back.
+func TestCapUntilFallsToItsFallbackWhenTheLeaseRunsOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
+		bg := context.Background()
+		if err := r.g.CapUntil(bg, 3, 4, time.Now().Add(time.Second), 1); err != nil {
+			t.Fatal(err)
+		}
+		rzFull(t, r, 3, "leased")
+
+		// Two run at the lease's end, a third waits for a permit.
+		a, b := r.exec(bg, "a"), r.exec(bg, "b")
+		r.await(t, "a")
+		r.await(t, "b")
+		time.Sleep(2 * time.Second) // the fake clock: the lease ran out
+		c := r.exec(bg, "c")
+		awaitState(t, "c waits", func() bool { return r.g.Stats().Waiting == 1 })
+		if s := r.g.Stats(); s.MaxConcurrent != 1 || s.Running != 2 {
+			t.Fatalf("after the lease: stats %+v, want B=1 with the 2 running kept", s)
+		}
+		r.finish("a")
+		wlOK(t, "a", a)
+		synctest.Wait()
+		if r.hasEntered("c") {
+			t.Fatal("c started with 1 running and a fallback of 1")
+		}
+		r.finish("b")
+		wlOK(t, "b", b)
+		r.await(t, "c")
+		r.finish("c")
+		wlOK(t, "c", c)
+		rzFull(t, r, 1, "fallback")
+
+		// A policy change keeps the lapsed lease's fallback; a renewal ends it.
+		rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
+		rzFull(t, r, 1, "setpolicy")
+		if err := r.g.CapUntil(bg, 3, 4, time.Now().Add(time.Second), 1); err != nil {
+			t.Fatal(err)
+		}
+		rzFull(t, r, 3, "renewed")
+		if err := r.g.Cap(bg, -1, -1); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second)
+		rzFull(t, r, 4, "uncapped")
+	})
+}

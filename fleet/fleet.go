@@ -50,6 +50,13 @@
 // share min(share, the fallback share); the session is dropped, and its
 // locks freed, once the operations beyond the fallback ended, and a later
 // round opens a new one.
+//
+// A member runs on its share only for a lease, 1.5 intervals from the
+// start of its last successful round (bulkhead.Gate.CapUntil); past it, its
+// gate falls to the fallback share by itself. A member whose coordination
+// session ran no statement for 1.75 intervals (frozen, paused, cut off)
+// has passed its lease: the first other member to read it so ends that
+// session and its idle connections, which frees its slots.
 package fleet
 
 import (
@@ -103,6 +110,7 @@ type Stats struct {
 	Degraded  bool   // the last round failed: the share is at most the fallback
 	Rounds    int64  // coordination rounds done
 	Failures  int64  // rounds that failed
+	Expired   int64  // other members' sessions this member ended because their lease had run out (frozen, paused or cut off)
 	LastError error  // the last failed round's error, nil after a success
 }
 
@@ -224,8 +232,13 @@ func validName(s string) bool {
 	return true
 }
 
-// share is the part of the fleet's limits a member runs on.
-type share struct{ b, q int }
+// share is the part of the fleet's limits a member runs on; b holds only
+// until until, the member's lease (zero: for good, b is within the
+// fallback).
+type share struct {
+	b, q  int
+	until time.Time
+}
 
 // Member is one process's part in a fleet budget: its gate, and the loop
 // that keeps the gate's limits at the member's share. It is safe for
@@ -257,9 +270,9 @@ type Member struct {
 	fair     int  // the fair share at the last round
 	stale    bool // a round failed with operations beyond the fallback running: drop the session once they end
 
-	instances, orphans, rounds, failures, backend atomic.Int64
-	degraded, short                               atomic.Bool // short: the last round left the share below its target
-	lastErr                                       atomic.Pointer[error]
+	instances, orphans, rounds, failures, backend, expired atomic.Int64
+	degraded, short                                        atomic.Bool // short: the last round left the share below its target
+	lastErr                                                atomic.Pointer[error]
 
 	quit chan struct{}
 	done chan struct{}
@@ -335,6 +348,7 @@ func (m *Member) Stats() Stats {
 		Degraded:  m.degraded.Load(),
 		Rounds:    m.rounds.Load(),
 		Failures:  m.failures.Load(),
+		Expired:   m.expired.Load(),
 	}
 	if e := m.lastErr.Load(); e != nil {
 		s.LastError = *e
@@ -374,12 +388,12 @@ func newID() int64 { return 1 + rand.Int64N(math.MaxInt32) }
 // and reports it when it changed or err is set.
 func (m *Member) setShare(s share, err error) {
 	m.mu.Lock()
-	changed := s != m.cur
+	changed := s.b != m.cur.b || s.q != m.cur.q
 	m.cur = s
 	m.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_ = m.g.Cap(ctx, s.b, s.q) // the cap is in force; the wait is drained's
+	_ = m.capShare(ctx, s) // the cap is in force; the wait is drained's
 	if m.onChange != nil && (changed || err != nil) {
 		emit(m.onChange, Event{Fleet: m.name, Instances: int(m.instances.Load()), MaxConcurrent: s.b, MaxQueue: s.q, Err: err})
 	}
@@ -395,8 +409,13 @@ func (m *Member) share() share {
 // force, or ctx ends; it reports which. In dry-run nothing is enforced and
 // nothing is waited for.
 func (m *Member) drained(ctx context.Context) bool {
-	s := m.share()
-	return m.g.Cap(ctx, s.b, s.q) == nil
+	return m.capShare(ctx, m.share()) == nil
+}
+
+// capShare puts s in force on the gate: beyond its lease, the gate falls
+// to the fallback share on its own.
+func (m *Member) capShare(ctx context.Context, s share) error {
+	return m.g.CapUntil(ctx, s.b, s.q, s.until, min(s.b, m.fallback))
 }
 
 // drainedNow reports whether the operations running are within the share.
@@ -500,6 +519,9 @@ func (m *Member) Sync(ctx context.Context) error {
 }
 
 func (m *Member) round(ctx context.Context) error {
+	// The lease this round renews starts before it reads: the others
+	// count its expiry from the end of its last statement.
+	until := time.Now().Add(m.lease())
 	if m.stale {
 		if !m.drained(ctx) {
 			return errors.New("operations beyond the fallback share still run: the failed session, and its slots, are kept until they end")
@@ -532,6 +554,7 @@ func (m *Member) round(ctx context.Context) error {
 		return err
 	}
 	id := m.id.Load()
+	m.endExpired(ctx, &v, id)
 	rank := slices.IndexFunc(v.members, func(mm member) bool { return mm.id == id })
 	if rank < 0 {
 		return fmt.Errorf("this member's membership lock (id %d, session pid %d) is gone", id, m.pid)
@@ -567,8 +590,13 @@ func (m *Member) round(ctx context.Context) error {
 	case inRange > target || inRange < len(m.held):
 		// Give back: first lower B, then wait for the operations beyond
 		// it, then unlock (out-of-range slots first, then the highest).
-		m.setShare(share{b: min(target, inRange), q: q}, nil)
-		if !m.drained(ctx) {
+		m.setShare(share{b: min(target, inRange), q: q, until: until}, nil)
+		// Half an interval at most: a session idle for longer than
+		// expiry is ended by the others.
+		dctx, cancel := context.WithTimeout(ctx, m.interval/2)
+		ok := m.drained(dctx)
+		cancel()
+		if !ok {
 			return nil // the slots stay held; the next round gives them back
 		}
 		keep := min(target, inRange)
@@ -589,13 +617,35 @@ func (m *Member) round(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		m.setShare(share{b: inRange + len(got), q: q}, nil)
+		m.setShare(share{b: inRange + len(got), q: q, until: until}, nil)
 		m.short.Store(inRange+len(got) < target)
 	default:
-		m.setShare(share{b: inRange, q: q}, nil)
+		m.setShare(share{b: inRange, q: q, until: until}, nil)
 	}
 	return nil
 }
+
+// endExpired ends the sessions of the members of v whose leases surely
+// ran out (frozen, paused, cut off: their last statement ended longer ago
+// than Expiry), which frees their slots, and leaves them out of v.
+func (m *Member) endExpired(ctx context.Context, v *view, self int64) {
+	v.members = slices.DeleteFunc(v.members, func(mm member) bool {
+		if mm.id == self || mm.idle <= m.expiry() {
+			return false
+		}
+		gone, err := m.store.end(ctx, mm.pid, mm.id)
+		if gone && err == nil {
+			m.expired.Add(1)
+		}
+		return gone && err == nil
+	})
+}
+
+// lease is how long a member runs on its share after the start of its
+// last successful round; expiry, longer by a quarter of an interval, is
+// how long after a member's last statement the others end its session.
+func (m *Member) lease() time.Duration  { return m.interval * 3 / 2 }
+func (m *Member) expiry() time.Duration { return m.interval*3/2 + m.interval/4 }
 
 // dropSession closes the coordination session: the server frees its
 // locks.
@@ -609,11 +659,13 @@ func (m *Member) dropSession() {
 }
 
 // member is a member of the fleet as a round reads it: its id, its
-// coordination session's backend pid, and the state it published at its
-// last round.
+// coordination session's backend pid, the state it published at its last
+// round, and how long ago its session's last statement ended (0 while it
+// runs one).
 type member struct {
 	id, pid int64
 	state   string
+	idle    time.Duration
 }
 
 // view is the fleet as a round reads it.
@@ -753,6 +805,10 @@ type store interface {
 	// the grow lock.
 	grow(ctx context.Context, t, n int) ([]int, error)
 	unlock(ctx context.Context, slots []int) error
+	// end ends the session pid of the member id, whose lease ran out,
+	// and the idle server connections tagged with id, and reports whether
+	// the session is gone: its locks are then free.
+	end(ctx context.Context, pid, id int64) (bool, error)
 	// leave ends the session, freeing its locks.
 	leave()
 }
@@ -847,7 +903,10 @@ func (p *pgStore) scan(ctx context.Context, q queryer, state string) (view, erro
 	// is idle will never run again (the server ends it at its next read).
 	// A state that cannot be seen (another role's session, without
 	// pg_read_all_stats) is NULL.
-	sb.WriteString("SELECT l.classid::int8, l.objid::int8, l.pid, coalesce(a.application_name, ''), coalesce(a.state, '')" +
+	// idle is how long ago the session's last statement ended, while it
+	// runs none (0 while it runs one, or cannot be seen).
+	sb.WriteString("SELECT l.classid::int8, l.objid::int8, l.pid, coalesce(a.application_name, ''), coalesce(a.state, '')," +
+		" coalesce(CASE WHEN a.state LIKE 'idle%' THEN (extract(epoch FROM statement_timestamp() - a.state_change) * 1000)::int8 END, 0)" +
 		from + " LEFT JOIN pg_stat_activity a ON a.pid = l.pid" +
 		" WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted" +
 		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())" +
@@ -860,14 +919,14 @@ func (p *pgStore) scan(ctx context.Context, q queryer, state string) (view, erro
 	v := view{slots: map[int]int64{}}
 	busy, unknown := map[int64]int{}, map[int64]int{}
 	for rows.Next() {
-		var class, obj, pid int64
+		var class, obj, pid, idle int64
 		var app, state string
-		if err := rows.Scan(&class, &obj, &pid, &app, &state); err != nil {
+		if err := rows.Scan(&class, &obj, &pid, &app, &state, &idle); err != nil {
 			return view{}, err
 		}
 		switch class {
 		case int64(uint32(p.keys.Members)):
-			v.members = append(v.members, member{id: obj, pid: pid, state: app})
+			v.members = append(v.members, member{id: obj, pid: pid, state: app, idle: time.Duration(idle) * time.Millisecond})
 		case int64(uint32(p.keys.Slots)):
 			v.slots[int(obj)] = pid
 		default:
@@ -952,6 +1011,20 @@ func (p *pgStore) unlock(ctx context.Context, slots []int) error {
 	return err
 }
 
+func (p *pgStore) end(ctx context.Context, pid, id int64) (bool, error) {
+	var gone bool
+	wait := strconv.FormatInt(min(p.interval, time.Second).Milliseconds(), 10)
+	// The idle connections go too: a statement the member sends on one
+	// when it resumes then fails, unrun, and its retry meets the gate's
+	// check of the lapsed lease.
+	err := p.sess.QueryRowContext(ctx, "SELECT pg_terminate_backend("+strconv.FormatInt(pid, 10)+", "+wait+"),"+
+		" (SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"+
+		" WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND a.state = 'idle'"+
+		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"+
+		" AND l.classid::int8 = "+uint32s(p.keys.Conns)+" AND l.objid::int8 = "+strconv.FormatInt(id, 10)+")").Scan(&gone, new(int64))
+	return gone, err
+}
+
 func itoa32(v int32) string { return strconv.FormatInt(int64(v), 10) }
 
 // uint32s lists keys as pg_locks shows them: unsigned.
@@ -991,6 +1064,13 @@ func (n noClose) Driver() driver.Driver                            { return n.c.
 // connection that cannot be tagged is closed by the gate: its work would
 // be invisible.
 func (m *Member) tag(ctx context.Context, c driver.Conn) error {
+	// The operation it is tagged for was let in under the lease; one that
+	// ran out meanwhile (the process was paused) sends nothing.
+	if u := m.share().until; !u.IsZero() {
+		if now := time.Now(); !now.Before(u) || !now.Round(0).Before(u.Round(0)) {
+			return fmt.Errorf("bulkhead: fleet %s: %w before a new server connection was tagged", m.name, bulkhead.ErrLeaseExpired)
+		}
+	}
 	q := "SELECT pg_advisory_lock_shared(" + itoa32(m.keys.Conns) + ", " + strconv.FormatInt(m.id.Load(), 10) + ")"
 	if err := execConn(ctx, c, q); err != nil {
 		return fmt.Errorf("bulkhead: fleet %s: tagging a new server connection (fleet.Tagging): %w", m.name, err)

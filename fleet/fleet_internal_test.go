@@ -167,6 +167,17 @@ func (s *memStore) unlock(_ context.Context, give []int) error {
 	return nil
 }
 
+func (s *memStore) end(_ context.Context, pid, _ int64) (bool, error) {
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
+	if err := s.check(); err != nil {
+		return false, err
+	}
+	s.m.dead[pid] = true
+	s.m.drop(pid)
+	return true, nil
+}
+
 func (s *memStore) leave() {
 	s.m.mu.Lock()
 	defer s.m.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -387,7 +388,9 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 // instance in its own process, stepped through stdin, answering on stdout:
 // "sync" runs a round and answers "pid <backend> b <B>"; "run N <query>"
 // starts N operations running query, which the test makes wait on a lock
-// it holds, and answers "started". TestMain runs it when EnvFleetChild is
+// it holds, and answers "started"; "load N <query>" starts N goroutines
+// that run query over and over until the process ends, and answers
+// "started". TestMain runs it when EnvFleetChild is
 // set; with EnvFleetChildUntagged set, the instance does not tag its
 // connections (fleet.Tagging(false)); with EnvFleetChildNoConnCheck
 // set, its connections set client_connection_check_interval to 0, so that
@@ -397,6 +400,8 @@ const (
 	EnvFleetChild            = "BULKHEAD_TEST_FLEET_CHILD"
 	EnvFleetChildUntagged    = "BULKHEAD_TEST_FLEET_CHILD_UNTAGGED"
 	EnvFleetChildNoConnCheck = "BULKHEAD_TEST_FLEET_CHILD_NO_CONN_CHECK"
+	EnvFleetChildInterval    = "BULKHEAD_TEST_FLEET_CHILD_INTERVAL" // fleet.Interval, a duration; an hour by default
+	EnvFleetChildFallback    = "BULKHEAD_TEST_FLEET_CHILD_FALLBACK" // fleet.Fallback
 )
 
 func fleetChild(name string) int {
@@ -408,8 +413,31 @@ func fleetChild(name string) int {
 	if os.Getenv(EnvFleetChildNoConnCheck) != "" {
 		cfg.RuntimeParams["client_connection_check_interval"] = "0"
 	}
-	m, err := fleet.Join(name, stdlib.GetConnector(*cfg), fleetPolicy(8, 0), fleet.Interval(time.Hour),
-		fleet.Tagging(os.Getenv(EnvFleetChildUntagged) == ""))
+	opts := []fleet.Option{fleet.Interval(time.Hour), fleet.Tagging(os.Getenv(EnvFleetChildUntagged) == "")}
+	if app := cfg.RuntimeParams["application_name"]; app != "" {
+		// The coordination session apart from the operations, which a
+		// test counts by their application_name.
+		coord := cfg.Copy()
+		coord.RuntimeParams["application_name"] = app + "_fleet"
+		opts = append(opts, fleet.Coordinator(stdlib.GetConnector(*coord)))
+	}
+	if v := os.Getenv(EnvFleetChildInterval); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		opts = append(opts, fleet.Interval(d))
+	}
+	if v := os.Getenv(EnvFleetChildFallback); v != "" {
+		f, err := strconv.Atoi(v)
+		if err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		opts = append(opts, fleet.Fallback(f))
+	}
+	m, err := fleet.Join(name, stdlib.GetConnector(*cfg), fleetPolicy(8, 0), opts...)
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
@@ -437,6 +465,24 @@ func fleetChild(name string) int {
 			_, query, _ = strings.Cut(query, " ")
 			for range n {
 				go db.Exec(query) // the process is killed while they run
+			}
+			fmt.Println("started")
+			continue
+		}
+		if query, ok := strings.CutPrefix(in.Text(), "load "); ok {
+			if _, err := fmt.Sscanf(query, "%d", &n); err != nil {
+				fmt.Println("error", err)
+				return 1
+			}
+			_, query, _ = strings.Cut(query, " ")
+			for range n {
+				go func() { // until the process ends
+					for {
+						if _, err := db.Exec(query); err != nil {
+							time.Sleep(time.Millisecond) // pacing after a rejection
+						}
+					}
+				}()
 			}
 			fmt.Println("started")
 			continue
@@ -693,6 +739,17 @@ func (c *fleetChildProc) sync() (pid int64, b int) {
 func (c *fleetChildProc) run(n int, query string) {
 	c.t.Helper()
 	if _, err := fmt.Fprintf(c.stdin, "run %d %s\n", n, query); err != nil {
+		c.t.Fatal(err)
+	}
+	if !c.out.Scan() || c.out.Text() != "started" {
+		c.t.Fatalf("child: %q (%v), want started", c.out.Text(), c.out.Err())
+	}
+}
+
+// load makes the child start n goroutines running query over and over.
+func (c *fleetChildProc) load(n int, query string) {
+	c.t.Helper()
+	if _, err := fmt.Fprintf(c.stdin, "load %d %s\n", n, query); err != nil {
 		c.t.Fatal(err)
 	}
 	if !c.out.Scan() || c.out.Text() != "started" {

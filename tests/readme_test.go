@@ -13,6 +13,10 @@ import (
 	"testing"
 )
 
+// Every ```go block of the README and of docs/ compiles: a block starting
+// with package is a file; one that declares functions is a file after its
+// imports; the others are function bodies given readmeParams.
+
 // readmeBlock is one ```go block of the README: its text and the README line
 // of its first line.
 type readmeBlock struct {
@@ -88,8 +92,7 @@ var readmeImports = map[string]string{
 	"time":       "time",
 }
 
-// readmeParams are the values a fragment may use without declaring them,
-// as the README's Quick start says.
+// readmeParams are the values a fragment may use without declaring them.
 var readmeParams = []struct{ name, typ string }{
 	{"ctx", "context.Context"},
 	{"db", "*sql.DB"},

@@ -1,0 +1,150 @@
+//go:build unix
+
+package tests
+
+import (
+	"context"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dbbulkhead/bulkhead/fleet"
+)
+
+// fleetPeak polls pg_stat_activity, until the returned function is
+// called, for the transactions open at one instant on the connections
+// named app or app_child (the operations of this process and of a
+// child); that function returns the most seen at once, the number of
+// looks, and the transactions seen at the peak (pid:application:query).
+func fleetPeak(t *testing.T, ctx context.Context, app string) func() (peak, looks int, seen string) {
+	t.Helper()
+	admin := adminDB(t)
+	stop, done := make(chan struct{}), make(chan struct{})
+	var peak, looks int
+	var seen string // the transactions at the peak
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var n int
+			var detail string
+			err := admin.QueryRowContext(ctx, `SELECT count(*), coalesce(string_agg(pid || ':' || application_name || ':' || left(query, 40), ' | '), '') FROM pg_stat_activity
+				WHERE application_name IN ($1, $1 || '_child') AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()`, app).Scan(&n, &detail)
+			if err != nil {
+				if ctx.Err() == nil {
+					t.Error(err)
+				}
+				return
+			}
+			looks++
+			if n > peak {
+				peak, seen = n, detail
+			}
+		}
+	}()
+	return func() (int, int, string) {
+		close(stop)
+		<-done
+		return peak, looks, seen
+	}
+}
+
+// childURL is the test server's URL with the application_name the
+// poller of fleetPeak counts as the child's.
+func childURL(t *testing.T) string {
+	t.Helper()
+	u, err := url.Parse(postgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("application_name", appName(t)+"_child")
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// A member frozen by SIGSTOP keeps its coordination session, its
+// membership and its slots; its lease runs out, and the others end its
+// session (Stats.Expired) and take its share while it is stopped. Resumed,
+// it runs on nothing until it has rejoined and been given a share: under
+// load on both sides, with fallback 0, the fleet's transactions on the
+// server never exceed T.
+func TestFleetFrozenMemberIsEndedAndRunsOnNoStaleShareWhenResumed(t *testing.T) {
+	ctx := pgTestCtx(t)
+	name := fleetName(t)
+	const total = 8
+	interval := 500 * time.Millisecond
+	g := fleetGate(t, name, fleetPolicy(total, 0), fleet.Interval(interval), fleet.Fallback(0))
+	c := startFleetChild(t, ctx, name, childURL(t),
+		EnvFleetChildInterval+"="+interval.String(), EnvFleetChildFallback+"=0")
+	c.sync()
+	awaitState(t, "the two members at 4 and 4", func() bool {
+		_, b := c.sync()
+		return b == total/2 && g.Gate().Stats().MaxConcurrent == total/2
+	})
+
+	peak := fleetPeak(t, ctx, appName(t))
+	stop := make(chan struct{})
+	db := g.Gate().OpenDB()
+	var ran atomic.Int64
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(stop)
+	for range total {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := db.ExecContext(ctx, "SELECT pg_sleep(0.005)"); err == nil {
+					ran.Add(1)
+				} else {
+					time.Sleep(time.Millisecond) // pacing after a rejection
+				}
+			}
+		}()
+	}
+	c.load(total, "SELECT pg_sleep(0.005)")
+
+	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	awaitState(t, "the frozen member's share back with this one", func() bool {
+		return g.Gate().Stats().MaxConcurrent == total && g.Stats().Instances == 1
+	})
+	back := time.Since(frozen)
+	if s := g.Stats(); s.Expired != 1 {
+		t.Fatalf("stats %+v, want the frozen member's session ended once (Expired 1)", s)
+	}
+	// Stopped for 10 s in all.
+	select {
+	case <-time.After(time.Until(frozen.Add(10 * time.Second))):
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	awaitState(t, "the resumed member rejoined at 4 and 4", func() bool {
+		return g.Gate().Stats().MaxConcurrent == total/2 && g.Stats().Instances == 2
+	})
+	before := ran.Load()
+	awaitState(t, "work runs after the rejoin", func() bool { return ran.Load() > before+50 })
+	most, looks, seen := peak()
+	t.Logf("share back %v after SIGSTOP (interval %v); %d looks at pg_stat_activity, peak %d transactions", back.Round(time.Millisecond), interval, looks, most)
+	if most > total {
+		t.Fatalf("the fleet had %d transactions open on the server at once, want at most T=%d: %s", most, total, seen)
+	}
+}
