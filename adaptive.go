@@ -2,19 +2,12 @@ package bulkhead
 
 import "time"
 
-// adaptive moves a budget's limit between floor and ceil from the hold
-// times of its operations, in the manner of TCP Vegas: it compares the
-// mean hold of each window of completions with the lowest one (the hold
-// without queueing inside the database) and reads from the ratio how many
-// operations queue there, limit·(1 − lowest/mean). Fewer than a third of
-// one, while callers wanted more (they waited or were refused), and the
-// limit grows by one; more than one, and it shrinks by one.
-//
-// The lowest is measured again, as the work itself may have got longer or
-// shorter, whenever the limit is at the floor, where the hold is by
-// definition the one without queueing: one window in every probeEvery
-// runs there, and the limit then returns to where it was. Rejections
-// decide nothing else. Its state is guarded by the budget's mutex.
+// adaptive moves a budget's limit between floor and ceil, as TCP Vegas does:
+// from each window's mean hold and the lowest one (no queueing in the
+// database) it estimates the operations queued there, limit·(1 − lowest/mean),
+// and grows the limit by one below a third while callers wanted more, or
+// shrinks it by one above one. One window in every probeEvery runs at the
+// floor to measure the lowest again. Guarded by the budget's mutex.
 type adaptive struct {
 	floor, ceil int
 
@@ -27,13 +20,12 @@ type adaptive struct {
 	resume  int           // during a probe, the limit to return to; 0: none
 }
 
-// probeEvery is how many windows pass between two probes of the lowest
-// hold.
+// probeEvery is how many windows pass between two probes of the lowest hold.
 const probeEvery = 32
 
-// observe adds the hold time of one operation that ran under limit b;
-// waited reports whether callers wait now. At the end of a window it
-// returns the limit to put in force and true if it differs from b.
+// observe adds the hold time of one operation run under limit b; waited
+// reports whether callers wait now. At a window's end it returns the limit
+// to put in force, and true if it differs from b.
 func (a *adaptive) observe(held time.Duration, b int, waited bool) (int, bool) {
 	a.n++
 	a.sum += held

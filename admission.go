@@ -8,60 +8,45 @@ import (
 	"time"
 )
 
-// The permit protocol, whole. An operation takes an admission permit
-// without waiting (refused: ErrAdmissionFull), then an execution permit in
-// FIFO order for a bounded time (timed out: ErrQueueTimeout): first in its
-// workload's budget if it names one, then in the global budget. An
-// operation whose context has a deadline it can no longer make, given the
-// hold time its budget measures, is refused or leaves the queue
-// (ErrWouldMissDeadline). Only then does it get a server connection
-// (pool.go), so a refused or waiting operation holds none. Its permits
-// come back, exactly once, when the driver has finished the operation
-// (Gate.release).
+// The permit protocol: in its workload's budget if any, then in the global
+// one, an operation takes an admission permit without waiting, then an
+// execution permit in order within its queue wait and its deadline. Only then
+// does it get a server connection. Its permits come back once (Gate.release).
 
-// budget is one pair of semaphores under one mutex: admission, B+Q
-// permits tried without waiting, and execution, B permits handed out in
-// FIFO order. A gate has one for its global budget and one per workload.
+// budget is two semaphores under one mutex: B+Q admission permits tried
+// without waiting, and B execution permits handed out by priority, then FIFO.
 // It starts no goroutine and never waits without bound.
 type budget struct {
 	name string // the workload's; "" for the global budget
 
-	mu       sync.Mutex
-	b, q     int           // the limits in force
-	wait     time.Duration // the queue wait
-	dryRun   bool
-	admitted int // admission permits held
-	running  int // execution permits held: above b after a shrink, or in dry-run
-	waiting  int // waiters queued
-	head     *waiter
-	tail     *waiter
-	closed   bool
-	done     chan struct{}  // closed by close
-	drained  chan struct{}  // closed once running ≤ b; nil when nobody waits for it
-	full     *RejectedError // admission full with b running and q waiting, made once per resize
+	mu         sync.Mutex
+	b, q       int           // the limits in force
+	wait       time.Duration // the queue wait
+	dryRun     bool
+	admitted   int // admission permits held
+	running    int // execution permits held: above b after a shrink, or in dry-run
+	waiting    int // waiters queued
+	head, tail *waiter
+	closed     bool
+	done       chan struct{}  // closed by close
+	drained    chan struct{}  // closed once running ≤ b; nil when nobody waits for it
+	full       *RejectedError // admission full with b running and q waiting, made once per resize
 
 	nAdmitted, nFull, nTimeout, nConnFailed, nCanceled, nWait, nWaitNanos, nWouldWait atomic.Int64
 
-	// prio, hold and adapt are guarded by mu, shedOther is set once by
-	// New: all kept off the fields every operation touches.
-	prio  int           // a workload's Priority: that of its operations in the global budget
-	hold  time.Duration // the hold time of its operations, a moving average; 0: none measured yet
-	adapt *adaptive     // moves b within its ceiling; nil: b is the limit set
-	// shedOther, for the global budget, sheds a waiter queued in a
-	// workload's budget, called with mu held (see Gate.shedQueued).
-	shedOther func(prio int) bool
+	// Off the fields every operation touches; guarded by mu but shedOther, set by New.
+	prio      int                 // a workload's Priority: that of its operations in the global budget
+	hold      time.Duration       // moving average of the hold times; 0: none measured yet
+	adapt     *adaptive           // moves b within its ceiling; nil: b is the limit set
+	shedOther func(prio int) bool // global budget: Gate.shedQueued, called with mu held
 	nDeadline atomic.Int64
-	// lease, when set, is the instant b stops holding (Gate.CapUntil):
-	// from then on b is at most leaseB.
-	lease  time.Time
-	leaseB int
+	lease     time.Time // when set, the instant b stops holding (Gate.CapUntil); then b ≤ leaseB
+	leaseB    int
 }
 
-// waiter is one operation queued for an execution permit. The queue is
-// ordered by priority, highest first, then FIFO. ready is closed, under
-// mu, when the permit is handed to it (granted), or when it is sent away
-// (late: it can no longer make its deadline; shed: its admission permit
-// went to an operation of higher priority), already unlinked.
+// waiter is one operation queued for an execution permit, by priority, then
+// FIFO. ready is closed under mu, once it is unlinked and granted, or sent
+// away: late (it would miss its deadline) or shed (for a higher priority).
 type waiter struct {
 	ready      chan struct{}
 	next, prev *waiter
@@ -77,13 +62,9 @@ func newBudget(name string) *budget {
 	return &budget{name: name, done: make(chan struct{})}
 }
 
-// resize puts new limits in force. Running work keeps its permits: when b
-// shrinks below the permits held, releases pay the excess before a waiter
-// is served; when it grows, waiters are served in FIFO order. When b+q
-// shrinks below the admitted, admission refuses until enough ended.
-//
-// With a floor above 0 (Policy.Adaptive), b is a ceiling: the limit in
-// force moves between floor and b from the hold times measured.
+// resize puts new limits in force; running work keeps its permits. With
+// floor above 0 (Policy.Adaptive), b is a ceiling: the limit in force moves
+// between floor and b.
 func (l *budget) resize(b, q int, wait time.Duration, dryRun bool, floor int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -110,8 +91,7 @@ func (l *budget) setLimitLocked(b int) {
 	l.grantLocked()
 }
 
-// setLease makes b hold only until until (zero: for good); then b falls
-// to at most after.
+// setLease makes b hold until until (zero: for good), then fall to at most after.
 func (l *budget) setLease(until time.Time, after int) {
 	l.mu.Lock()
 	l.lease, l.leaseB = until, after
@@ -119,10 +99,7 @@ func (l *budget) setLease(until time.Time, after int) {
 	l.mu.Unlock()
 }
 
-// leaseLocked lowers b to the lease's fallback once the lease has run out
-// by the monotonic or by the wall clock, whichever says so first (a
-// process whose monotonic clock stalled, in a paused virtual machine,
-// still sees the wall clock jump).
+// leaseLocked lowers b to the lease's fallback once the lease has run out.
 func (l *budget) leaseLocked() {
 	if l.lease.IsZero() {
 		return
@@ -131,22 +108,20 @@ func (l *budget) leaseLocked() {
 		return
 	}
 	l.lease = time.Time{}
-	if l.adapt != nil {
-		l.adapt.ceil = min(l.adapt.ceil, l.leaseB)
-		l.adapt.floor = min(l.adapt.floor, l.leaseB)
+	if a := l.adapt; a != nil {
+		a.ceil, a.floor = min(a.ceil, l.leaseB), min(a.floor, l.leaseB)
 	}
 	l.setLimitLocked(min(l.b, l.leaseB))
 }
 
-// leaseOver reports whether the lease until has run out, by the monotonic
-// or by the wall clock.
+// leaseOver reports whether the lease until has run out by the monotonic or
+// by the wall clock: a paused virtual machine's monotonic clock stalls.
 func leaseOver(until time.Time) bool {
 	now := time.Now()
 	return !now.Before(until) || !now.Round(0).Before(until.Round(0))
 }
 
-// ceiling is the most b may be: the limit set, which Policy.Adaptive
-// moves b below.
+// ceilingLocked is the most b may be: the limit set, which Policy.Adaptive moves b below.
 func (l *budget) ceilingLocked() int {
 	if l.adapt != nil {
 		return l.adapt.ceil
@@ -154,12 +129,9 @@ func (l *budget) ceilingLocked() int {
 	return l.b
 }
 
-// tryAcquire takes both permits if both are free and nobody waits, and
-// reports whether it did, and under which lease (Gate.CapUntil): the
-// whole protocol of an operation of a budget with room. measure reports that its hold is to be measured: the budget
-// is adaptive, or the operation took the last execution permit of a
-// budget that has measured holds before (so that the estimate follows the
-// database while nobody waits).
+// tryAcquire takes both permits if both are free and nobody waits, reporting
+// whether it did, under which lease, and whether to measure the hold: the
+// budget is adaptive, or this took the last permit of one that measured before.
 func (l *budget) tryAcquire() (ok, measure bool, lease time.Time) {
 	l.mu.Lock()
 	l.leaseLocked()
@@ -174,11 +146,9 @@ func (l *budget) tryAcquire() (ok, measure bool, lease time.Time) {
 	return ok, measure, lease
 }
 
-// admit takes an admission permit without waiting for an operation of
-// priority prio. When none is free, the youngest waiter of the lowest
-// priority below prio is shed: its permit goes to this operation. In
-// dry-run it always admits, and reports the rejection it would have made
-// (over).
+// admit takes an admission permit without waiting, else that of the youngest
+// waiter of the lowest priority below prio, shed. In dry-run it always admits,
+// and over reports the rejection it would have made.
 func (l *budget) admit(prio int) (over bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -205,16 +175,14 @@ func (l *budget) admit(prio int) (over bool, err error) {
 	return over, nil
 }
 
-// shedLocked sends w, queued in l, away: its admission permit in gave
-// passes to another operation.
+// shedLocked sends w, queued in l, away: its admission permit in gave passes on.
 func (l *budget) shedLocked(w *waiter, gave *budget) {
 	l.unlinkLocked(w)
 	w.shed, w.gave = true, gave
 	close(w.ready)
 }
 
-// wantLocked tells the adaptive limit, if any, that a caller wanted more
-// than the budget let run.
+// wantLocked tells the adaptive limit, if any, that callers wanted more than b.
 func (l *budget) wantLocked() {
 	if l.adapt != nil {
 		l.adapt.wanted = true
@@ -227,10 +195,8 @@ func (l *budget) unadmit() {
 	l.mu.Unlock()
 }
 
-// release gives back both permits: the execution permit to the first
-// waiter if there is room, then the admission permit, so that the
-// operations running or waiting are always among those admitted. held is
-// how long the operation held them, 0 if it was not measured.
+// release gives back both permits, the execution one first, so that those
+// running or waiting are always among the admitted. held is 0 if not measured.
 func (l *budget) release(held time.Duration) {
 	l.mu.Lock()
 	l.running--
@@ -246,8 +212,7 @@ func (l *budget) release(held time.Duration) {
 	l.mu.Unlock()
 }
 
-// observeLocked adds the hold time of one operation to the budget's
-// average (weight 1/8) and to what its adaptive limit follows.
+// observeLocked adds one hold time to the average (weight 1/8) and to adapt.
 func (l *budget) observeLocked(held time.Duration) {
 	if l.hold == 0 {
 		l.hold = held
@@ -261,25 +226,14 @@ func (l *budget) observeLocked(held time.Duration) {
 	}
 }
 
-// lateLocked reports whether an operation with deadline dl that started
-// now would end after it, by the budget's hold time. A zero deadline or
-// no hold measured yet is never late.
+// lateLocked reports whether an operation starting at now ends after dl, by
+// the hold time; never with dl zero or no hold measured.
 func (l *budget) lateLocked(now, dl time.Time) bool {
 	return !dl.IsZero() && l.hold > 0 && now.Add(l.hold).After(dl)
 }
 
-// releaseExec gives back an execution permit alone.
-func (l *budget) releaseExec() {
-	l.mu.Lock()
-	l.running--
-	l.grantLocked()
-	l.mu.Unlock()
-}
-
-// grantLocked hands execution permits to the waiters at the head of the
-// queue while there is room (in dry-run, to all), sending away instead
-// those that could no longer make their deadline, and closes drained once
-// running work is within the ceiling.
+// grantLocked serves waiters while there is room (in dry-run, all), sending
+// away those now late, and closes drained once running is within the ceiling.
 func (l *budget) grantLocked() {
 	var now time.Time
 	if l.head != nil {
@@ -308,9 +262,7 @@ func (l *budget) grantLocked() {
 	}
 }
 
-// waitDrained returns once the operations holding execution permits are
-// within the ceiling (at once in dry-run, where nothing is enforced), or ctx
-// ends: then it returns ctx's error.
+// waitDrained returns nil once running is within the ceiling (at once in dry-run), or ctx's error.
 func (l *budget) waitDrained(ctx context.Context) error {
 	l.mu.Lock()
 	if l.running <= l.ceilingLocked() || l.dryRun {
@@ -345,8 +297,7 @@ func (l *budget) unlinkLocked(w *waiter) {
 	l.waiting--
 }
 
-// close makes waiters, and later operations, return ErrClosed. Operations
-// running keep their permits until they release them.
+// close makes waiters and later operations return ErrClosed.
 func (l *budget) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -368,19 +319,12 @@ func (l *budget) stats(s *Stats) {
 	s.MaxConcurrent, s.MaxQueue, s.QueueWait, s.DryRun = l.b, l.q, l.wait, l.dryRun
 	s.Running, s.Waiting, s.Hold = l.running, l.waiting, l.hold
 	l.mu.Unlock()
-	s.Admitted = l.nAdmitted.Load()
-	s.RejectedFull = l.nFull.Load()
-	s.RejectedTimeout = l.nTimeout.Load()
-	s.RejectedDeadline = l.nDeadline.Load()
-	s.ConnectFailed = l.nConnFailed.Load()
-	s.Canceled = l.nCanceled.Load()
-	s.WaitCount = l.nWait.Load()
-	s.WaitDuration = time.Duration(l.nWaitNanos.Load())
-	s.WouldWait = l.nWouldWait.Load()
+	s.Admitted, s.RejectedFull, s.RejectedTimeout = l.nAdmitted.Load(), l.nFull.Load(), l.nTimeout.Load()
+	s.RejectedDeadline, s.ConnectFailed, s.Canceled = l.nDeadline.Load(), l.nConnFailed.Load(), l.nCanceled.Load()
+	s.WaitCount, s.WaitDuration, s.WouldWait = l.nWait.Load(), time.Duration(l.nWaitNanos.Load()), l.nWouldWait.Load()
 }
 
-// passage is one operation's way through its budgets (its workload's,
-// then the global one): one wait limit and one timer serve them all.
+// passage is one operation's way through its budgets: one wait limit and one timer serve them all.
 type passage struct {
 	limit       time.Duration // the longest wait in all
 	deadline    time.Time     // the context's; zero: none
@@ -401,10 +345,8 @@ func (ps *passage) waited() time.Duration {
 }
 
 // acquire takes the admission permits of ls in order, then their execution
-// permits in order. On failure nothing is held, and the error is a
-// *RejectedError, ErrClosed or ctx's error, counted in every budget of ls.
-// Success is counted by the caller once the operation has its server
-// connection too.
+// permits. On failure it holds none and returns a *RejectedError, ErrClosed
+// or ctx's error, counted in every budget of ls; the caller counts success.
 func (ps *passage) acquire(ctx context.Context, ls []*budget) error {
 	if err := ctx.Err(); err != nil {
 		count(ls, func(l *budget) { l.nCanceled.Add(1) })
@@ -412,15 +354,11 @@ func (ps *passage) acquire(ctx context.Context, ls []*budget) error {
 	}
 	for i, l := range ls {
 		over, err := l.admit(ps.prio)
-		if err != nil {
+		if err != nil { // admission full: admit returns no other error
 			for _, prev := range ls[:i] {
 				prev.unadmit()
 			}
-			if err == ErrClosed {
-				count(ls, func(l *budget) { l.nCanceled.Add(1) })
-			} else {
-				count(ls, func(l *budget) { l.nFull.Add(1) })
-			}
+			count(ls, func(l *budget) { l.nFull.Add(1) })
 			return err
 		}
 		if over && !ps.wouldReject {
@@ -430,11 +368,11 @@ func (ps *passage) acquire(ctx context.Context, ls []*budget) error {
 	}
 	for i, l := range ls {
 		if err := l.execute(ctx, ps); err != nil {
-			for _, prev := range ls[:i] {
-				prev.releaseExec()
-			}
-			for _, l := range ls {
-				if l != ps.shed {
+			for j, l := range ls {
+				switch {
+				case j < i:
+					l.release(0)
+				case l != ps.shed: // ps.shed is never before i
 					l.unadmit()
 				}
 			}
@@ -462,8 +400,7 @@ func count(ls []*budget, inc func(*budget)) {
 	}
 }
 
-// stop ends the passage's wait: the timer is stopped and the time waited
-// counted in every budget of ls.
+// stop stops the timer and counts the time waited, if any, in each of ls.
 func (ps *passage) stop(ls []*budget) {
 	if ps.timer != nil {
 		ps.timer.Stop()
@@ -477,12 +414,10 @@ func (ps *passage) stop(ls []*budget) {
 	}
 }
 
-// execute takes an execution permit of l, waiting in FIFO order until the
-// passage's limit, ctx's end or l's close. With a deadline and a hold
-// time measured, it refuses at once an operation that the wait expected
-// ahead of it would make late, and waits no longer than the deadline less
-// the hold time. A permit granted at the instant the wait ends is handed
-// on, never kept by a caller that reports failure.
+// execute takes an execution permit of l, waiting in order until the limit,
+// ctx's end or l's close, and no longer than the deadline less the hold (at
+// once refused if the wait expected makes it late). A permit granted as the
+// wait ends is handed on, never kept by a caller that fails.
 func (l *budget) execute(ctx context.Context, ps *passage) error {
 	l.mu.Lock()
 	l.leaseLocked()
@@ -517,15 +452,11 @@ func (l *budget) execute(ctx context.Context, ps *passage) error {
 		behind++
 	}
 	if !ps.deadline.IsZero() && l.hold > 0 {
-		// Each permit given back serves the next waiter: those ahead and
-		// this one are served after about (ahead+1)·hold/b.
+		// Those ahead and this one are served after about (ahead+1)·hold/b.
 		ahead := time.Duration(l.waiting-behind+1) * l.hold / time.Duration(max(l.b, 1))
 		if l.lateLocked(now.Add(ahead), ps.deadline) {
-			err := l.rejectLocked(ps, ErrWouldMissDeadline, 0)
-			l.mu.Unlock()
-			return err
-		}
-		if last := ps.deadline.Add(-l.hold); last.Before(end) {
+			end, cause = now, ErrWouldMissDeadline // refused at once
+		} else if last := ps.deadline.Add(-l.hold); last.Before(end) {
 			end, cause = last, ErrWouldMissDeadline
 		}
 	}
@@ -536,8 +467,7 @@ func (l *budget) execute(ctx context.Context, ps *passage) error {
 		return err
 	}
 	ps.start = start
-	w := &waiter{ready: make(chan struct{}), deadline: ps.deadline, prio: ps.prio}
-	w.prev = after
+	w := &waiter{ready: make(chan struct{}), prev: after, deadline: ps.deadline, prio: ps.prio}
 	if after != nil {
 		w.next, after.next = after.next, w
 	} else {
@@ -601,8 +531,7 @@ func (l *budget) execute(ctx context.Context, ps *passage) error {
 	return err
 }
 
-// rejectLocked is the rejection, for cause, of an admitted operation of
-// ps; queued is 1 if it was queued (it counts among the waiting), else 0.
+// rejectLocked is ps's rejection for cause; queued is 1 if it counts as waiting.
 func (l *budget) rejectLocked(ps *passage, cause error, queued int) error {
 	return &RejectedError{Cause: cause, Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.q,
 		Running: l.running, Waiting: l.waiting + queued, Waited: ps.waited(), Hold: l.hold}
@@ -619,10 +548,8 @@ type permit struct {
 	timer   *time.Timer // the hold warning, if set
 }
 
-// acquire takes the permits of an operation of kind k: ctx's workload's
-// (if the policy lists it) and the global ones. Rejections are counted and
-// reported here; an admission is counted by admitted, once the operation
-// has its server connection too.
+// acquire takes the permits of an operation of kind k, its workload's then the
+// global ones. Rejections are counted and reported here, admissions by admitted.
 func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 	o := fromContext(ctx)
 	wl := g.workload(o.workload)
@@ -633,17 +560,12 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 			return nil
 		}
 	}
-	// The slow path: it may wait, so the hold times that decide who still
-	// can make a deadline are measured on it.
+	// The slow path may wait: deadlines are judged by the holds measured on it.
 	p.measure = true
-	var ls [2]*budget
-	n := 0
-	if wl != nil {
-		ls[n] = wl
-		n++
+	ls := []*budget{wl, g.global}
+	if wl == nil {
+		ls = ls[1:]
 	}
-	ls[n] = g.global
-	n++
 	ps := passage{limit: o.wait}
 	ps.deadline, _ = ctx.Deadline()
 	if ps.limit < 0 || wl != nil {
@@ -656,7 +578,7 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 		}
 		ls[0].mu.Unlock()
 	}
-	err := ps.acquire(ctx, ls[:n])
+	err := ps.acquire(ctx, ls)
 	p.waited, p.lease = ps.waited(), ps.lease
 	if g.opt.events.OnReject != nil && (ps.wouldReject || errors.Is(err, ErrRejected)) {
 		g.reportReject(p, err)
@@ -664,8 +586,7 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 	return err
 }
 
-// reportReject calls OnReject for an operation refused with err, or, with
-// err nil, let through by dry-run where admission was full.
+// reportReject calls OnReject for a refusal with err, or for dry-run's (nil).
 func (g *Gate) reportReject(p *permit, err error) {
 	e := Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited, Reason: ErrAdmissionFull, DryRun: err == nil}
 	var re *RejectedError
@@ -683,19 +604,12 @@ func (p *permit) workloadName() string {
 	return p.wl.name
 }
 
-// admitted counts p's operation as admitted, now that it has its permits
-// and a server connection, and starts what watches it; or, if the lease it
-// was let in under ran out meanwhile (the process was paused), gives its
-// permits back and returns the rejection (ErrLeaseExpired): nothing of it
-// reached the driver.
+// admitted counts p's operation, which has its permits and server connection,
+// as admitted; or, if its lease ran out meanwhile, gives its permits back and
+// returns an ErrLeaseExpired rejection: nothing of it reached the driver.
 func (g *Gate) admitted(p *permit) error {
 	if !p.lease.IsZero() && leaseOver(p.lease) {
-		g.global.release(0)
-		g.global.nFull.Add(1)
-		if p.wl != nil {
-			p.wl.release(0)
-			p.wl.nFull.Add(1)
-		}
+		g.unused(p, func(l *budget) { l.nFull.Add(1) })
 		err := &RejectedError{Cause: ErrLeaseExpired, Workload: p.workloadName(), Waited: p.waited}
 		if g.opt.events.OnReject != nil {
 			g.reportReject(p, err)
@@ -719,27 +633,28 @@ func (g *Gate) admitted(p *permit) error {
 	return nil
 }
 
-// abort gives back the permits of an operation that got them but no
-// server connection, and counts why: the context ended or the gate closed
-// (Canceled), else the dial or the driver failed (ConnectFailed).
+// abort gives back the permits of an operation that got no server connection:
+// Canceled if the context ended or the gate closed, else ConnectFailed.
 func (g *Gate) abort(p *permit, err error) {
+	inc := func(l *budget) { l.nConnFailed.Add(1) }
+	if err == ErrClosed || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		inc = func(l *budget) { l.nCanceled.Add(1) }
+	}
+	g.unused(p, inc)
+}
+
+// unused gives back the permits of p, which did not run, counting it with inc.
+func (g *Gate) unused(p *permit, inc func(*budget)) {
 	g.global.release(0)
+	inc(g.global)
 	if p.wl != nil {
 		p.wl.release(0)
-	}
-	c := func(l *budget) { l.nConnFailed.Add(1) }
-	if err == ErrClosed || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		c = func(l *budget) { l.nCanceled.Add(1) }
-	}
-	c(g.global)
-	if p.wl != nil {
-		c(p.wl)
+		inc(p.wl)
 	}
 }
 
-// release gives back the permits of p, acquired by acquire and counted by
-// admitted. OnRelease is called first, while the permits are still held,
-// so that counting admissions minus releases never exceeds B.
+// release gives back p's permits; OnRelease is called first, while they are
+// held, so that admissions minus releases never exceed B.
 func (g *Gate) release(p *permit) {
 	if p.timer != nil {
 		p.timer.Stop()
@@ -755,21 +670,17 @@ func (g *Gate) release(p *permit) {
 	} else if held == 0 {
 		held = time.Since(p.start)
 	}
-	// The global permit first: while the workload's is still held, no
-	// other operation of the workload can take the one given back, so a
-	// workload never holds more than its B of the global permits.
+	// The global permit first: while the workload's is held, no operation of
+	// the workload takes it, so none holds more than its B of the global ones.
 	g.global.release(held)
 	if p.wl != nil {
 		p.wl.release(held)
 	}
 }
 
-// shedQueued sheds, for an operation of priority prio that found the
-// global admission full with no waiter of lower priority in the global
-// queue, the youngest waiter of the lowest-priority workload below prio
-// still queued in its workload's budget: it holds a global admission
-// permit, which passes to the operation. It reports whether it shed one.
-// Called with g.global.mu held (the lock order is global, then workload).
+// shedQueued sheds the youngest waiter of the lowest-priority workload below
+// prio queued in its workload's budget, whose global admission permit passes
+// on, and reports whether it did. g.global.mu is held (global before workload).
 func (g *Gate) shedQueued(prio int) bool {
 	wls := g.workloads.Load()
 	if wls == nil {

@@ -14,16 +14,11 @@ import (
 	"time"
 )
 
-// Gate is a driver.Connector that passes every operation of the *sql.DB
-// opened on it through the bulkhead: B+Q admission permits tried without
-// waiting, then B execution permits handed out in FIFO order for at most
-// the policy's QueueWait. Only an operation that holds its permits gets a
-// server connection, so a rejected or waiting operation holds none and
-// sends nothing to the server (see Connect).
-//
-// A Gate serves one *sql.DB: OpenDB returns the same one every time. It is
-// safe for concurrent use. The only goroutines it starts are dials of
-// server connections and, with WithHoldWarning, timers.
+// Gate is a driver.Connector that passes every operation of its *sql.DB
+// through the bulkhead: B+Q admission permits tried without waiting, then B
+// execution permits in FIFO order within QueueWait; only then a server
+// connection, so a rejected or waiting operation sends nothing. It is safe for
+// concurrent use and starts no goroutines but dials and hold-warning timers.
 type Gate struct {
 	inner  driver.Connector
 	err    error // an invalid policy's or option's (see Connector): Connect returns it
@@ -32,15 +27,14 @@ type Gate struct {
 	pool   *pool
 	stmts  statements
 
-	mu        sync.Mutex // serialises SetPolicy, Cap, Close and OpenDB
-	policy    Policy     // as set
-	capB      int        // Cap's limits; -1: none
-	capQ      int
-	capUntil  time.Time // CapUntil's lease; zero: none
-	capAfter  int
-	budgets   map[string]*budget // every workload budget made, by name
-	db        *sql.DB
-	workloads atomic.Pointer[map[string]*budget] // the budgets of the policy's workloads
+	mu         sync.Mutex // serialises SetPolicy, Cap, Close and OpenDB
+	policy     Policy     // as set
+	capB, capQ int        // Cap's limits; -1: none
+	capUntil   time.Time  // CapUntil's lease; zero: none
+	capAfter   int
+	budgets    map[string]*budget // every workload budget made, by name
+	db         *sql.DB
+	workloads  atomic.Pointer[map[string]*budget] // the budgets of the policy's workloads
 }
 
 var (
@@ -64,12 +58,9 @@ type options struct {
 // With OnRelease set, each operation also reads the clock when it starts.
 func WithEvents(e Events) Option { return func(o *options) { o.events = e } }
 
-// WithHoldWarning reports every operation that holds its permits longer
-// than limit (a transaction left open, Rows never closed), like HikariCP's
-// leak detection: report is called once, limit after the permits were
-// granted, on a timer's goroutine, while the operation still runs. A nil
-// report logs a warning through slog.Default. A limit ≤ 0 turns the
-// warning off (the default).
+// WithHoldWarning calls report once, on a timer's goroutine, for each operation
+// still holding its permits limit after they were granted (an open transaction,
+// unclosed Rows); a nil report logs through slog.Default. Default: off (limit ≤ 0).
 func WithHoldWarning(limit time.Duration, report func(Event)) Option {
 	return func(o *options) {
 		o.holdLimit, o.onHold = limit, report
@@ -82,11 +73,9 @@ func WithHoldWarning(limit time.Duration, report func(Event)) Option {
 	}
 }
 
-// WithDialTimeout bounds each dial of a server connection, 30s by
-// default. A dial goes on after the caller that asked for it gave up, and
-// its connection serves the next caller instead of being thrown away; d
-// bounds it on top of the driver's own connect timeout. d must be above
-// 0: New reports any other value as an error matching ErrInvalidPolicy.
+// WithDialTimeout bounds each dial of a server connection, which goes on for
+// the next caller after the one that asked gave up. Default: 30s. d must be
+// above 0, else New returns an error matching ErrInvalidPolicy.
 func WithDialTimeout(d time.Duration) Option {
 	return func(o *options) {
 		if d <= 0 && o.err == nil {
@@ -96,19 +85,15 @@ func WithDialTimeout(d time.Duration) Option {
 	}
 }
 
-// WithConnInit runs init on each server connection before its first use:
-// once the operation that needs it holds its permits (before a Ping, a
-// Prepare or Raw, which take none, outside them). An error closes that
-// connection and fails the use with it; a panic closes it and goes on up.
-// For a statement each connection must run once, as package fleet tags
-// them; pgx's AfterConnect runs at the dial instead, whoever asked for it.
+// WithConnInit runs init on each server connection before its first use, in
+// the permits of the operation needing it (Ping, Prepare and Raw hold none).
+// An error closes it and fails the use; a panic closes it and goes on up.
 func WithConnInit(init func(ctx context.Context, c driver.Conn) error) Option {
 	return func(o *options) { o.connInit = init }
 }
 
-// New returns a Gate that enforces p in front of inner, or an error
-// matching ErrInvalidPolicy that names the invalid field or option and
-// its value.
+// New returns a Gate that enforces p in front of inner, or an error matching
+// ErrInvalidPolicy that names the invalid field or option and its value.
 func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 	if inner == nil {
 		return nil, errors.New("bulkhead: the inner connector is nil, want a driver.Connector")
@@ -116,7 +101,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gate{inner: inner, global: newBudget(""), capB: -1, capQ: -1}
+	g := &Gate{inner: inner, global: newBudget(""), capB: -1, capQ: -1, budgets: map[string]*budget{}}
 	g.global.shedOther = g.shedQueued
 	g.opt.dialTimeout = 30 * time.Second
 	for _, o := range opts {
@@ -136,32 +121,20 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 //
 //	db := sql.OpenDB(bulkhead.Connector(inner, policy))
 //
-// An invalid policy or option never runs silently: the returned Gate's
-// Connect fails every time with New's error, so the first database call,
-// or db.PingContext at start-up, reports it. Use New to get the error at
-// once.
+// With an invalid policy or option, the Gate's Connect fails every time with
+// New's error, so the first database call reports it.
 func Connector(inner driver.Connector, p Policy, opts ...Option) *Gate {
 	g, err := New(inner, p, opts...)
 	if err != nil {
-		g = &Gate{inner: inner, err: err, global: newBudget(""), policy: p}
-		g.pool = &pool{connector: inner}
+		g = &Gate{inner: inner, err: err, global: newBudget(""), pool: &pool{connector: inner}, policy: p}
 	}
 	return g
 }
 
-// OpenDB returns the gate's *sql.DB, opening it on the first call with
-// B+Q idle connections kept (SetMaxIdleConns) and no limit on open ones:
-// work beyond the budget is rejected at once instead of waiting inside
-// database/sql's pool. Every later call returns the same *sql.DB, also
-// after it was closed. sql.OpenDB(gate) would open another pool on the
-// same gate, sharing its budget, and closing either closes the gate.
-//
-// database/sql's connections are the gate's logical connections, and
-// database/sql's settings hold for the server connections behind them:
-// the gate never keeps more server connections than database/sql keeps
-// connections, and closes an idle one when database/sql closes one
-// (SetMaxIdleConns, SetConnMaxLifetime, SetConnMaxIdleTime). A logical
-// connection that is idle or waits holds no server connection.
+// OpenDB returns the gate's *sql.DB, the same one on every call, also once
+// closed, keeping B+Q idle connections and no limit on open ones: work beyond
+// the budget is rejected, not queued in database/sql's pool, whose settings
+// hold for the server connections behind it. sql.OpenDB(gate) opens another.
 func (g *Gate) OpenDB() *sql.DB {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -173,9 +146,8 @@ func (g *Gate) OpenDB() *sql.DB {
 }
 
 // Connect returns a logical connection for database/sql's pool. It dials
-// nothing: the logical connection takes a server connection only once an
-// operation on it holds its permits, or a Ping, a Prepare or Raw needs
-// one (see OpenDB).
+// nothing: a server connection is bound once an operation holds its permits,
+// or a Ping, Prepare or Raw needs one.
 func (g *Gate) Connect(context.Context) (driver.Conn, error) {
 	if g.err != nil {
 		return nil, g.err
@@ -190,13 +162,10 @@ func (g *Gate) Connect(context.Context) (driver.Conn, error) {
 }
 
 // Driver returns a driver.Driver whose OpenConnector returns the gate, for
-// code that registers drivers by name:
+// code that registers drivers by name; the data source name must be empty:
 //
 //	sql.Register("gated", gate.Driver())
 //	db, err := sql.Open("gated", "")
-//
-// opens a *sql.DB on the gate with the inner connector's settings intact.
-// The data source name must be empty: the connector holds the settings.
 func (g *Gate) Driver() driver.Driver { return gateDriver{g} }
 
 type gateDriver struct{ g *Gate }
@@ -204,31 +173,22 @@ type gateDriver struct{ g *Gate }
 var _ driver.DriverContext = gateDriver{}
 
 func (d gateDriver) Open(name string) (driver.Conn, error) {
-	if err := checkDSN(name); err != nil {
+	if _, err := d.OpenConnector(name); err != nil {
 		return nil, err
 	}
 	return d.g.Connect(context.Background())
 }
 
 func (d gateDriver) OpenConnector(name string) (driver.Connector, error) {
-	if err := checkDSN(name); err != nil {
-		return nil, err
+	if name != "" {
+		return nil, fmt.Errorf("bulkhead: gate driver: data source name of %d bytes (not shown: it may hold a password), want \"\": the gate's connector holds the settings", len(name))
 	}
 	return d.g, nil
 }
 
-func checkDSN(name string) error {
-	if name != "" {
-		return fmt.Errorf("bulkhead: gate driver: data source name of %d bytes (not shown: it may hold a password), want \"\": the gate's connector holds the settings", len(name))
-	}
-	return nil
-}
-
-// Close makes operations waiting for their permits return ErrClosed at
-// once, and later ones fail with it; running operations keep their
-// permits and server connections until they end, and these are closed
-// then. Idle server connections are closed at once. It then closes the
-// inner connector if it is an io.Closer. db.Close calls it.
+// Close makes waiting and later operations fail with ErrClosed and closes
+// idle server connections; running ones keep theirs until they end. It then
+// closes the inner connector if it is an io.Closer. db.Close calls it.
 func (g *Gate) Close() error {
 	g.mu.Lock()
 	g.global.close()
@@ -252,13 +212,9 @@ func (g *Gate) Policy() Policy {
 	return p
 }
 
-// SetPolicy changes the limits of a live gate without losing or inventing
-// permits. Running work keeps its permits: when B shrinks, new work starts
-// once running work is below the new B; when it grows, waiters are served
-// in FIFO order. When B+Q shrinks below the operations admitted, admission
-// refuses until enough have ended. Workloads are resized, added and
-// removed the same way (operations of a removed workload finish under its
-// old budget). An invalid policy changes nothing and returns New's error.
+// SetPolicy changes the limits of a live gate, workloads included, without
+// losing or inventing permits: running work keeps them. An invalid policy
+// changes nothing and returns New's error.
 func (g *Gate) SetPolicy(p Policy) error {
 	if g.err != nil {
 		return g.err
@@ -272,23 +228,17 @@ func (g *Gate) SetPolicy(p Policy) error {
 	return nil
 }
 
-// Cap lowers the limits in force below the policy's, for a budget shared
-// with other processes (package fleet): at most b operations run at once
-// and q wait, and each workload fits within them. b or q below 0 lifts
-// that cap; b may be 0, and then every operation is rejected at once.
-// Running work keeps its permits: Cap returns once the operations running
-// are within the new limit (at once in dry-run, where nothing is
-// enforced), or with ctx's error when ctx ends first, the cap in force
-// all the same.
+// Cap lowers the limits in force to at most b running and q waiting, workloads
+// within them, for a budget shared with other processes (package fleet); b or
+// q below 0 lifts that cap, b = 0 rejects all. It returns once running work is
+// within b (at once in dry-run), or ctx's error; the cap holds either way.
 func (g *Gate) Cap(ctx context.Context, b, q int) error {
 	return g.CapUntil(ctx, b, q, time.Time{}, 0)
 }
 
-// CapUntil is Cap with a lease: b holds only until the instant until (by
-// the monotonic and the wall clock); from then on, until the next Cap or
-// CapUntil, at most after operations start at once. A fleet member whose
-// coordination lapsed so stops running on its share (package fleet). A
-// zero until is Cap.
+// CapUntil is Cap with a lease: b holds until the instant until (by the
+// monotonic and the wall clock), then at most after, until the next Cap or
+// CapUntil. A zero until is Cap.
 func (g *Gate) CapUntil(ctx context.Context, b, q int, until time.Time, after int) error {
 	if g.err != nil {
 		return g.err
@@ -326,16 +276,11 @@ func (g *Gate) applyLocked(p Policy) {
 	}
 	wls := make(map[string]*budget, len(p.Workloads))
 	for name, w := range p.Workloads {
-		// A workload removed and listed again gets its budget back: what
-		// still runs or waits under it counts against it.
-		l := g.budgets[name]
+		l := g.budgets[name] // a workload listed again gets its budget back
 		if l == nil {
 			l = newBudget(name)
 			if g.global.isClosed() {
 				l.close()
-			}
-			if g.budgets == nil {
-				g.budgets = map[string]*budget{}
 			}
 			g.budgets[name] = l
 		}
@@ -356,12 +301,10 @@ func (g *Gate) workload(name string) *budget {
 	return nil
 }
 
-// Stats is a snapshot of a gate, or of one workload's budget, shaped like
-// sql.DBStats: the limits in force, then gauges, then cumulative counters.
-// Every gated operation ends in exactly one of Admitted, RejectedFull,
-// RejectedTimeout, RejectedDeadline, ConnectFailed and Canceled (in
-// dry-run, an operation counted in RejectedFull runs, and is counted in
-// Admitted too).
+// Stats is a snapshot of a gate, or of one workload's budget: the limits in
+// force, gauges, then cumulative counters. Every gated operation ends in
+// exactly one of Admitted, RejectedFull, RejectedTimeout, RejectedDeadline,
+// ConnectFailed and Canceled (dry-run: RejectedFull and Admitted).
 type Stats struct {
 	MaxConcurrent int           // B: execution permits (below the policy's under Cap, and moving under Adaptive)
 	MaxQueue      int           // Q: admission permits beyond B
@@ -373,10 +316,8 @@ type Stats struct {
 	Waiting   int // admitted operations waiting for an execution permit
 	OpenConns int // server connections open or being dialed; 0 for a workload
 	IdleConns int // server connections idle in the gate; 0 for a workload
-	// Hold is the moving average of the time operations held their
-	// permits, which ErrWouldMissDeadline and Adaptive go by: measured on
-	// the operations that could not take their permits at once or took
-	// the last free one (all of them under Adaptive); 0 before the first.
+	// Hold is the moving average of hold times, measured on operations that
+	// waited or took the last permit (all under Adaptive); 0 before the first.
 	Hold time.Duration
 
 	// Counters.
@@ -394,8 +335,7 @@ type Stats struct {
 	BadConns         int64         // server connections the driver found dead and the gate closed; 0 for a workload
 }
 
-// Stats returns a snapshot of the gate's global budget, which every
-// operation passes, and of its server connections.
+// Stats returns a snapshot of the global budget and the server connections.
 func (g *Gate) Stats() Stats {
 	var s Stats
 	g.global.stats(&s)
@@ -404,9 +344,8 @@ func (g *Gate) Stats() Stats {
 	return s
 }
 
-// WorkloadStats returns a snapshot of the named workload's budget: its
-// limits, its gauges, and the outcomes of its operations, whichever budget
-// decided them. ok is false if the policy lists no such workload.
+// WorkloadStats returns a snapshot of the named workload's budget, counting
+// outcomes whichever budget decided them; ok is false if the policy lacks it.
 func (g *Gate) WorkloadStats(name string) (s Stats, ok bool) {
 	l := g.workload(name)
 	if l == nil {
