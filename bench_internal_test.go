@@ -316,16 +316,23 @@ func BenchmarkConnPath(b *testing.B) {
 		driver.SessionResetter
 		driver.Validator
 	}
-	open := func(b *testing.B, gated bool) driverConn {
+	// on: the driver alone, the gate, or the gate under a lease
+	// (Gate.CapUntil, as a fleet member runs).
+	open := func(b *testing.B, on string) driverConn {
 		ctx := context.Background()
 		var dc driver.Conn
 		var err error
-		if gated {
+		if on != "driver" {
 			g, gerr := New(fakedb.New(), benchPolicy)
 			if gerr != nil {
 				b.Fatal(gerr)
 			}
 			b.Cleanup(func() { g.Close() })
+			if on == "leased" {
+				if err := g.CapUntil(ctx, -1, -1, time.Now().Add(time.Hour), 0); err != nil {
+					b.Fatal(err)
+				}
+			}
 			dc, err = g.Connect(ctx)
 		} else {
 			dc, err = fakedb.New().Connect(ctx)
@@ -370,9 +377,9 @@ func BenchmarkConnPath(b *testing.B) {
 		}},
 	}
 	for _, op := range ops {
-		for _, on := range []string{"driver", "gate"} {
+		for _, on := range []string{"driver", "gate", "leased"} {
 			b.Run("op="+op.name+"/on="+on, func(b *testing.B) {
-				c := open(b, on == "gate")
+				c := open(b, on)
 				ctx := context.Background()
 				dest := make([]driver.Value, 1)
 				b.ReportAllocs()

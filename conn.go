@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"time"
 )
 
 // conn is a logical connection, kept in database/sql's pool. It holds a
@@ -40,8 +41,10 @@ var (
 )
 
 // bind gives c a session if it has none: its parked one, else the pool's.
-// If the driver panics, the caller's deferred lose closes it.
-func (c *conn) bind(ctx context.Context) error {
+// If the driver panics, the caller's deferred lose closes it. Once lease
+// (an operation's, Gate.CapUntil; zero: none) has run out, it sends
+// nothing and returns errLapsed.
+func (c *conn) bind(ctx context.Context, lease time.Time) error {
 	p := c.g.pool
 	var s *session
 	switch {
@@ -61,6 +64,11 @@ func (c *conn) bind(ctx context.Context) error {
 			if s, err = p.get(ctx); err != nil {
 				return err
 			}
+		}
+		if !lease.IsZero() && leaseOver(lease) {
+			c.s = nil
+			p.put(s, false)
+			return errLapsed
 		}
 		c.s = s
 		err := p.ready(ctx, s)
@@ -106,21 +114,24 @@ func (c *conn) start(ctx context.Context, k Kind, p *permit) error {
 				c.g.abort(p, errPanicked)
 			}
 		}()
-		err := c.bind(ctx)
+		err := c.bind(ctx, p.lease)
 		ok = true
-		if err != nil {
+		if err != nil && err != errLapsed {
 			c.g.abort(p, err)
 			return ctxErr(ctx, err)
 		}
 	}
-	if err := c.g.admitted(p); err != nil {
+	if err := c.g.admitted(p); err != nil { // refuses it if its lease ran out
 		return err
 	}
 	c.used = true
 	return nil
 }
 
-var errPanicked = errors.New("bulkhead: the driver panicked")
+var (
+	errPanicked = errors.New("bulkhead: the driver panicked")
+	errLapsed   = errors.New("bulkhead: lease expired") // an operation's lease ran out before its session was checked
+)
 
 // finish is deferred around a driver call: c loses its session if the call
 // did not return, then p, if not nil, is released.
@@ -140,7 +151,7 @@ func (c *conn) session(ctx context.Context) (*session, error) {
 	}
 	returned := false
 	defer c.finish(nil, &returned)
-	err := c.bind(ctx)
+	err := c.bind(ctx, time.Time{})
 	returned = true
 	if err != nil {
 		return nil, ctxErr(ctx, err)

@@ -10,6 +10,7 @@ package bulkhead_test
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math/rand"
@@ -562,5 +563,45 @@ func TestCapUntilFallsToItsFallbackWhenTheLeaseRunsOut(t *testing.T) {
 		}
 		time.Sleep(2 * time.Second)
 		rzFull(t, r, 4, "uncapped")
+	})
+}
+
+// An operation let in under CapUntil's lease that reaches the driver only
+// after the lease ran out (its dial outlived it, as in a process paused
+// meanwhile) is refused with ErrLeaseExpired, a rejection, and sends
+// nothing; its permits come back.
+func TestAnOperationLetInUnderALeaseThatRanOutSendsNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fc := fakedb.New()
+		var inits atomic.Int64 // a fleet's tag is such a statement
+		init := bulkhead.WithConnInit(func(context.Context, driver.Conn) error { inits.Add(1); return nil })
+		e := fkOpen(t, fc, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 0, QueueWait: time.Hour}, init)
+		bg := context.Background()
+		if err := e.g.CapUntil(bg, 2, 0, time.Now().Add(time.Second), 0); err != nil {
+			t.Fatal(err)
+		}
+		dial := fc.Block(fakedb.OpConnect)
+		done := make(chan error, 1)
+		go func() {
+			_, err := e.db.ExecContext(bg, "quick")
+			done <- err
+		}()
+		dial.Wait(1)
+		time.Sleep(2 * time.Second) // the fake clock: the lease runs out during the dial
+		dial.Release()
+		err := <-done
+		var re *bulkhead.RejectedError
+		if !errors.Is(err, bulkhead.ErrLeaseExpired) || !errors.Is(err, bulkhead.ErrRejected) || !errors.As(err, &re) {
+			t.Fatalf("err = %v, want a rejection matching ErrLeaseExpired", err)
+		}
+		if n := fc.Count(fakedb.OpExec) + fc.Count(fakedb.OpPrepare) + fc.Count(fakedb.OpPing) + inits.Load(); n != 0 {
+			t.Fatalf("the refused operation made %d driver calls (its connection's initialisation included) beyond the dial", n)
+		}
+		if _, err := e.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+			t.Fatalf("the next operation: %v, want ErrAdmissionFull (the fallback is 0)", err)
+		}
+		if s := e.g.Stats(); s.Running != 0 || s.Admitted != 0 || s.RejectedFull != 2 || s.MaxConcurrent != 0 {
+			t.Fatalf("stats %+v, want nothing running, 2 refused, B at the fallback 0", s)
+		}
 	})
 }

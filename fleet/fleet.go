@@ -56,7 +56,11 @@
 // gate falls to the fallback share by itself. A member whose coordination
 // session ran no statement for 1.75 intervals (frozen, paused, cut off)
 // has passed its lease: the first other member to read it so ends that
-// session and its idle connections, which frees its slots.
+// session and its idle connections, which frees its slots. A member's
+// coordination session ended under it frees its slots while the member
+// still runs on them: each member holds an anchor lock on a second
+// session, and nobody takes a slot while an anchor shows without its
+// membership lock.
 package fleet
 
 import (
@@ -365,13 +369,14 @@ type Keys struct {
 	Slots   int32 // (Slots, i), i from 0 to T−1: the slots, exclusive, held by the coordination sessions
 	Conns   int32 // (Conns, id): every server connection a member's gate dialed holds one, shared (Tagging)
 	Grow    int32 // (Grow, 0): a transaction-level lock that serializes the taking of slots
+	Anchors int32 // (Anchors, id): each member's second session holds its own, shared: the member may be running while it has no membership lock
 }
 
 // LockKeys returns the keys of the fleet name's advisory locks: 32 bits of
 // a hash of the name each, so that two fleets of one database whose names
 // collide would share a budget, which a different name avoids.
 func LockKeys(name string) Keys {
-	return Keys{Members: key(name, "members"), Slots: key(name, "slots"), Conns: key(name, "conns"), Grow: key(name, "grow")}
+	return Keys{Members: key(name, "members"), Slots: key(name, "slots"), Conns: key(name, "conns"), Grow: key(name, "grow"), Anchors: key(name, "anchors")}
 }
 
 func key(name, what string) int32 {
@@ -548,8 +553,16 @@ func (m *Member) round(ctx context.Context) error {
 	p := m.g.Policy()
 	gs := m.g.Stats()
 	load := m.load(gs)
-	state := fmt.Sprintf("bulkhead fleet t=%d b=%d q=%d running=%d waiting=%d load=%s", p.MaxConcurrent, gs.MaxConcurrent, gs.MaxQueue, gs.Running, gs.Waiting, load)
-	v, err := m.store.read(ctx, state)
+	state := func(b int) string {
+		return fmt.Sprintf("bulkhead fleet t=%d b=%d q=%d running=%d waiting=%d load=%s", p.MaxConcurrent, b, gs.MaxQueue, gs.Running, gs.Waiting, load)
+	}
+	// The B it publishes is what it runs on its slots: none while it
+	// runs on the fallback (view.fenced).
+	pub := gs.MaxConcurrent
+	if m.degraded.Load() {
+		pub = 0
+	}
+	v, err := m.store.read(ctx, state(pub))
 	if err != nil {
 		return err
 	}
@@ -559,7 +572,10 @@ func (m *Member) round(ctx context.Context) error {
 	if rank < 0 {
 		return fmt.Errorf("this member's membership lock (id %d, session pid %d) is gone", id, m.pid)
 	}
-	v.members[rank].state = state // as the others will read it
+	if !v.anchors[id] {
+		return fmt.Errorf("this member's anchor lock (id %d) is gone", id)
+	}
+	v.members[rank].state = state(pub) // as the others will read it
 	t, tq, n := p.MaxConcurrent, p.MaxQueue, len(v.members)
 	m.instances.Store(int64(n))
 	m.orphans.Store(int64(v.orphans))
@@ -609,7 +625,7 @@ func (m *Member) round(ctx context.Context) error {
 			}
 			give = append(give, s)
 		}
-		if err := m.store.unlock(ctx, give); err != nil {
+		if err := m.store.unlock(ctx, give, state(keep)); err != nil {
 			return err
 		}
 	case inRange < target:
@@ -673,6 +689,13 @@ type view struct {
 	members []member      // in id order
 	slots   map[int]int64 // the holder's backend pid, by slot
 	orphans int           // busy tagged connections beyond the slots of their id's member
+	anchors map[int64]bool
+	// fenced: the view shows a member that may run beyond the slots its
+	// session holds: an anchor without membership (its coordination
+	// session was ended under it), or a member whose published B exceeds
+	// its slots (the server is freeing a dead session's locks). No slot
+	// is taken while it does.
+	fenced bool
 }
 
 // orphans counts, from the busy tagged connections by id, those beyond
@@ -804,7 +827,9 @@ type store interface {
 	// them. It takes none, without waiting, while another member holds
 	// the grow lock.
 	grow(ctx context.Context, t, n int) ([]int, error)
-	unlock(ctx context.Context, slots []int) error
+	// unlock frees slots and publishes state, the member's with its B
+	// lowered, in the same statement.
+	unlock(ctx context.Context, slots []int, state string) error
 	// end ends the session pid of the member id, whose lease ran out,
 	// and the idle server connections tagged with id, and reports whether
 	// the session is gone: its locks are then free.
@@ -824,8 +849,9 @@ type pgStore struct {
 	keys     Keys
 	interval time.Duration
 
-	db   *sql.DB
-	sess *sql.Conn
+	db     *sql.DB
+	sess   *sql.Conn
+	anchor *sql.Conn // holds (Anchors, id): it outlives sess if only sess is ended
 }
 
 func (p *pgStore) join(ctx context.Context, id int64, reclaim bool) (int64, error) {
@@ -859,12 +885,22 @@ func (p *pgStore) join(ctx context.Context, id int64, reclaim bool) (int64, erro
 			}
 		}
 	}
+	var anchor *sql.Conn
+	if err == nil {
+		anchor, err = db.Conn(ctx)
+	}
+	if err == nil {
+		_, err = anchor.ExecContext(ctx, "SELECT pg_advisory_lock_shared("+itoa32(p.keys.Anchors)+", "+strconv.FormatInt(id, 10)+")")
+		if err != nil {
+			anchor.Close()
+		}
+	}
 	if err != nil {
 		sess.Close()
 		db.Close()
 		return 0, err
 	}
-	p.db, p.sess = db, sess
+	p.db, p.sess, p.anchor = db, sess, anchor
 	return pid, nil
 }
 
@@ -873,9 +909,11 @@ func (p *pgStore) leave() {
 	// are free before this returns, whatever database/sql then does with
 	// the connection; closing it frees them anyway.
 	ctx, cancel := context.WithTimeout(context.Background(), p.interval)
-	_, _ = p.sess.ExecContext(ctx, "SELECT pg_advisory_unlock_all()")
+	_, _ = p.sess.ExecContext(ctx, "SELECT set_config('application_name', 'bulkhead fleet b=0', false), pg_advisory_unlock_all()")
+	_, _ = p.anchor.ExecContext(ctx, "SELECT pg_advisory_unlock_all()")
 	cancel()
 	p.sess.Close()
+	p.anchor.Close()
 	p.db.Close()
 }
 
@@ -910,13 +948,13 @@ func (p *pgStore) scan(ctx context.Context, q queryer, state string) (view, erro
 		from + " LEFT JOIN pg_stat_activity a ON a.pid = l.pid" +
 		" WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted" +
 		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())" +
-		" AND l.classid::int8 IN (" + uint32s(p.keys.Members, p.keys.Slots, p.keys.Conns) + ")")
+		" AND l.classid::int8 IN (" + uint32s(p.keys.Members, p.keys.Slots, p.keys.Conns, p.keys.Anchors) + ")")
 	rows, err := q.QueryContext(ctx, sb.String())
 	if err != nil {
 		return view{}, err
 	}
 	defer rows.Close()
-	v := view{slots: map[int]int64{}}
+	v := view{slots: map[int]int64{}, anchors: map[int64]bool{}}
 	busy, unknown := map[int64]int{}, map[int64]int{}
 	for rows.Next() {
 		var class, obj, pid, idle int64
@@ -929,6 +967,8 @@ func (p *pgStore) scan(ctx context.Context, q queryer, state string) (view, erro
 			v.members = append(v.members, member{id: obj, pid: pid, state: app, idle: time.Duration(idle) * time.Millisecond})
 		case int64(uint32(p.keys.Slots)):
 			v.slots[int(obj)] = pid
+		case int64(uint32(p.keys.Anchors)):
+			v.anchors[obj] = true
 		default:
 			switch state {
 			case "idle":
@@ -944,7 +984,39 @@ func (p *pgStore) scan(ctx context.Context, q queryer, state string) (view, erro
 	}
 	slices.SortFunc(v.members, func(a, b member) int { return cmp.Compare(a.id, b.id) })
 	v.orphans = orphans(v.members, v.slots, busy, unknown)
+	v.fenced = fenced(v)
 	return v, nil
+}
+
+// fenced reports whether v shows a member that may run beyond the slots
+// its session holds (view.fenced).
+func fenced(v view) bool {
+	for id := range v.anchors {
+		if !slices.ContainsFunc(v.members, func(m member) bool { return m.id == id }) {
+			return true
+		}
+	}
+	held := map[int64]int{}
+	for _, pid := range v.slots {
+		held[pid]++
+	}
+	for _, m := range v.members {
+		if publishedB(m.state) > held[m.pid] {
+			return true
+		}
+	}
+	return false
+}
+
+// publishedB reads the B a member published with its state, 0 if none.
+func publishedB(state string) int {
+	for _, f := range strings.Fields(state) {
+		if v, ok := strings.CutPrefix(f, "b="); ok {
+			b, _ := strconv.Atoi(v)
+			return b
+		}
+	}
+	return 0
 }
 
 // grow takes slots in a transaction that first takes the fleet's grow
@@ -993,6 +1065,9 @@ func (p *pgStore) grow(ctx context.Context, t, n int) ([]int, error) {
 // session holds, and no more than t minus the slots held (any, even above
 // t) and the orphans.
 func freeSlots(v view, t, n int) []int {
+	if v.fenced {
+		return nil
+	}
 	n = min(n, t-len(v.slots)-v.orphans)
 	var free []int
 	for s := 0; s < t && len(free) < n; s++ {
@@ -1003,25 +1078,27 @@ func freeSlots(v view, t, n int) []int {
 	return free
 }
 
-func (p *pgStore) unlock(ctx context.Context, slots []int) error {
+func (p *pgStore) unlock(ctx context.Context, slots []int, state string) error {
 	if len(slots) == 0 {
 		return nil
 	}
-	_, err := p.sess.ExecContext(ctx, "SELECT pg_advisory_unlock("+itoa32(p.keys.Slots)+", s) FROM unnest(ARRAY["+join(slots)+"]) AS s")
+	_, err := p.sess.ExecContext(ctx, "SELECT set_config('application_name', '"+state+"', false), pg_advisory_unlock("+itoa32(p.keys.Slots)+", s) FROM unnest(ARRAY["+join(slots)+"]) AS s")
 	return err
 }
 
 func (p *pgStore) end(ctx context.Context, pid, id int64) (bool, error) {
 	var gone bool
 	wait := strconv.FormatInt(min(p.interval, time.Second).Milliseconds(), 10)
-	// The idle connections go too: a statement the member sends on one
-	// when it resumes then fails, unrun, and its retry meets the gate's
-	// check of the lapsed lease.
+	// Its anchor and idle connections go too: the anchor would fence the
+	// fleet, and a statement the member sends on an idle connection when
+	// it resumes then fails, unrun, and its retry meets the gate's check
+	// of the lapsed lease.
 	err := p.sess.QueryRowContext(ctx, "SELECT pg_terminate_backend("+strconv.FormatInt(pid, 10)+", "+wait+"),"+
 		" (SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"+
-		" WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND a.state = 'idle'"+
+		" WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted"+
 		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"+
-		" AND l.classid::int8 = "+uint32s(p.keys.Conns)+" AND l.objid::int8 = "+strconv.FormatInt(id, 10)+")").Scan(&gone, new(int64))
+		" AND (l.classid::int8 = "+uint32s(p.keys.Anchors)+" OR l.classid::int8 = "+uint32s(p.keys.Conns)+" AND a.state = 'idle')"+
+		" AND l.objid::int8 = "+strconv.FormatInt(id, 10)+")").Scan(&gone, new(int64))
 	return gone, err
 }
 
@@ -1064,13 +1141,6 @@ func (n noClose) Driver() driver.Driver                            { return n.c.
 // connection that cannot be tagged is closed by the gate: its work would
 // be invisible.
 func (m *Member) tag(ctx context.Context, c driver.Conn) error {
-	// The operation it is tagged for was let in under the lease; one that
-	// ran out meanwhile (the process was paused) sends nothing.
-	if u := m.share().until; !u.IsZero() {
-		if now := time.Now(); !now.Before(u) || !now.Round(0).Before(u.Round(0)) {
-			return fmt.Errorf("bulkhead: fleet %s: %w before a new server connection was tagged", m.name, bulkhead.ErrLeaseExpired)
-		}
-	}
 	q := "SELECT pg_advisory_lock_shared(" + itoa32(m.keys.Conns) + ", " + strconv.FormatInt(m.id.Load(), 10) + ")"
 	if err := execConn(ctx, c, q); err != nil {
 		return fmt.Errorf("bulkhead: fleet %s: tagging a new server connection (fleet.Tagging): %w", m.name, err)

@@ -33,9 +33,10 @@ type memLocks struct {
 	next    int64 // the last backend pid given
 	members map[int64]*memMember
 	slots   map[int]int64
-	busy    map[int64]int  // operations running on the server, by the id of the process that started them
-	fail    map[int64]bool // the session's next call fails (a query error; the session lives)
-	dead    map[int64]bool // the session is gone (its locks freed)
+	anchors map[int64]int64 // the anchor session's pid, by member id
+	busy    map[int64]int   // operations running on the server, by the id of the process that started them
+	fail    map[int64]bool  // the session's next call fails (a query error; the session lives)
+	dead    map[int64]bool  // the session is gone (its locks freed)
 
 	// beforeGrow, if set, runs once at the start of the next grow, before
 	// it reads the locks: what happens between a round's reading and its
@@ -49,7 +50,7 @@ type memMember struct {
 }
 
 func newMemLocks() *memLocks {
-	return &memLocks{members: map[int64]*memMember{}, slots: map[int]int64{}, busy: map[int64]int{}, fail: map[int64]bool{}, dead: map[int64]bool{}}
+	return &memLocks{members: map[int64]*memMember{}, slots: map[int]int64{}, anchors: map[int64]int64{}, busy: map[int64]int{}, fail: map[int64]bool{}, dead: map[int64]bool{}}
 }
 
 // drop frees the session's locks, as the server does when a session ends.
@@ -62,6 +63,11 @@ func (m *memLocks) drop(pid int64) {
 	for s, p := range m.slots {
 		if p == pid {
 			delete(m.slots, s)
+		}
+	}
+	for id, p := range m.anchors {
+		if p == pid {
+			delete(m.anchors, id)
 		}
 	}
 }
@@ -89,12 +95,17 @@ func (m *memLocks) view() view {
 		v.slots[k] = p
 	}
 	v.orphans = orphans(v.members, v.slots, m.busy, nil)
+	v.anchors = map[int64]bool{}
+	for id := range m.anchors {
+		v.anchors[id] = true
+	}
+	v.fenced = fenced(v)
 	return v
 }
 
 type memStore struct {
-	m       *memLocks
-	pid, id int64
+	m               *memLocks
+	pid, id, anchor int64
 }
 
 func (s *memStore) check() error {
@@ -118,9 +129,10 @@ func (s *memStore) join(_ context.Context, id int64, reclaim bool) (int64, error
 		}
 		return 0, errIDTaken
 	}
-	s.m.next++
-	s.pid, s.id = s.m.next, id
+	s.m.next += 2 // the coordination session's pid, then its anchor's
+	s.pid, s.id, s.anchor = s.m.next-1, id, s.m.next
 	s.m.members[id] = &memMember{pid: s.pid}
+	s.m.anchors[id] = s.anchor
 	return s.pid, nil
 }
 
@@ -153,12 +165,13 @@ func (s *memStore) grow(_ context.Context, t, n int) ([]int, error) {
 	return got, nil
 }
 
-func (s *memStore) unlock(_ context.Context, give []int) error {
+func (s *memStore) unlock(_ context.Context, give []int, state string) error {
 	s.m.mu.Lock()
 	defer s.m.mu.Unlock()
 	if err := s.check(); err != nil {
 		return err
 	}
+	s.m.members[s.id].state = state
 	for _, k := range give {
 		if s.m.slots[k] == s.pid {
 			delete(s.m.slots, k)
@@ -173,8 +186,9 @@ func (s *memStore) end(_ context.Context, pid, _ int64) (bool, error) {
 	if err := s.check(); err != nil {
 		return false, err
 	}
-	s.m.dead[pid] = true
+	s.m.dead[pid], s.m.dead[pid+1] = true, true // its anchor too
 	s.m.drop(pid)
+	s.m.drop(pid + 1)
 	return true, nil
 }
 
@@ -182,15 +196,17 @@ func (s *memStore) leave() {
 	s.m.mu.Lock()
 	defer s.m.mu.Unlock()
 	s.m.drop(s.pid)
+	s.m.drop(s.anchor)
 }
 
 // fleetInst is one process of the model.
 type fleetInst struct {
 	g       *fgate
 	id      int64
-	running int  // operations running on the server, started by the model
-	closed  bool // stopped gracefully (its running operations still count)
-	killed  bool // SIGKILL: gone; its running operations go on, orphans, until they end
+	running int   // operations running on the server, started by the model
+	closed  bool  // stopped gracefully (its running operations still count)
+	killed  bool  // SIGKILL: gone; its running operations go on, orphans, until they end
+	ended   int64 // the coordination session ended under it (pid), until it runs within its new session's slots and its fallback
 }
 
 func (in *fleetInst) pid() int64 { return in.g.m.backend.Load() }
@@ -266,6 +282,17 @@ func fleetModel(t *testing.T, seed int64) {
 			if pid := in.pid(); pid != 0 {
 				held = m.held(pid)
 			}
+			if in.ended != 0 && (in.pid() == in.ended || in.running-held > fallback) {
+				// Its slots are gone under it; it runs on its share until
+				// its next round, which the others' fence leaves room for,
+				// then on its fallback.
+				sum += in.running
+				if s.Fleet.Failures > 0 {
+					failed++
+				}
+				continue
+			}
+			in.ended = 0
 			if over := in.running - held; over > 0 && (fallback == 0 || over > fallback || s.Fleet.Failures == 0) {
 				t.Fatalf("seed %d, %s: an instance runs %d operations on %d slots (fallback %d, %d failed rounds)", seed, step, in.running, held, fallback, s.Fleet.Failures)
 			}
@@ -351,6 +378,10 @@ func fleetModel(t *testing.T, seed int64) {
 			m.mu.Lock()
 			m.fail[in.pid()] = true
 			m.mu.Unlock()
+		case r < 27 && in.pid() != 0 && in.ended == 0:
+			what = "session ended"
+			in.ended = in.pid()
+			m.endSession(in.pid())
 		case r < 50:
 			what = "round"
 			// Now and then another instance dies between this round's
@@ -418,6 +449,17 @@ func fleetModel(t *testing.T, seed int64) {
 				t.Fatal("a stopped instance kept its session after its operations ended")
 			}
 			runtime.Gosched()
+		}
+	}
+	// An instance whose session was ended learns it at its next round;
+	// one without a session joins again at its next: the settling rounds
+	// start with every instance in the fleet.
+	for _, in := range up {
+		if in.ended != 0 {
+			round(in)
+		}
+		if in.pid() == 0 {
+			round(in)
 		}
 	}
 	for r := range 2 {
@@ -538,7 +580,19 @@ func TestFleetShareClampsTheWorkloads(t *testing.T) {
 // kill ends the instance's session as a SIGKILL would: its locks are freed,
 // and its operations still running stay on the server (m.busy) as
 // orphans.
+// kill ends the process whose coordination session is pid: that session
+// and its anchor (pid+1, memStore.join).
 func (m *memLocks) kill(pid int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dead[pid], m.dead[pid+1] = true, true
+	m.drop(pid)
+	m.drop(pid + 1)
+}
+
+// endSession ends the coordination session pid alone (pg_terminate_backend,
+// a reset of that connection): the process runs on, its anchor held.
+func (m *memLocks) endSession(pid int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.dead[pid] = true
@@ -551,7 +605,8 @@ func (m *memLocks) kill(pid int64) {
 func (m *memLocks) killSlotsFirst(pid int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.dead[pid] = true
+	m.dead[pid], m.dead[pid+1] = true, true
+	m.drop(pid + 1)
 	for k, p := range m.slots {
 		if p == pid {
 			delete(m.slots, k)

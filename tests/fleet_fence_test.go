@@ -4,12 +4,17 @@ package tests
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"net/url"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead/fleet"
 )
@@ -146,5 +151,75 @@ func TestFleetFrozenMemberIsEndedAndRunsOnNoStaleShareWhenResumed(t *testing.T) 
 	t.Logf("share back %v after SIGSTOP (interval %v); %d looks at pg_stat_activity, peak %d transactions", back.Round(time.Millisecond), interval, looks, most)
 	if most > total {
 		t.Fatalf("the fleet had %d transactions open on the server at once, want at most T=%d: %s", most, total, seen)
+	}
+}
+
+// A member whose coordination session is ended while it is idle, just
+// after its round (so the other's next round comes first), and whose load
+// then returns: it runs on its share until its own next round tells it,
+// while the other finds its slots free and its anchor still held, and
+// takes none of them until the member has dropped to its fallback. The
+// fleet's transactions on the server never exceed T with fallback 0, nor
+// T plus the fallback with the default.
+func TestFleetMemberWhoseSessionIsEndedUnderItStaysWithinItsSlots(t *testing.T) {
+	for _, tc := range []struct {
+		fallback, tries int
+	}{{0, 20}, {fleet.DefaultFallback, 10}} {
+		t.Run(fmt.Sprintf("fallback=%d", tc.fallback), func(t *testing.T) {
+			ctx := pgTestCtx(t)
+			name := fleetName(t)
+			const total = 6
+			// The test's own statements apart from the operations the
+			// poller counts.
+			cfg := pgConfig(t)
+			cfg.RuntimeParams["application_name"] = appName(t) + "_admin"
+			admin := sql.OpenDB(stdlib.GetConnector(*cfg))
+			t.Cleanup(func() { admin.Close() })
+			interval := 300 * time.Millisecond
+			g := fleetGate(t, name, fleetPolicy(total, 0), fleet.Interval(interval), fleet.Fallback(tc.fallback))
+			c := startFleetChild(t, ctx, name, childURL(t),
+				EnvFleetChildInterval+"="+interval.String(), EnvFleetChildFallback+"="+strconv.Itoa(tc.fallback), EnvFleetChildTotal+"="+strconv.Itoa(total))
+			settled := func() bool { return g.Gate().Stats().MaxConcurrent == total/2 && g.Stats().Instances == 2 }
+			awaitState(t, "the two members at 3 and 3", settled)
+
+			peak := fleetPeak(t, ctx, appName(t))
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			db := g.Gate().OpenDB()
+			for range total {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						if _, err := db.ExecContext(ctx, "SELECT pg_sleep(0.005)"); err != nil {
+							time.Sleep(time.Millisecond) // pacing after a rejection
+						}
+					}
+				}()
+			}
+			for range tc.tries {
+				// Its session ends just after its round; its load returns
+				// after most of an interval, once the other has most likely
+				// run a round, and before its own next round.
+				pid := c.next()
+				c.burst(total, interval*4/5, 2*interval, "SELECT pg_sleep(0.005)")
+				terminate(t, ctx, admin, pid)
+				awaitState(t, "the member ended under it back at 3 and 3", func() bool {
+					return settled() && fleetSlots(t, ctx, admin, name).members == 2
+				})
+			}
+			close(stop)
+			wg.Wait()
+			most, looks, seen := peak()
+			t.Logf("%d tries; %d looks at pg_stat_activity, peak %d transactions", tc.tries, looks, most)
+			if most > total+tc.fallback {
+				t.Fatalf("the fleet had %d transactions open on the server at once, want at most T+fallback=%d: %s", most, total+tc.fallback, seen)
+			}
+		})
 	}
 }

@@ -389,9 +389,10 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 // "sync" runs a round and answers "pid <backend> b <B>"; "run N <query>"
 // starts N operations running query, which the test makes wait on a lock
 // it holds, and answers "started"; "load N <query>" starts N goroutines
-// that run query over and over until the process ends, and answers
-// "started". TestMain runs it when EnvFleetChild is
-// set; with EnvFleetChildUntagged set, the instance does not tag its
+// that run query over and over until the process ends, "burst N A D
+// <query>" for the duration D after a delay A, each answered "started"; "next" waits for
+// the end of the loop's next round and answers "pid <backend>". TestMain
+// runs it when EnvFleetChild is set; with EnvFleetChildUntagged set, the instance does not tag its
 // connections (fleet.Tagging(false)); with EnvFleetChildNoConnCheck
 // set, its connections set client_connection_check_interval to 0, so that
 // the statements a killed child leaves waiting go on waiting even on a
@@ -402,6 +403,7 @@ const (
 	EnvFleetChildNoConnCheck = "BULKHEAD_TEST_FLEET_CHILD_NO_CONN_CHECK"
 	EnvFleetChildInterval    = "BULKHEAD_TEST_FLEET_CHILD_INTERVAL" // fleet.Interval, a duration; an hour by default
 	EnvFleetChildFallback    = "BULKHEAD_TEST_FLEET_CHILD_FALLBACK" // fleet.Fallback
+	EnvFleetChildTotal       = "BULKHEAD_TEST_FLEET_CHILD_TOTAL"    // the fleet's T; 8 by default
 )
 
 func fleetChild(name string) int {
@@ -437,7 +439,14 @@ func fleetChild(name string) int {
 		}
 		opts = append(opts, fleet.Fallback(f))
 	}
-	m, err := fleet.Join(name, stdlib.GetConnector(*cfg), fleetPolicy(8, 0), opts...)
+	total := 8
+	if v := os.Getenv(EnvFleetChildTotal); v != "" {
+		if total, err = strconv.Atoi(v); err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+	}
+	m, err := fleet.Join(name, stdlib.GetConnector(*cfg), fleetPolicy(total, 0), opts...)
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
@@ -465,6 +474,45 @@ func fleetChild(name string) int {
 			_, query, _ = strings.Cut(query, " ")
 			for range n {
 				go db.Exec(query) // the process is killed while they run
+			}
+			fmt.Println("started")
+			continue
+		}
+		if in.Text() == "next" {
+			// After the round in progress, if any, and the next one.
+			for r := m.Stats().Rounds + 1; m.Stats().Rounds <= r; {
+				time.Sleep(time.Millisecond) // polling the loop's counter
+			}
+			fmt.Printf("pid %d\n", m.Stats().Backend)
+			continue
+		}
+		if rest, ok := strings.CutPrefix(in.Text(), "burst "); ok {
+			var after, d time.Duration
+			var afterS, dS string
+			if _, err := fmt.Sscanf(rest, "%d %s %s", &n, &afterS, &dS); err != nil {
+				fmt.Println("error", err)
+				return 1
+			}
+			if after, err = time.ParseDuration(afterS); err == nil {
+				d, err = time.ParseDuration(dS)
+			}
+			if err != nil {
+				fmt.Println("error", err)
+				return 1
+			}
+			f := strings.SplitN(rest, " ", 4)
+			query := f[len(f)-1]
+			start := time.Now().Add(after)
+			end := start.Add(d)
+			for range n {
+				go func() {
+					time.Sleep(time.Until(start)) // the scenario's timing
+					for time.Now().Before(end) {
+						if _, err := db.Exec(query); err != nil {
+							time.Sleep(time.Millisecond) // pacing after a rejection
+						}
+					}
+				}()
 			}
 			fmt.Println("started")
 			continue
@@ -750,6 +798,35 @@ func (c *fleetChildProc) run(n int, query string) {
 func (c *fleetChildProc) load(n int, query string) {
 	c.t.Helper()
 	if _, err := fmt.Fprintf(c.stdin, "load %d %s\n", n, query); err != nil {
+		c.t.Fatal(err)
+	}
+	if !c.out.Scan() || c.out.Text() != "started" {
+		c.t.Fatalf("child: %q (%v), want started", c.out.Text(), c.out.Err())
+	}
+}
+
+// next waits for the end of the child's next round and returns its
+// coordination backend's pid.
+func (c *fleetChildProc) next() int64 {
+	c.t.Helper()
+	if _, err := fmt.Fprintln(c.stdin, "next"); err != nil {
+		c.t.Fatal(err)
+	}
+	var pid int64
+	if !c.out.Scan() {
+		c.t.Fatalf("child: no answer (%v)", c.out.Err())
+	}
+	if _, err := fmt.Sscanf(c.out.Text(), "pid %d", &pid); err != nil {
+		c.t.Fatalf("child: %q (%v)", c.out.Text(), err)
+	}
+	return pid
+}
+
+// burst makes the child run query over and over on n goroutines for d,
+// starting after a delay.
+func (c *fleetChildProc) burst(n int, after, d time.Duration, query string) {
+	c.t.Helper()
+	if _, err := fmt.Fprintf(c.stdin, "burst %d %s %s %s\n", n, after, d, query); err != nil {
 		c.t.Fatal(err)
 	}
 	if !c.out.Scan() || c.out.Text() != "started" {
