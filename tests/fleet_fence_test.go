@@ -61,6 +61,33 @@ func fleetPeak(t *testing.T, ctx context.Context, app string) func() (peak, look
 	}
 }
 
+// fleetLoad runs n workers on db, each a 5 ms statement after another,
+// counting those that ran in ran, until the returned function, which
+// waits for them, is called.
+func fleetLoad(ctx context.Context, db *sql.DB, n int, ran *atomic.Int64) (halt func()) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := db.ExecContext(ctx, "SELECT pg_sleep(0.005)"); err == nil {
+					ran.Add(1)
+				} else {
+					time.Sleep(time.Millisecond) // pacing after a rejection
+				}
+			}
+		}()
+	}
+	return func() { close(stop); wg.Wait() }
+}
+
 // childURL is the test server's URL with the application_name the
 // poller of fleetPeak counts as the child's.
 func childURL(t *testing.T) string {
@@ -96,30 +123,8 @@ func TestFleetFrozenMemberIsEndedAndRunsOnNoStaleShareWhenResumed(t *testing.T) 
 	})
 
 	peak := fleetPeak(t, ctx, appName(t))
-	stop := make(chan struct{})
-	db := g.Gate().OpenDB()
 	var ran atomic.Int64
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer close(stop)
-	for range total {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := db.ExecContext(ctx, "SELECT pg_sleep(0.005)"); err == nil {
-					ran.Add(1)
-				} else {
-					time.Sleep(time.Millisecond) // pacing after a rejection
-				}
-			}
-		}()
-	}
+	defer fleetLoad(ctx, g.Gate().OpenDB(), total, &ran)()
 	c.load(total, "SELECT pg_sleep(0.005)")
 
 	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
@@ -183,25 +188,7 @@ func TestFleetMemberWhoseSessionIsEndedUnderItStaysWithinItsSlots(t *testing.T) 
 			awaitState(t, "the two members at 3 and 3", settled)
 
 			peak := fleetPeak(t, ctx, appName(t))
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			db := g.Gate().OpenDB()
-			for range total {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						if _, err := db.ExecContext(ctx, "SELECT pg_sleep(0.005)"); err != nil {
-							time.Sleep(time.Millisecond) // pacing after a rejection
-						}
-					}
-				}()
-			}
+			halt := fleetLoad(ctx, g.Gate().OpenDB(), total, new(atomic.Int64))
 			for range tc.tries {
 				// Its session ends just after its round; its load returns
 				// after most of an interval, once the other has most likely
@@ -213,8 +200,7 @@ func TestFleetMemberWhoseSessionIsEndedUnderItStaysWithinItsSlots(t *testing.T) 
 					return settled() && fleetSlots(t, ctx, admin, name).members == 2
 				})
 			}
-			close(stop)
-			wg.Wait()
+			halt()
 			most, looks, seen := peak()
 			t.Logf("%d tries; %d looks at pg_stat_activity, peak %d transactions", tc.tries, looks, most)
 			if most > total+tc.fallback {
