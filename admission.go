@@ -316,6 +316,7 @@ func (l *budget) isClosed() bool {
 // stats fills the budget's part of s.
 func (l *budget) stats(s *Stats) {
 	l.mu.Lock()
+	l.leaseLocked() // a lapsed lease shows as the B in force
 	s.MaxConcurrent, s.MaxQueue, s.QueueWait, s.DryRun = l.b, l.q, l.wait, l.dryRun
 	s.Running, s.Waiting, s.Hold = l.running, l.waiting, l.hold
 	l.mu.Unlock()

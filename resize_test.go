@@ -588,6 +588,9 @@ func TestAnOperationLetInUnderALeaseThatRanOutSendsNothing(t *testing.T) {
 		}()
 		dial.Wait(1)
 		time.Sleep(2 * time.Second) // the fake clock: the lease runs out during the dial
+		if s := e.g.Stats(); s.MaxConcurrent != 0 {
+			t.Fatalf("stats %+v after the lease ran out, want B at the fallback 0", s)
+		}
 		dial.Release()
 		err := <-done
 		var re *bulkhead.RejectedError
