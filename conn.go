@@ -291,7 +291,7 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	returned = true
 	if err != nil {
 		c.tx.end() // before database/sql may retry (driver.ErrBadConn)
-		return nil, ctxErr(ctx, err)
+		return nil, opErr(ctx, err)
 	}
 	c.tx.inner = ti
 	return &c.tx, nil
@@ -320,7 +320,7 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	defer c.finish(p, &returned)
 	r, err := c.exec(ctx, query, args)
 	returned = true
-	return r, ctxErr(ctx, err)
+	return r, opErr(ctx, err)
 }
 
 // startExec returns the permits a statement takes, to release at its end:
@@ -388,7 +388,7 @@ func (c *conn) runQuery(ctx context.Context, run func() (driver.Rows, driver.Stm
 	ri, si, err := run()
 	returned = true
 	if err != nil {
-		return nil, ctxErr(ctx, err)
+		return nil, opErr(ctx, err)
 	}
 	if si != nil { // the fallback's statement, closed with its rows
 		return &rows{c: c, inner: ri, stmt: si}, nil
@@ -444,7 +444,7 @@ func (c *conn) runRows(ctx context.Context, run func() (driver.Rows, driver.Stmt
 	ri, si, err := run()
 	returned = true
 	if err != nil {
-		return nil, ctxErr(ctx, err)
+		return nil, opErr(ctx, err)
 	}
 	r.inner, r.stmt, r.open = ri, si, true
 	handed = true

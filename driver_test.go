@@ -672,6 +672,60 @@ func TestErrSkipFromTheDriverFallsBackToAPreparedStatementUnderTheSamePermit(t *
 	e.balanced(t)
 }
 
+// pgx answers driver.ErrBadConn when the context ended before anything was
+// sent. Once the caller's context ended, such an answer to an autocommit
+// statement or a BEGIN matches the context's error instead: database/sql
+// keeps the server connection and retries nothing (no dial, no close).
+func TestErrBadConnAfterTheContextEndedKeepsTheServerConnection(t *testing.T) {
+	cases := []struct {
+		op fakedb.Op
+		do func(ctx context.Context, db *sql.DB) error
+	}{
+		{fakedb.OpExec, func(ctx context.Context, db *sql.DB) error {
+			_, err := db.ExecContext(ctx, "UPDATE t")
+			return err
+		}},
+		{fakedb.OpQuery, func(ctx context.Context, db *sql.DB) error {
+			return db.QueryRowContext(ctx, "SELECT 1").Scan(new(int))
+		}},
+		{fakedb.OpBegin, func(ctx context.Context, db *sql.DB) error {
+			tx, err := db.BeginTx(ctx, nil)
+			if err == nil {
+				err = tx.Commit()
+			}
+			return err
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.op.String(), func(t *testing.T) {
+			e := fkOpen(t, nil, fkB1)
+			if err := c.do(context.Background(), e.db); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			e.fc.SetHook(func(_ context.Context, op fakedb.Op, _ string) error {
+				if op == c.op {
+					cancel()
+					return driver.ErrBadConn
+				}
+				return nil
+			})
+			err := c.do(ctx, e.db)
+			e.fc.SetHook(nil)
+			if !errors.Is(err, context.Canceled) || errors.Is(err, driver.ErrBadConn) {
+				t.Fatalf("got %v, want an error matching context.Canceled and not driver.ErrBadConn", err)
+			}
+			if err := c.do(context.Background(), e.db); err != nil {
+				t.Fatal(err)
+			}
+			if n, cl, ops := e.fc.Count(fakedb.OpConnect), e.fc.Count(fakedb.OpConnClose), e.fc.Count(c.op); n != 1 || cl != 0 || ops != 3 {
+				t.Errorf("%d dials, %d closes, %d calls of %v: want 1, 0 and 3 (no retry)", n, cl, ops, c.op)
+			}
+			e.running(t, 0, "after")
+		})
+	}
+}
+
 func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing.T) {
 	ctx := context.Background()
 	var errs []error

@@ -92,3 +92,13 @@ func ctxErr(ctx context.Context, err error) error {
 	}
 	return &canceledError{ctx: cerr, err: err}
 }
+
+// opErr is ctxErr for a statement or BEGIN: after ctx ended, pgx's "nothing
+// sent" driver.ErrBadConn matches ctx's error instead, so database/sql keeps
+// a sound connection (the driver checks it at its next use) and retries nothing.
+func opErr(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil && errors.Is(err, driver.ErrBadConn) {
+		return &canceledError{ctx: ctx.Err(), err: errors.New(err.Error())}
+	}
+	return ctxErr(ctx, err)
+}

@@ -66,13 +66,11 @@ func (r *rows) NextResultSet() error {
 	return io.EOF
 }
 
-var anyType = reflect.TypeFor[any]()
-
 func (r *rows) ColumnTypeScanType(i int) reflect.Type {
 	if t, ok := r.inner.(driver.RowsColumnTypeScanType); ok {
 		return t.ColumnTypeScanType(i)
 	}
-	return anyType
+	return reflect.TypeFor[any]()
 }
 
 func (r *rows) ColumnTypeDatabaseTypeName(i int) string {

@@ -172,7 +172,7 @@ func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driv
 		r, err = stmtExec(ctx, c.s, si, args)
 	}
 	returned = true
-	return r, ctxErr(ctx, err)
+	return r, opErr(ctx, err)
 }
 
 // QueryContext runs st as conn.QueryContext runs a query.

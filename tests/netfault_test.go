@@ -17,9 +17,11 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +37,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
 // relProxy is a toxiproxy between the test and the server, stopped at the
@@ -502,20 +505,24 @@ func (d *relSlowDialer) dial(ctx context.Context, network, addr string) (net.Con
 	return nd.DialContext(ctx, network, addr)
 }
 
-// relShortDeadlines runs workers × ops statements, each with a deadline of
-// 1 to 200 ms, and tallies how they ended.
-func relShortDeadlines(t *testing.T, db *sql.DB, workers, ops int) map[string]int {
+// relShortDeadlines runs workers callers making ops calls each, with
+// deadlines of 1 to 200 ms, and tallies how they ended. With end set, a
+// caller stops at end and calls again only once the deadline is over.
+func relShortDeadlines(t *testing.T, db *sql.DB, workers, ops int, end time.Time) map[string]int {
 	t.Helper()
 	var mu sync.Mutex
 	tally := map[string]int{}
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
-			for i := range ops {
+			for i := 0; i < ops && (end.IsZero() || time.Now().Before(end)); i++ {
 				d := time.Duration(1+(w*ops+i)*7919%200) * time.Millisecond
 				ctx, cancel := context.WithTimeout(t.Context(), d)
 				var v int
 				err := db.QueryRowContext(ctx, "SELECT 1").Scan(&v)
+				if !end.IsZero() {
+					<-ctx.Done()
+				}
 				cancel()
 				k := "ok"
 				switch {
@@ -553,7 +560,7 @@ func TestSlowDialsAreKeptSoShortDeadlinesDoNotTurnTheGateIntoRejectEverything(t 
 		plain := stdlib.OpenDB(*cfg)
 		plain.SetMaxOpenConns(maxOpen)
 		plain.SetMaxIdleConns(p.MaxConcurrent + p.MaxQueue)
-		plainTally := relShortDeadlines(t, plain, workers, 10)
+		plainTally := relShortDeadlines(t, plain, workers, 10, time.Time{})
 		t.Logf("figures: database/sql alone, MaxOpenConns %d, %d calls: %v; %d dials started, %d cut off, %d connections open after", maxOpen, workers*10, plainTally, plainDialer.dials.Load(), plainDialer.cut.Load(), plain.Stats().OpenConnections)
 		plain.Close()
 	}
@@ -568,7 +575,7 @@ func TestSlowDialsAreKeptSoShortDeadlinesDoNotTurnTheGateIntoRejectEverything(t 
 	db := g.OpenDB()
 	defer db.Close()
 	const ops = 40
-	tally := relShortDeadlines(t, db, workers, ops)
+	tally := relShortDeadlines(t, db, workers, ops, time.Time{})
 	s := g.Stats()
 	t.Logf("figures: through the gate, %d calls: %v; %d dials (%d failed, %d cut off), %d connections open", workers*ops, tally, s.Dials, s.DialErrors, gateDialer.cut.Load(), s.OpenConns)
 	// Every dial outlasts its caller (300 ms against at most 200 ms): each
@@ -587,4 +594,112 @@ func TestSlowDialsAreKeptSoShortDeadlinesDoNotTurnTheGateIntoRejectEverything(t 
 		t.Errorf("only %d of %d calls ran: the gate rejected or timed out the rest while the server was idle", tally["ok"], workers*ops)
 	}
 	awaitState(t, "the dials in flight are done", func() bool { return g.Stats().OpenConns == g.Stats().IdleConns })
+}
+
+// relDialCounter is a connector counting Connect calls.
+type relDialCounter struct {
+	driver.Connector
+	dials atomic.Int64
+}
+
+func (d *relDialCounter) Connect(ctx context.Context) (driver.Conn, error) {
+	d.dials.Add(1)
+	return d.Connector.Connect(ctx)
+}
+
+// 100 ms of latency each way and callers' deadlines of 1 to 200 ms, for
+// the gate over pgx's stdlib and over pgxgate, each beside database/sql
+// alone on the same connector with MaxOpenConns B+Q. Through pgxgate,
+// whose cut-off statements keep their connection, the gate dials no more
+// than database/sql alone, and at most twice the most it had open at once;
+// over stdlib, where pgx closes the connection of each statement cut off,
+// at most twice the most open plus those found bad.
+// BULKHEAD_TEST_SLOW_LINK sets the duration (default 10s).
+func TestOnASlowLinkTheGateDialsNoMoreThanItCanKeep(t *testing.T) {
+	d := 10 * time.Second
+	if v := os.Getenv("BULKHEAD_TEST_SLOW_LINK"); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil || d <= 0 {
+			t.Fatalf("BULKHEAD_TEST_SLOW_LINK=%q: want a positive duration such as 60s", v)
+		}
+	}
+	const workers = 12
+	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 100 * time.Millisecond}
+	slow := func() *pgx.ConnConfig {
+		x := relStartProxy(t, relConfig(t))
+		x.add("lat_down", "latency", "downstream", `{"latency":100}`)
+		x.add("lat_up", "latency", "upstream", `{"latency":100}`)
+		return x.config(relConfig(t))
+	}
+	type arm struct {
+		db    *sql.DB
+		g     *bulkhead.Gate // nil: database/sql alone
+		dials *relDialCounter
+		tally map[string]int
+		most  int // server connections open or being dialed at once, polled
+	}
+	arms := map[string]*arm{}
+	for _, driverName := range []string{"stdlib", "pgxgate"} {
+		for _, gated := range []bool{false, true} {
+			var c driver.Connector
+			if driverName == "stdlib" {
+				c = stdlib.GetConnector(*slow())
+			} else {
+				c = pgxgate.Connector(slow())
+			}
+			a := &arm{dials: &relDialCounter{Connector: c}}
+			name := "plain/" + driverName
+			if gated {
+				name = "gate/" + driverName
+				g, err := bulkhead.New(a.dials, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				a.g, a.db = g, g.OpenDB()
+			} else {
+				a.db = sql.OpenDB(a.dials)
+				a.db.SetMaxOpenConns(p.MaxConcurrent + p.MaxQueue)
+				a.db.SetMaxIdleConns(p.MaxConcurrent + p.MaxQueue)
+			}
+			defer a.db.Close()
+			arms[name] = a
+		}
+	}
+
+	end := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for _, a := range arms {
+		wg.Go(func() { a.tally = relShortDeadlines(t, a.db, workers, 1<<20, end) })
+		wg.Go(func() {
+			tick := time.NewTicker(time.Millisecond)
+			defer tick.Stop()
+			for time.Now().Before(end) {
+				<-tick.C
+				n := a.db.Stats().OpenConnections
+				if a.g != nil {
+					n = a.g.Stats().OpenConns
+				}
+				a.most = max(a.most, n)
+			}
+		})
+	}
+	wg.Wait()
+	for _, name := range []string{"plain/stdlib", "gate/stdlib", "plain/pgxgate", "gate/pgxgate"} {
+		a := arms[name]
+		bad := int64(0)
+		if a.g != nil {
+			bad = a.g.Stats().BadConns
+		}
+		t.Logf("figures: %s, %v, %d callers: %v; %d dials, at most %d open, %d found bad", name, d, workers, a.tally, a.dials.dials.Load(), a.most, bad)
+	}
+	for _, driverName := range []string{"stdlib", "pgxgate"} {
+		a, plain := arms["gate/"+driverName], arms["plain/"+driverName]
+		dials, bad := a.dials.dials.Load(), a.g.Stats().BadConns
+		if bound := 2*int64(a.most) + bad; dials > bound {
+			t.Errorf("the gate over %s dialed %d server connections: want at most %d (twice the %d open at once, plus %d found bad)", driverName, dials, bound, a.most, bad)
+		}
+		if driverName == "pgxgate" && dials > plain.dials.dials.Load() {
+			t.Errorf("the gate over %s dialed %d server connections, database/sql alone %d", driverName, dials, plain.dials.dials.Load())
+		}
+	}
 }
