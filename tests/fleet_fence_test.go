@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -153,7 +154,7 @@ func TestFleetFrozenMemberIsEndedAndRunsOnNoStaleShareWhenResumed(t *testing.T) 
 	before := ran.Load()
 	awaitState(t, "work runs after the rejoin", func() bool { return ran.Load() > before+50 })
 	most, looks, seen := peak()
-	t.Logf("share back %v after SIGSTOP (interval %v); %d looks at pg_stat_activity, peak %d transactions", back.Round(time.Millisecond), interval, looks, most)
+	t.Logf("figures: share back %v after SIGSTOP (interval %v); %d looks at pg_stat_activity, peak %d transactions", back.Round(time.Millisecond), interval, looks, most)
 	if most > total {
 		t.Fatalf("the fleet had %d transactions open on the server at once, want at most T=%d: %s", most, total, seen)
 	}
@@ -189,6 +190,7 @@ func TestFleetMemberWhoseSessionIsEndedUnderItStaysWithinItsSlots(t *testing.T) 
 
 			peak := fleetPeak(t, ctx, appName(t))
 			halt := fleetLoad(ctx, g.Gate().OpenDB(), total, new(atomic.Int64))
+			var settle []time.Duration // from the session's end to the shares back at 3 and 3
 			for range tc.tries {
 				// Its session ends just after its round; its load returns
 				// after most of an interval, once the other has most likely
@@ -196,13 +198,16 @@ func TestFleetMemberWhoseSessionIsEndedUnderItStaysWithinItsSlots(t *testing.T) 
 				pid := c.next()
 				c.burst(total, interval*4/5, 2*interval, "SELECT pg_sleep(0.005)")
 				terminate(t, ctx, admin, pid)
+				ended := time.Now()
 				awaitState(t, "the member ended under it back at 3 and 3", func() bool {
 					return settled() && fleetSlots(t, ctx, admin, name).members == 2
 				})
+				settle = append(settle, time.Since(ended))
 			}
 			halt()
 			most, looks, seen := peak()
-			t.Logf("%d tries; %d looks at pg_stat_activity, peak %d transactions", tc.tries, looks, most)
+			t.Logf("figures: %d tries, interval %v; shares back %v to %v after the session ended; %d looks at pg_stat_activity, peak %d transactions",
+				tc.tries, interval, slices.Min(settle).Round(time.Millisecond), slices.Max(settle).Round(time.Millisecond), looks, most)
 			if most > total+tc.fallback {
 				t.Fatalf("the fleet had %d transactions open on the server at once, want at most T+fallback=%d: %s", most, total+tc.fallback, seen)
 			}
