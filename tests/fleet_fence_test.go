@@ -214,3 +214,54 @@ func TestFleetMemberWhoseSessionIsEndedUnderItStaysWithinItsSlots(t *testing.T) 
 		})
 	}
 }
+
+// A member whose coordination connections are blackholed (its writes
+// vanish, nothing comes back) runs on its fallback once its lease is over;
+// the other finds its session silent, ends it and takes its slots. Healed,
+// it rejoins. Under load on both, the fleet's transactions on the server
+// never exceed T plus the fallback.
+func TestFleetMemberWhoseCoordinationIsBlackholedFallsBackAndRejoins(t *testing.T) {
+	for _, fallback := range []int{0, fleet.DefaultFallback} {
+		t.Run(fmt.Sprintf("fallback=%d", fallback), func(t *testing.T) {
+			ctx := pgTestCtx(t)
+			name := fleetName(t)
+			const total, tries = 6, 3
+			interval := 300 * time.Millisecond
+			d := newRelFaultDialer(t)
+			coord := pgConfig(t)
+			coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
+			coord.DialFunc = d.dial
+			opts := []fleet.Option{fleet.Interval(interval), fleet.Fallback(fallback)}
+			a := fleetGate(t, name, fleetPolicy(total, 0), append(opts, fleet.Coordinator(stdlib.GetConnector(*coord)))...)
+			b := fleetGate(t, name, fleetPolicy(total, 0), opts...)
+			settled := func() bool {
+				return a.Gate().Stats().MaxConcurrent == total/2 && b.Gate().Stats().MaxConcurrent == total/2 &&
+					a.Stats().Instances == 2 && b.Stats().Instances == 2
+			}
+			awaitState(t, "the two members at 3 and 3", settled)
+
+			peak := fleetPeak(t, ctx, appName(t))
+			haltA := fleetLoad(ctx, a.Gate().OpenDB(), total, new(atomic.Int64))
+			haltB := fleetLoad(ctx, b.Gate().OpenDB(), total, new(atomic.Int64))
+			var back []time.Duration // from the blackhole to the other member holding the rest
+			for range tries {
+				d.mode.Store(relBlackhole)
+				cut := time.Now()
+				awaitState(t, "the blackholed member on its fallback, the other on the rest", func() bool {
+					return a.Gate().Stats().MaxConcurrent <= fallback && b.Stats().Instances == 1 && b.Gate().Stats().MaxConcurrent >= total-fallback
+				})
+				back = append(back, time.Since(cut))
+				d.heal()
+				awaitState(t, "the healed member rejoined at 3 and 3", settled)
+			}
+			haltA()
+			haltB()
+			most, looks, seen := peak()
+			t.Logf("figures: %d tries, interval %v; the other member on the rest %v to %v after the blackhole; %d looks at pg_stat_activity, peak %d transactions",
+				tries, interval, slices.Min(back).Round(time.Millisecond), slices.Max(back).Round(time.Millisecond), looks, most)
+			if most > total+fallback {
+				t.Fatalf("the fleet had %d transactions open on the server at once, want at most T+fallback=%d: %s", most, total+fallback, seen)
+			}
+		})
+	}
+}
