@@ -206,6 +206,30 @@ func TestAdaptiveNeverGoesBelowTheFloor(t *testing.T) {
 	}
 }
 
+// A hold above four times the budget's average (a statement cut off at
+// its deadline, which pgx's cancel request keeps 100 ms longer) is left out
+// of adapt's window: flat holds with such outliers climb as flat holds do
+// (counted, they would read as queueing and shrink b).
+func TestAdaptiveLeavesOutHoldsFarAboveTheAverage(t *testing.T) {
+	l := newBudget("")
+	l.resize(8, 8, time.Hour, false, 1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.waiting = 1 // a caller waits all along (none is queued: grantLocked serves nobody)
+	defer func() { l.waiting = 0 }()
+	for w, want := range []int{2, 3, 4} {
+		if w > 0 { // one outlier a window, once the floor's window measured the unqueued hold
+			l.observeLocked(10 * adWork)
+		}
+		for range max(8, 4*l.b) {
+			l.observeLocked(adWork)
+		}
+		if l.b != want {
+			t.Fatalf("after window %d of flat holds and an outlier: b=%d, want %d", w, l.b, want)
+		}
+	}
+}
+
 // Whatever the holds and waits, b stays within floor and ceiling and
 // moves by at most one, only at the end of a window (adWindow, adRun).
 func TestAdaptiveStaysWithinItsBoundsUnderArbitraryHolds(t *testing.T) {

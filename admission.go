@@ -37,6 +37,7 @@ type budget struct {
 	// Off the fields every operation touches; guarded by mu but shedOther, set by New.
 	prio      int                 // a workload's Priority: that of its operations in the global budget
 	hold      time.Duration       // moving average of the hold times; 0: none measured yet
+	dev       time.Duration       // moving average of their deviation from hold
 	adapt     *adaptive           // moves b within its ceiling; nil: b is the limit set
 	shedOther func(prio int) bool // global budget: Gate.shedQueued, called with mu held
 	nDeadline atomic.Int64
@@ -101,10 +102,7 @@ func (l *budget) setLease(until time.Time, after int) {
 
 // leaseLocked lowers b to the lease's fallback once the lease has run out.
 func (l *budget) leaseLocked() {
-	if l.lease.IsZero() {
-		return
-	}
-	if !leaseOver(l.lease) {
+	if l.lease.IsZero() || !leaseOver(l.lease) {
 		return
 	}
 	l.lease = time.Time{}
@@ -212,14 +210,16 @@ func (l *budget) release(held time.Duration) {
 	l.mu.Unlock()
 }
 
-// observeLocked adds one hold time to the average (weight 1/8) and to adapt.
+// observeLocked adds one hold time to the average (weight 1/8), its deviation
+// from it to theirs (1/4), and the hold, unless four times the average, to adapt.
 func (l *budget) observeLocked(held time.Duration) {
 	if l.hold == 0 {
 		l.hold = held
-	} else {
-		l.hold += (held - l.hold) / 8
 	}
-	if l.adapt != nil {
+	d := held - l.hold
+	l.hold += d / 8
+	l.dev += (max(d, -d) - l.dev) / 4
+	if l.adapt != nil && held <= 4*l.hold { // far above: an outlier (cut off at its deadline)
 		if b, ok := l.adapt.observe(held, l.b, l.waiting > 0); ok {
 			l.setLimitLocked(b)
 		}
@@ -227,9 +227,9 @@ func (l *budget) observeLocked(held time.Duration) {
 }
 
 // lateLocked reports whether an operation starting at now ends after dl, by
-// the hold time; never with dl zero or no hold measured.
+// the hold plus twice its deviation; never with dl zero or no hold measured.
 func (l *budget) lateLocked(now, dl time.Time) bool {
-	return !dl.IsZero() && l.hold > 0 && now.Add(l.hold).After(dl)
+	return !dl.IsZero() && l.hold > 0 && now.Add(l.hold+2*l.dev).After(dl)
 }
 
 // grantLocked serves waiters while there is room (in dry-run, all), sending
@@ -457,7 +457,7 @@ func (l *budget) execute(ctx context.Context, ps *passage) error {
 		ahead := time.Duration(l.waiting-behind+1) * l.hold / time.Duration(max(l.b, 1))
 		if l.lateLocked(now.Add(ahead), ps.deadline) {
 			end, cause = now, ErrWouldMissDeadline // refused at once
-		} else if last := ps.deadline.Add(-l.hold); last.Before(end) {
+		} else if last := ps.deadline.Add(-l.hold - 2*l.dev); last.Before(end) {
 			end, cause = last, ErrWouldMissDeadline
 		}
 	}

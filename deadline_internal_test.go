@@ -396,6 +396,32 @@ func TestTheHoldDeadlinesAreWeighedAgainstIsAMovingAverage(t *testing.T) {
 	}
 }
 
+// An operation is late if it would end after its deadline by the mean
+// hold plus twice the holds' mean deviation from it: with holds that vary,
+// one that the mean alone would let start is refused.
+func TestTheMarginAnOperationNeedsGrowsWithTheSpreadOfTheHolds(t *testing.T) {
+	for _, c := range []struct {
+		holds []time.Duration
+		late  bool
+	}{
+		{[]time.Duration{80 * time.Millisecond, 80 * time.Millisecond, 80 * time.Millisecond, 80 * time.Millisecond}, false},
+		{[]time.Duration{80 * time.Millisecond, 40 * time.Millisecond, 120 * time.Millisecond, 40 * time.Millisecond, 120 * time.Millisecond}, true},
+	} {
+		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
+		for _, h := range c.holds {
+			admMustAcquire(t, l)
+			l.release(h)
+		}
+		now := time.Now()
+		l.mu.Lock()
+		late, hold, dev := l.lateLocked(now, now.Add(90*time.Millisecond)), l.hold, l.dev
+		l.mu.Unlock()
+		if late != c.late || hold < 70*time.Millisecond || hold > 90*time.Millisecond {
+			t.Fatalf("holds %v: hold %v, deviation %v; late for a deadline 90 ms away: %v, want %v", c.holds, hold, dev, late, c.late)
+		}
+	}
+}
+
 // ---- through a gate on the fake driver ----
 
 // dlGate opens a gate on a fake driver, closed at the end of the test.
