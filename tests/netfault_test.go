@@ -526,6 +526,8 @@ func relShortDeadlines(t *testing.T, db *sql.DB, workers, ops int, end time.Time
 				cancel()
 				k := "ok"
 				switch {
+				case errors.Is(err, driver.ErrBadConn):
+					k = "bad connection"
 				case errors.Is(err, bulkhead.ErrRejected):
 					k = "rejected: " + bulkhead.ReasonLabel(err)
 				case errors.Is(err, context.DeadlineExceeded):
@@ -694,6 +696,13 @@ func TestOnASlowLinkTheGateDialsNoMoreThanItCanKeep(t *testing.T) {
 	}
 	for _, driverName := range []string{"stdlib", "pgxgate"} {
 		a, plain := arms["gate/"+driverName], arms["plain/"+driverName]
+		awaitState(t, "the gate over "+driverName+" has every permit back", func() bool {
+			s := a.g.Stats()
+			return s.Running == 0 && s.Waiting == 0
+		})
+		if n := a.tally["bad connection"]; n != 0 {
+			t.Errorf("through the gate over %s, %d calls got an error matching driver.ErrBadConn: want none once the caller's context ended", driverName, n)
+		}
 		dials, bad := a.dials.dials.Load(), a.g.Stats().BadConns
 		if bound := 2*int64(a.most) + bad; dials > bound {
 			t.Errorf("the gate over %s dialed %d server connections: want at most %d (twice the %d open at once, plus %d found bad)", driverName, dials, bound, a.most, bad)
