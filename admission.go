@@ -1,6 +1,7 @@
 package bulkhead
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"sync"
@@ -43,6 +44,8 @@ type budget struct {
 	nDeadline atomic.Int64
 	lease     time.Time // when set, the instant b stops holding (Gate.CapUntil); then b ≤ leaseB
 	leaseB    int
+	refusing  time.Time    // since when operations holding their permits are refused as late, with no hold measured
+	margin    atomic.Int64 // hold + 2·dev, for Gate.admitted's check without mu
 }
 
 // waiter is one operation queued for an execution permit, by priority, then
@@ -194,7 +197,8 @@ func (l *budget) unadmit() {
 }
 
 // release gives back both permits, the execution one first, so that those
-// running or waiting are always among the admitted. held is 0 if not measured.
+// running or waiting are always among the admitted. held is 0 if not measured,
+// negative if the operation's deadline passed first (it held at least -held).
 func (l *budget) release(held time.Duration) {
 	l.mu.Lock()
 	l.running--
@@ -203,8 +207,8 @@ func (l *budget) release(held time.Duration) {
 		l.mu.Unlock()
 		panic("bulkhead: bug: permits released more than held")
 	}
-	if held > 0 {
-		l.observeLocked(held)
+	if held > 0 || held < 0 && -held > l.hold { // one cut off only raises the hold
+		l.observeLocked(max(held, -held))
 	}
 	l.grantLocked()
 	l.mu.Unlock()
@@ -217,8 +221,9 @@ func (l *budget) observeLocked(held time.Duration) {
 		l.hold = held
 	}
 	d := held - l.hold
-	l.hold += d / 8
+	l.hold, l.refusing = l.hold+d/8, time.Time{}
 	l.dev += (max(d, -d) - l.dev) / 4
+	l.margin.Store(int64(l.hold + 2*l.dev))
 	if l.adapt != nil && held <= 4*l.hold { // far above: an outlier (cut off at its deadline)
 		if b, ok := l.adapt.observe(held, l.b, l.waiting > 0); ok {
 			l.setLimitLocked(b)
@@ -230,6 +235,24 @@ func (l *budget) observeLocked(held time.Duration) {
 // the hold plus twice its deviation; never with dl zero or no hold measured.
 func (l *budget) lateLocked(now, dl time.Time) bool {
 	return !dl.IsZero() && l.hold > 0 && now.Add(l.hold+2*l.dev).After(dl)
+}
+
+// doomed is the rejection of an operation with deadline dl, holding its
+// permits and server connection at now, if it would be late; nil once such
+// refusals went on for four margins with no hold measured: it goes, to measure.
+func (l *budget) doomed(now, dl time.Time) *RejectedError {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.dryRun || !l.lateLocked(now, dl):
+		return nil
+	case !l.refusing.IsZero() && now.Sub(l.refusing) >= 4*(l.hold+2*l.dev):
+		l.refusing = now
+		return nil
+	}
+	l.refusing = cmp.Or(l.refusing, now)
+	return &RejectedError{Cause: ErrWouldMissDeadline, Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.q,
+		Running: l.running, Waiting: l.waiting, Hold: l.hold}
 }
 
 // grantLocked serves waiters while there is room (in dry-run, all), sending
@@ -540,13 +563,14 @@ func (l *budget) rejectLocked(ps *passage, cause error, queued int) error {
 
 // permit is the state of one gated operation while it holds its permits.
 type permit struct {
-	kind    Kind
-	measure bool    // its hold time is measured (see tryAcquire); beside kind, so that it takes no room of its own
-	wl      *budget // the workload's budget, nil for none
-	waited  time.Duration
-	start   time.Time   // set when the hold time is measured or OnRelease needs it
-	lease   time.Time   // the lease (Gate.CapUntil) its permits were granted under; zero: none
-	timer   *time.Timer // the hold warning, if set
+	kind     Kind
+	measure  bool    // its hold time is measured (see tryAcquire); beside kind, so that it takes no room of its own
+	wl       *budget // the workload's budget, nil for none
+	waited   time.Duration
+	start    time.Time   // set when the hold time is measured or OnRelease needs it
+	lease    time.Time   // the lease (Gate.CapUntil) its permits were granted under; zero: none
+	deadline time.Time   // its context's; zero: none
+	timer    *time.Timer // the hold warning, if set
 }
 
 // acquire takes the permits of an operation of kind k, its workload's then the
@@ -555,6 +579,8 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 	o := fromContext(ctx)
 	wl := g.workload(o.workload)
 	p.kind, p.wl, p.waited = k, wl, 0
+	dl, _ := ctx.Deadline()
+	p.deadline = dl
 	if wl == nil && o.wait < 0 && ctx.Err() == nil {
 		if ok, measure, lease := g.global.tryAcquire(); ok {
 			p.measure, p.lease = measure, lease
@@ -567,8 +593,7 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 	if wl == nil {
 		ls = ls[1:]
 	}
-	ps := passage{limit: o.wait}
-	ps.deadline, _ = ctx.Deadline()
+	ps := passage{limit: o.wait, deadline: dl}
 	if ps.limit < 0 || wl != nil {
 		ls[0].mu.Lock()
 		if ps.limit < 0 {
@@ -606,23 +631,32 @@ func (p *permit) workloadName() string {
 }
 
 // admitted counts p's operation, which has its permits and server connection,
-// as admitted; or, if its lease ran out meanwhile, gives its permits back and
-// returns an ErrLeaseExpired rejection: nothing of it reached the driver.
+// as admitted; or gives its permits back and returns a rejection, nothing of
+// it sent, if its lease ran out meanwhile or it would now miss its deadline.
 func (g *Gate) admitted(p *permit) error {
+	judge := cmp.Or(p.wl, g.global) // deadlines are judged by the workload's holds if any
+	margin, dl := time.Duration(judge.margin.Load()), p.deadline
+	if p.measure || g.opt.events.OnRelease != nil || margin > 0 && !dl.IsZero() {
+		p.start = time.Now()
+	}
+	var re *RejectedError
+	inc := func(l *budget) { l.nFull.Add(1) }
 	if !p.lease.IsZero() && leaseOver(p.lease) {
-		g.unused(p, func(l *budget) { l.nFull.Add(1) })
-		err := &RejectedError{Cause: ErrLeaseExpired, Workload: p.workloadName(), Waited: p.waited}
+		re = &RejectedError{Cause: ErrLeaseExpired, Workload: p.workloadName()}
+	} else if margin > 0 && !dl.IsZero() && p.start.Add(margin).After(dl) {
+		re, inc = judge.doomed(p.start, dl), func(l *budget) { l.nDeadline.Add(1) }
+	}
+	if re != nil {
+		g.unused(p, inc)
+		re.Waited = p.waited
 		if g.opt.events.OnReject != nil {
-			g.reportReject(p, err)
+			g.reportReject(p, re)
 		}
-		return err
+		return re
 	}
 	g.global.nAdmitted.Add(1)
 	if p.wl != nil {
 		p.wl.nAdmitted.Add(1)
-	}
-	if p.measure || g.opt.events.OnRelease != nil {
-		p.start = time.Now()
 	}
 	if g.opt.holdLimit > 0 {
 		e, report := Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited, Held: g.opt.holdLimit}, g.opt.onHold
@@ -662,14 +696,18 @@ func (g *Gate) release(p *permit) {
 		p.timer = nil
 	}
 	var held time.Duration
-	if g.opt.events.OnRelease != nil {
-		held = time.Since(p.start)
-		emit(g.opt.events.OnRelease, Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited, Held: held})
+	if p.measure || g.opt.events.OnRelease != nil {
+		end := time.Now()
+		held = end.Sub(p.start)
+		if g.opt.events.OnRelease != nil {
+			emit(g.opt.events.OnRelease, Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited, Held: held})
+		}
+		if !p.deadline.IsZero() && !end.Before(p.deadline) {
+			held = -held
+		}
 	}
 	if !p.measure {
 		held = 0
-	} else if held == 0 {
-		held = time.Since(p.start)
 	}
 	// The global permit first: while the workload's is held, no operation of
 	// the workload takes it, so none holds more than its B of the global ones.

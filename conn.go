@@ -26,20 +26,6 @@ type conn struct {
 	execP  permit   // the permits of the autocommit Exec running on c
 }
 
-var (
-	_ driver.Conn               = (*conn)(nil)
-	_ driver.ConnBeginTx        = (*conn)(nil)
-	_ driver.ConnPrepareContext = (*conn)(nil)
-	_ driver.ExecerContext      = (*conn)(nil)
-	_ driver.QueryerContext     = (*conn)(nil)
-	_ driver.Execer             = (*conn)(nil) //lint:ignore SA1019 offered for Raw callers that assert it
-	_ driver.Queryer            = (*conn)(nil) //lint:ignore SA1019 offered for Raw callers that assert it
-	_ driver.Pinger             = (*conn)(nil)
-	_ driver.SessionResetter    = (*conn)(nil)
-	_ driver.Validator          = (*conn)(nil)
-	_ driver.NamedValueChecker  = (*conn)(nil)
-)
-
 // bind gives c a session if it has none: its parked one, else the pool's.
 // If the driver panics, the caller's deferred lose closes it. Once lease
 // (an operation's, Gate.CapUntil; zero: none) has run out, it sends

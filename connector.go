@@ -37,11 +37,6 @@ type Gate struct {
 	workloads  atomic.Pointer[map[string]*budget] // the budgets of the policy's workloads
 }
 
-var (
-	_ driver.Connector = (*Gate)(nil)
-	_ io.Closer        = (*Gate)(nil)
-)
-
 // Option configures a Gate beyond its Policy.
 type Option func(*options)
 
@@ -169,8 +164,6 @@ func (g *Gate) Connect(context.Context) (driver.Conn, error) {
 func (g *Gate) Driver() driver.Driver { return gateDriver{g} }
 
 type gateDriver struct{ g *Gate }
-
-var _ driver.DriverContext = gateDriver{}
 
 func (d gateDriver) Open(name string) (driver.Conn, error) {
 	if _, err := d.OpenConnector(name); err != nil {

@@ -86,6 +86,7 @@ func dlNone(t *testing.T, what string, ch <-chan admResult) {
 func dlSetHold(l *budget, d time.Duration) {
 	l.mu.Lock()
 	l.hold = d
+	l.margin.Store(int64(d + 2*l.dev))
 	l.mu.Unlock()
 }
 
@@ -142,18 +143,23 @@ func TestDeadlineShorterThanTheHoldIsRefusedAtOnce(t *testing.T) {
 	admCheck(t, l, 0, 0)
 }
 
-// An operation that finds a permit free runs whatever its deadline: only
-// one that would wait is weighed against it.
-func TestADeadlineNeverRefusesAnOperationThatFindsAPermitFree(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
-	dlSetHold(l, time.Hour)
-	if _, err := dlAcquire(dlDeadline(t, time.Minute), l); err != nil {
-		t.Fatalf("a free permit with a deadline shorter than the hold: %v, want it taken", err)
-	}
-	admCheck(t, l, 1, 0)
-	l.release(0)
-	if s := admStats(l); s.RejectedDeadline != 0 || s.Admitted != 1 {
-		t.Fatalf("stats %+v, want 1 admitted, no deadline rejection", s)
+// A hold ended after its operation's deadline is a lower bound of the hold:
+// below the average it changes nothing, above it counts as measured.
+func TestAHoldCutOffByItsDeadlineOnlyRaisesTheAverage(t *testing.T) {
+	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 0})
+	dlSetHold(l, 80*time.Millisecond)
+	for _, c := range []struct {
+		held, want time.Duration
+	}{
+		{-10 * time.Millisecond, 80 * time.Millisecond},
+		{-160 * time.Millisecond, 90 * time.Millisecond},
+		{10 * time.Millisecond, 80 * time.Millisecond},
+	} {
+		admMustAcquire(t, l)
+		l.release(c.held)
+		if s := admStats(l); s.Hold != c.want {
+			t.Fatalf("after a hold of %v (negative: cut off), the average is %v, want %v", c.held, s.Hold, c.want)
+		}
 	}
 }
 
@@ -590,5 +596,54 @@ func TestTheFastPathMeasuresTheOperationThatTakesTheLastPermit(t *testing.T) {
 	l.release(0)
 	if s := admStats(l); s.Hold >= time.Hour {
 		t.Fatalf("Hold %v after a short hold measured, want it lowered", s.Hold)
+	}
+}
+
+// Through database/sql: an operation that finds a permit free but whose
+// deadline is closer than the hold is refused once it holds its server
+// connection, before the driver sees it; once such refusals went on for
+// four margins with no hold measured, one runs, and its hold is measured.
+func TestALateOperationIsRefusedWithAPermitFreeUntilTheHoldIsStale(t *testing.T) {
+	var ev dlRejects
+	g, db, fc := dlGate(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour}, ev.option())
+	bg := context.Background()
+	if _, err := db.ExecContext(bg, "UPDATE t SET v = 0"); err != nil {
+		t.Fatal(err)
+	}
+	dlSetHold(g.global, time.Hour)
+	execs := fc.Count(fakedb.OpExec)
+	ctx := dlDeadline(t, time.Minute)
+	_, err := db.ExecContext(ctx, "UPDATE t SET v = 1")
+	if re := dlMissed(t, "exec, a permit free", err); re.Waited != 0 || re.Hold != time.Hour {
+		t.Fatalf("rejection %+v, want no wait and the hold of 1h", re)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err == nil {
+		tx.Rollback()
+	}
+	dlMissed(t, "begin, a permit free", err)
+	if n := fc.Count(fakedb.OpExec) - execs; n != 0 {
+		t.Fatalf("the driver saw %d execs of refused operations, want 0", n)
+	}
+	if evs := ev.list(); len(evs) != 2 || evs[0].Reason != ErrWouldMissDeadline {
+		t.Fatalf("OnReject events %+v, want 2 for ErrWouldMissDeadline", evs)
+	}
+
+	g.global.mu.Lock()
+	g.global.refusing = time.Now().Add(-4*time.Hour - time.Minute) // four margins (dev 0) ago
+	g.global.mu.Unlock()
+	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 2"); err != nil {
+		t.Fatalf("after four margins of refusals: %v, want it run", err)
+	}
+	if s := g.Stats(); s.Hold >= time.Hour {
+		t.Fatalf("hold %v after the operation that ran, want it measured below 1h", s.Hold)
+	}
+	_, err = db.ExecContext(ctx, "UPDATE t SET v = 3")
+	dlMissed(t, "exec, once the hold was measured again", err)
+	if _, err := db.ExecContext(bg, "UPDATE t SET v = 4"); err != nil {
+		t.Fatalf("without a deadline: %v, want it run", err)
+	}
+	if s := g.Stats(); s.RejectedDeadline != 3 || s.Admitted != 3 || s.Running != 0 || fc.Count(fakedb.OpExec)-execs != 2 {
+		t.Fatalf("stats %+v, %d execs; want 3 deadline rejections, 3 admitted, none running, 2 execs", s, fc.Count(fakedb.OpExec)-execs)
 	}
 }

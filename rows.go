@@ -16,16 +16,6 @@ type rows struct {
 	open  bool // its permits are to be released
 }
 
-var (
-	_ driver.Rows                           = (*rows)(nil)
-	_ driver.RowsNextResultSet              = (*rows)(nil)
-	_ driver.RowsColumnTypeScanType         = (*rows)(nil)
-	_ driver.RowsColumnTypeDatabaseTypeName = (*rows)(nil)
-	_ driver.RowsColumnTypeLength           = (*rows)(nil)
-	_ driver.RowsColumnTypeNullable         = (*rows)(nil)
-	_ driver.RowsColumnTypePrecisionScale   = (*rows)(nil)
-)
-
 func (r *rows) Columns() []string              { return r.inner.Columns() }
 func (r *rows) Next(dest []driver.Value) error { return r.inner.Next(dest) }
 

@@ -16,13 +16,6 @@ type stmt struct {
 	closed bool
 }
 
-var (
-	_ driver.Stmt              = (*stmt)(nil)
-	_ driver.StmtExecContext   = (*stmt)(nil)
-	_ driver.StmtQueryContext  = (*stmt)(nil)
-	_ driver.NamedValueChecker = (*stmt)(nil)
-)
-
 // query is a statement text with open statements, shared by them.
 type query struct {
 	text string

@@ -46,11 +46,14 @@ func openBenchDBs(b *testing.B, inner func() driver.Connector, p bulkhead.Policy
 	return plain, gated
 }
 
-// dbOps are the operations measured, each a function of one *sql.DB.
-var dbOps = []struct {
+// dbOp is an operation measured, a function of one *sql.DB.
+type dbOp struct {
 	name string
 	run  func(ctx context.Context, db *sql.DB) error
-}{
+}
+
+// dbOps are the operations measured, each a function of one *sql.DB.
+var dbOps = []dbOp{
 	{"op=exec", func(ctx context.Context, db *sql.DB) error {
 		_, err := db.ExecContext(ctx, "UPDATE t SET x = 1")
 		return err
@@ -129,36 +132,43 @@ func BenchmarkFakeDB(b *testing.B) {
 func BenchmarkGateCost(b *testing.B) {
 	const chunk = 64
 	for _, op := range dbOps {
-		b.Run(op.name, func(b *testing.B) {
-			plain, gated := openBenchDBs(b, func() driver.Connector { return fakedb.New() }, benchGatePolicy, 1)
-			ctx := context.Background()
-			run := func(db *sql.DB) time.Duration {
-				start := time.Now()
-				for range chunk {
-					if err := op.run(ctx, db); err != nil {
-						b.Fatal(err)
-					}
-				}
-				return time.Since(start)
-			}
-			run(plain) // warm: dial outside the timing
-			run(gated)
-			var tPlain, tGated time.Duration
-			n := 0
-			for b.Loop() {
-				if n%2 == 0 {
-					tPlain += run(plain)
-					tGated += run(gated)
-				} else {
-					tGated += run(gated)
-					tPlain += run(plain)
-				}
-				n++
-			}
-			ops := float64(n * chunk)
-			b.ReportMetric(float64(tPlain)/ops, "plain-ns/op")
-			b.ReportMetric(float64(tGated)/ops, "gated-ns/op")
-			b.ReportMetric(float64(tGated-tPlain)/ops, "gate-ns/op")
-		})
+		benchGateCost(b, op, chunk, "", context.Background())
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		benchGateCost(b, op, chunk, "/deadline", ctx)
+		cancel()
 	}
+}
+
+// benchGateCost is one of BenchmarkGateCost's runs, its operations under ctx.
+func benchGateCost(b *testing.B, op dbOp, chunk int, suffix string, ctx context.Context) {
+	b.Run(op.name+suffix, func(b *testing.B) {
+		plain, gated := openBenchDBs(b, func() driver.Connector { return fakedb.New() }, benchGatePolicy, 1)
+		run := func(db *sql.DB) time.Duration {
+			start := time.Now()
+			for range chunk {
+				if err := op.run(ctx, db); err != nil {
+					b.Fatal(err)
+				}
+			}
+			return time.Since(start)
+		}
+		run(plain) // warm: dial outside the timing
+		run(gated)
+		var tPlain, tGated time.Duration
+		n := 0
+		for b.Loop() {
+			if n%2 == 0 {
+				tPlain += run(plain)
+				tGated += run(gated)
+			} else {
+				tGated += run(gated)
+				tPlain += run(plain)
+			}
+			n++
+		}
+		ops := float64(n * chunk)
+		b.ReportMetric(float64(tPlain)/ops, "plain-ns/op")
+		b.ReportMetric(float64(tGated)/ops, "gated-ns/op")
+		b.ReportMetric(float64(tGated-tPlain)/ops, "gate-ns/op")
+	})
 }
