@@ -130,17 +130,18 @@ func BenchmarkFakeDB(b *testing.B) {
 //	go test -run '^$' -bench GateCost -count 10 ./tests/fakebench > cost.txt
 //	benchstat cost.txt
 func BenchmarkGateCost(b *testing.B) {
-	const chunk = 64
 	for _, op := range dbOps {
-		benchGateCost(b, op, chunk, "", context.Background())
+		benchGateCost(context.Background(), b, op, "")
 		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-		benchGateCost(b, op, chunk, "/deadline", ctx)
+		benchGateCost(ctx, b, op, "/deadline")
 		cancel()
 	}
 }
 
-// benchGateCost is one of BenchmarkGateCost's runs, its operations under ctx.
-func benchGateCost(b *testing.B, op dbOp, chunk int, suffix string, ctx context.Context) {
+// benchGateCost is BenchmarkGateCost's run of op under ctx, named op's name
+// and suffix: chunks of 64 operations, plain and gated in turn.
+func benchGateCost(ctx context.Context, b *testing.B, op dbOp, suffix string) {
+	const chunk = 64
 	b.Run(op.name+suffix, func(b *testing.B) {
 		plain, gated := openBenchDBs(b, func() driver.Connector { return fakedb.New() }, benchGatePolicy, 1)
 		run := func(db *sql.DB) time.Duration {
