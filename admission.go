@@ -45,6 +45,7 @@ type budget struct {
 	lease     time.Time // when set, the instant b stops holding (Gate.CapUntil); then b ≤ leaseB
 	leaseB    int
 	refusing  time.Time    // since when operations holding their permits are refused as late, with no hold measured
+	stale     bool         // refusing went on for four margins: the next hold measured restarts the average
 	margin    atomic.Int64 // hold + 2·dev, for Gate.admitted's check without mu
 }
 
@@ -216,9 +217,10 @@ func (l *budget) release(held time.Duration) {
 
 // observeLocked adds one hold time to the average (weight 1/8), its deviation
 // from it to theirs (1/4), and the hold, unless four times the average, to adapt.
+// The first hold, and the first after doomed let one through, restart both.
 func (l *budget) observeLocked(held time.Duration) {
-	if l.hold == 0 {
-		l.hold = held
+	if l.hold == 0 || l.stale {
+		l.hold, l.dev, l.stale = held, 0, false
 	}
 	d := held - l.hold
 	l.hold, l.refusing = l.hold+d/8, time.Time{}
@@ -247,7 +249,7 @@ func (l *budget) doomed(now, dl time.Time) *RejectedError {
 	case l.dryRun || !l.lateLocked(now, dl):
 		return nil
 	case !l.refusing.IsZero() && now.Sub(l.refusing) >= 4*(l.hold+2*l.dev):
-		l.refusing = now
+		l.refusing, l.stale = now, true
 		return nil
 	}
 	l.refusing = cmp.Or(l.refusing, now)
@@ -431,10 +433,7 @@ func (ps *passage) stop(ls []*budget) {
 	}
 	if !ps.start.IsZero() {
 		d := int64(ps.waited())
-		for _, l := range ls {
-			l.nWait.Add(1)
-			l.nWaitNanos.Add(d)
-		}
+		count(ls, func(l *budget) { l.nWait.Add(1); l.nWaitNanos.Add(d) })
 	}
 }
 
@@ -645,6 +644,7 @@ func (g *Gate) admitted(p *permit) error {
 		re = &RejectedError{Cause: ErrLeaseExpired, Workload: p.workloadName()}
 	} else if margin > 0 && !dl.IsZero() && p.start.Add(margin).After(dl) {
 		re, inc = judge.doomed(p.start, dl), func(l *budget) { l.nDeadline.Add(1) }
+		p.measure = p.measure || re == nil // one let through after refusals measures the hold again
 	}
 	if re != nil {
 		g.unused(p, inc)
