@@ -51,15 +51,15 @@ overload: ## the overload experiment (module experiments), open-loop on local Po
 # The adaptive experiments (BENCHMARKS.md: No number to guess), S = 10 ms, B = 2, 3 rounds each.
 ADAPTIVE_RUN = $(GO) run ./experiments overload --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} --service 10ms --rounds 3
 
-overload-adaptive: ## steady 1, 3, 6 × C: the gate with B measured against adaptive B (ceiling 16), failsafe-go's bulkhead and adaptive limiter (overload-adaptive.json; ~5 min)
-	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 1,3,6 --duration 3s --ceiling 16 --configs fsbulkhead,fsadaptive,fsadaptive-wait,gate,adaptive --json overload-adaptive.json
+overload-adaptive: ## steady 1, 3, 6 × C: the gate with B measured against adaptive B (ceiling 16), failsafe-go's bulkhead and adaptive limiter (overload-adaptive.json; ~9 min)
+	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 1,3,6 --duration 10s --ceiling 16 --configs fsbulkhead,fsadaptive,fsadaptive-wait,gate,adaptive --json overload-adaptive.json
 
-overload-shift: ## the work triples halfway, offered 2 × C: goodput before and after, over time (overload-shift.json, docs/shift.svg; ~3 min)
-	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 2 --shift 3 --duration 6s --ceiling 16 --configs fsbulkhead,fsadaptive,fsadaptive-wait,gate,adaptive --json overload-shift.json --chart docs/shift.svg
+overload-shift: ## the work triples halfway, offered 2 × C: goodput before and after, over time (overload-shift.json, docs/shift.svg; ~4 min)
+	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 2 --shift 3 --duration 12s --ceiling 16 --configs fsbulkhead,fsadaptive,fsadaptive-wait,gate,adaptive --json overload-shift.json --chart docs/shift.svg
 
-overload-ceiling: ## B misconfigured to 16 at 3 × C: the static gate at 16 (by the rule), then the gate at B = 2 beside adaptive B with ceiling 16 (overload-ceiling-*.json; ~2 min)
-	$(ADAPTIVE_RUN) --loads 3 --duration 3s --max-concurrent 16 --configs gate --json overload-ceiling-static16.json
-	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 3 --duration 3s --ceiling 16 --configs gate,adaptive,fsadaptive --json overload-ceiling.json
+overload-ceiling: ## B misconfigured to 16 at 3 × C: the static gate at 16 (by the rule), then the gate at B = 2 beside adaptive B with ceiling 16 (overload-ceiling-*.json; ~3 min)
+	$(ADAPTIVE_RUN) --loads 3 --duration 10s --max-concurrent 16 --configs gate --json overload-ceiling-static16.json
+	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 3 --duration 10s --ceiling 16 --configs gate,adaptive,fsadaptive --json overload-ceiling.json
 
 overload-priority: ## 3 × C, a fifth of the requests high-priority: their goodput against the gate serving them alone (overload-priority.json; ~2 min)
 	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 3 --high 0.2 --duration 3s --ceiling 16 --configs fsbulkhead,gate,adaptive,alone --json overload-priority.json

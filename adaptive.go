@@ -21,7 +21,7 @@ type adaptive struct {
 }
 
 // probeEvery is how many windows pass between two probes of the lowest hold.
-const probeEvery = 32
+const probeEvery = 128
 
 // observe adds the hold time of one operation run under limit b; waited
 // reports whether callers wait now. At a window's end it returns the limit
