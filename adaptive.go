@@ -21,7 +21,7 @@ type adaptive struct {
 }
 
 // probeEvery is how many windows pass between two probes of the lowest hold.
-const probeEvery = 128
+const probeEvery = 32
 
 // observe adds the hold time of one operation run under limit b; waited
 // reports whether callers wait now. At a window's end it returns the limit
