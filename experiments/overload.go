@@ -986,7 +986,9 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 	}()
 	// Every configuration starts with the server connections it uses
 	// already dialed: B+Q, what the plain pool keeps idle; B for the
-	// others (the gate's operations never hold more).
+	// others (the gate's operations never hold more), adaptive's included:
+	// its B starts lower and moves near it, and sessions dialed beyond
+	// what runs at once only spread the work over colder backends.
 	idle := p.MaxConcurrent
 	wrap := func(op func(context.Context, *sql.DB) error) func(context.Context, *sql.DB) error { return op }
 	switch name {
@@ -1012,8 +1014,6 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 		wrap = func(op func(context.Context, *sql.DB) error) func(context.Context, *sql.DB) error {
 			return fsOp(lim, op)
 		}
-	case cfgAdaptive:
-		idle = cfg.ceiling
 	}
 	gated := name == cfgGate || name == cfgAdaptive || name == cfgAlone
 	op, shifted := wrap(w.op), wrap(w.shifted)
