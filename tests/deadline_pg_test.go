@@ -104,3 +104,71 @@ func TestADeadlineShorterThanTheMeasuredHoldIsRefusedBeforeReachingPostgreSQL(t 
 	}
 	pgExpectIdle(t, g)
 }
+
+// A hold measured while PostgreSQL was slow (pg_sleep(0.3) each) refuses
+// every 100ms deadline at first; once four margins of such refusals have
+// passed, one operation runs, its hold is measured though it left a
+// permit free, and the average restarts from it: the gate admits the
+// same calls again, instead of refusing nearly all of them for as long
+// as a slowly decaying average stays above their deadline.
+func TestOnceTheDatabaseIsFastAgainTheGateAdmitsShortDeadlinesAgain(t *testing.T) {
+	ctx := pgTestCtx(t)
+	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 5 * time.Second})
+
+	// Measure slow holds: each pg_sleep(0.3) queues behind two held transactions.
+	for i := 0; g.Stats().Hold < 250*time.Millisecond; i++ {
+		if i == 5 {
+			t.Fatalf("Hold %v after %d measured operations of 300ms, want at least 250ms", g.Stats().Hold, i)
+		}
+		a, b := pgBegin(t, ctx, db), pgBegin(t, ctx, db)
+		done := dlPgQueued(t, ctx, g, db, "SELECT pg_sleep(0.3)", 1)
+		if err := a.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("slow operation %d: %v", i, err)
+		}
+	}
+	stale := g.Stats().Hold
+
+	// Fast calls with a 100ms deadline, one at a time: each finds both permits free.
+	call := func() error {
+		dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		var one int
+		return db.QueryRowContext(dctx, "SELECT 1").Scan(&one)
+	}
+	tick := time.NewTicker(10 * time.Millisecond) // paces the calls; nothing waits on it for state
+	defer tick.Stop()
+	refused := 0
+	for i := 0; ; i++ {
+		if i == 2000 {
+			t.Fatalf("%d calls with a 100ms deadline refused after the hold of %v, none let through (stats %+v)", refused, stale, g.Stats())
+		}
+		err := call()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, bulkhead.ErrWouldMissDeadline) {
+			t.Fatalf("call %d: %v, want it run or refused with ErrWouldMissDeadline", i, err)
+		}
+		refused++
+		<-tick.C
+	}
+	if refused == 0 {
+		t.Fatalf("no call refused under a hold of %v, want the first ones refused", stale)
+	}
+	if h := g.Stats().Hold; h >= 100*time.Millisecond {
+		t.Fatalf("hold %v after the call let through, want the average restarted from its hold, below the 100ms deadline", h)
+	}
+	for i := range 20 {
+		if err := call(); err != nil {
+			t.Fatalf("call %d after the one let through: %v, want every one run", i, err)
+		}
+	}
+	t.Logf("hold %v, then %d calls refused before one was let through; now %v", stale, refused, g.Stats().Hold)
+	pgExpectIdle(t, g)
+}
