@@ -551,8 +551,9 @@ type (
 		ServerMaxTx      *int           `json:"server_max_transactions,omitempty"`
 		ServerMaxConns   *int           `json:"server_max_connections,omitempty"`
 		ServerError      string         `json:"server_monitor_error,omitempty"`
-		ServerDrainMs    float64        `json:"server_drain_ms,omitempty"` // after the last request returned, until the server showed none of its work
-		WarmupOutcomes   map[string]int `json:"warmup_outcomes,omitempty"` // of the requests not counted, by outcome
+		ServerDrainMs    float64        `json:"server_drain_ms,omitempty"`   // after the last request returned, until the server showed none of its work
+		ServerTerminated bool           `json:"server_terminated,omitempty"` // its sessions still there after drainLimit were ended
+		WarmupOutcomes   map[string]int `json:"warmup_outcomes,omitempty"`   // of the requests not counted, by outcome
 	}
 )
 
@@ -1100,7 +1101,12 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 	closed = true
 	if mon != nil {
 		t0 := time.Now()
-		mon.Drain(drainLimit, overloadPoll)
+		// Sessions still running after drainLimit (statements their client
+		// gave up on) are ended, so that they load no configuration after.
+		if !mon.Drain(drainLimit, overloadPoll) && mon.Terminate() == nil {
+			ph.ServerTerminated = true
+			mon.Drain(drainLimit, overloadPoll)
+		}
 		ph.ServerDrainMs = cli.Ms(time.Since(t0))
 		mon.Stop()
 		if mon.seen {

@@ -47,18 +47,29 @@ func (a *ActivityDB) Count() (tx, conns int, err error) {
 
 // Drain waits, at most limit, looking every every, until the server shows
 // no connection of the application left: work cancelled by the client may
-// still be running there and would load what is measured next.
-func (a *ActivityDB) Drain(limit, every time.Duration) {
+// still be running there and would load what is measured next. It reports
+// whether it saw none left.
+func (a *ActivityDB) Drain(limit, every time.Duration) bool {
 	deadline := time.Now().Add(limit)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for time.Now().Before(deadline) {
 		_, conns, err := a.Count()
 		if err != nil || conns == 0 {
-			return
+			return err == nil
 		}
 		<-tick.C
 	}
+	return false
+}
+
+// Terminate ends the server sessions the application has left.
+func (a *ActivityDB) Terminate() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*ConnectTimeout)
+	defer cancel()
+	_, err := a.db.ExecContext(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+	WHERE application_name = $1 AND backend_type = 'client backend' AND pid <> pg_backend_pid()`, a.app)
+	return err
 }
 
 // Close closes the connection.
