@@ -199,7 +199,7 @@ func (l *budget) unadmit() {
 
 // release gives back both permits, the execution one first, so that those
 // running or waiting are always among the admitted. held is 0 if not measured,
-// negative if the operation's deadline passed first (it held at least -held).
+// negative if the operation's deadline passed first (it needed at least -held).
 func (l *budget) release(held time.Duration) {
 	l.mu.Lock()
 	l.running--
@@ -703,7 +703,7 @@ func (g *Gate) release(p *permit) {
 			emit(g.opt.events.OnRelease, Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited, Held: held})
 		}
 		if !p.deadline.IsZero() && !end.Before(p.deadline) {
-			held = -held
+			held = -max(p.deadline.Sub(p.start), 0) // needed at least that; its cancel after tells nothing
 		}
 	}
 	if !p.measure {

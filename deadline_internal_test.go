@@ -163,6 +163,43 @@ func TestAHoldCutOffByItsDeadlineOnlyRaisesTheAverage(t *testing.T) {
 	}
 }
 
+// Through database/sql: an operation still running at its deadline counts
+// as a hold up to its deadline, not up to the end of the cancellation that
+// followed; the release event still reports the whole hold.
+func TestAnOperationCutOffByItsDeadlineIsMeasuredUpToItsDeadline(t *testing.T) {
+	released := make(chan time.Duration, 1)
+	g, db, fc := dlGate(t, Policy{MaxConcurrent: 2, Adaptive: true},
+		WithEvents(Events{OnRelease: func(e Event) { released <- e.Held }}))
+	unblock := make(chan struct{})
+	fc.SetHook(func(ctx context.Context, op fakedb.Op, _ string) error {
+		if op != fakedb.OpExec {
+			return nil
+		}
+		<-ctx.Done()
+		<-unblock // the cancellation takes a while after the deadline
+		return ctx.Err()
+	})
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	dl, _ := ctx.Deadline()
+	done := make(chan error, 1)
+	go func() {
+		_, err := db.ExecContext(ctx, "UPDATE t SET v = 1")
+		done <- err
+	}()
+	<-ctx.Done()
+	admWaitFor(t, func() bool { return time.Since(dl) > 40*time.Millisecond })
+	close(unblock)
+	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("exec past its deadline: %v, want context.DeadlineExceeded", err)
+	}
+	whole := <-released
+	if s := g.Stats(); s.Hold <= 0 || s.Hold > dl.Sub(t0) || s.Hold >= whole {
+		t.Fatalf("Hold %v, want above 0, at most the %v to the deadline and below the whole hold %v", s.Hold, dl.Sub(t0), whole)
+	}
+}
+
 // The same operation without a deadline waits, as every operation did
 // before hold times were measured, and gets the permit given back.
 func TestWithoutADeadlineAnOperationWaitsWhateverTheHold(t *testing.T) {
