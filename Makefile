@@ -61,8 +61,8 @@ overload-ceiling: ## B misconfigured to 16 at 3 × C: the static gate at 16 (by 
 	$(ADAPTIVE_RUN) --loads 3 --duration 10s --max-concurrent 16 --configs gate --json overload-ceiling-static16.json
 	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 3 --duration 10s --ceiling 16 --configs gate,adaptive,fsadaptive --json overload-ceiling.json
 
-overload-priority: ## 3 × C, a fifth of the requests high-priority: their goodput against the gate serving them alone (overload-priority.json; ~2 min)
-	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 3 --high 0.2 --duration 3s --ceiling 16 --configs fsbulkhead,gate,adaptive,alone --json overload-priority.json
+overload-priority: ## 3 × C, a fifth of the requests high-priority: their goodput against the gate serving them alone (overload-priority.json; ~5 min)
+	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 3 --high 0.2 --duration 10s --ceiling 16 --configs fsbulkhead,gate,adaptive,alone --json overload-priority.json
 
 fleet: ## the fleet experiment (module experiments) on local PostgreSQL: 4 processes, T = 8; one process, static B = T/4 and T/8, the fleet budget, PgBouncer; deploy, SIGKILL, scale-down; prints the table, redraws docs/fleet.svg (~2 min; pgbouncer arm: apt-get install pgbouncer)
 	$(GO) run ./experiments fleet --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} \
