@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
 // dlPgQueued runs query on db in a goroutine, once g shows n operations
@@ -170,5 +171,38 @@ func TestOnceTheDatabaseIsFastAgainTheGateAdmitsShortDeadlinesAgain(t *testing.T
 		}
 	}
 	t.Logf("hold %v, then %d calls refused before one was let through; now %v", stale, refused, g.Stats().Hold)
+	pgExpectIdle(t, g)
+}
+
+// Through pgxgate, a pg_sleep(5) cut off by a 100ms deadline keeps its
+// permit until PostgreSQL stopped it, after the cancel request; its hold
+// counts only up to the deadline, so that the next callers' deadlines are
+// not weighed against the cancellation's time.
+func TestAStatementCutOffByItsDeadlineCountsAsAHoldUpToTheDeadline(t *testing.T) {
+	ctx := pgTestCtx(t)
+	released := make(chan time.Duration, 1)
+	g, err := bulkhead.New(pgxgate.Connector(pgConfig(t)), bulkhead.Policy{MaxConcurrent: 2, Adaptive: true},
+		bulkhead.WithEvents(bulkhead.Events{OnRelease: func(e bulkhead.Event) { released <- e.Held }}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	t.Cleanup(func() { db.Close() })
+	if err := db.PingContext(ctx); err != nil { // dialed before: the hold is the statement's
+		t.Fatal(err)
+	}
+
+	t0 := time.Now()
+	dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	dl, _ := dctx.Deadline()
+	if _, err := db.ExecContext(dctx, "SELECT pg_sleep(5)"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("pg_sleep(5) with a 100ms deadline: %v, want context.DeadlineExceeded", err)
+	}
+	whole := <-released
+	if h := g.Stats().Hold; h <= 0 || h > dl.Sub(t0) || h >= whole {
+		t.Fatalf("Hold %v, want above 0, at most the %v to the deadline and below the whole hold %v", h, dl.Sub(t0), whole)
+	}
+	t.Logf("held %v in all, %v after the deadline; hold counted %v", whole, whole-dl.Sub(t0), g.Stats().Hold)
 	pgExpectIdle(t, g)
 }
