@@ -168,19 +168,23 @@ func TestAHoldCutOffByItsDeadlineOnlyRaisesTheAverage(t *testing.T) {
 // followed; the release event still reports the whole hold.
 func TestAnOperationCutOffByItsDeadlineIsMeasuredUpToItsDeadline(t *testing.T) {
 	released := make(chan time.Duration, 1)
-	g, db, fc := dlGate(t, Policy{MaxConcurrent: 2, Adaptive: true},
-		WithEvents(Events{OnRelease: func(e Event) { released <- e.Held }}))
-	unblock := make(chan struct{})
+	g, db, fc := dlGate(t, Policy{MaxConcurrent: 2, Adaptive: true}, WithEvents(Events{OnRelease: func(e Event) {
+		if e.Kind == KindExec {
+			released <- e.Held // one exec runs
+		}
+	}}))
+	entered, unblock := make(chan struct{}), make(chan struct{})
 	fc.SetHook(func(ctx context.Context, op fakedb.Op, _ string) error {
 		if op != fakedb.OpExec {
 			return nil
 		}
+		close(entered)
 		<-ctx.Done()
 		<-unblock // the cancellation takes a while after the deadline
 		return ctx.Err()
 	})
 	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	dl, _ := ctx.Deadline()
 	done := make(chan error, 1)
@@ -188,13 +192,23 @@ func TestAnOperationCutOffByItsDeadlineIsMeasuredUpToItsDeadline(t *testing.T) {
 		_, err := db.ExecContext(ctx, "UPDATE t SET v = 1")
 		done <- err
 	}()
+	select {
+	case <-entered:
+	case err := <-done:
+		t.Fatalf("exec returned %v before reaching the driver", err)
+	}
 	<-ctx.Done()
 	admWaitFor(t, func() bool { return time.Since(dl) > 40*time.Millisecond })
 	close(unblock)
 	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("exec past its deadline: %v, want context.DeadlineExceeded", err)
 	}
-	whole := <-released
+	var whole time.Duration
+	select {
+	case whole = <-released: // sent before the exec returned
+	default:
+		t.Fatal("no release event for the exec")
+	}
 	if s := g.Stats(); s.Hold <= 0 || s.Hold > dl.Sub(t0) || s.Hold >= whole {
 		t.Fatalf("Hold %v, want above 0, at most the %v to the deadline and below the whole hold %v", s.Hold, dl.Sub(t0), whole)
 	}
