@@ -340,10 +340,9 @@ func (g *Gate) Stats() Stats {
 // WorkloadStats returns a snapshot of the named workload's budget, counting
 // outcomes whichever budget decided them; ok is false if the policy lacks it.
 func (g *Gate) WorkloadStats(name string) (s Stats, ok bool) {
-	l := g.workload(name)
-	if l == nil {
-		return Stats{}, false
+	if l := g.workload(name); l != nil {
+		l.stats(&s)
+		return s, true
 	}
-	l.stats(&s)
-	return s, true
+	return Stats{}, false
 }

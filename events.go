@@ -69,16 +69,12 @@ func JoinEvents(es ...Events) Events {
 
 // then returns a callback calling f, then g; nil if both are.
 func then(f, g func(Event)) func(Event) {
-	switch {
-	case f == nil:
+	if f == nil {
 		return g
-	case g == nil:
+	} else if g == nil {
 		return f
 	}
-	return func(e Event) {
-		f(e)
-		g(e)
-	}
+	return func(e Event) { f(e); g(e) }
 }
 
 // ReasonLabel names the cause of a rejection or Event.Reason for metric

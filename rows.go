@@ -1,6 +1,7 @@
 package bulkhead
 
 import (
+	"cmp"
 	"database/sql/driver"
 	"io"
 	"reflect"
@@ -24,9 +25,7 @@ func (r *rows) Close() error {
 	defer r.finish(&returned)
 	err := r.inner.Close()
 	if r.stmt != nil {
-		if cerr := r.stmt.Close(); err == nil {
-			err = cerr
-		}
+		err = cmp.Or(err, r.stmt.Close()) // the first error
 		r.stmt = nil
 	}
 	returned = true
