@@ -6,16 +6,16 @@ import "time"
 // from each window's mean hold and the lowest one (no queueing in the
 // database) it estimates the operations queued there, limit·(1 − lowest/mean).
 // It grows the limit by one below a third while callers wanted more, shrinks
-// it by one above one, and undoes a growth that won under a quarter of the
-// throughput it could (b/mean below (b−¾)/before), not retried for probeEvery
-// windows; then, unless a window read below a third, one runs at the floor to
-// measure the lowest again. Guarded by the budget's mutex.
+// it by one above one, and undoes a growth above half, not retried for
+// probeEvery windows. Every probeEvery windows, unless one of them read below
+// a third, one runs at the floor to measure the lowest again. Guarded by the budget's mutex.
 type adaptive struct {
 	floor, ceil int
-	n           int           // completions in the window
-	sum         time.Duration // their hold times
-	wanted      bool          // callers waited or were refused during the window
-	before      time.Duration // the mean hold before the limit grew at the window's start; 0: it did not
+
+	n      int           // completions in the window
+	sum    time.Duration // their hold times
+	wanted bool          // callers waited or were refused during the window
+	grew   bool          // the limit grew at the window's start
 
 	low       time.Duration // the lowest window mean since the last probe; 0: none
 	windows   int           // windows since the last probe
@@ -38,8 +38,8 @@ func (a *adaptive) observe(held time.Duration, b int, waited bool) (int, bool) {
 		return b, false
 	}
 	mean := a.sum / time.Duration(a.n)
-	wanted, before := a.wanted, a.before
-	a.n, a.sum, a.wanted, a.before = 0, 0, false, 0
+	wanted, grew := a.wanted, a.grew
+	a.n, a.sum, a.wanted, a.grew = 0, 0, false, false
 	a.windows++
 	if b <= a.floor {
 		a.low, a.windows = mean, 0
@@ -63,12 +63,12 @@ func (a *adaptive) observe(held time.Duration, b int, waited bool) (int, bool) {
 	}
 	nb := b
 	switch {
-	case before > 0 && b > a.floor && float64(b)*float64(before) < (float64(b)-0.75)*float64(mean):
+	case grew && queued > 0.5 && b > a.floor: // the growth only queued work
 		nb, a.top = b-1, b-1
 	case queued > 1 && b > a.floor:
 		nb = b - 1
 	case queued < 1.0/3 && wanted && b < a.ceil && (a.top == 0 || b < a.top):
-		nb, a.before = b+1, mean
+		nb, a.grew = b+1, true
 	}
 	return nb, nb != b
 }

@@ -143,30 +143,6 @@ func TestAdaptiveUndoesTheGrowthThatQueuedInTheDatabase(t *testing.T) {
 	}
 }
 
-// A growth is judged by the throughput it won, not by the holds alone: on
-// a database whose holds rise 35% from 1 to 2 running (a client sharing
-// its cores: half an operation queued, by the holds) and that runs 2 at
-// once, 2 gives 1.48 times the throughput of 1 and is kept; b is never
-// back at 1 but for one window at a time (a probe), and 3 is undone.
-func TestAdaptiveKeepsAGrowthThatWonThroughputThoughHoldsRose(t *testing.T) {
-	a := &adaptive{floor: 1, ceil: 16}
-	model := func(b int) time.Duration {
-		if b == 1 {
-			return adWork
-		}
-		return adCores(2, adWork*27/20)(b)
-	}
-	trace := adRun(t, a, 1, 4*probeEvery, model, true)
-	for i := 1; i < len(trace); i++ {
-		if trace[i] == 1 && (trace[i-1] == 1 || i+1 < len(trace) && trace[i+1] == 1) {
-			t.Fatalf("window %d: b=1 for more than one window (trace %v)", i, trace[:i+2])
-		}
-		if trace[i] > 3 || trace[i] == 3 && i+1 < len(trace) && trace[i+1] == 3 {
-			t.Fatalf("window %d: b=%d kept above 2 (trace %v)", i, trace[i], trace[:i+2])
-		}
-	}
-}
-
 // When the holds at b grow too little to shrink it (a third longer at
 // b=2) but enough to stop its growth, the lowest hold is stale: once a
 // whole probeEvery windows read it so, one runs at the floor to measure it
