@@ -4,24 +4,20 @@ import "time"
 
 // adaptive moves a budget's limit between floor and ceil, as TCP Vegas does:
 // from each window's mean hold and the lowest one (no queueing in the
-// database) it estimates the operations queued there, limit·(1 − lowest/mean).
-// It grows the limit by one below a third while callers wanted more, shrinks
-// it by one above one, and undoes a growth above half, not retried for
-// probeEvery windows. Every probeEvery windows, unless one of them read below
-// a third, one runs at the floor to measure the lowest again. Guarded by the budget's mutex.
+// database) it estimates the operations queued there, limit·(1 − lowest/mean),
+// and grows the limit by one below a third while callers wanted more, or
+// shrinks it by one above one. One window in every probeEvery runs at the
+// floor to measure the lowest again. Guarded by the budget's mutex.
 type adaptive struct {
 	floor, ceil int
 
 	n      int           // completions in the window
 	sum    time.Duration // their hold times
 	wanted bool          // callers waited or were refused during the window
-	grew   bool          // the limit grew at the window's start
 
-	low       time.Duration // the lowest window mean since the last probe; 0: none
-	windows   int           // windows since the last probe
-	resume    int           // during a probe, the limit to return to; 0: none
-	top       int           // the most the limit may grow to until the next probe; 0: ceil
-	confirmed bool          // a window since the last probe read below a third: the lowest holds
+	low     time.Duration // the lowest window mean since the last probe; 0: none
+	windows int           // windows since the last probe
+	resume  int           // during a probe, the limit to return to; 0: none
 }
 
 // probeEvery is how many windows pass between two probes of the lowest hold.
@@ -38,8 +34,8 @@ func (a *adaptive) observe(held time.Duration, b int, waited bool) (int, bool) {
 		return b, false
 	}
 	mean := a.sum / time.Duration(a.n)
-	wanted, grew := a.wanted, a.grew
-	a.n, a.sum, a.wanted, a.grew = 0, 0, false, false
+	wanted := a.wanted
+	a.n, a.sum, a.wanted = 0, 0, false
 	a.windows++
 	if b <= a.floor {
 		a.low, a.windows = mean, 0
@@ -51,24 +47,17 @@ func (a *adaptive) observe(held time.Duration, b int, waited bool) (int, bool) {
 		a.resume = 0
 		return nb, nb != b
 	}
-	queued := float64(b) * (1 - float64(a.low)/float64(mean))
-	a.confirmed = a.confirmed || queued < 1.0/3
 	if a.windows >= probeEvery {
-		probe := !a.confirmed
-		a.windows, a.top, a.confirmed = 0, 0, false
-		if probe {
-			a.resume = b
-			return a.floor, a.floor != b
-		}
+		a.resume = b
+		return a.floor, a.floor != b
 	}
+	queued := float64(b) * (1 - float64(a.low)/float64(mean))
 	nb := b
 	switch {
-	case grew && queued > 0.5 && b > a.floor: // the growth only queued work
-		nb, a.top = b-1, b-1
 	case queued > 1 && b > a.floor:
 		nb = b - 1
-	case queued < 1.0/3 && wanted && b < a.ceil && (a.top == 0 || b < a.top):
-		nb, a.grew = b+1, true
+	case queued < 1.0/3 && wanted && b < a.ceil:
+		nb = b + 1
 	}
 	return nb, nb != b
 }

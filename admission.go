@@ -539,8 +539,11 @@ func (l *budget) execute(ctx context.Context, ps *passage) error {
 	case w.shed:
 		ps.shed, queued, err = w.gave, 0, nil
 		cause = ErrAdmissionFull
-	case w.late: // the cause if it was not ctx's end or l's close
-		queued, cause = 0, ErrWouldMissDeadline
+	case w.late:
+		queued = 0
+		if err == nil {
+			cause = ErrWouldMissDeadline
+		}
 	default:
 		l.unlinkLocked(w)
 	}

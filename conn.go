@@ -45,8 +45,8 @@ func (c *conn) bind(ctx context.Context, lease time.Time) error {
 		return nil
 	}
 	for {
-		var err error
 		if s == nil {
+			var err error
 			if s, err = p.get(ctx); err != nil {
 				return err
 			}
@@ -57,7 +57,8 @@ func (c *conn) bind(ctx context.Context, lease time.Time) error {
 			return errLapsed
 		}
 		c.s = s
-		if err = p.ready(ctx, s); err == nil {
+		err := p.ready(ctx, s)
+		if err == nil {
 			return nil
 		}
 		c.s = nil

@@ -340,9 +340,10 @@ func (g *Gate) Stats() Stats {
 // WorkloadStats returns a snapshot of the named workload's budget, counting
 // outcomes whichever budget decided them; ok is false if the policy lacks it.
 func (g *Gate) WorkloadStats(name string) (s Stats, ok bool) {
-	if l := g.workload(name); l != nil {
-		l.stats(&s)
-		return s, true
+	l := g.workload(name)
+	if l == nil {
+		return Stats{}, false
 	}
-	return Stats{}, false
+	l.stats(&s)
+	return s, true
 }

@@ -69,12 +69,16 @@ func JoinEvents(es ...Events) Events {
 
 // then returns a callback calling f, then g; nil if both are.
 func then(f, g func(Event)) func(Event) {
-	if f == nil {
+	switch {
+	case f == nil:
 		return g
-	} else if g == nil {
+	case g == nil:
 		return f
 	}
-	return func(e Event) { f(e); g(e) }
+	return func(e Event) {
+		f(e)
+		g(e)
+	}
 }
 
 // ReasonLabel names the cause of a rejection or Event.Reason for metric

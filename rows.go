@@ -1,7 +1,6 @@
 package bulkhead
 
 import (
-	"cmp"
 	"database/sql/driver"
 	"io"
 	"reflect"
@@ -25,7 +24,9 @@ func (r *rows) Close() error {
 	defer r.finish(&returned)
 	err := r.inner.Close()
 	if r.stmt != nil {
-		err = cmp.Or(err, r.stmt.Close()) // the first error
+		if cerr := r.stmt.Close(); err == nil {
+			err = cerr
+		}
 		r.stmt = nil
 	}
 	returned = true

@@ -37,7 +37,8 @@ const maxKnown = 4096
 func (ss *statements) openQuery(text string) (q *query, known bool) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	if q = ss.open[text]; q == nil {
+	q = ss.open[text]
+	if q == nil {
 		if ss.open == nil {
 			ss.open, ss.known = map[string]*query{}, map[string]struct{}{}
 		}
