@@ -227,7 +227,7 @@ func (l *budget) observeLocked(held time.Duration) {
 	l.dev += (max(d, -d) - l.dev) / 4
 	l.margin.Store(int64(l.hold + 2*l.dev))
 	if l.adapt != nil && held <= 4*l.hold { // far above: an outlier (cut off at its deadline)
-		if b, ok := l.adapt.observe(held, l.b, l.waiting > 0); ok {
+		if b, ok := l.adapt.observe(held, l.b, l.waiting > 0, time.Now()); ok {
 			l.setLimitLocked(b)
 		}
 	}
