@@ -46,7 +46,7 @@ type budget struct {
 	leaseB    int
 	refusing  time.Time    // since when operations holding their permits are refused as late, with no hold measured
 	stale     bool         // refusing went on for four margins: the next hold measured restarts the average
-	margin    atomic.Int64 // hold + 2·dev, for Gate.admitted's check without mu
+	margin    atomic.Int64 // marginLocked's, for Gate.admitted's check without mu
 }
 
 // waiter is one operation queued for an execution permit, by priority, then
@@ -225,7 +225,7 @@ func (l *budget) observeLocked(held time.Duration) {
 	d := held - l.hold
 	l.hold, l.refusing = l.hold+d/8, time.Time{}
 	l.dev += (max(d, -d) - l.dev) / 4
-	l.margin.Store(int64(l.hold + 2*l.dev))
+	l.margin.Store(int64(l.marginLocked()))
 	if l.adapt != nil && held <= 4*l.hold { // far above: an outlier (cut off at its deadline)
 		if b, ok := l.adapt.observe(held, l.b, l.waiting > 0, time.Now()); ok {
 			l.setLimitLocked(b)
@@ -233,10 +233,16 @@ func (l *budget) observeLocked(held time.Duration) {
 	}
 }
 
+// marginLocked is how long an operation is expected to hold its permits at
+// most: the hold plus four times its deviation, as TCP's retransmission timer.
+func (l *budget) marginLocked() time.Duration {
+	return l.hold + 4*l.dev
+}
+
 // lateLocked reports whether an operation starting at now ends after dl, by
-// the hold plus twice its deviation; never with dl zero or no hold measured.
+// marginLocked; never with dl zero or no hold measured.
 func (l *budget) lateLocked(now, dl time.Time) bool {
-	return !dl.IsZero() && l.hold > 0 && now.Add(l.hold+2*l.dev).After(dl)
+	return !dl.IsZero() && l.hold > 0 && now.Add(l.marginLocked()).After(dl)
 }
 
 // doomed is the rejection of an operation with deadline dl, holding its
@@ -248,7 +254,7 @@ func (l *budget) doomed(now, dl time.Time) *RejectedError {
 	switch {
 	case l.dryRun || !l.lateLocked(now, dl):
 		return nil
-	case !l.refusing.IsZero() && now.Sub(l.refusing) >= 4*(l.hold+2*l.dev):
+	case !l.refusing.IsZero() && now.Sub(l.refusing) >= 4*l.marginLocked():
 		l.refusing, l.stale = now, true
 		return nil
 	}
@@ -479,7 +485,7 @@ func (l *budget) execute(ctx context.Context, ps *passage) error {
 		ahead := time.Duration(l.waiting-behind+1) * l.hold / time.Duration(max(l.b, 1))
 		if l.lateLocked(now.Add(ahead), ps.deadline) {
 			end, cause = now, ErrWouldMissDeadline // refused at once
-		} else if last := ps.deadline.Add(-l.hold - 2*l.dev); last.Before(end) {
+		} else if last := ps.deadline.Add(-l.marginLocked()); last.Before(end) {
 			end, cause = last, ErrWouldMissDeadline
 		}
 	}

@@ -86,7 +86,7 @@ func dlNone(t *testing.T, what string, ch <-chan admResult) {
 func dlSetHold(l *budget, d time.Duration) {
 	l.mu.Lock()
 	l.hold = d
-	l.margin.Store(int64(d + 2*l.dev))
+	l.margin.Store(int64(l.marginLocked()))
 	l.mu.Unlock()
 }
 
@@ -454,7 +454,7 @@ func TestTheHoldDeadlinesAreWeighedAgainstIsAMovingAverage(t *testing.T) {
 }
 
 // An operation is late if it would end after its deadline by the mean
-// hold plus twice the holds' mean deviation from it: with holds that vary,
+// hold plus four times the holds' mean deviation from it: with holds that vary,
 // one that the mean alone would let start is refused.
 func TestTheMarginAnOperationNeedsGrowsWithTheSpreadOfTheHolds(t *testing.T) {
 	for _, c := range []struct {
