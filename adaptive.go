@@ -8,8 +8,8 @@ import "time"
 // It grows the limit by one below a third while callers wanted more, and
 // shrinks it by one above one. A growth after which half an operation queued
 // and the throughput rose by less than a quarter of what one more operation
-// could bring is undone, and not tried again for probeEvery windows, twice as
-// many after each such undo in a row, up to 8·probeEvery. Every probeEvery
+// could bring is undone, and not tried again for 4·probeEvery windows, twice
+// as many after each such undo in a row, up to 32·probeEvery. Every probeEvery
 // windows, unless one of them read under a third, one runs at the floor to
 // measure the lowest hold again. Guarded by the budget's mutex.
 type adaptive struct {
@@ -84,7 +84,7 @@ func (a *adaptive) observe(held time.Duration, b int, waited bool, now time.Time
 	nb := b
 	switch {
 	case undo: // the growth queued work and won little throughput
-		a.backoff = min(max(2*a.backoff, probeEvery), 8*probeEvery)
+		a.backoff = min(max(2*a.backoff, 4*probeEvery), 32*probeEvery)
 		nb, a.top, a.blocked = b-1, b, a.backoff
 	case queued > 1 && b > a.floor:
 		nb = b - 1

@@ -113,12 +113,12 @@ func TestAdaptiveGrowsOnlyInAWindowInWhichCallersWaited(t *testing.T) {
 
 // On a database that runs 2 operations at once, the limit settles there:
 // a growth to 3 holds each operation 1.5 times longer for no throughput,
-// so it is undone after one window and tried again after probeEvery
-// windows, then twice as many after each undo, up to 8·probeEvery. Flat
+// so it is undone after one window and tried again after 4·probeEvery
+// windows, then twice as many after each undo, up to 32·probeEvery. Flat
 // holds at 2 confirm the lowest hold: no window runs at the floor.
 func TestAdaptiveSettlesAtTheDatabasesConcurrencyAndBacksOffItsTries(t *testing.T) {
 	a := &adaptive{floor: 1, ceil: 16}
-	trace := adRun(t, a, 1, 20*probeEvery, adCores(2, adWork), true)
+	trace := adRun(t, a, 1, 100*probeEvery, adCores(2, adWork), true)
 	var tries []int
 	for i, b := range trace {
 		switch {
@@ -128,12 +128,12 @@ func TestAdaptiveSettlesAtTheDatabasesConcurrencyAndBacksOffItsTries(t *testing.
 			t.Fatalf("window %d: b=%d, want 2 but for single windows at 3 (trace %v)", i, b, trace[:i+1])
 		}
 	}
-	gap := probeEvery
+	gap := 4 * probeEvery
 	for k := 1; k < len(tries); k++ {
 		if got := tries[k] - tries[k-1]; got != gap+1 {
-			t.Fatalf("tries of 3 at windows %v: gap %d after try %d, want %d (each undo blocks twice as long, up to %d)", tries, got, k, gap+1, 8*probeEvery)
+			t.Fatalf("tries of 3 at windows %v: gap %d after try %d, want %d (each undo blocks twice as long, up to %d)", tries, got, k, gap+1, 32*probeEvery)
 		}
-		gap = min(2*gap, 8*probeEvery)
+		gap = min(2*gap, 32*probeEvery)
 	}
 	if len(tries) < 5 {
 		t.Fatalf("tries of 3 at windows %v, want 5 or more in %d windows", tries, len(trace))
@@ -141,10 +141,10 @@ func TestAdaptiveSettlesAtTheDatabasesConcurrencyAndBacksOffItsTries(t *testing.
 }
 
 // The convergence above, window by window: b reaches 2 in one window, tries
-// 3 in the next and is back at 2 after it, for probeEvery windows.
+// 3 in the next and is back at 2 after it, for 4·probeEvery windows.
 func TestAdaptiveReachesTheDatabasesConcurrencyInOneWindow(t *testing.T) {
 	a := &adaptive{floor: 1, ceil: 16}
-	trace := adRun(t, a, 1, probeEvery, adCores(2, adWork), true)
+	trace := adRun(t, a, 1, 4*probeEvery, adCores(2, adWork), true)
 	for i, b := range trace {
 		want := 2
 		if i == 1 {
