@@ -209,7 +209,7 @@ func (l *budget) release(held time.Duration) {
 		panic("bulkhead: bug: permits released more than held")
 	}
 	if held > 0 || held < 0 && -held > l.hold { // one cut off only raises the hold
-		l.observeLocked(max(held, -held))
+		l.observeLocked(held)
 	}
 	l.grantLocked()
 	l.mu.Unlock()
@@ -217,14 +217,20 @@ func (l *budget) release(held time.Duration) {
 
 // observeLocked adds one hold time to the average (weight 1/8), its deviation
 // from it to theirs (1/4), and the hold, unless four times the average, to adapt.
-// The first hold, and the first after doomed let one through, restart both.
+// A negative held, cut off at its deadline after -held, is a lower bound of
+// the work: it moves the average, not the deviation. The first hold, and the
+// first after doomed let one through, restart both.
 func (l *budget) observeLocked(held time.Duration) {
+	cut := held < 0
+	held = max(held, -held)
 	if l.hold == 0 || l.stale {
 		l.hold, l.dev, l.stale = held, 0, false
 	}
 	d := held - l.hold
 	l.hold, l.refusing = l.hold+d/8, time.Time{}
-	l.dev += (max(d, -d) - l.dev) / 4
+	if !cut {
+		l.dev += (max(d, -d) - l.dev) / 4
+	}
 	l.margin.Store(int64(l.marginLocked()))
 	if l.adapt != nil && held <= 4*l.hold { // far above: an outlier (cut off at its deadline)
 		if b, ok := l.adapt.observe(held, l.b, l.waiting > 0, time.Now()); ok {

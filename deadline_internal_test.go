@@ -214,6 +214,31 @@ func TestAnOperationCutOffByItsDeadlineIsMeasuredUpToItsDeadline(t *testing.T) {
 	}
 }
 
+// A hold cut off at its deadline is a lower bound of the work, not a sample
+// of how much holds vary: it raises the average by an eighth of the gap and
+// leaves the deviation. Counted in the deviation, one such hold after steady
+// 10 ms ones would lift the margin (hold plus four deviations) to 100 ms,
+// and the gate would refuse every caller with a shorter deadline.
+func TestAHoldCutOffAtItsDeadlineRaisesTheAverageNotTheDeviation(t *testing.T) {
+	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
+	for range 8 {
+		admMustAcquire(t, l)
+		l.release(10 * time.Millisecond)
+	}
+	admMustAcquire(t, l)
+	l.release(-90 * time.Millisecond)
+	now := time.Now()
+	l.mu.Lock()
+	hold, dev, late := l.hold, l.dev, l.lateLocked(now, now.Add(50*time.Millisecond))
+	l.mu.Unlock()
+	if hold != 20*time.Millisecond || dev != 0 || late {
+		t.Fatalf("after eight holds of 10ms and one cut off at 90ms: hold %v, deviation %v, late with 50ms left %v; want 20ms, 0, false", hold, dev, late)
+	}
+	if m := time.Duration(l.margin.Load()); m != 20*time.Millisecond {
+		t.Fatalf("margin %v, want 20ms", m)
+	}
+}
+
 // The same operation without a deadline waits, as every operation did
 // before hold times were measured, and gets the permit given back.
 func TestWithoutADeadlineAnOperationWaitsWhateverTheHold(t *testing.T) {
