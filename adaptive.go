@@ -9,9 +9,10 @@ import "time"
 // shrinks it by one above one. A growth after which half an operation queued
 // and the throughput rose by less than a quarter of what one more operation
 // could bring is undone, and not tried again for 4·probeEvery windows, twice
-// as many after each such undo in a row, up to 32·probeEvery. Every probeEvery
-// windows, unless one of them read under a third, one runs at the floor to
-// measure the lowest hold again. Guarded by the budget's mutex.
+// as many after each such undo in a row, up to 32·probeEvery, even across a
+// visit to the floor: longer work does not give the database more cores.
+// Every probeEvery windows, unless one of them read under a third, one runs
+// at the floor to measure the lowest hold again. Guarded by the budget's mutex.
 type adaptive struct {
 	floor, ceil int
 
@@ -58,7 +59,7 @@ func (a *adaptive) observe(held time.Duration, b int, waited bool, now time.Time
 		a.top = 0
 	}
 	if b <= a.floor {
-		a.low, a.windows, a.confirmed, a.top, a.backoff = mean, 0, false, 0, 0
+		a.low, a.windows, a.confirmed = mean, 0, false
 	} else if a.low == 0 || mean < a.low {
 		a.low = mean
 	}

@@ -209,7 +209,7 @@ func TestAdaptiveProbesTheFloorOnlyWhenNoWindowConfirmsTheLowestHold(t *testing.
 // When the work itself gets longer (holds triple at the same b), the
 // limit shrinks one per window to the floor, measures the longer work's
 // hold there, and climbs back to the level it had, one per window (on a
-// database of 4, trying 5 once on the way).
+// database of 4, at most one window above it).
 func TestAdaptiveRecoversItsLevelAfterTheWorkGetsLonger(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -247,6 +247,30 @@ func TestAdaptiveRecoversItsLevelAfterTheWorkGetsLonger(t *testing.T) {
 			}
 			t.Logf("back at %d after %d windows (bound %d): %v", c.level, back, bound, after[:back])
 		})
+	}
+}
+
+// On a database of 2 that has undone a try of 3, the work tripling takes
+// b to the floor and back to 2, not to 3: the try stays blocked across the
+// visit to the floor (a try of 3 there runs holds half again as long,
+// which the deadlines of callers behind them do not leave room for).
+func TestAdaptiveDoesNotRetryAnUndoneGrowthAfterTheWorkGetsLonger(t *testing.T) {
+	a := &adaptive{floor: 1, ceil: 16}
+	before := adRun(t, a, 1, 8, adCores(2, adWork), true)
+	if !slices.Contains(before, 3) || before[len(before)-1] != 2 {
+		t.Fatalf("before the shift: windows %v, want a try of 3 undone, ending at 2", before)
+	}
+	after := adRun(t, a, 2, 4*probeEvery-16, adCores(2, 3*adWork), true)
+	if !slices.Contains(after, 1) {
+		t.Fatalf("after the work tripled: windows %v, want a visit to the floor", after)
+	}
+	for i, b := range after {
+		if b > 2 {
+			t.Fatalf("window %d after the work tripled: b=%d, want at most 2 while the try of 3 is blocked (trace %v)", i, b, after[:i+1])
+		}
+	}
+	if last := after[len(after)-1]; last != 2 {
+		t.Fatalf("b %d at the end, want 2 (trace %v)", last, after)
 	}
 }
 
