@@ -39,6 +39,7 @@ type budget struct {
 	prio      int                 // a workload's Priority: that of its operations in the global budget
 	hold      time.Duration       // moving average of the hold times; 0: none measured yet
 	dev       time.Duration       // moving average of their deviation from hold
+	cut       bool                // the last hold measured was cut off at its deadline
 	adapt     *adaptive           // moves b within its ceiling; nil: b is the limit set
 	shedOther func(prio int) bool // global budget: Gate.shedQueued, called with mu held
 	nDeadline atomic.Int64
@@ -218,8 +219,10 @@ func (l *budget) release(held time.Duration) {
 // observeLocked adds one hold time to the average (weight 1/8), its deviation
 // from it to theirs (1/4), and the hold, unless four times the average, to adapt.
 // A negative held, cut off at its deadline after -held, is a lower bound of
-// the work: it moves the average, not the deviation. The first hold, and the
-// first after doomed let one through, restart both.
+// the work: it moves the average, and the deviation only if the hold before
+// it was cut off too (one is an outlier, a run means the deadlines leave the
+// work no room). The first hold, and the first after doomed let one through,
+// restart both.
 func (l *budget) observeLocked(held time.Duration) {
 	cut := held < 0
 	held = max(held, -held)
@@ -228,9 +231,10 @@ func (l *budget) observeLocked(held time.Duration) {
 	}
 	d := held - l.hold
 	l.hold, l.refusing = l.hold+d/8, time.Time{}
-	if !cut {
+	if !cut || l.cut {
 		l.dev += (max(d, -d) - l.dev) / 4
 	}
+	l.cut = cut
 	l.margin.Store(int64(l.marginLocked()))
 	if l.adapt != nil && held <= 4*l.hold { // far above: an outlier (cut off at its deadline)
 		if b, ok := l.adapt.observe(held, l.b, l.waiting > 0, time.Now()); ok {

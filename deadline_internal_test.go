@@ -239,6 +239,28 @@ func TestAHoldCutOffAtItsDeadlineRaisesTheAverageNotTheDeviation(t *testing.T) {
 	}
 }
 
+// Holds cut off one after another (a link slower than the deadlines) are
+// no outlier: from the second one on they move the deviation too, and a
+// caller with 50ms left is judged late.
+func TestHoldsCutOffOneAfterAnotherRaiseTheDeviation(t *testing.T) {
+	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
+	for range 8 {
+		admMustAcquire(t, l)
+		l.release(10 * time.Millisecond)
+	}
+	for range 2 {
+		admMustAcquire(t, l)
+		l.release(-90 * time.Millisecond)
+	}
+	now := time.Now()
+	l.mu.Lock()
+	dev, late := l.dev, l.lateLocked(now, now.Add(50*time.Millisecond))
+	l.mu.Unlock()
+	if dev == 0 || !late {
+		t.Fatalf("after eight holds of 10ms and two cut off at 90ms: deviation %v, late with 50ms left %v; want above 0, true", dev, late)
+	}
+}
+
 // The same operation without a deadline waits, as every operation did
 // before hold times were measured, and gets the permit given back.
 func TestWithoutADeadlineAnOperationWaitsWhateverTheHold(t *testing.T) {
