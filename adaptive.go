@@ -10,16 +10,21 @@ import "time"
 // and the throughput rose by less than a quarter of what one more operation
 // could bring is undone, and not tried again for 4·probeEvery windows, twice
 // as many after each such undo in a row, up to 32·probeEvery, even across a
-// visit to the floor: longer work does not give the database more cores.
+// visit to the floor: longer work does not give the database more cores. It
+// is judged only on a window in which callers waited, or were refused, at
+// every completion: otherwise the throughput measured is the callers'
+// arrivals, and the growth is kept.
 // Every probeEvery windows, unless one of them read under a third, one runs
 // at the floor to measure the lowest hold again. Guarded by the budget's mutex.
 type adaptive struct {
 	floor, ceil int
 
-	n      int           // completions in the window
-	sum    time.Duration // their hold times
-	start  time.Time     // when the window began; zero: unknown
-	wanted bool          // callers waited or were refused during the window
+	n       int           // completions in the window
+	sum     time.Duration // their hold times
+	start   time.Time     // when the window began; zero: unknown
+	wanted  bool          // callers waited or were refused during the window
+	dry     bool          // a completion of the window found no caller waiting, nor refused since the one before
+	refused bool          // a caller was refused since the last completion
 
 	low       time.Duration // the lowest window mean since the last probe; 0: none
 	windows   int           // windows since the last probe
@@ -31,6 +36,11 @@ type adaptive struct {
 	backoff   int           // the last undo's blocked windows; 0 once a growth is kept
 }
 
+// want records a caller refused (in dry-run, one that would have waited).
+func (a *adaptive) want() {
+	a.wanted, a.refused = true, true
+}
+
 // probeEvery is how many windows pass between two probes of the lowest hold.
 const probeEvery = 32
 
@@ -40,7 +50,8 @@ const probeEvery = 32
 func (a *adaptive) observe(held time.Duration, b int, waited bool, now time.Time) (int, bool) {
 	a.n++
 	a.sum += held
-	a.wanted = a.wanted || waited
+	busy := waited || a.refused
+	a.wanted, a.dry, a.refused = a.wanted || busy, a.dry || !busy, false
 	if a.n < max(8, 4*b) {
 		return b, false
 	}
@@ -49,8 +60,8 @@ func (a *adaptive) observe(held time.Duration, b int, waited bool, now time.Time
 	if el := now.Sub(a.start); !a.start.IsZero() && el > 0 {
 		rate = float64(a.n) / el.Seconds()
 	}
-	wanted, before := a.wanted, a.before
-	a.n, a.sum, a.wanted, a.before, a.start = 0, 0, false, 0, now
+	wanted, dry, before := a.wanted, a.dry, a.before
+	a.n, a.sum, a.wanted, a.dry, a.before, a.start = 0, 0, false, false, 0, now
 	a.windows++
 	if a.blocked > 0 {
 		a.blocked--
@@ -78,7 +89,7 @@ func (a *adaptive) observe(held time.Duration, b int, waited bool, now time.Time
 		}
 		a.confirmed = false
 	}
-	undo := before > 0 && queued > 0.5 && b > a.floor && rate < before*(float64(b)-0.75)/float64(b-1)
+	undo := before > 0 && !dry && queued > 0.5 && b > a.floor && rate < before*(float64(b)-0.75)/float64(b-1)
 	if before > 0 && !undo {
 		a.backoff = 0 // the growth is kept
 	}

@@ -419,3 +419,36 @@ func TestAdaptiveGrowsOnRefusalsWhenNobodyCanWait(t *testing.T) {
 	}
 	l.release(0)
 }
+
+// A growth is judged on the window after it only if callers waited, or
+// were refused, at every completion of it. From the floor, a window at 2
+// whose holds rose and whose throughput stayed that of 1 is undone when
+// callers waited or were refused throughout; when the queue ran dry once,
+// its throughput is the callers' arrivals, and the growth is kept.
+func TestAdaptiveJudgesAGrowthOnlyOnAWindowThatNeverRanDry(t *testing.T) {
+	for _, demand := range []string{"waited", "refused", "ran dry"} {
+		a := &adaptive{floor: 1, ceil: 16}
+		if b := adWindow(t, a, 1, adWork, false); b != 1 { // starts the clock of the windows
+			t.Fatalf("b after a window nobody waited in: %d, want 1", b)
+		}
+		if b := adWindow(t, a, 1, adWork, true); b != 2 {
+			t.Fatalf("b after a window at the floor with callers waiting: %d, want 2", b)
+		}
+		// 8 completions one work apart (the throughput of 1), each held 1.5 works.
+		var b int
+		for i := range 8 {
+			if demand == "refused" {
+				a.want()
+			}
+			adClock = adClock.Add(adWork)
+			b, _ = a.observe(3*adWork/2, 2, demand == "waited" || demand == "ran dry" && i != 3, adClock)
+		}
+		kept := demand == "ran dry"
+		if want := map[bool]int{false: 1, true: 2}[kept]; b != want {
+			t.Fatalf("callers %s in the window after the growth: b=%d, want %d", demand, b, want)
+		}
+		if blocked := a.top != 0; blocked == kept {
+			t.Fatalf("callers %s in the window after the growth: growth to 2 blocked %v, want %v", demand, blocked, !kept)
+		}
+	}
+}

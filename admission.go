@@ -188,7 +188,7 @@ func (l *budget) shedLocked(w *waiter, gave *budget) {
 // wantLocked tells the adaptive limit, if any, that callers wanted more than b.
 func (l *budget) wantLocked() {
 	if l.adapt != nil {
-		l.adapt.wanted = true
+		l.adapt.want()
 	}
 }
 
