@@ -443,8 +443,11 @@ func TestAdaptiveJudgesAGrowthOnlyOnAWindowThatNeverRanDry(t *testing.T) {
 			adClock = adClock.Add(adWork)
 			b, _ = a.observe(3*adWork/2, 2, demand == "waited" || demand == "ran dry" && i != 3, adClock)
 		}
-		kept := demand == "ran dry"
-		if want := map[bool]int{false: 1, true: 2}[kept]; b != want {
+		kept, want := demand == "ran dry", 1
+		if kept {
+			want = 2
+		}
+		if b != want {
 			t.Fatalf("callers %s in the window after the growth: b=%d, want %d", demand, b, want)
 		}
 		if blocked := a.top != 0; blocked == kept {
