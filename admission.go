@@ -124,6 +124,14 @@ func leaseOver(until time.Time) bool {
 	return !now.Before(until) || !now.Round(0).Before(until.Round(0))
 }
 
+// limits returns b in force, the execution permits held, and whether they
+// are enforced (not in dry-run): pool.limit.
+func (l *budget) limits() (b, running int, enforced bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b, l.running, !l.dryRun && !l.closed
+}
+
 // ceilingLocked is the most b may be: the limit set, which Policy.Adaptive moves b below.
 func (l *budget) ceilingLocked() int {
 	if l.adapt != nil {

@@ -105,7 +105,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 	if g.opt.err != nil {
 		return nil, g.opt.err
 	}
-	g.pool = &pool{connector: inner, dialTimeout: g.opt.dialTimeout, init: g.opt.connInit}
+	g.pool = &pool{connector: inner, dialTimeout: g.opt.dialTimeout, init: g.opt.connInit, limit: g.global.limits}
 	g.mu.Lock()
 	g.applyLocked(p)
 	g.mu.Unlock()

@@ -14,9 +14,11 @@ import (
 // The server connections (sessions). A logical connection database/sql
 // takes back keeps its session parked: its next operation, or anyone who
 // finds no idle session (under the pool's lock), takes it with one CAS.
-// Invariants: sessions never outnumber logical connections, and idle
-// logical connections never outnumber idle or parked sessions (one beyond
-// is reported invalid or bad, and database/sql discards it).
+// Invariants: sessions never outnumber logical connections; idle logical
+// connections never outnumber idle or parked sessions (one beyond is
+// reported invalid or bad, and database/sql discards it); and a session
+// given back is closed if, with it, the free sessions would outnumber B
+// less the execution permits held (pool.spare).
 
 // Session states: held by one holder, parked, or closed.
 const (
@@ -69,6 +71,10 @@ type pool struct {
 	connector   driver.Connector
 	dialTimeout time.Duration
 	init        func(context.Context, driver.Conn) error // WithConnInit's, or nil
+	// limit returns the global budget's B in force and its execution permits
+	// held, and whether it enforces them (not in dry-run); nil: never. It is
+	// called with or without mu held.
+	limit func() (b, running int, enforced bool)
 
 	mu          sync.Mutex
 	idle        []*session // held by the pool; the last is the one given back last
@@ -81,6 +87,7 @@ type pool struct {
 	waiters     atomic.Int32  // len(reqs), read without the lock
 	closing     atomic.Bool   // closed, read without the lock
 	parked      atomic.Int64  // parked sessions
+	nIdle       atomic.Int64  // len(idle), read without the lock
 	idleLogical atomic.Int64  // logical connections idle in database/sql's pool
 	epoch       atomic.Uint64 // bumped each time a session is found dead
 
@@ -97,8 +104,15 @@ type got struct {
 // errBad: the driver found a session dead (ErrBadConn on reset or ping).
 var errBad = errors.New("bulkhead: the driver found the server connection bad")
 
+// lingerWait is how long a caller that finds no free session waits for a
+// give-back before dialing, once B sessions are open: at most B operations
+// run, so one of them is finishing or kept between operations (a *sql.Conn).
+var lingerWait = 2 * time.Millisecond // a variable for tests
+
 // get takes the idle session given back last, else a parked one, else
-// waits for a dial or a give-back until ctx ends. The caller makes it ready.
+// waits for a dial or a give-back until ctx ends: the dial starts at once if
+// fewer than B sessions are open, else after lingerWait without a give-back.
+// The caller makes it ready.
 func (p *pool) get(ctx context.Context) (*session, error) {
 	p.mu.Lock()
 	if p.closed {
@@ -108,6 +122,7 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 	if n := len(p.idle); n > 0 {
 		s := p.idle[n-1]
 		p.idle = p.idle[:n-1]
+		p.nIdle.Store(int64(n - 1))
 		p.mu.Unlock()
 		return s, nil
 	}
@@ -122,12 +137,19 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 	ch := make(chan got, 1)
 	p.reqs = append(p.reqs, ch)
 	p.waiters.Store(int32(len(p.reqs)))
+	var later *time.Timer
 	if p.dialing < len(p.reqs) {
-		p.dialing++
-		p.open++
-		go p.dial(context.WithoutCancel(ctx))
+		dctx := context.WithoutCancel(ctx)
+		if b, _, on := p.limits(); on && p.open >= b {
+			later = time.AfterFunc(lingerWait, func() { p.dialFor(dctx, ch) })
+		} else {
+			p.dialLocked(dctx)
+		}
 	}
 	p.mu.Unlock()
+	if later != nil {
+		defer later.Stop()
+	}
 	select {
 	case g := <-ch:
 		if g.panicked != nil {
@@ -149,6 +171,31 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 		}
 		return nil, ctx.Err()
 	}
+}
+
+// limits is limit's answer; never enforced without limit.
+func (p *pool) limits() (b, running int, enforced bool) {
+	if p.limit == nil {
+		return 0, 0, false
+	}
+	return p.limit()
+}
+
+// dialLocked starts a dial for the waiters.
+func (p *pool) dialLocked(ctx context.Context) {
+	p.dialing++
+	p.open++
+	go p.dial(ctx)
+}
+
+// dialFor starts a dial if ch still waits and the dials on their way cover
+// fewer than the waiters.
+func (p *pool) dialFor(ctx context.Context, ch chan got) {
+	p.mu.Lock()
+	if p.dialing < len(p.reqs) && slices.Contains(p.reqs, ch) {
+		p.dialLocked(ctx)
+	}
+	p.mu.Unlock()
 }
 
 // dial opens a session for the first waiter, bounded by WithDialTimeout; a
@@ -202,9 +249,10 @@ func (p *pool) dial(ctx context.Context) {
 func (p *pool) put(s *session, used bool) { p.giveBack(s, used, false) }
 
 // park parks s on the logical connection database/sql takes back, counted
-// idle; false (give s back) if callers wait, the pool is closed or excess.
+// idle; false (give s back) if callers wait, the pool is closed, excess or s
+// is spare.
 func (p *pool) park(s *session, used bool) bool {
-	if p.waiters.Load() > 0 || p.closing.Load() || p.idleLogical.Load() > p.parked.Load() && p.excess(0) {
+	if p.waiters.Load() > 0 || p.closing.Load() || p.idleLogical.Load() > p.parked.Load() && p.excess(0) || p.spare() {
 		return false
 	}
 	if used {
@@ -260,21 +308,22 @@ func (p *pool) giveBack(s *session, used, logical bool) (keep bool) {
 	return keep
 }
 
-// handLocked gives s to the first waiter, else idles it; it returns the
-// sessions to close.
+// handLocked gives s to the first waiter, else idles it unless spare; it
+// returns the sessions to close.
 func (p *pool) handLocked(s *session) []*session {
-	if p.closed {
-		p.dropLocked(s)
-		return []*session{s}
-	}
-	if len(p.reqs) > 0 {
+	if len(p.reqs) > 0 && !p.closed {
 		ch := p.reqs[0]
 		p.reqs = p.reqs[1:]
 		p.waiters.Store(int32(len(p.reqs)))
 		ch <- got{s: s}
 		return nil
 	}
+	if p.closed || p.spare() {
+		p.dropLocked(s)
+		return []*session{s}
+	}
 	p.idle = append(p.idle, s)
+	p.nIdle.Store(int64(len(p.idle)))
 	return p.trimLocked()
 }
 
@@ -284,10 +333,24 @@ func (p *pool) trimLocked() []*session {
 	for p.open > p.logical && len(p.idle) > 0 {
 		s := p.idle[0]
 		p.idle = p.idle[1:]
+		p.nIdle.Store(int64(len(p.idle)))
 		p.dropLocked(s)
 		out = append(out, s)
 	}
 	return out
+}
+
+// spare reports whether a session given back now, with nobody waiting
+// for one, would be beyond what the budget can run: another is idle or
+// parked, and with it the free ones outnumber B less the execution permits
+// held. Sessions kept between operations (a *sql.Conn) are not counted.
+func (p *pool) spare() bool {
+	free := int(p.nIdle.Load() + p.parked.Load())
+	if free == 0 {
+		return false
+	}
+	b, running, on := p.limits()
+	return on && free+1+running > b
 }
 
 // dropLocked forgets s, which the caller will close.
@@ -399,6 +462,7 @@ func (p *pool) closeEverywhere(q *query) {
 		s.closing.Store(true)
 		if i := slices.Index(p.idle, s); i >= 0 {
 			p.idle = slices.Delete(p.idle, i, i+1)
+			p.nIdle.Store(int64(len(p.idle)))
 			idle = append(idle, s)
 		} else if s.take() {
 			parkedOnes = append(parkedOnes, s)
@@ -440,6 +504,7 @@ func (p *pool) close() {
 	p.closing.Store(true)
 	idle, reqs := p.idle, p.reqs
 	p.idle, p.reqs = nil, nil
+	p.nIdle.Store(0)
 	for _, s := range p.all {
 		if p.unpark(s) {
 			idle = append(idle, s)

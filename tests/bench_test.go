@@ -187,3 +187,65 @@ func memInUse() int64 {
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapInuse + m.StackInuse)
 }
+
+// BenchmarkSessionsInTurn: two workers run a CPU-bound transaction (about
+// 10 ms here, as in the overload experiment) back to back on n server
+// connections taken in turn, first given back first taken, so that every
+// one of them serves: what keeping more sessions than run at once costs
+// when a queue hands each operation to another connection. ns/op is wall
+// time per transaction. Compare the counts side by side:
+//
+//	go test -run '^$' -bench SessionsInTurn -count 8 ./tests | benchstat -col /sessions -
+//
+// Skipped under -short.
+func BenchmarkSessionsInTurn(b *testing.B) {
+	postgresURL(b) // skips under -short
+	for _, n := range []int{2, 3, 4} {
+		b.Run("sessions="+strconv.Itoa(n), func(b *testing.B) {
+			ctx := context.Background()
+			db := sql.OpenDB(stdlib.GetConnector(*pgConfig(b)))
+			defer db.Close()
+			turn := make(chan *sql.Conn, n)
+			for range n {
+				c, err := db.Conn(ctx)
+				if err == nil {
+					err = c.PingContext(ctx)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				turn <- c
+			}
+			var left atomic.Int64
+			left.Store(int64(b.N))
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			for range 2 {
+				wg.Go(func() {
+					for left.Add(-1) >= 0 {
+						c := <-turn
+						err := func() error {
+							tx, err := c.BeginTx(ctx, nil)
+							if err != nil {
+								return err
+							}
+							defer tx.Rollback()
+							var sum int64
+							if err := tx.QueryRowContext(ctx, "SELECT sum(i) FROM generate_series(1, 60000) i").Scan(&sum); err != nil {
+								return err
+							}
+							return tx.Commit()
+						}()
+						turn <- c
+						if err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+		})
+	}
+}

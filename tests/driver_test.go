@@ -914,7 +914,7 @@ func TestEveryPermitComesBackAfterRepeatedFailures(t *testing.T) {
 // connections are at most B plus the transactions inside Commit or
 // Rollback, and the gate never has more than at any dial: the test
 // counts the latter (ending) and asserts that bound, on the gate's count
-// and on the server's.
+// and on the server's, then that B are left.
 func TestServerConnectionsStayWithinTheRunningOperationsUnderOverload(t *testing.T) {
 	ctx := pgTestCtx(t)
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 20 * time.Millisecond}
@@ -1002,6 +1002,10 @@ func TestServerConnectionsStayWithinTheRunningOperationsUnderOverload(t *testing
 		t.Errorf("%d server connections dialed, want at most %d: a connection is dialed only when none is idle", d, bound+k)
 	}
 	pgExpectIdle(t, g)
+	// Once the work is over, at most B server connections are left: those
+	// beyond it were closed as they came back.
+	awaitState(t, "at most B server connections on the gate", func() bool { return g.Stats().OpenConns <= p.MaxConcurrent })
+	awaitState(t, "at most B server connections on the server", func() bool { return m.Connections(t) <= p.MaxConcurrent })
 }
 
 // With database/sql's own MaxOpenConns=B+Q (instead of OpenDB's settings)
@@ -1275,12 +1279,12 @@ func TestPreparedStatementExecutionsAreGated(t *testing.T) {
 func TestPingIsNotGated(t *testing.T) {
 	t.Run("an idle connection exists", func(t *testing.T) {
 		ctx := pgTestCtx(t)
-		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
+		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Nanosecond})
 		pgWarm(t, ctx, db, 2)
-		tx := pgBegin(t, ctx, db) // B busy
+		tx := pgBegin(t, ctx, db)
 		before := g.Stats()
 		if err := db.PingContext(ctx); err != nil {
-			t.Errorf("ping while B operations run and a connection is idle: %v", err)
+			t.Errorf("ping while an operation runs and a connection is idle: %v", err)
 		}
 		if after := g.Stats(); after != before {
 			t.Errorf("ping changed the gate's stats: %+v -> %+v", before, after)

@@ -1,0 +1,150 @@
+//go:build go1.25
+
+package bulkhead
+
+// The gate keeps its sessions to what runs at once: an operation without a
+// session waits for one just given back rather than dialing once B are
+// open, and a session that comes back beyond B free is closed. Sessions
+// held between operations (a *sql.Conn) do not count.
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+)
+
+// setLingerWait sets lingerWait for one test and returns what restores it.
+func setLingerWait(d time.Duration) func() {
+	old := lingerWait
+	lingerWait = d
+	return func() { lingerWait = old }
+}
+
+// spareRig is a gate on the fake driver and its *sql.DB, closed at the end
+// of the test, and, if kept, a *sql.Conn that holds session 1 between its
+// operations (the test closes it).
+func spareRig(t *testing.T, p Policy, kept bool) (*fakedb.Connector, *Gate, *sql.DB, *sql.Conn) {
+	t.Helper()
+	fc := fakedb.New()
+	g, err := New(fc, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	t.Cleanup(func() { db.Close() })
+	if !kept {
+		return fc, g, db, nil
+	}
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ExecContext(ctx, "UPDATE t"); err != nil {
+		t.Fatal(err)
+	}
+	return fc, g, db, c
+}
+
+// spareExecs runs n Execs on db at once, all held in the driver until n
+// entered, and returns once they all returned.
+func spareExecs(t *testing.T, fc *fakedb.Connector, db *sql.DB, n int) {
+	t.Helper()
+	b := fc.Block(fakedb.OpExec)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			if _, err := db.Exec("UPDATE t"); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	b.Wait(n)
+	b.Release()
+	wg.Wait()
+}
+
+func TestWithBSessionsOpenAnOperationTakesTheSessionGivenBackRatherThanDialing(t *testing.T) {
+	defer setLingerWait(time.Hour)() // the give-back comes first, however slow the machine
+	fc, g, db, c := spareRig(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, true)
+	b := fc.Block(fakedb.OpExec)
+	var wg sync.WaitGroup
+	exec := func() {
+		if _, err := db.Exec("UPDATE t"); err != nil {
+			t.Error(err)
+		}
+	}
+	wg.Go(exec) // on session 2, dialed for it
+	b.Wait(1)
+	wg.Go(exec)
+	// The second Exec holds the last permit and finds no free session.
+	admWaitFor(t, func() bool { return g.pool.waiters.Load() == 1 })
+	if s := g.Stats(); s.Dials != 2 || s.OpenConns != 2 {
+		t.Fatalf("%+v: want 2 sessions dialed, no dial for the waiter", s)
+	}
+	c.Close() // session 1 comes back: the waiter runs on it
+	b.Wait(2)
+	b.Release()
+	wg.Wait()
+	if s := g.Stats(); s.Dials != 2 || fc.Open() != 2 {
+		t.Fatalf("%+v, %d open: want the 2 sessions dialed first, and no other", s, fc.Open())
+	}
+}
+
+func TestAnOperationDialsWhenEverySessionIsKeptBetweenOperations(t *testing.T) {
+	fc, g, db, c := spareRig(t, Policy{MaxConcurrent: 1, MaxQueue: 0}, true)
+	defer c.Close()
+	for i := range 3 {
+		if _, err := db.Exec("UPDATE t"); err != nil {
+			t.Fatalf("Exec %d beside a kept *sql.Conn: %v", i, err)
+		}
+	}
+	if s := g.Stats(); s.Dials != 2 || fc.Open() != 2 {
+		t.Fatalf("%+v, %d open: want one session dialed beside the kept one, and kept", s, fc.Open())
+	}
+}
+
+func TestAfterBShrinksTheSessionsBeyondItAreClosedAsTheyComeBack(t *testing.T) {
+	fc, g, db, _ := spareRig(t, Policy{MaxConcurrent: 3, MaxQueue: 0}, false)
+	spareExecs(t, fc, db, 3)
+	if n := fc.Open(); n != 3 {
+		t.Fatalf("%d sessions after 3 Execs at once under B=3, want 3", n)
+	}
+	if err := g.SetPolicy(Policy{MaxConcurrent: 2, MaxQueue: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("UPDATE t"); err != nil {
+		t.Fatal(err)
+	}
+	if s := g.Stats(); fc.Open() != 2 || s.OpenConns != 2 || s.IdleConns != 2 {
+		t.Fatalf("after one Exec under B=2: %d sessions open, stats %+v; want 2, the one given back closed", fc.Open(), s)
+	}
+	spareExecs(t, fc, db, 2)
+	for range 5 {
+		if _, err := db.Exec("UPDATE t"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := g.Stats(); s.Dials != 3 || fc.Open() != 2 {
+		t.Fatalf("%+v, %d open: want no dial after the shrink and 2 sessions", s, fc.Open())
+	}
+}
+
+// A *sql.Conn kept for good (as for LISTEN) leaves B sessions to the others.
+func TestASessionKeptBetweenOperationsCausesNoDialChurn(t *testing.T) {
+	fc, g, db, c := spareRig(t, Policy{MaxConcurrent: 2, MaxQueue: 0}, true)
+	defer c.Close()
+	for range 10 {
+		spareExecs(t, fc, db, 2)
+		if _, err := db.Exec("UPDATE t"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := g.Stats(); s.Dials != 3 || fc.Open() != 3 {
+		t.Fatalf("%+v, %d open: want the kept session and B=2 others, dialed once", s, fc.Open())
+	}
+}
