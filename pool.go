@@ -17,8 +17,8 @@ import (
 // Invariants: sessions never outnumber logical connections; idle logical
 // connections never outnumber idle or parked sessions (one beyond is
 // reported invalid or bad, and database/sql discards it); and a session
-// given back is closed if, with it, the free sessions would outnumber B
-// less the execution permits held (pool.spare).
+// given back beside another free one is closed if, with it, the free
+// sessions would outnumber B less the execution permits held (pool.spare).
 
 // Session states: held by one holder, parked, or closed.
 const (
@@ -106,7 +106,8 @@ var errBad = errors.New("bulkhead: the driver found the server connection bad")
 
 // lingerWait is how long a caller that finds no free session waits for a
 // give-back before dialing, once B sessions are open: at most B operations
-// run, so one of them is finishing or kept between operations (a *sql.Conn).
+// run, so one session is between operations (its operation just ended, or
+// a *sql.Conn keeps it).
 var lingerWait = 2 * time.Millisecond // a variable for tests
 
 // get takes the idle session given back last, else a parked one, else
