@@ -405,7 +405,7 @@ func TestAdaptiveGrowsOnRefusalsWhenNobodyCanWait(t *testing.T) {
 	l := newBudget("")
 	l.resize(8, 0, 0, false, 1)
 	admMustAcquire(t, l)
-	if _, err := l.admit(0); !errors.Is(err, ErrAdmissionFull) {
+	if err := l.take(context.Background(), &passage{}); !errors.Is(err, ErrAdmissionFull) {
 		t.Fatalf("admit with the one permit taken: %v, want ErrAdmissionFull", err)
 	}
 	l.mu.Lock()

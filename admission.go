@@ -9,10 +9,12 @@ import (
 	"time"
 )
 
-// The permit protocol: in its workload's budget if any, then in the global
-// one, an operation takes an admission permit without waiting, then an
-// execution permit in order within its queue wait and its deadline. Only then
-// does it get a server connection. Its permits come back once (Gate.release).
+// The permit protocol: in each of its budgets in turn, its workload's if any,
+// then the global one, an operation takes an admission permit without
+// waiting, then an execution permit in order within its queue wait and its
+// deadline. So an operation queued in its workload's budget holds nothing of
+// the global one. Only then does it get a server connection. Its permits come
+// back once (Gate.release).
 
 // budget is two semaphores under one mutex: B+Q admission permits tried
 // without waiting, and B execution permits handed out by priority, then FIFO.
@@ -35,16 +37,17 @@ type budget struct {
 
 	nAdmitted, nFull, nTimeout, nConnFailed, nCanceled, nWait, nWaitNanos, nWouldWait atomic.Int64
 
-	// Off the fields every operation touches; guarded by mu but shedOther, set by New.
-	prio      int                 // a workload's Priority: that of its operations in the global budget
-	hold      time.Duration       // moving average of the hold times; 0: none measured yet
-	dev       time.Duration       // moving average of their deviation from hold
-	cut       bool                // the last hold measured was cut off at its deadline
-	adapt     *adaptive           // moves b within its ceiling; nil: b is the limit set
-	shedOther func(prio int) bool // global budget: Gate.shedQueued, called with mu held
+	// Off the fields every operation touches; guarded by mu.
+	prio      int           // a workload's Priority: that of its operations in the global budget
+	hold      time.Duration // moving average of the hold times; 0: none measured yet
+	dev       time.Duration // moving average of their deviation from hold
+	cut       bool          // the last hold measured was cut off at its deadline
+	adapt     *adaptive     // moves b within its ceiling; nil: b is the limit set
 	nDeadline atomic.Int64
+	nLease    atomic.Int64
 	lease     time.Time // when set, the instant b stops holding (Gate.CapUntil); then b ≤ leaseB
 	leaseB    int
+	lapsed    bool         // a lease ran out and lowered b: rejections are ErrLeaseExpired until the next setLease
 	refusing  time.Time    // since when operations holding their permits are refused as late, with no hold measured
 	stale     bool         // refusing went on for four margins: the next hold measured restarts the average
 	margin    atomic.Int64 // marginLocked's, for Gate.admitted's check without mu
@@ -52,7 +55,8 @@ type budget struct {
 
 // waiter is one operation queued for an execution permit, by priority, then
 // FIFO. ready is closed under mu, once it is unlinked and granted, or sent
-// away: late (it would miss its deadline) or shed (for a higher priority).
+// away with cause: late (ErrWouldMissDeadline), shed for a higher priority
+// (its admission permit passes to that one), or dropped as b fell to 0.
 type waiter struct {
 	ready      chan struct{}
 	next, prev *waiter
@@ -60,8 +64,8 @@ type waiter struct {
 	prio       int
 	granted    bool
 	lease      time.Time // the lease it was granted under
-	late, shed bool
-	gave       *budget // shed: the budget whose admission permit it gave up
+	cause      error     // why it was sent away; nil: it was not
+	shed       bool      // its admission permit passed on
 }
 
 func newBudget(name string) *budget {
@@ -90,17 +94,46 @@ func (l *budget) resize(b, q int, wait time.Duration, dryRun bool, floor int) {
 	l.setLimitLocked(b)
 }
 
-// setLimitLocked puts b in force and serves the waiters it makes room for.
+// setLimitLocked puts b in force and serves the waiters it makes room for;
+// with b at 0 nothing can be served, and the waiters are sent away.
 func (l *budget) setLimitLocked(b int) {
 	l.b = b
-	l.full = &RejectedError{Cause: ErrAdmissionFull, Workload: l.name, MaxConcurrent: b, MaxQueue: l.q, Running: b, Waiting: l.q}
+	q := l.qLocked()
+	l.full = &RejectedError{Cause: l.causeLocked(ErrAdmissionFull), Workload: l.name, MaxConcurrent: b, MaxQueue: q, Running: b, Waiting: q}
+	for b == 0 && l.head != nil {
+		w := l.head
+		l.unlinkLocked(w)
+		w.sendAway(l.causeLocked(ErrAdmissionFull))
+	}
 	l.grantLocked()
 }
 
-// setLease makes b hold until until (zero: for good), then fall to at most after.
-func (l *budget) setLease(until time.Time, after int) {
+// qLocked is Q in force: none while b is 0, for nothing could leave the queue.
+func (l *budget) qLocked() int {
+	if l.b == 0 {
+		return 0
+	}
+	return l.q
+}
+
+// causeLocked is the cause of a rejection for want of permits: cause, or
+// ErrLeaseExpired while a lease that ran out keeps b low.
+func (l *budget) causeLocked(cause error) error {
+	if l.lapsed && (cause == ErrAdmissionFull || cause == ErrQueueTimeout) {
+		return ErrLeaseExpired
+	}
+	return cause
+}
+
+// setLease makes b hold until until (zero: for good), then fall to at most
+// after; lapsed says that a lease that ran out already lowered b.
+func (l *budget) setLease(until time.Time, after int, lapsed bool) {
 	l.mu.Lock()
 	l.lease, l.leaseB = until, after
+	if l.lapsed != lapsed {
+		l.lapsed = lapsed
+		l.setLimitLocked(l.b) // the rejection made once per resize names its cause anew
+	}
 	l.leaseLocked()
 	l.mu.Unlock()
 }
@@ -114,6 +147,7 @@ func (l *budget) leaseLocked() {
 	if a := l.adapt; a != nil {
 		a.ceil, a.floor = min(a.ceil, l.leaseB), min(a.floor, l.leaseB)
 	}
+	l.lapsed = l.lapsed || l.leaseB < l.b
 	l.setLimitLocked(min(l.b, l.leaseB))
 }
 
@@ -157,53 +191,11 @@ func (l *budget) tryAcquire() (ok, measure bool, lease time.Time) {
 	return ok, measure, lease
 }
 
-// admit takes an admission permit without waiting, else that of the youngest
-// waiter of the lowest priority below prio, shed. In dry-run it always admits,
-// and over reports the rejection it would have made.
-func (l *budget) admit(prio int) (over bool, err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	switch {
-	case l.admitted < l.b+l.q:
-	case l.dryRun:
-		over = true
-		l.wantLocked()
-	case l.tail != nil && l.tail.prio < prio:
-		l.shedLocked(l.tail, l)
-		return false, nil // the admission permit passes from the waiter to this one
-	case l.shedOther != nil && l.shedOther(prio):
-		return false, nil
-	case l.running == l.b && l.waiting == l.q:
-		l.wantLocked()
-		return false, l.full
-	default:
-		l.wantLocked()
-		e := *l.full
-		e.Running, e.Waiting = l.running, l.waiting
-		return false, &e
-	}
-	l.admitted++
-	return over, nil
-}
-
-// shedLocked sends w, queued in l, away: its admission permit in gave passes on.
-func (l *budget) shedLocked(w *waiter, gave *budget) {
-	l.unlinkLocked(w)
-	w.shed, w.gave = true, gave
-	close(w.ready)
-}
-
 // wantLocked tells the adaptive limit, if any, that callers wanted more than b.
 func (l *budget) wantLocked() {
 	if l.adapt != nil {
 		l.adapt.want()
 	}
-}
-
-func (l *budget) unadmit() {
-	l.mu.Lock()
-	l.admitted--
-	l.mu.Unlock()
 }
 
 // release gives back both permits, the execution one first, so that those
@@ -296,8 +288,7 @@ func (l *budget) grantLocked() {
 				now = time.Now()
 			}
 			if l.lateLocked(now, w.deadline) {
-				w.late = true
-				close(w.ready)
+				w.sendAway(ErrWouldMissDeadline)
 				continue
 			}
 		}
@@ -329,6 +320,12 @@ func (l *budget) waitDrained(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// sendAway tells w, unlinked, that it is refused with cause.
+func (w *waiter) sendAway(cause error) {
+	w.cause = cause
+	close(w.ready)
 }
 
 func (l *budget) unlinkLocked(w *waiter) {
@@ -366,11 +363,12 @@ func (l *budget) isClosed() bool {
 func (l *budget) stats(s *Stats) {
 	l.mu.Lock()
 	l.leaseLocked() // a lapsed lease shows as the B in force
-	s.MaxConcurrent, s.MaxQueue, s.QueueWait, s.DryRun = l.b, l.q, l.wait, l.dryRun
+	s.MaxConcurrent, s.MaxQueue, s.QueueWait, s.DryRun = l.b, l.qLocked(), l.wait, l.dryRun
 	s.Running, s.Waiting, s.Hold = l.running, l.waiting, l.hold
 	l.mu.Unlock()
 	s.Admitted, s.RejectedFull, s.RejectedTimeout = l.nAdmitted.Load(), l.nFull.Load(), l.nTimeout.Load()
-	s.RejectedDeadline, s.ConnectFailed, s.Canceled = l.nDeadline.Load(), l.nConnFailed.Load(), l.nCanceled.Load()
+	s.RejectedDeadline, s.RejectedLease = l.nDeadline.Load(), l.nLease.Load()
+	s.ConnectFailed, s.Canceled = l.nConnFailed.Load(), l.nCanceled.Load()
 	s.WaitCount, s.WaitDuration, s.WouldWait = l.nWait.Load(), time.Duration(l.nWaitNanos.Load()), l.nWouldWait.Load()
 }
 
@@ -379,11 +377,11 @@ type passage struct {
 	limit       time.Duration // the longest wait in all
 	deadline    time.Time     // the context's; zero: none
 	prio        int           // its workload's Priority
-	shed        *budget       // the budget that shed it: its admission permit there was passed on
 	start       time.Time     // set when it first has to wait
 	timer       *time.Timer
 	timerEnd    time.Time // when timer fires
 	lease       time.Time // the lease its last execution permit was granted under
+	over        bool      // dry-run: the last budget taken had its admission full
 	wouldReject bool      // dry-run: admission was full, the rejection not made
 }
 
@@ -394,51 +392,41 @@ func (ps *passage) waited() time.Duration {
 	return time.Since(ps.start)
 }
 
-// acquire takes the admission permits of ls in order, then their execution
-// permits. On failure it holds none and returns a *RejectedError, ErrClosed
-// or ctx's error, counted in every budget of ls; the caller counts success.
+// acquire takes the permits of each of ls in order. On failure it holds
+// none and returns a *RejectedError, ErrClosed or ctx's error, counted in
+// every budget of ls; the caller counts success.
 func (ps *passage) acquire(ctx context.Context, ls []*budget) error {
 	if err := ctx.Err(); err != nil {
 		count(ls, func(l *budget) { l.nCanceled.Add(1) })
 		return err
 	}
 	for i, l := range ls {
-		over, err := l.admit(ps.prio)
-		if err != nil { // admission full: admit returns no other error
-			for _, prev := range ls[:i] {
-				prev.unadmit()
-			}
-			count(ls, func(l *budget) { l.nFull.Add(1) })
-			return err
-		}
-		if over && !ps.wouldReject {
+		err := l.take(ctx, ps)
+		if ps.over && !ps.wouldReject {
 			ps.wouldReject = true
 			count(ls, func(l *budget) { l.nFull.Add(1) })
 		}
-	}
-	for i, l := range ls {
-		if err := l.execute(ctx, ps); err != nil {
-			for j, l := range ls {
-				switch {
-				case j < i:
-					l.release(0)
-				case l != ps.shed: // ps.shed is never before i
-					l.unadmit()
-				}
-			}
-			ps.stop(ls)
-			switch {
-			case ps.shed != nil:
-				count(ls, func(l *budget) { l.nFull.Add(1) })
-			case errors.Is(err, ErrQueueTimeout):
-				count(ls, func(l *budget) { l.nTimeout.Add(1) })
-			case errors.Is(err, ErrWouldMissDeadline):
-				count(ls, func(l *budget) { l.nDeadline.Add(1) })
-			default:
-				count(ls, func(l *budget) { l.nCanceled.Add(1) })
-			}
-			return err
+		if err == nil {
+			continue
 		}
+		for _, prev := range ls[:i] {
+			prev.release(0)
+		}
+		ps.stop(ls)
+		re, _ := err.(*RejectedError) // take returns it as it is
+		switch {
+		case re == nil:
+			count(ls, func(l *budget) { l.nCanceled.Add(1) })
+		case re.Cause == ErrQueueTimeout:
+			count(ls, func(l *budget) { l.nTimeout.Add(1) })
+		case re.Cause == ErrWouldMissDeadline:
+			count(ls, func(l *budget) { l.nDeadline.Add(1) })
+		case re.Cause == ErrLeaseExpired:
+			count(ls, func(l *budget) { l.nLease.Add(1) })
+		default:
+			count(ls, func(l *budget) { l.nFull.Add(1) })
+		}
+		return err
 	}
 	ps.stop(ls)
 	return nil
@@ -461,17 +449,51 @@ func (ps *passage) stop(ls []*budget) {
 	}
 }
 
-// execute takes an execution permit of l, waiting in order until the limit,
-// ctx's end or l's close, and no longer than the deadline less the hold (at
-// once refused if the wait expected makes it late). A permit granted as the
-// wait ends is handed on, never kept by a caller that fails.
-func (l *budget) execute(ctx context.Context, ps *passage) error {
+// take takes an admission permit of l without waiting, then an execution
+// permit in order, waiting until ps's limit, ctx's end or l's close, and no
+// longer than the deadline less the hold (at once refused if the wait
+// expected makes it late). With admission full, it sheds the youngest
+// waiter of the lowest priority below its own, only if it would then wait.
+// In dry-run it always takes both, setting ps.over if admission was full.
+// On failure it holds nothing of l; a permit granted as the wait ends is
+// handed on, never kept by a caller that fails.
+func (l *budget) take(ctx context.Context, ps *passage) error {
 	l.mu.Lock()
 	l.leaseLocked()
-	switch {
-	case l.closed:
+	ps.over = false
+	var now time.Time
+	full := l.admitted >= l.b+l.qLocked() && !l.dryRun
+	if full { // shed the waiter if that makes room for a wait, not a refusal
+		shed := !l.closed && l.tail != nil && l.tail.prio < ps.prio
+		if shed {
+			now = time.Now()
+			_, left := l.planLocked(ps, now)
+			shed = left > 0
+		}
+		if !shed {
+			l.wantLocked()
+			err := l.fullLocked()
+			l.mu.Unlock()
+			return err
+		}
+	}
+	if l.closed {
 		l.mu.Unlock()
 		return ErrClosed
+	}
+	switch {
+	case full:
+		w := l.tail
+		l.unlinkLocked(w)
+		w.shed = true // its admission permit is this operation's now
+		w.sendAway(l.causeLocked(ErrAdmissionFull))
+	case l.admitted >= l.b+l.qLocked():
+		ps.over = true
+		l.admitted++
+	default:
+		l.admitted++
+	}
+	switch {
 	case l.waiting == 0 && l.running < l.b:
 		l.running++
 		ps.lease = l.lease
@@ -481,39 +503,29 @@ func (l *budget) execute(ctx context.Context, ps *passage) error {
 		l.running++
 		l.wantLocked()
 		l.mu.Unlock()
-		if !ps.wouldReject { // one refused at admission would never have waited
+		if !ps.over && !ps.wouldReject { // one refused at admission would never have waited
 			l.nWouldWait.Add(1)
 		}
 		return nil
 	}
-	now := time.Now()
-	start := ps.start
-	if start.IsZero() {
-		start = now
+	if now.IsZero() {
+		now = time.Now()
 	}
-	end, cause := start.Add(ps.limit), ErrQueueTimeout
-	// It goes after the last waiter of its priority or higher.
-	after, behind := l.tail, 0
-	for after != nil && after.prio < ps.prio {
-		after = after.prev
-		behind++
-	}
-	if !ps.deadline.IsZero() && l.hold > 0 {
-		// Those ahead and this one are served after about (ahead+1)·hold/b.
-		ahead := time.Duration(l.waiting-behind+1) * l.hold / time.Duration(max(l.b, 1))
-		if l.lateLocked(now.Add(ahead), ps.deadline) {
-			end, cause = now, ErrWouldMissDeadline // refused at once
-		} else if last := ps.deadline.Add(-l.marginLocked()); last.Before(end) {
-			end, cause = last, ErrWouldMissDeadline
-		}
-	}
-	left := end.Sub(now)
+	end, left := l.planLocked(ps, now)
 	if left <= 0 {
-		err := l.rejectLocked(ps, cause, 0)
+		l.admitted--
+		err := l.rejectLocked(ps, end.cause, 0)
 		l.mu.Unlock()
 		return err
 	}
-	ps.start = start
+	if ps.start.IsZero() {
+		ps.start = now
+	}
+	// It goes after the last waiter of its priority or higher.
+	after := l.tail
+	for after != nil && after.prio < ps.prio {
+		after = after.prev
+	}
 	w := &waiter{ready: make(chan struct{}), prev: after, deadline: ps.deadline, prio: ps.prio}
 	if after != nil {
 		w.next, after.next = after.next, w
@@ -531,7 +543,7 @@ func (l *budget) execute(ctx context.Context, ps *passage) error {
 	switch {
 	case ps.timer == nil:
 		ps.timer = time.NewTimer(left)
-	case !end.Equal(ps.timerEnd): // the earlier wait ended with a grant
+	case !end.at.Equal(ps.timerEnd): // the earlier wait ended with a grant
 		if !ps.timer.Stop() {
 			select {
 			case <-ps.timer.C:
@@ -540,7 +552,7 @@ func (l *budget) execute(ctx context.Context, ps *passage) error {
 		}
 		ps.timer.Reset(left)
 	}
-	ps.timerEnd = end
+	ps.timerEnd = end.at
 	var err error
 	select {
 	case <-w.ready:
@@ -555,32 +567,77 @@ func (l *budget) execute(ctx context.Context, ps *passage) error {
 		err = ErrClosed
 	}
 	l.mu.Lock()
-	queued := 1
+	queued, cause := 1, end.cause
 	switch {
 	case w.granted:
 		l.running-- // granted as the wait ended: hand it on
 		l.grantLocked()
-	case w.shed:
-		ps.shed, queued, err = w.gave, 0, nil
-		cause = ErrAdmissionFull
-	case w.late:
-		queued = 0
-		if err == nil {
-			cause = ErrWouldMissDeadline
-		}
+	case w.cause != nil:
+		queued, cause = 0, w.cause
 	default:
 		l.unlinkLocked(w)
 	}
-	if err == nil {
+	if !w.shed {
+		l.admitted--
+	}
+	if err == nil || w.shed {
 		err = l.rejectLocked(ps, cause, queued)
 	}
 	l.mu.Unlock()
 	return err
 }
 
+// waitEnd is when a wait for an execution permit ends, and the rejection's cause then.
+type waitEnd struct {
+	at    time.Time
+	cause error
+}
+
+// planLocked returns when ps's wait in l, starting at now, must end, and
+// the time left until then; none left means it is refused at once.
+func (l *budget) planLocked(ps *passage, now time.Time) (waitEnd, time.Duration) {
+	start := ps.start
+	if start.IsZero() {
+		start = now
+	}
+	end := waitEnd{start.Add(ps.limit), ErrQueueTimeout}
+	if !ps.deadline.IsZero() && l.hold > 0 {
+		// Those ahead and this one are served after about (ahead+1)·hold/b.
+		behind := 0
+		for w := l.tail; w != nil && w.prio < ps.prio; w = w.prev {
+			behind++
+		}
+		ahead := time.Duration(l.waiting-behind+1) * l.hold / time.Duration(max(l.b, 1))
+		if l.lateLocked(now.Add(ahead), ps.deadline) {
+			end = waitEnd{now, ErrWouldMissDeadline} // refused at once
+		} else if last := ps.deadline.Add(-l.marginLocked()); last.Before(end.at) {
+			end = waitEnd{last, ErrWouldMissDeadline}
+		}
+	}
+	return end, end.at.Sub(now)
+}
+
+// fullLocked is the rejection of an operation that finds admission full.
+func (l *budget) fullLocked() error {
+	if l.running == l.b && l.waiting == l.q {
+		return l.full
+	}
+	e := *l.full
+	e.Running, e.Waiting = l.running, l.waiting
+	return &e
+}
+
+// rejection is a rejection for cause, with what l holds now.
+func (l *budget) rejection(cause error) *RejectedError {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return &RejectedError{Cause: cause, Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.qLocked(),
+		Running: l.running, Waiting: l.waiting, Hold: l.hold}
+}
+
 // rejectLocked is ps's rejection for cause; queued is 1 if it counts as waiting.
 func (l *budget) rejectLocked(ps *passage, cause error, queued int) error {
-	return &RejectedError{Cause: cause, Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.q,
+	return &RejectedError{Cause: l.causeLocked(cause), Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.qLocked(),
 		Running: l.running, Waiting: l.waiting + queued, Waited: ps.waited(), Hold: l.hold}
 }
 
@@ -663,9 +720,9 @@ func (g *Gate) admitted(p *permit) error {
 		p.start = time.Now()
 	}
 	var re *RejectedError
-	inc := func(l *budget) { l.nFull.Add(1) }
+	inc := func(l *budget) { l.nLease.Add(1) }
 	if !p.lease.IsZero() && leaseOver(p.lease) {
-		re = &RejectedError{Cause: ErrLeaseExpired, Workload: p.workloadName()}
+		re = g.global.rejection(ErrLeaseExpired)
 	} else if margin > 0 && !dl.IsZero() && p.start.Add(margin).After(dl) {
 		re, inc = judge.doomed(p.start, dl), func(l *budget) { l.nDeadline.Add(1) }
 		p.measure = p.measure || re == nil // one let through after refusals measures the hold again
@@ -739,33 +796,4 @@ func (g *Gate) release(p *permit) {
 	if p.wl != nil {
 		p.wl.release(held)
 	}
-}
-
-// shedQueued sheds the youngest waiter of the lowest-priority workload below
-// prio queued in its workload's budget, whose global admission permit passes
-// on, and reports whether it did. g.global.mu is held (global before workload).
-func (g *Gate) shedQueued(prio int) bool {
-	wls := g.workloads.Load()
-	if wls == nil {
-		return false
-	}
-	var low *budget
-	lowPrio := prio
-	for _, l := range *wls {
-		l.mu.Lock()
-		if l.tail != nil && l.prio < lowPrio {
-			low, lowPrio = l, l.prio
-		}
-		l.mu.Unlock()
-	}
-	if low == nil {
-		return false
-	}
-	low.mu.Lock()
-	defer low.mu.Unlock()
-	if low.tail == nil || low.prio >= prio {
-		return false
-	}
-	low.shedLocked(low.tail, g.global)
-	return true
 }

@@ -97,7 +97,6 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 		return nil, err
 	}
 	g := &Gate{inner: inner, global: newBudget(""), capB: -1, capQ: -1, budgets: map[string]*budget{}}
-	g.global.shedOther = g.shedQueued
 	g.opt.dialTimeout = 30 * time.Second
 	for _, o := range opts {
 		o(&g.opt)
@@ -254,7 +253,9 @@ func (g *Gate) applyLocked(p Policy) {
 	if g.capQ >= 0 {
 		q = min(q, g.capQ)
 	}
+	lapsed := false // the lease ran out and its fallback lowers b
 	if !g.capUntil.IsZero() && !time.Now().Before(g.capUntil) {
+		lapsed = g.capAfter < b
 		b = min(b, g.capAfter)
 	}
 	floor := 0
@@ -262,7 +263,7 @@ func (g *Gate) applyLocked(p Policy) {
 		floor = max(1, p.MinConcurrent)
 	}
 	g.global.resize(b, q, p.QueueWait, p.DryRun, floor)
-	g.global.setLease(g.capUntil, g.capAfter)
+	g.global.setLease(g.capUntil, g.capAfter, lapsed)
 	if len(p.Workloads) == 0 {
 		g.workloads.Store(nil)
 		return
@@ -278,7 +279,7 @@ func (g *Gate) applyLocked(p Policy) {
 			g.budgets[name] = l
 		}
 		l.mu.Lock()
-		l.prio = w.Priority
+		l.prio, l.lapsed = w.Priority, lapsed
 		l.mu.Unlock()
 		wb := min(w.MaxConcurrent, b)
 		l.resize(wb, max(0, min(w.MaxQueue, b+q-wb)), w.QueueWait, p.DryRun, 0)
@@ -297,7 +298,7 @@ func (g *Gate) workload(name string) *budget {
 // Stats is a snapshot of a gate, or of one workload's budget: the limits in
 // force, gauges, then cumulative counters. Every gated operation ends in
 // exactly one of Admitted, RejectedFull, RejectedTimeout, RejectedDeadline,
-// ConnectFailed and Canceled (dry-run: RejectedFull and Admitted).
+// RejectedLease, ConnectFailed and Canceled (dry-run: RejectedFull and Admitted).
 type Stats struct {
 	MaxConcurrent int           // B: execution permits (below the policy's under Cap, and moving under Adaptive)
 	MaxQueue      int           // Q: admission permits beyond B
@@ -318,6 +319,7 @@ type Stats struct {
 	RejectedFull     int64         // refused at once: admission full (dry-run: would have been)
 	RejectedTimeout  int64         // admitted, then refused: no execution permit within the wait
 	RejectedDeadline int64         // refused at once or after a wait: it could no longer make its context's deadline
+	RejectedLease    int64         // refused: a fleet lease ran out (Gate.CapUntil) and its fallback share had no room
 	ConnectFailed    int64         // had their permits, then no server connection: the dial failed
 	Canceled         int64         // the context ended, or the gate closed, before the operation could run
 	WaitCount        int64         // had to wait for an execution permit

@@ -24,8 +24,10 @@ var (
 	// ErrWouldMissDeadline: the expected wait plus the measured hold time
 	// would pass the context's deadline.
 	ErrWouldMissDeadline = errors.New("bulkhead: would miss its deadline")
-	// ErrLeaseExpired: the operation was let in under a cap whose lease
-	// (Gate.CapUntil) ran out before it reached the driver.
+	// ErrLeaseExpired: a lease (Gate.CapUntil, a fleet member's share) ran
+	// out, and either the fallback share it left had no room for the
+	// operation, or the operation was let in under the lease and it ran out
+	// before the operation reached the driver.
 	ErrLeaseExpired = errors.New("bulkhead: lease expired")
 	// ErrClosed: the gate was closed. It is not a rejection.
 	ErrClosed = errors.New("bulkhead: closed")
@@ -64,7 +66,7 @@ func (e *RejectedError) Error() string {
 	case ErrWouldMissDeadline:
 		return fmt.Sprintf("bulkhead: would miss its deadline%s after a wait of %v, with operations holding their permits %v: %s", budget, e.Waited, e.Hold, held)
 	case ErrLeaseExpired:
-		return "bulkhead: lease expired before the operation reached the driver (Gate.CapUntil): nothing was sent"
+		return fmt.Sprintf("bulkhead: lease expired%s (Gate.CapUntil), on its fallback share: %s", budget, held)
 	}
 	return fmt.Sprintf("bulkhead: admission full%s: %s", budget, held)
 }

@@ -29,7 +29,7 @@ func (k Kind) String() string {
 type Event struct {
 	Kind     Kind
 	Workload string        // the workload budget it passed, "" for none
-	Reason   error         // OnReject: ErrAdmissionFull, ErrQueueTimeout or ErrWouldMissDeadline
+	Reason   error         // OnReject: ErrAdmissionFull, ErrQueueTimeout, ErrWouldMissDeadline or ErrLeaseExpired
 	DryRun   bool          // OnReject: the rejection was not made (Policy.DryRun)
 	Waited   time.Duration // time spent waiting for the execution permits
 	Held     time.Duration // OnRelease and hold warnings: time the permits were held

@@ -71,7 +71,7 @@ func TestAFullAdmissionShedsTheYoungestWaiterOfTheLowestPriority(t *testing.T) {
 		t.Fatalf("admitted %d after the shed, want 4: the permit passed to the new operation", s.admitted)
 	}
 	// Equal priority sheds nobody.
-	if _, err := l.admit(-1); !errors.Is(err, ErrAdmissionFull) {
+	if err := l.take(context.Background(), &passage{prio: -1, limit: time.Hour}); !errors.Is(err, ErrAdmissionFull) {
 		t.Fatalf("an operation of priority -1 with admission full and the lowest waiter at -1: %v", err)
 	}
 	for i, ch := range []<-chan admResult{high, mid, lowOld} {
@@ -121,11 +121,10 @@ func TestAShedWaiterGivesBackItsWorkloadsPermits(t *testing.T) {
 	g.release(0)
 }
 
-// A waiter of a lower priority still queued in its workload's budget
-// holds a global admission permit too: a higher-priority operation that
-// finds the global admission full sheds it when the global queue holds
-// nobody below its priority.
-func TestAFullAdmissionShedsALowerPriorityWaiterQueuedInItsWorkload(t *testing.T) {
+// A waiter of a lower priority queued in its workload's budget holds
+// nothing of the global one: a higher-priority operation finds room in the
+// global queue without shedding it, and both are served in turn.
+func TestAWaiterQueuedInItsWorkloadIsNotShedForAGlobalPermitItDoesNotHold(t *testing.T) {
 	g, err := New(fakedb.New(), Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, Workloads: map[string]Workload{
 		"high": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, Priority: 1},
 		"low":  {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour},
@@ -141,30 +140,29 @@ func TestAFullAdmissionShedsALowerPriorityWaiterQueuedInItsWorkload(t *testing.T
 		t.Fatal(err)
 	}
 	queued := make(chan error, 1)
-	go func() {
-		var p permit
-		queued <- g.acquire(low, KindExec, &p)
-	}()
+	var lp permit
+	go func() { queued <- g.acquire(low, KindExec, &lp) }()
 	lowBudget := g.workload("low")
 	admWaitFor(t, func() bool { return admStats(lowBudget).Waiting == 1 })
-	if s := admStats(g.global); s.Waiting != 0 {
-		t.Fatalf("global waiting %d, want 0: the low waiter queues in its workload's budget", s.Waiting)
+	if s := admRead(g.global); s.waiting != 0 || s.admitted != 1 {
+		t.Fatalf("global %+v, want only the running operation admitted: the low waiter queues in its workload's budget", s)
 	}
 	got := make(chan error, 1)
 	var hp permit
 	go func() { got <- g.acquire(high, KindExec, &hp) }()
-	if err := <-queued; !errors.Is(err, ErrAdmissionFull) {
-		t.Fatalf("the low waiter: %v, want ErrAdmissionFull (shed)", err)
-	}
 	admWaitFor(t, func() bool { return admStats(g.global).Waiting == 1 })
 	g.release(&running)
 	if err := <-got; err != nil {
 		t.Fatalf("the high operation: %v, want the permit", err)
 	}
 	g.release(&hp)
+	if err := <-queued; err != nil {
+		t.Fatalf("the low waiter: %v, want the permit after the high one", err)
+	}
+	g.release(&lp)
 	for _, l := range []*budget{g.global, lowBudget, g.workload("high")} {
-		if s := admStats(l); s.Running != 0 || s.Waiting != 0 || admRead(l).admitted != 0 {
-			t.Fatalf("budget %q: %+v admitted %d after all released, want nothing held", l.name, s, admRead(l).admitted)
+		if s := admStats(l); s.Running != 0 || s.Waiting != 0 || admRead(l).admitted != 0 || s.RejectedFull != 0 {
+			t.Fatalf("budget %q: %+v admitted %d after all released, want nothing held nor shed", l.name, s, admRead(l).admitted)
 		}
 	}
 }

@@ -36,7 +36,7 @@ func rzSet(t *testing.T, g *bulkhead.Gate, p bulkhead.Policy) {
 // rzFull fails unless exactly b operations can hold permits at once on r
 // and one more is refused at once (queue wait 0): the gate has exactly b
 // execution permits, none lost, none invented.
-func rzFull(t *testing.T, r *wlRig, b int, tag string) {
+func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
 	t.Helper()
 	bg := context.Background()
 	done := make([]<-chan error, b)
@@ -58,6 +58,15 @@ func rzFull(t *testing.T, r *wlRig, b int, tag string) {
 	}
 	if s := r.g.Stats(); s.Running != 0 || s.Waiting != 0 {
 		t.Fatalf("after the full round: stats %+v", s)
+	}
+	return err
+}
+
+// rzCause fails the test unless err matches cause.
+func rzCause(t *testing.T, tag string, err, cause error) {
+	t.Helper()
+	if !errors.Is(err, cause) {
+		t.Fatalf("%s: the rejection %v, want it to match %v", tag, err, cause)
 	}
 }
 
@@ -526,7 +535,7 @@ func TestCapUntilFallsToItsFallbackWhenTheLeaseRunsOut(t *testing.T) {
 		if err := r.g.CapUntil(bg, 3, 4, time.Now().Add(time.Second), 1); err != nil {
 			t.Fatal(err)
 		}
-		rzFull(t, r, 3, "leased")
+		rzCause(t, "leased", rzFull(t, r, 3, "leased"), bulkhead.ErrQueueTimeout)
 
 		// Two run at the lease's end, a third waits for a permit.
 		a, b := r.exec(bg, "a"), r.exec(bg, "b")
@@ -549,20 +558,25 @@ func TestCapUntilFallsToItsFallbackWhenTheLeaseRunsOut(t *testing.T) {
 		r.await(t, "c")
 		r.finish("c")
 		wlOK(t, "c", c)
-		rzFull(t, r, 1, "fallback")
+		// README: ErrLeaseExpired, a fleet member's lease ran out before the
+		// operation started.
+		rzCause(t, "fallback", rzFull(t, r, 1, "fallback"), bulkhead.ErrLeaseExpired)
 
 		// A policy change keeps the lapsed lease's fallback; a renewal ends it.
 		rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
-		rzFull(t, r, 1, "setpolicy")
+		rzCause(t, "setpolicy", rzFull(t, r, 1, "setpolicy"), bulkhead.ErrLeaseExpired)
 		if err := r.g.CapUntil(bg, 3, 4, time.Now().Add(time.Second), 1); err != nil {
 			t.Fatal(err)
 		}
-		rzFull(t, r, 3, "renewed")
+		rzCause(t, "renewed", rzFull(t, r, 3, "renewed"), bulkhead.ErrQueueTimeout)
 		if err := r.g.Cap(bg, -1, -1); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(2 * time.Second)
-		rzFull(t, r, 4, "uncapped")
+		rzCause(t, "uncapped", rzFull(t, r, 4, "uncapped"), bulkhead.ErrQueueTimeout)
+		if s := r.g.Stats(); s.RejectedLease != 2 {
+			t.Fatalf("stats %+v, want the 2 refusals on the fallback counted as RejectedLease", s)
+		}
 	})
 }
 
@@ -600,11 +614,53 @@ func TestAnOperationLetInUnderALeaseThatRanOutSendsNothing(t *testing.T) {
 		if n := fc.Count(fakedb.OpExec) + fc.Count(fakedb.OpPrepare) + fc.Count(fakedb.OpPing) + inits.Load(); n != 0 {
 			t.Fatalf("the refused operation made %d driver calls (its connection's initialisation included) beyond the dial", n)
 		}
-		if _, err := e.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-			t.Fatalf("the next operation: %v, want ErrAdmissionFull (the fallback is 0)", err)
+		// README: ErrLeaseExpired, a fleet member's lease ran out before the
+		// operation started: a new operation on the fallback share of 0 too.
+		if _, err := e.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrLeaseExpired) || !errors.Is(err, bulkhead.ErrRejected) {
+			t.Fatalf("the next operation: %v, want ErrLeaseExpired (the fallback is 0)", err)
 		}
-		if s := e.g.Stats(); s.Running != 0 || s.Admitted != 0 || s.RejectedFull != 2 || s.MaxConcurrent != 0 {
-			t.Fatalf("stats %+v, want nothing running, 2 refused, B at the fallback 0", s)
+		if s := e.g.Stats(); s.Running != 0 || s.Admitted != 0 || s.RejectedLease != 2 || s.RejectedFull != 0 || s.MaxConcurrent != 0 {
+			t.Fatalf("stats %+v, want nothing running, 2 refused for the lease, B at the fallback 0", s)
+		}
+	})
+}
+
+// docs/fleet.md: a member with no share rejects every operation at once.
+// A gate capped to B = 0 keeps no queue, whatever Q the cap leaves: an
+// operation is refused at once, and one queued when B falls to 0 is sent
+// away at once, for no permit could come before the next cap.
+func TestAGateCappedToNoPermitRejectsAtOnceAndKeepsNobodyWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Hour})
+		bg := context.Background()
+		a := r.exec(bg, "a")
+		b := r.exec(bg, "b")
+		synctest.Wait()
+		c := r.exec(bg, "c") // queued
+		synctest.Wait()
+		start := time.Now()
+		capped := make(chan error, 1)
+		go func() { capped <- r.g.Cap(bg, 0, 2) }()
+		synctest.Wait()
+		err := wlRecv(t, "c", c)
+		re := wlRejected(t, "an operation queued as B fell to 0", err, bulkhead.ErrAdmissionFull, "", 0, 0)
+		if time.Since(start) != 0 || re.Waiting != 0 {
+			t.Fatalf("c was refused after %v with %+v, want at once, nobody left waiting", time.Since(start), re)
+		}
+		_, err = r.db.ExecContext(bg, "quick")
+		re = wlRejected(t, "a new operation with B=0", err, bulkhead.ErrAdmissionFull, "", 0, 0)
+		if re.Waited != 0 || time.Since(start) != 0 {
+			t.Fatalf("the new operation waited %v, want a refusal at once", re.Waited)
+		}
+		r.finish("a")
+		r.finish("b")
+		wlOK(t, "a", a)
+		wlOK(t, "b", b)
+		if err := <-capped; err != nil {
+			t.Fatalf("Cap: %v, want nil once the running work ended", err)
+		}
+		if s := r.g.Stats(); s.Waiting != 0 || s.Running != 0 || s.RejectedFull != 2 || s.MaxConcurrent != 0 || s.MaxQueue != 0 {
+			t.Fatalf("stats %+v, want 2 refused at once, B=0 and so Q=0 in force", s)
 		}
 	})
 }

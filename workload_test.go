@@ -10,6 +10,7 @@ package bulkhead_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -470,5 +471,107 @@ func TestClosingTheGateMakesAnOperationQueuedForItsWorkloadReturnErrClosed(t *te
 		if s, ws := r.g.Stats(), r.wstats(t, "batch"); s.Running != 0 || s.Waiting != 0 || ws.Running != 0 || ws.Waiting != 0 {
 			t.Fatalf("after the end: global %+v, batch %+v: want nothing held", s, ws)
 		}
+	})
+}
+
+// README: when the database has room nothing is shed and everyone is
+// served. Operations queued in a workload's budget take nothing of the
+// global one, so they never lock other work out of a free permit, whatever
+// their priority.
+func TestOperationsQueuedInAWorkloadLeaveTheGlobalPermitsToOtherWork(t *testing.T) {
+	for _, prio := range []int{-10, 0, 10} {
+		t.Run(fmt.Sprintf("batch priority %d", prio), func(t *testing.T) {
+			r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour,
+				Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour, Priority: prio}}})
+			batch := bulkhead.WithWorkload(context.Background(), "batch")
+			b1 := r.exec(batch, "b1")
+			r.await(t, "b1")
+			b2 := r.exec(batch, "b2")
+			awaitState(t, "b2 queued in batch", func() bool { return r.wstats(t, "batch").Waiting == 1 })
+			b3 := r.exec(batch, "b3")
+			awaitState(t, "b3 queued in batch", func() bool { return r.wstats(t, "batch").Waiting == 2 })
+
+			// One global permit is free and the global queue is empty: an
+			// operation of no workload runs at once.
+			if _, err := r.db.ExecContext(context.Background(), "quick"); err != nil {
+				t.Fatalf("an operation of no workload beside a full batch queue: %v, want it run", err)
+			}
+			if s := r.g.Stats(); s.RejectedFull != 0 || s.Running != 1 || s.Waiting != 0 {
+				t.Fatalf("global stats %+v: want nothing refused, b1 alone running, nobody waiting", s)
+			}
+			r.finish("b1")
+			r.finish("b2")
+			r.finish("b3")
+			wlOK(t, "b1", b1)
+			wlOK(t, "b2", b2)
+			wlOK(t, "b3", b3)
+			if ws := r.wstats(t, "batch"); ws.RejectedFull != 0 || ws.Admitted != 3 {
+				t.Fatalf("batch stats %+v: want its three operations admitted, none shed", ws)
+			}
+			r.balanced(t)
+		})
+	}
+}
+
+// A shed must buy a run: a higher-priority arrival sheds a queued
+// lower-priority waiter only if it will then wait for its turn itself, not
+// when it would be refused at once (no queue wait, or a deadline it cannot
+// make).
+func TestAHigherPriorityArrivalShedsNobodyWhenItWouldBeRefusedAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour,
+			Workloads: map[string]bulkhead.Workload{
+				"low":  {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour},
+				"high": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, Priority: 1},
+			}}
+		r := wlOpen(t, p)
+		bg := context.Background()
+		low := bulkhead.WithWorkload(bg, "low")
+		high := bulkhead.WithWorkload(bg, "high")
+		u := r.exec(bg, "u")
+		synctest.Wait()
+		l := r.exec(low, "l") // queued in the global budget
+		synctest.Wait()
+
+		// No queue wait: it would be refused at once, so it sheds nobody.
+		_, err := r.db.ExecContext(bulkhead.WithQueueWait(high, 0), "quick")
+		wlRejected(t, "a high-priority arrival that may not wait", err, bulkhead.ErrAdmissionFull, "", 1, 1)
+		if s := r.g.Stats(); s.Waiting != 1 {
+			t.Fatalf("global stats %+v: want the low waiter still queued", s)
+		}
+
+		// l runs 100ms (its hold is measured: it waited), with u2 and l2
+		// behind it; then a deadline of 20ms cannot be made.
+		r.finish("u")
+		wlOK(t, "u", u)
+		synctest.Wait()
+		u2 := r.exec(bg, "u2")
+		synctest.Wait()
+		time.Sleep(100 * time.Millisecond)
+		r.finish("l")
+		wlOK(t, "l", l)
+		synctest.Wait()
+		l2 := r.exec(low, "l2")
+		synctest.Wait()
+		if s := r.g.Stats(); s.Waiting != 1 || s.Hold != 100*time.Millisecond {
+			t.Fatalf("global stats %+v: want u2 running, l2 waiting, the hold 100ms", s)
+		}
+		ctx, cancel := context.WithTimeout(high, 20*time.Millisecond)
+		defer cancel()
+		_, err = r.db.ExecContext(ctx, "quick")
+		if !errors.Is(err, bulkhead.ErrRejected) {
+			t.Fatalf("a high-priority arrival whose deadline is a fifth of the hold: %v, want a rejection", err)
+		}
+		if s := r.g.Stats(); s.Waiting != 1 {
+			t.Fatalf("global stats %+v: want the low waiter still queued", s)
+		}
+		if ws := r.wstats(t, "low"); ws.RejectedFull != 0 {
+			t.Fatalf("low stats %+v: want nothing of it shed", ws)
+		}
+		r.finish("u2")
+		r.finish("l2")
+		wlOK(t, "u2", u2)
+		wlOK(t, "l2", l2)
+		r.balanced(t)
 	})
 }

@@ -64,9 +64,10 @@ func ExampleCollector() {
 	tx.Rollback()
 	// Output:
 	// bulkhead: queue wait timed out after 0s: 1 running + 0 waiting of B=1, Q=1
-	// # HELP bulkhead_rejections_total Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait) or would_miss_deadline (it could not have finished within its context's deadline); in a dry run, those that would have been.
+	// # HELP bulkhead_rejections_total Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait), would_miss_deadline (it could not have finished within its context's deadline) or lease_expired (a fleet lease ran out and its fallback share had no room); in a dry run, those that would have been.
 	// # TYPE bulkhead_rejections_total counter
 	// bulkhead_rejections_total{reason="admission_full"} 0
+	// bulkhead_rejections_total{reason="lease_expired"} 0
 	// bulkhead_rejections_total{reason="queue_timeout"} 1
 	// bulkhead_rejections_total{reason="would_miss_deadline"} 0
 	// # HELP bulkhead_running Operations holding an execution permit.

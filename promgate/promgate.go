@@ -26,7 +26,7 @@
 //	bulkhead_max_queue                     gauge      Q, the admission permits beyond B
 //	bulkhead_max_queue_wait_seconds        gauge      the policy's QueueWait
 //	bulkhead_admitted_total                counter    operations that got their permits and a server connection
-//	bulkhead_rejections_total{reason}      counter    reason="admission_full", "queue_timeout" or "would_miss_deadline"
+//	bulkhead_rejections_total{reason}      counter    reason="admission_full", "queue_timeout", "would_miss_deadline" or "lease_expired"
 //	bulkhead_connect_failed_total          counter    operations that had their permits, then no server connection: the dial failed
 //	bulkhead_canceled_total                counter    operations whose context ended (or gate closed) before they ran
 //	bulkhead_dials_total                   counter    server connections dialed, failed dials included
@@ -136,7 +136,7 @@ func newBudgetDescs(desc func(name, help string, labels ...string) *prometheus.D
 		maxQueue:      d("max_queue", "Admission permits beyond max_concurrent (Q): operations that may wait for an execution permit."),
 		maxWait:       d("max_queue_wait_seconds", "Longest an admitted operation waits for an execution permit before it is rejected."),
 		admitted:      d("admitted_total", "Operations that got their permits and a server connection, and ran."),
-		rejections:    d("rejections_total", "Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait) or would_miss_deadline (it could not have finished within its context's deadline); in a dry run, those that would have been.", "reason"),
+		rejections:    d("rejections_total", "Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait), would_miss_deadline (it could not have finished within its context's deadline) or lease_expired (a fleet lease ran out and its fallback share had no room); in a dry run, those that would have been.", "reason"),
 		connectFailed: d("connect_failed_total", "Operations that had their permits but whose server connection could not be dialed."),
 		canceled:      d("canceled_total", "Operations whose context ended, or whose gate closed, before they ran."),
 		wouldWait:     d("would_wait_total", "Dry run: operations that found no execution permit free and ran anyway."),
@@ -164,6 +164,7 @@ func (b *budgetDescs) collect(ch chan<- prometheus.Metric, s bulkhead.Stats, lab
 	counter(b.rejections, s.RejectedFull, "admission_full")
 	counter(b.rejections, s.RejectedTimeout, "queue_timeout")
 	counter(b.rejections, s.RejectedDeadline, "would_miss_deadline")
+	counter(b.rejections, s.RejectedLease, "lease_expired")
 	counter(b.connectFailed, s.ConnectFailed)
 	counter(b.canceled, s.Canceled)
 	counter(b.wouldWait, s.WouldWait)

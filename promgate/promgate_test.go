@@ -68,9 +68,10 @@ bulkhead_idle_connections %d
 # HELP bulkhead_admitted_total Operations that got their permits and a server connection, and ran.
 # TYPE bulkhead_admitted_total counter
 bulkhead_admitted_total %d
-# HELP bulkhead_rejections_total Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait) or would_miss_deadline (it could not have finished within its context's deadline); in a dry run, those that would have been.
+# HELP bulkhead_rejections_total Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait), would_miss_deadline (it could not have finished within its context's deadline) or lease_expired (a fleet lease ran out and its fallback share had no room); in a dry run, those that would have been.
 # TYPE bulkhead_rejections_total counter
 bulkhead_rejections_total{reason="admission_full"} %d
+bulkhead_rejections_total{reason="lease_expired"} %d
 bulkhead_rejections_total{reason="queue_timeout"} %d
 bulkhead_rejections_total{reason="would_miss_deadline"} %d
 # HELP bulkhead_canceled_total Operations whose context ended, or whose gate closed, before they ran.
@@ -92,7 +93,7 @@ type statsWant struct {
 
 func compareStats(t *testing.T, c prometheus.Collector, w statsWant) {
 	t.Helper()
-	text := fmt.Sprintf(statsHelp, w.running, w.waiting, w.open, w.idle, w.admitted, w.full, w.timeout, w.late, w.canceled, w.dials)
+	text := fmt.Sprintf(statsHelp, w.running, w.waiting, w.open, w.idle, w.admitted, w.full, 0, w.timeout, w.late, w.canceled, w.dials)
 	if err := testutil.CollectAndCompare(c, strings.NewReader(text), statsNames...); err != nil {
 		t.Error(err)
 	}
@@ -300,9 +301,9 @@ bulkhead_admitted_total{db="users"} 1
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "bulkhead_admitted_total"); err != nil {
 		t.Error(err)
 	}
-	// 8 gauges + 10 counter series + 1 wait histogram + 3 hold histograms, per gate.
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 2*22 {
-		t.Errorf("gathered %d series (%v), want %d", n, err, 2*22)
+	// 8 gauges + 11 counter series + 1 wait histogram + 3 hold histograms, per gate.
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 2*23 {
+		t.Errorf("gathered %d series (%v), want %d", n, err, 2*23)
 	}
 }
 
@@ -378,10 +379,12 @@ bulkhead_workload_admitted_total{workload="reports"} 1
 # TYPE bulkhead_workload_max_concurrent gauge
 bulkhead_workload_max_concurrent{workload="api"} 2
 bulkhead_workload_max_concurrent{workload="reports"} 1
-# HELP bulkhead_workload_rejections_total Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait) or would_miss_deadline (it could not have finished within its context's deadline); in a dry run, those that would have been.
+# HELP bulkhead_workload_rejections_total Operations rejected, by reason: admission_full (refused at once), queue_timeout (no execution permit within the queue wait), would_miss_deadline (it could not have finished within its context's deadline) or lease_expired (a fleet lease ran out and its fallback share had no room); in a dry run, those that would have been.
 # TYPE bulkhead_workload_rejections_total counter
 bulkhead_workload_rejections_total{reason="admission_full",workload="api"} 0
 bulkhead_workload_rejections_total{reason="admission_full",workload="reports"} 1
+bulkhead_workload_rejections_total{reason="lease_expired",workload="api"} 0
+bulkhead_workload_rejections_total{reason="lease_expired",workload="reports"} 0
 bulkhead_workload_rejections_total{reason="queue_timeout",workload="api"} 0
 bulkhead_workload_rejections_total{reason="would_miss_deadline",workload="api"} 0
 bulkhead_workload_rejections_total{reason="queue_timeout",workload="reports"} 0
