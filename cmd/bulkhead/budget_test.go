@@ -83,12 +83,12 @@ func TestBudgetTakesConnectionsPerInstanceFromThePolicy(t *testing.T) {
 	if r.Code != cli.ExitOK {
 		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
-	// B = 3 operations running, and B+Q = 5 idle in database/sql's pool.
+	// B = 3, whatever Q: the gate keeps no more free than it can run.
 	for _, want := range []string{
-		"per instance: 8 connections (B + (B+Q) = 3 + 5: B operations running, B+Q idle, as gate.OpenDB sets SetMaxIdleConns(B+Q))",
-		"assumes: each instance opens its *sql.DB with gate.OpenDB (or keeps at most B+Q idle);",
+		"per instance: 3 connections (B = 3: the operations running and the free server connections the gate keeps for them)",
+		"assumes: the application's own server connections come on top: one per *sql.Conn it keeps open and per Ping, Prepare or Raw running at once",
 		"the gate keeps no more server connections than database/sql keeps connections",
-		"2 × 8 + 0 = 16 ≤",
+		"2 × 3 + 0 = 6 ≤",
 	} {
 		if !strings.Contains(r.Stdout, want) {
 			t.Errorf("output lacks %q:\n%s", want, r.Stdout)
@@ -271,8 +271,8 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 func TestBudgetCountsAnAdaptivePolicyAtItsCeiling(t *testing.T) {
 	fixed := connsPerInstance(bulkhead.Policy{MaxConcurrent: 3, MaxQueue: 2}, "")
 	c := connsPerInstance(bulkhead.Policy{MaxConcurrent: 3, MaxQueue: 2, Adaptive: true, MinConcurrent: 1}, "")
-	if c.perInstance != 8 || fixed.perInstance != 8 || !strings.HasPrefix(c.perWhy, fixed.perWhy) ||
+	if c.perInstance != 3 || fixed.perInstance != 3 || !strings.HasPrefix(c.perWhy, fixed.perWhy) ||
 		!strings.Contains(c.perWhy, "adaptive: B=3 is the ceiling of the B in force") || strings.Contains(fixed.perWhy, "adaptive") {
-		t.Errorf("adaptive %+v, fixed %+v: want B + (B+Q) = 8 each, the ceiling named under adaptive", c, fixed)
+		t.Errorf("adaptive %+v, fixed %+v: want B = 3 each, the ceiling named under adaptive", c, fixed)
 	}
 }
