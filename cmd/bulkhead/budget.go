@@ -37,12 +37,15 @@ plus, on top, one per *sql.Conn the application keeps open (from its
 first use until Close) and per Ping, Prepare or Raw running at once:
 give B plus those in --conns-per-instance. With a fleet (--fleet or
 BULKHEAD_FLEET), B is the whole fleet's T, which bounds the fleet's
-operations, and each instance adds its coordination session:
+operations and the free server connections the members keep for them,
+and each instance adds the two sessions of package fleet, its
+coordination session and its anchor:
 
-  T + instances + other ≤ max_connections − reserved
+  T + instances × 2 + other ≤ max_connections − reserved
 
-(the members' idle connections are not counted: pass them in --other);
-and the fleet is shown live, as the database sees it: each instance
+(a member whose share is 0 keeps one idle server connection, and the
+members' *sql.Conn kept open and Ping, Prepare or Raw come on top: pass
+them in --other); and the fleet is shown live, as the database sees it: each instance
 alive, its share (the slots it holds), its connections, what it reported
 at the start of its last round (T, B, Q, running, waiting), and the slots
 held and orphans against T. Exit 1 also when they exceed T.
@@ -75,8 +78,8 @@ type instanceConns struct {
 // connsPerInstance counts the server connections behind a gate of
 // policy p (in the fleet named, if any): B for the gate's own work (the
 // operations running and the free server connections kept for them); in
-// a fleet, T for the operations of the whole fleet, plus each member's
-// coordination session (package fleet).
+// a fleet, T for the whole fleet's, plus each member's coordination
+// session and anchor (package fleet).
 func connsPerInstance(p bulkhead.Policy, fleet string) instanceConns {
 	b := p.MaxConcurrent
 	if p.DryRun {
@@ -84,10 +87,10 @@ func connsPerInstance(p bulkhead.Policy, fleet string) instanceConns {
 	}
 	if fleet != "" {
 		return instanceConns{
-			perInstance: 1, perWhy: "its coordination session",
-			shared: b, sharedWhy: fmt.Sprintf("fleet %s: T = %d for operations in all, whatever the members' shares", fleet, b),
-			assumes: "the members' idle server connections are not counted (each member's gate keeps up to as many as its " +
-				"database/sql keeps idle: B+Q with gate.OpenDB): pass those in --other",
+			perInstance: 2, perWhy: "its coordination session and its anchor",
+			shared: b, sharedWhy: fmt.Sprintf("fleet %s: T = %d for operations in all and the free server connections kept for them, whatever the members' shares", fleet, b),
+			assumes: "a member whose share is 0 keeps one idle server connection, and the members' own *sql.Conn kept open and " +
+				"Ping, Prepare or Raw running at once come on top: pass those in --other",
 		}
 	}
 	perWhy := fmt.Sprintf("B = %d: the operations running and the free server connections the gate keeps for them", b)
@@ -109,7 +112,7 @@ func (c instanceConns) policyCell() string {
 	case c.dryRun:
 		return "no bound\tin dry-run the gate runs every operation, each with its server connection: one per operation in flight"
 	case c.shared > 0:
-		return fmt.Sprintf("its share of T, + 1\tthe fleet's: T = %d for operations in all, + 1 coordination session per instance", c.shared)
+		return fmt.Sprintf("its share of T, + 2\tthe fleet's: T = %d for operations in all, + 2 per instance: its coordination session and its anchor", c.shared)
 	}
 	return fmt.Sprintf("%d\t%s, + 1 per *sql.Conn kept open and per Ping, Prepare or Raw running at once", c.perInstance, c.perWhy)
 }
@@ -454,7 +457,7 @@ func (b budgetCheck) print(w io.Writer, where string) {
 		verb = ">"
 	}
 	if c.shared > 0 {
-		fmt.Fprintf(w, "\nbudget: fleet T + instances × 1 + other ≤ max_connections − reserved\n")
+		fmt.Fprintf(w, "\nbudget: fleet T + instances × %d + other ≤ max_connections − reserved\n", c.perInstance)
 		fmt.Fprintf(w, "        %d + %d × %d + %d = %d %s %d − %d = %d\n",
 			c.shared, b.instances, c.perInstance, b.other, b.need(), verb,
 			s.maxConnections, s.superReserved+s.reserved, b.available())

@@ -17,8 +17,8 @@ where it came from (flag, variable or default), dry-run, the workloads
 and their priorities, adaptive B and its floor, the fleet, and the
 server connections one instance keeps open (see bulkhead budget --help:
 B, plus one per *sql.Conn kept open and per Ping, Prepare or Raw running
-at once; in a fleet, its share of T plus its coordination session). A
-malformed
+at once; in a fleet, its share of T plus its coordination session and
+its anchor). A malformed
 variable is an error that names it, its value and what is expected, and
 the flag that overrides it (exit 2).
 `

@@ -77,7 +77,7 @@ func TestPolicyShowsTheFleetAndItsConnections(t *testing.T) {
 	}
 	clitest.WantCells(t, r.Stdout,
 		"fleet orders from BULKHEAD_FLEET=orders: B=8 and Q=4 are the whole fleet's",
-		"connections per instance its share of T, + 1 the fleet's: T = 8 for operations in all, + 1 coordination session per instance",
+		"connections per instance its share of T, + 2 the fleet's: T = 8 for operations in all, + 2 per instance: its coordination session and its anchor",
 	)
 	// A name the library refuses, from the variable or the flag.
 	clitest.WantOneLineError(t, runCmd(t, map[string]string{cli.EnvFleet: "Orders!"}, "policy"), "policy:", `BULKHEAD_FLEET="Orders!"`, "--fleet overrides it")
