@@ -1,6 +1,6 @@
 # bulkhead: make help lists the targets.
 #
-# The repository holds several modules (README: Modules), tied together by
+# The repository holds several modules (README: Testing), tied together by
 # go.work: ALL names every package of every one of them.
 GO ?= go
 ALL := github.com/dbbulkhead/bulkhead/...

@@ -19,7 +19,14 @@
 //	bulkhead.ErrOutcomeUnknown 500 Internal Server Error, no Retry-After (a COMMIT may have taken effect: not to be retried blindly)
 //	context.DeadlineExceeded   504 Gateway Timeout
 //	context.Canceled           499 Client Closed Request
+//	the database unreachable   503 Service Unavailable, Retry-After (as a rejection)
 //	anything else              500 Internal Server Error
+//
+// The database is unreachable when a connection to it could not be made:
+// the chain holds a *net.OpError whose Op is "dial" (refused, no route,
+// dial timeout) or matches syscall.ECONNREFUSED. A dependency that is
+// down is a 503 to retry later; an error on a connection that was made
+// (a failed query, a connection reset mid-statement) stays a 500.
 //
 // 504 for a deadline: the request's own time budget ran out while it
 // waited on the database, the upstream of this server, which is what 504
@@ -43,8 +50,11 @@ package httpgate
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
+	"slices"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
@@ -55,11 +65,12 @@ import (
 const StatusClientClosedRequest = 499
 
 // DefaultRetryAfter is the Retry-After that Status, WriteError and a zero
-// Responder give a rejection.
+// Responder give a rejection or an unreachable database.
 const DefaultRetryAfter = time.Second
 
 // Status maps the error of a gated database call to an HTTP status code
-// and, for a rejection, the delay to send in Retry-After (0: no header).
+// and, for a rejection or an unreachable database, the delay to send in
+// Retry-After (0: no header).
 // See the package documentation for the mapping. It is
 // Responder{}.Status.
 func Status(err error) (code int, retryAfter time.Duration) { return Responder{}.Status(err) }
@@ -74,8 +85,9 @@ func WriteError(w http.ResponseWriter, err error) int { return Responder{}.Write
 // concurrent use; do not change its fields while it is in use.
 type Responder struct {
 	// RetryAfter is the delay sent in the Retry-After header of a
-	// rejection, rounded up to whole seconds (the header's unit). Zero
-	// means DefaultRetryAfter; a negative value sends no header.
+	// rejection or an unreachable database, rounded up to whole seconds
+	// (the header's unit). Zero means DefaultRetryAfter; a negative value
+	// sends no header.
 	RetryAfter time.Duration
 	// Log, if set, is called with every error WriteError answers, the
 	// status code chosen and the request (nil when WriteError was called
@@ -98,8 +110,32 @@ func (rs Responder) Status(err error) (code int, retryAfter time.Duration) {
 		return http.StatusGatewayTimeout, 0
 	case errors.Is(err, context.Canceled):
 		return StatusClientClosedRequest, 0
+	case unreachable(err):
+		return http.StatusServiceUnavailable, rs.retryAfter()
 	}
 	return http.StatusInternalServerError, 0
+}
+
+// unreachable reports whether err says that no connection could be made:
+// a *net.OpError with Op "dial" anywhere in its tree, or ECONNREFUSED.
+func unreachable(err error) bool {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return true
+	}
+	for err != nil {
+		if oe, ok := err.(*net.OpError); ok && oe.Op == "dial" {
+			return true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			return slices.ContainsFunc(u.Unwrap(), unreachable)
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 func (rs Responder) retryAfter() time.Duration {

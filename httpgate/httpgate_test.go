@@ -5,12 +5,15 @@ package httpgate_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -111,6 +114,10 @@ func TestStatusMapsEachKindOfErrorToItsCode(t *testing.T) {
 		{"outcome unknown past the caller's deadline", errors.Join(context.DeadlineExceeded, bulkhead.ErrOutcomeUnknown), http.StatusInternalServerError, 0},
 		{"other", errors.New("pq: relation orders does not exist"), http.StatusInternalServerError, 0},
 		{"bad conn", sql.ErrConnDone, http.StatusInternalServerError, 0},
+		{"dial failed", fmt.Errorf("connect: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.EHOSTUNREACH}), http.StatusServiceUnavailable, time.Second},
+		{"refused, without a dial error", errors.Join(errors.New("attempt 1"), os.NewSyscallError("connect", syscall.ECONNREFUSED)), http.StatusServiceUnavailable, time.Second},
+		{"reset mid-query", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, http.StatusInternalServerError, 0},
+		{"refused, past the caller's deadline", errors.Join(context.DeadlineExceeded, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}), http.StatusGatewayTimeout, 0},
 	} {
 		code, after := httpgate.Status(c.err)
 		if code != c.code || after != c.after {
@@ -247,5 +254,54 @@ func TestHandlerFuncAnswersACancelledRequestWith499AndPassesSuccess(t *testing.T
 	}
 	if s := g.Stats(); s.Running != 0 || s.Admitted != 1 {
 		t.Errorf("stats %+v, want nothing running, 1 admitted", s)
+	}
+}
+
+// tcpConnector's Connect dials addr, as a network driver does first: when
+// the server cannot be reached it fails with the dial's error.
+type tcpConnector struct{ addr string }
+
+func (c tcpConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	nc, err := new(net.Dialer).DialContext(ctx, "tcp", c.addr)
+	if err != nil {
+		return nil, err
+	}
+	nc.Close()
+	return nil, fmt.Errorf("%s accepted a connection; the test wants it refused", c.addr)
+}
+
+func (c tcpConnector) Driver() driver.Driver { return nil }
+
+// A database that refuses connections (a port on 127.0.0.1 whose listener
+// was closed) is a dependency that is down: 503 with Retry-After, as for a
+// rejection, not the 500 of a failing query.
+func TestADatabaseThatRefusesConnectionsIsAnswered503WithRetryAfter(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	g, err := bulkhead.New(tcpConnector{addr}, bulkhead.Policy{MaxConcurrent: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	var dbErr error
+	h := httpgate.Responder{RetryAfter: 3 * time.Second}.Handler(func(w http.ResponseWriter, r *http.Request) error {
+		_, dbErr = db.ExecContext(r.Context(), "UPDATE orders SET v = 1")
+		return dbErr
+	})
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("POST", "/orders", nil))
+	if !errors.Is(dbErr, syscall.ECONNREFUSED) {
+		t.Fatalf("Exec: %v, want connection refused", dbErr)
+	}
+	if w.Code != 503 || w.Header().Get("Retry-After") != "3" || w.Body.String() != "Service Unavailable\n" {
+		t.Errorf("refused (%v): wrote %d, Retry-After %q, body %q; want 503, \"3\", the status text", dbErr, w.Code, w.Header().Get("Retry-After"), w.Body.String())
+	}
+	if s := g.Stats(); s.DialErrors != 1 || s.Running != 0 {
+		t.Errorf("stats %+v, want 1 dial error, nothing running", s)
 	}
 }

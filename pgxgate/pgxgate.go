@@ -28,11 +28,14 @@
 //     with a context of their own, which keeps the caller's values but
 //     not its cancellation, bounded by EndGrace: the transaction has ended
 //     on the server when Commit or Rollback returns, and Commit reports
-//     what the server did. A COMMIT or ROLLBACK that gets no answer within
-//     EndGrace (plus DeadlineDelay for the cancel request) closes the
-//     connection; then, and only then, the outcome is unknown (Commit's
-//     error matches bulkhead.ErrOutcomeUnknown) and the server may keep
-//     the transaction until it notices the closed socket.
+//     what the server did. A COMMIT still running at EndGrace gets a
+//     cancel request: when the server stops it, nothing was committed,
+//     Commit returns the server's error (57014) and the connection stays.
+//     A COMMIT or ROLLBACK that gets no answer within EndGrace plus
+//     DeadlineDelay closes the connection; then, and only then, the
+//     outcome is unknown (Commit's error matches
+//     bulkhead.ErrOutcomeUnknown) and the server may keep the transaction
+//     until it notices the closed socket.
 //
 // Everything else is pgx's: the connections are *stdlib.Conn values
 // (bulkhead.Unwrap reaches them in (*sql.Conn).Raw), with the same optional
@@ -164,9 +167,12 @@ func (t *tx) endContext() (context.Context, context.CancelFunc) {
 
 // Commit sends COMMIT and reports what the server did: nil, or
 // pgx.ErrTxCommitRollback when the transaction had failed and the server
-// rolled it back, or an error matching bulkhead.ErrOutcomeUnknown when
-// no answer came within EndGrace (then the connection is closed), or the
-// error that failed it otherwise.
+// rolled it back, or the server's *pgconn.PgError when the COMMIT failed
+// and nothing was committed (wrapped, for errors.As, when it came after
+// EndGrace: its cancel request stops the COMMIT with 57014). Only a COMMIT
+// that got no answer within EndGrace returns an error matching
+// bulkhead.ErrOutcomeUnknown; any other error is pgx's. The connection is
+// closed only if it is still in a transaction, as pgx does.
 func (t *tx) Commit() error {
 	ctx, cancel := t.endContext()
 	defer cancel()
@@ -175,17 +181,35 @@ func (t *tx) Commit() error {
 		if t.c.PgConn().TxStatus() != 'I' {
 			closeNow(t.c)
 		}
-		if ctx.Err() != nil {
-			// pgx's error holds the end context's deadline, which is not
-			// the caller's: it is reported as text, outside the chain.
-			return fmt.Errorf("%w: COMMIT got no answer within pgxgate.EndGrace (%v); the connection was closed and the server may still commit: %v", bulkhead.ErrOutcomeUnknown, EndGrace, err)
+		if ctx.Err() == nil {
+			return err
 		}
-		return err
+		if serverFailed(err) {
+			return fmt.Errorf("bulkhead: pgxgate: COMMIT failed after pgxgate.EndGrace (%v); nothing was committed: %w", EndGrace, err)
+		}
+		// pgx's error holds the end context's deadline, which is not the
+		// caller's: it is reported as text, outside the chain.
+		return fmt.Errorf("%w: COMMIT got no answer within pgxgate.EndGrace (%v); the server may have committed: %v", bulkhead.ErrOutcomeUnknown, EndGrace, err)
 	}
 	if tag.String() == "ROLLBACK" {
 		return pgx.ErrTxCommitRollback
 	}
 	return nil
+}
+
+// serverFailed reports whether err is the server's answer that a COMMIT
+// failed, so that nothing was committed: any *pgconn.PgError but a PANIC,
+// after which crash recovery may still replay the commit.
+func serverFailed(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	severity := pe.SeverityUnlocalized
+	if severity == "" {
+		severity = pe.Severity
+	}
+	return severity != "PANIC"
 }
 
 // Rollback sends ROLLBACK; if it fails, the connection is closed, as pgx

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"reflect"
@@ -21,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/httpgate"
 	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
@@ -411,5 +413,41 @@ func TestAFailedConnectionIsOneLineWithTheServersReasonAndIsCounted(t *testing.T
 	}
 	if s := g.Stats(); s.DialErrors != 2 || s.ConnectFailed != 1 {
 		t.Fatalf("%+v: want both failed dials counted, the operation's as ConnectFailed", s)
+	}
+}
+
+// Through pgx (sslmode=prefer: two attempts, both refused) a port whose
+// listener was closed gives an error httpgate answers as a database that
+// is down, 503 with Retry-After; a server that answers and refuses the
+// role is reachable, and stays a 500.
+func TestARefusedConnectionIsAnUnreachableDatabaseForHttpgate(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := "postgres://postgres@" + ln.Addr().String() + "/test?sslmode=prefer"
+	ln.Close()
+	u, err := url.Parse(postgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User("no_such_role_bulkhead")
+	for _, c := range []struct {
+		name, dsn string
+		code      int
+		after     time.Duration
+	}{
+		{"refused", refused, 503, httpgate.DefaultRetryAfter},
+		{"unknown role", u.String(), 500, 0},
+	} {
+		db, _, err := pgxgate.OpenDB(c.dsn, bulkhead.Policy{MaxConcurrent: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = db.ExecContext(t.Context(), "SELECT 1")
+		db.Close()
+		if code, after := httpgate.Status(err); code != c.code || after != c.after {
+			t.Errorf("%s: httpgate.Status(%v) = %d, %v; want %d, %v", c.name, err, code, after, c.code, c.after)
+		}
 	}
 }

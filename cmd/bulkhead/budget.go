@@ -26,24 +26,26 @@ Checks the connection budget of a live PostgreSQL server:
 where reserved is superuser_reserved_connections plus reserved_connections
 (PostgreSQL 16 and later). Count instances at their peak: autoscaling
 maximum plus the overlap of a rolling deploy. Connections per instance are
---conns-per-instance, else what can be open behind a gate of the policy:
+--conns-per-instance, else what a gate of the policy keeps open:
 
-  B + (B+Q)   B for the operations running (a logical connection holds a
-              server connection only while an operation on it runs, or a
-              Ping, a Prepare, Raw or a *sql.Conn needs one), plus the
-              idle ones, never more than database/sql keeps idle:
-              gate.OpenDB sets SetMaxIdleConns(B+Q)
+  B   a logical connection of database/sql holds a server connection
+      only while an operation on it holds its permits (at most B), and
+      the gate closes one given back when the free ones would outnumber
+      B less the operations running, whatever database/sql keeps idle
 
-It assumes each instance opens its *sql.DB with gate.OpenDB (or keeps no
-more idle connections); the gate keeps no more server connections than
-database/sql keeps connections. With a fleet (--fleet or BULKHEAD_FLEET), B is the whole
-fleet's T, which bounds the fleet's operations, and each instance adds its
-coordination session:
+plus, on top, one per *sql.Conn the application keeps open (from its
+first use until Close) and per Ping, Prepare or Raw running at once:
+give B plus those in --conns-per-instance. With a fleet (--fleet or
+BULKHEAD_FLEET), B is the whole fleet's T, which bounds the fleet's
+operations and the free server connections the members keep for them,
+and each instance adds the two sessions of package fleet, its
+coordination session and its anchor:
 
-  T + instances + other ≤ max_connections − reserved
+  T + instances × 2 + other ≤ max_connections − reserved
 
-(the members' idle connections are not counted: pass them in --other);
-and the fleet is shown live, as the database sees it: each instance
+(a member whose share is 0 keeps one idle server connection, and the
+members' *sql.Conn kept open and Ping, Prepare or Raw come on top: pass
+them in --other); and the fleet is shown live, as the database sees it: each instance
 alive, its share (the slots it holds), its connections, what it reported
 at the start of its last round (T, B, Q, running, waiting), and the slots
 held and orphans against T. Exit 1 also when they exceed T.
@@ -74,33 +76,33 @@ type instanceConns struct {
 }
 
 // connsPerInstance counts the server connections behind a gate of
-// policy p (in the fleet named, if any): B for the operations running,
-// plus the idle ones database/sql keeps (gate.OpenDB sets
-// SetMaxIdleConns(B+Q)); in a fleet, T for the operations of the whole
-// fleet, plus each member's coordination session (package fleet).
+// policy p (in the fleet named, if any): B for the gate's own work (the
+// operations running and the free server connections kept for them); in
+// a fleet, T for the whole fleet's, plus each member's coordination
+// session and anchor (package fleet).
 func connsPerInstance(p bulkhead.Policy, fleet string) instanceConns {
-	b, q := p.MaxConcurrent, p.MaxQueue
+	b := p.MaxConcurrent
 	if p.DryRun {
 		return instanceConns{dryRun: true}
 	}
 	if fleet != "" {
 		return instanceConns{
-			perInstance: 1, perWhy: "its coordination session",
-			shared: b, sharedWhy: fmt.Sprintf("fleet %s: T = %d for operations in all, whatever the members' shares", fleet, b),
-			assumes: "the members' idle server connections are not counted (each member's gate keeps up to as many as its " +
-				"database/sql keeps idle: B+Q with gate.OpenDB): pass those in --other",
+			perInstance: 2, perWhy: "its coordination session and its anchor",
+			shared: b, sharedWhy: fmt.Sprintf("fleet %s: T = %d for operations in all and the free server connections kept for them, whatever the members' shares", fleet, b),
+			assumes: "a member whose share is 0 keeps one idle server connection, and the members' own *sql.Conn kept open and " +
+				"Ping, Prepare or Raw running at once come on top: pass those in --other",
 		}
 	}
-	perWhy := fmt.Sprintf("B + (B+Q) = %d + %d: B operations running, B+Q idle, as gate.OpenDB sets SetMaxIdleConns(B+Q)", b, b+q)
+	perWhy := fmt.Sprintf("B = %d: the operations running and the free server connections the gate keeps for them", b)
 	if p.Adaptive {
 		perWhy += fmt.Sprintf("; adaptive: B=%d is the ceiling of the B in force", b)
 	}
 	return instanceConns{
-		perInstance: b + b + q,
+		perInstance: b,
 		perWhy:      perWhy,
-		assumes: "each instance opens its *sql.DB with gate.OpenDB (or keeps at most B+Q idle); a connection of database/sql holds a server " +
-			"connection while an operation on it runs (or a Ping, Prepare, Raw or *sql.Conn needs one), and the gate keeps no more server " +
-			"connections than database/sql keeps connections",
+		assumes: "the application's own server connections come on top: one per *sql.Conn it keeps open and per Ping, Prepare or Raw " +
+			"running at once (give B plus those in --conns-per-instance); the gate keeps no more server connections than database/sql " +
+			"keeps connections",
 	}
 }
 
@@ -108,18 +110,18 @@ func connsPerInstance(p bulkhead.Policy, fleet string) instanceConns {
 func (c instanceConns) policyCell() string {
 	switch {
 	case c.dryRun:
-		return "no bound\tin dry-run the gate runs every operation, each with its server connection: B bounds nothing"
+		return "no bound\tin dry-run the gate runs every operation, each with its server connection: one per operation in flight"
 	case c.shared > 0:
-		return fmt.Sprintf("its share of T, + 1\tthe fleet's: T = %d for operations in all, + 1 coordination session per instance", c.shared)
+		return fmt.Sprintf("its share of T, + 2\tthe fleet's: T = %d for operations in all, + 2 per instance: its coordination session and its anchor", c.shared)
 	}
-	return fmt.Sprintf("%d\tat most %s", c.perInstance, c.perWhy)
+	return fmt.Sprintf("%d\t%s, + 1 per *sql.Conn kept open and per Ping, Prepare or Raw running at once", c.perInstance, c.perWhy)
 }
 
 func (e *env) budget(ctx context.Context, args []string) int {
 	fs := e.NewFlagSet("budget", budgetUsage, budgetExamples)
 	dsn := fs.String("dsn", "", "PostgreSQL URL postgres://...")
 	instances := fs.Int("instances", 1, "peak number of application instances (autoscaling maximum plus rolling-deploy overlap)")
-	conns := fs.Int("conns-per-instance", 0, "server connections one instance can have open (default B + (B+Q) of the policy)")
+	conns := fs.Int("conns-per-instance", 0, "server connections one instance can have open (default B of the policy)")
 	other := fs.Int("other", 0, "connections of other clients (jobs, admin tools, replicas' tools, ...)")
 	pi := e.AddPolicyFlags(fs)
 	if code, done := e.ParseFlags(fs, args); done {
@@ -455,7 +457,7 @@ func (b budgetCheck) print(w io.Writer, where string) {
 		verb = ">"
 	}
 	if c.shared > 0 {
-		fmt.Fprintf(w, "\nbudget: fleet T + instances × 1 + other ≤ max_connections − reserved\n")
+		fmt.Fprintf(w, "\nbudget: fleet T + instances × %d + other ≤ max_connections − reserved\n", c.perInstance)
 		fmt.Fprintf(w, "        %d + %d × %d + %d = %d %s %d − %d = %d\n",
 			c.shared, b.instances, c.perInstance, b.other, b.need(), verb,
 			s.maxConnections, s.superReserved+s.reserved, b.available())
@@ -469,7 +471,7 @@ func (b budgetCheck) print(w io.Writer, where string) {
 		fmt.Fprintf(w, "verdict: fits, %d connections to spare\n", b.available()-b.need())
 		return
 	}
-	fmt.Fprintf(w, "verdict: OVER BUDGET by %d connections: lower the instances or B and Q per instance, or raise max_connections (a pooler such as PgBouncer also helps)\n", b.need()-b.available())
+	fmt.Fprintf(w, "verdict: OVER BUDGET by %d connections: lower the instances or B per instance, or raise max_connections (a pooler such as PgBouncer also helps)\n", b.need()-b.available())
 }
 
 // connections is "1 connection" or "n connections".

@@ -83,12 +83,12 @@ func TestBudgetTakesConnectionsPerInstanceFromThePolicy(t *testing.T) {
 	if r.Code != cli.ExitOK {
 		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
-	// B = 3 operations running, and B+Q = 5 idle in database/sql's pool.
+	// B = 3, whatever Q: the gate keeps no more free than it can run.
 	for _, want := range []string{
-		"per instance: 8 connections (B + (B+Q) = 3 + 5: B operations running, B+Q idle, as gate.OpenDB sets SetMaxIdleConns(B+Q))",
-		"assumes: each instance opens its *sql.DB with gate.OpenDB (or keeps at most B+Q idle);",
+		"per instance: 3 connections (B = 3: the operations running and the free server connections the gate keeps for them)",
+		"assumes: the application's own server connections come on top: one per *sql.Conn it keeps open and per Ping, Prepare or Raw running at once",
 		"the gate keeps no more server connections than database/sql keeps connections",
-		"2 × 8 + 0 = 16 ≤",
+		"2 × 3 + 0 = 6 ≤",
 	} {
 		if !strings.Contains(r.Stdout, want) {
 			t.Errorf("output lacks %q:\n%s", want, r.Stdout)
@@ -210,11 +210,11 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q\n%s", r.Code, r.Stderr, r.Stdout)
 	}
 	want := []string{
-		"per instance: 1 connection (its coordination session)",
-		fmt.Sprintf("once: 4 connections (fleet %s: T = 4 for operations in all, whatever the members' shares (from BULKHEAD_FLEET=%s))", name, name),
-		"assumes: the members' idle server connections are not counted",
-		"budget: fleet T + instances × 1 + other ≤ max_connections − reserved",
-		fmt.Sprintf("4 + 3 × 1 + 0 = 7 ≤ %d − %d = %d", maxConns, maxConns-available, available),
+		"per instance: 2 connections (its coordination session and its anchor)",
+		fmt.Sprintf("once: 4 connections (fleet %s: T = 4 for operations in all and the free server connections kept for them, whatever the members' shares (from BULKHEAD_FLEET=%s))", name, name),
+		"assumes: a member whose share is 0 keeps one idle server connection",
+		"budget: fleet T + instances × 2 + other ≤ max_connections − reserved",
+		fmt.Sprintf("4 + 3 × 2 + 0 = 10 ≤ %d − %d = %d", maxConns, maxConns-available, available),
 		fmt.Sprintf("fleet %s, live: 2 instances, 4 slots held of T=4", name),
 		"share (slots)  connections (busy)",
 	}
@@ -271,8 +271,43 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 func TestBudgetCountsAnAdaptivePolicyAtItsCeiling(t *testing.T) {
 	fixed := connsPerInstance(bulkhead.Policy{MaxConcurrent: 3, MaxQueue: 2}, "")
 	c := connsPerInstance(bulkhead.Policy{MaxConcurrent: 3, MaxQueue: 2, Adaptive: true, MinConcurrent: 1}, "")
-	if c.perInstance != 8 || fixed.perInstance != 8 || !strings.HasPrefix(c.perWhy, fixed.perWhy) ||
+	if c.perInstance != 3 || fixed.perInstance != 3 || !strings.HasPrefix(c.perWhy, fixed.perWhy) ||
 		!strings.Contains(c.perWhy, "adaptive: B=3 is the ceiling of the B in force") || strings.Contains(fixed.perWhy, "adaptive") {
-		t.Errorf("adaptive %+v, fixed %+v: want B + (B+Q) = 8 each, the ceiling named under adaptive", c, fixed)
+		t.Errorf("adaptive %+v, fixed %+v: want B = 3 each, the ceiling named under adaptive", c, fixed)
+	}
+}
+
+// What budget counts per instance of a fleet is what a member holds
+// outside its gate: the sessions holding its membership lock and its
+// anchor, read from pg_locks.
+func TestBudgetCountsTheSessionsEachFleetMemberHoldsOutsideItsGate(t *testing.T) {
+	url := clitest.PostgresURL(t)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("budget-own-%d", os.Getpid())
+	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second}
+	m, err := fleet.Join(name, stdlib.GetConnector(*cfg), p, fleet.Interval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Gate().OpenDB().Close() // leaves the fleet
+	if err := m.Sync(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	k := fleet.LockKeys(name)
+	var held int
+	if err := db.QueryRowContext(t.Context(), `SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
+		AND granted AND classid::int8 IN ($1, $2) AND objid::int8 = $3`, int64(uint32(k.Members)), int64(uint32(k.Anchors)), m.Stats().ID).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if c := connsPerInstance(p, name); c.perInstance != held {
+		t.Errorf("budget counts %d per instance (%s); a member holds %d sessions outside its gate", c.perInstance, c.perWhy, held)
 	}
 }

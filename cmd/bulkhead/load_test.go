@@ -200,12 +200,13 @@ func TestLoadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
 			t.Errorf("%s: %d transactions on the server at once, want at most 2", run.Name, *run.ServerMaxTransactions)
 		}
 	}
-	// What bulkhead budget counts for B = 2, Q = 2: B operations running
-	// plus B+Q idle, 6; at the end, no more than database/sql's B+Q idle
-	// connections.
+	// What bulkhead budget counts for B = 2: the operations running and
+	// the free server connections kept for them, B. For a moment there
+	// can be one more (a dial after 2 ms without a give-back, closed once
+	// free), and the server lists a closed one until its backend exits.
 	gated := rep.Runs[0]
-	if g := gated.Gate; *gated.ServerMaxConnections > 6 || g.OpenConns > 4 || g.OpenConns > gated.PoolOpenConns || g.DialErrors != 0 {
-		t.Errorf("gated: %d server connections at most, %d open at the end (database/sql: %d), %d dials (%d failed); want at most B + (B+Q) = 6, then B+Q = 4, no failure",
+	if g := gated.Gate; *gated.ServerMaxConnections > 2*2 || g.OpenConns > 2+1 || g.OpenConns > gated.PoolOpenConns || g.DialErrors != 0 {
+		t.Errorf("gated: %d server connections at most, %d open at the end (database/sql: %d), %d dials (%d failed); want about B = 2, no failure",
 			*gated.ServerMaxConnections, g.OpenConns, gated.PoolOpenConns, g.Dials, g.DialErrors)
 	}
 	if gated.Gate.RejectedFull != gated.RejectedFull || gated.Gate.RejectedTimeout != gated.RejectedTimeout || gated.Gate.RejectedDeadline != gated.RejectedDeadline {

@@ -15,9 +15,10 @@ Prints the policy that the flags and the BULKHEAD_* environment give, as
 bulkhead.PolicyFromEnv reads the variables: each setting, its value and
 where it came from (flag, variable or default), dry-run, the workloads
 and their priorities, adaptive B and its floor, the fleet, and the
-server connections one instance can have open (see
-bulkhead budget --help: B for operations plus B+Q idle; in a fleet, its
-share of T plus its coordination session). A malformed
+server connections one instance keeps open (see bulkhead budget --help:
+B, plus one per *sql.Conn kept open and per Ping, Prepare or Raw running
+at once; in a fleet, its share of T plus its coordination session and
+its anchor). A malformed
 variable is an error that names it, its value and what is expected, and
 the flag that overrides it (exit 2).
 `

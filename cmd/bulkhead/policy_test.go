@@ -1,8 +1,21 @@
 package main
 
 import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"runtime"
+	"strconv"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli/clitest"
 )
@@ -20,7 +33,7 @@ func TestPolicyPrintsTheDefaultsWhenNothingIsSet(t *testing.T) {
 		"workloads none default, BULKHEAD_WORKLOADS unset",
 		"adaptive false default, BULKHEAD_ADAPTIVE unset",
 		"min concurrent none default, BULKHEAD_MIN_CONCURRENT unset: adaptive only",
-		"connections per instance 30 at most B + (B+Q) = 10 + 20: B operations running, B+Q idle, as gate.OpenDB sets SetMaxIdleConns(B+Q)",
+		"connections per instance 10 B = 10: the operations running and the free server connections the gate keeps for them, + 1 per *sql.Conn kept open and per Ping, Prepare or Raw running at once",
 	)
 }
 
@@ -34,7 +47,7 @@ func TestPolicyPrintsWhatTheEnvironmentSets(t *testing.T) {
 		"4 from BULKHEAD_MAX_CONCURRENT=4",
 		"10 default, BULKHEAD_MAX_QUEUE unset",
 		"20ms from BULKHEAD_QUEUE_WAIT=20ms",
-		"connections per instance 18 at most B + (B+Q) = 4 + 14",
+		"connections per instance 4 B = 4:",
 	)
 }
 
@@ -64,11 +77,107 @@ func TestPolicyShowsTheFleetAndItsConnections(t *testing.T) {
 	}
 	clitest.WantCells(t, r.Stdout,
 		"fleet orders from BULKHEAD_FLEET=orders: B=8 and Q=4 are the whole fleet's",
-		"connections per instance its share of T, + 1 the fleet's: T = 8 for operations in all, + 1 coordination session per instance",
+		"connections per instance its share of T, + 2 the fleet's: T = 8 for operations in all, + 2 per instance: its coordination session and its anchor",
 	)
 	// A name the library refuses, from the variable or the flag.
 	clitest.WantOneLineError(t, runCmd(t, map[string]string{cli.EnvFleet: "Orders!"}, "policy"), "policy:", `BULKHEAD_FLEET="Orders!"`, "--fleet overrides it")
 	if r := runCmd(t, map[string]string{cli.EnvFleet: "Orders!"}, "policy", "--fleet", "orders"); r.Code != cli.ExitOK {
 		t.Errorf("--fleet over a bad BULKHEAD_FLEET: exit %d, stderr %q", r.Code, r.Stderr)
 	}
+}
+
+// The connections per instance that policy prints are what a gate of the
+// policy keeps open on the server: B transactions at once hold that many,
+// and after a burst beyond B+Q through gate.OpenDB (database/sql keeping
+// B+Q idle) no more are left, but the one a *sql.Conn kept open holds.
+func TestPolicyCountsTheServerConnectionsAGateOfThePolicyKeeps(t *testing.T) {
+	const b, q = 2, 4
+	r := runCmd(t, nil, "policy", "--max-concurrent", strconv.Itoa(b), "--max-queue", strconv.Itoa(q))
+	m := regexp.MustCompile(`(?m)^connections per instance +(\d+) `).FindStringSubmatch(r.Stdout)
+	if r.Code != cli.ExitOK || m == nil {
+		t.Fatalf("exit %d, stderr %q, no count of connections per instance:\n%s", r.Code, r.Stderr, r.Stdout)
+	}
+	printed, _ := strconv.Atoi(m[1])
+
+	url := clitest.PostgresURL(t)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fmt.Sprintf("bulkhead_policy_conns_%d", os.Getpid())
+	cfg.RuntimeParams["application_name"] = app
+	g, err := bulkhead.New(stdlib.GetConnector(*cfg), bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	defer db.Close()
+	ctl, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+	ctx := t.Context()
+	server := func() int {
+		var n int
+		if err := ctl.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	var txs []*sql.Tx
+	for range b {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		txs = append(txs, tx)
+	}
+	if n := server(); n != printed {
+		t.Errorf("policy prints %d connections per instance; B=%d transactions at once hold %d", printed, b, n)
+	}
+	for _, tx := range txs {
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	kept, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kept.Close()
+	if _, err := kept.ExecContext(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 3 * (b + q) {
+		wg.Go(func() {
+			for range 5 {
+				tx, err := db.BeginTx(ctx, nil)
+				if errors.Is(err, bulkhead.ErrRejected) {
+					continue
+				}
+				if err == nil {
+					_, err = tx.ExecContext(ctx, "SELECT pg_sleep(0.002)")
+					err = errors.Join(err, tx.Commit())
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// The server lists a closed connection until its backend has exited.
+	deadline := time.Now().Add(20 * time.Second)
+	for server() > printed+1 || g.Stats().OpenConns > printed+1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the burst: %d server connections, the gate %d open; want at most %d printed + 1 kept by the *sql.Conn", server(), g.Stats().OpenConns, printed)
+		}
+		runtime.Gosched()
+	}
+	t.Logf("after the burst: %d server connections, gate %+v", server(), g.Stats())
 }

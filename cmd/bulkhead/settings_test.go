@@ -95,7 +95,7 @@ func TestPolicySettingsAreFlagThenEnvironmentThenDefault(t *testing.T) {
 		"dry run false from --dry-run",
 		"workloads 1 from BULKHEAD_WORKLOADS=batch:2:1:5ms",
 		" workload batch B=2 Q=1 wait=5ms",
-		"connections per instance 7 at most B + (B+Q) = 3 + 4: B operations running, B+Q idle",
+		"connections per instance 3 B = 3: the operations running",
 	)
 	// load: B and the wait from the environment, Q from the flag.
 	r = runCmd(t, vars, "load", "--count", "2", "--clients", "1", "--hold", "0s", "--progress", "0",
@@ -244,7 +244,7 @@ func TestPolicyShowsDryRunAndWorkloads(t *testing.T) {
 		"workloads 2 from BULKHEAD_WORKLOADS=report:1:0:0s,batch:2:4:50ms:-1",
 		" workload batch B=2 Q=4 wait=50ms priority=-1 within the policy's B and B+Q, its priority in the policy's queue",
 		" workload report B=1 Q=0 wait=0s priority=0 within",
-		"connections per instance no bound in dry-run the gate runs every operation",
+		"connections per instance no bound in dry-run the gate runs every operation, each with its server connection: one per operation in flight",
 	)
 	if i, j := strings.Index(r.Stdout, "workload batch"), strings.Index(r.Stdout, "workload report"); i > j {
 		t.Error("workloads not sorted by name")
@@ -263,7 +263,7 @@ func TestPolicyShowsAdaptiveAndItsFloor(t *testing.T) {
 	clitest.WantCells(t, r.Stdout,
 		"adaptive true from BULKHEAD_ADAPTIVE=true: the B in force moves from 2 to B=16 by the hold times measured",
 		"min concurrent 2 from BULKHEAD_MIN_CONCURRENT=2",
-		"connections per instance 42 at most B + (B+Q) = 16 + 26", "adaptive: B=16 is the ceiling of the B in force",
+		"connections per instance 16 B = 16:", "adaptive: B=16 is the ceiling of the B in force",
 	)
 	// The flags override the variables, malformed ones too.
 	r = runCmd(t, map[string]string{cli.EnvAdaptive: "on", cli.EnvMinConcurrent: "+2"}, "policy", "--adaptive", "--min-concurrent", "3")

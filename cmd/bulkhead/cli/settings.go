@@ -300,7 +300,7 @@ func (e *Env) AddPolicyFlags(fs *flag.FlagSet) *PolicyInput {
 	fs.Var(&pi.wl, SetWorkloads, "workloads, name:B:Q:wait[:priority] entries separated by commas, e.g. batch:2:4:50ms:-1 (priority -100 to 100, default 0; \"\" for none)")
 	fs.Var(&pi.adpt, SetAdaptive, "adaptive: move the B in force between --min-concurrent and --max-concurrent, its ceiling, from the hold times measured")
 	fs.Var(&pi.minB, SetMinB, "the floor of the adaptive B, 1 to B (with --adaptive only)")
-	fs.Var(&pi.flt, SetFleet, "fleet: B and Q are those of the whole fleet of that name (see README: Fleets)")
+	fs.Var(&pi.flt, SetFleet, "fleet: B and Q are those of the whole fleet of that name (see docs/fleet.md)")
 	return pi
 }
 
