@@ -5,7 +5,6 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"io"
-	"strconv"
 )
 
 // tag marks a server connection of the member's gate as its own, before
@@ -15,8 +14,8 @@ import (
 // connection that cannot be tagged is closed by the gate: its work would
 // be invisible.
 func (m *Member) tag(ctx context.Context, c driver.Conn) error {
-	q := "SELECT pg_advisory_lock_shared(" + itoa32(m.keys.Conns) + ", " + strconv.FormatInt(m.id.Load(), 10) + ")"
-	if err := execConn(ctx, c, q); err != nil {
+	args := []driver.NamedValue{{Ordinal: 1, Value: int64(m.keys.Conns)}, {Ordinal: 2, Value: m.id.Load()}}
+	if err := execConn(ctx, c, sqlLockShared, args); err != nil {
 		return fmt.Errorf("bulkhead: fleet %s: tagging a new server connection (fleet.Tagging): %w", m.name, err)
 	}
 	return nil
@@ -41,10 +40,11 @@ func (c *connector) Close() error {
 	return nil
 }
 
-// execConn runs query, which takes no argument, on a driver connection.
-func execConn(ctx context.Context, c driver.Conn, query string) error {
+// execConn runs query with args, valid driver.Values in order, on a
+// driver connection.
+func execConn(ctx context.Context, c driver.Conn, query string, args []driver.NamedValue) error {
 	if e, ok := c.(driver.ExecerContext); ok {
-		_, err := e.ExecContext(ctx, query, nil)
+		_, err := e.ExecContext(ctx, query, args)
 		if err != driver.ErrSkip {
 			return err
 		}
@@ -61,9 +61,13 @@ func execConn(ctx context.Context, c driver.Conn, query string) error {
 	}
 	defer st.Close()
 	if e, ok := st.(driver.StmtExecContext); ok {
-		_, err = e.ExecContext(ctx, nil)
-	} else {
-		_, err = st.Exec(nil) //lint:ignore SA1019 the driver's only way
+		_, err = e.ExecContext(ctx, args)
+		return err
 	}
+	vals := make([]driver.Value, len(args))
+	for i, a := range args {
+		vals[i] = a.Value
+	}
+	_, err = st.Exec(vals) //lint:ignore SA1019 the driver's only way
 	return err
 }

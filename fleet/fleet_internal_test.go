@@ -858,7 +858,6 @@ func TestFleetIDTakenIsDrawnAgainOrReclaimed(t *testing.T) {
 // connection the tag fails or panics on is closed, the operation fails
 // (naming the tag) or panics, and its permits are back.
 func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T) {
-	keys := LockKeys("tags")
 	for _, c := range []struct {
 		name    string
 		conn    fakedb.ConnIface
@@ -893,7 +892,7 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 				t.Fatal(err)
 			}
 			var want []string
-			q := fmt.Sprintf("SELECT pg_advisory_lock_shared(%d, %d)", keys.Conns, g.Stats().Fleet.ID)
+			q := sqlLockShared // its arguments: TestATagBindsTheFleetsKeyAndTheMembersID
 			switch c.want {
 			case fakedb.OpExec:
 				want = []string{"Exec " + q}

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -75,16 +74,12 @@ func (p *pgStore) join(ctx context.Context, id int64, reclaim bool) (int64, erro
 	// the server ends the session: the server ends it after a round's
 	// time instead, and the member's locks with it.
 	idle := strconv.FormatInt(max(p.interval, 5*time.Second).Milliseconds(), 10)
-	k := itoa32(p.keys.Members) + ", " + strconv.FormatInt(id, 10)
-	err = sess.QueryRowContext(ctx, "SELECT pg_backend_pid(), pg_try_advisory_lock("+k+"), set_config('idle_in_transaction_session_timeout', '"+idle+"', false)").Scan(&pid, &ok, new(string))
+	err = sess.QueryRowContext(ctx, sqlJoin, p.keys.Members, id, idle).Scan(&pid, &ok, new(string))
 	if err == nil && !ok {
-		err = fmt.Errorf("%w: (%s)", errIDTaken, k)
+		err = fmt.Errorf("%w: (%d, %d)", errIDTaken, p.keys.Members, id)
 		if reclaim {
 			var ended int
-			if rerr := sess.QueryRowContext(ctx, "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_locks"+
-				" WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND pid <> pg_backend_pid()"+
-				" AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"+
-				" AND classid::int8 = "+uint32s(p.keys.Members)+" AND objid::int8 = "+strconv.FormatInt(id, 10)).Scan(&ended); rerr != nil {
+			if rerr := sess.QueryRowContext(ctx, sqlReclaim, unsigned(p.keys.Members), id).Scan(&ended); rerr != nil {
 				err = fmt.Errorf("%w; ending it: %w", err, rerr)
 			} else {
 				err = fmt.Errorf("%w: by this member's previous session, which the server had not ended; ended %d session(s), the next round joins", err, ended)
@@ -96,7 +91,7 @@ func (p *pgStore) join(ctx context.Context, id int64, reclaim bool) (int64, erro
 		anchor, err = db.Conn(ctx)
 	}
 	if err == nil {
-		_, err = anchor.ExecContext(ctx, "SELECT pg_advisory_lock_shared("+itoa32(p.keys.Anchors)+", "+strconv.FormatInt(id, 10)+")")
+		_, err = anchor.ExecContext(ctx, sqlLockShared, p.keys.Anchors, id)
 		if err != nil {
 			anchor.Close()
 		}
@@ -115,8 +110,8 @@ func (p *pgStore) leave() {
 	// are free before this returns, whatever database/sql then does with
 	// the connection; closing it frees them anyway.
 	ctx, cancel := context.WithTimeout(context.Background(), p.interval)
-	_, _ = p.sess.ExecContext(ctx, "SELECT set_config('application_name', 'bulkhead fleet b=0', false), pg_advisory_unlock_all()")
-	_, _ = p.anchor.ExecContext(ctx, "SELECT pg_advisory_unlock_all()")
+	_, _ = p.sess.ExecContext(ctx, sqlLeave)
+	_, _ = p.anchor.ExecContext(ctx, sqlUnlockAll)
 	cancel()
 	p.sess.Close()
 	p.anchor.Close()
@@ -137,25 +132,14 @@ type queryer interface {
 // scan reads the fleet's locks from pg_locks in one statement, and, if
 // state is not empty, publishes it as the session's application_name.
 func (p *pgStore) scan(ctx context.Context, q queryer, state string) (view, error) {
-	var sb strings.Builder
-	from := " FROM pg_locks l"
-	if state != "" {
-		sb.WriteString("WITH me AS (SELECT set_config('application_name', '" + state + "', false)) ")
-		from = " FROM me, pg_locks l"
+	keys := []int64{unsigned(p.keys.Members), unsigned(p.keys.Slots), unsigned(p.keys.Conns), unsigned(p.keys.Anchors)}
+	var rows *sql.Rows
+	var err error
+	if state == "" {
+		rows, err = q.QueryContext(ctx, sqlRead, keys)
+	} else {
+		rows, err = q.QueryContext(ctx, sqlReadPublishing, keys, state)
 	}
-	// An orphan is told by its state: a connection of a dead client that
-	// is idle will never run again (the server ends it at its next read).
-	// A state that cannot be seen (another role's session, without
-	// pg_read_all_stats) is NULL.
-	// idle is how long ago the session's last statement ended, while it
-	// runs none (0 while it runs one, or cannot be seen).
-	sb.WriteString("SELECT l.classid::int8, l.objid::int8, l.pid, coalesce(a.application_name, ''), coalesce(a.state, '')," +
-		" coalesce(CASE WHEN a.state LIKE 'idle%' THEN (extract(epoch FROM statement_timestamp() - a.state_change) * 1000)::int8 END, 0)" +
-		from + " LEFT JOIN pg_stat_activity a ON a.pid = l.pid" +
-		" WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted" +
-		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())" +
-		" AND l.classid::int8 IN (" + uint32s(p.keys.Members, p.keys.Slots, p.keys.Conns, p.keys.Anchors) + ")")
-	rows, err := q.QueryContext(ctx, sb.String())
 	if err != nil {
 		return view{}, err
 	}
@@ -169,13 +153,13 @@ func (p *pgStore) scan(ctx context.Context, q queryer, state string) (view, erro
 			return view{}, err
 		}
 		switch class {
-		case int64(uint32(p.keys.Members)):
+		case unsigned(p.keys.Members):
 			v.members = append(v.members, member{id: obj, pid: pid, state: app, idle: time.Duration(idle) * time.Millisecond})
-		case int64(uint32(p.keys.Slots)):
+		case unsigned(p.keys.Slots):
 			v.slots[int(obj)] = pid
-		case int64(uint32(p.keys.Anchors)):
+		case unsigned(p.keys.Anchors):
 			v.anchors[obj] = true
-		default:
+		default: // a tag; its state is empty when it cannot be seen
 			switch state {
 			case "idle":
 			case "":
@@ -205,7 +189,7 @@ func (p *pgStore) grow(ctx context.Context, t, n int) ([]int, error) {
 	}
 	defer tx.Rollback()
 	var mine bool
-	if err := tx.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock("+itoa32(p.keys.Grow)+", 0)").Scan(&mine); err != nil || !mine {
+	if err := tx.QueryRowContext(ctx, sqlGrowLock, p.keys.Grow).Scan(&mine); err != nil || !mine {
 		return nil, err
 	}
 	v, err := p.scan(ctx, tx, "")
@@ -217,7 +201,7 @@ func (p *pgStore) grow(ctx context.Context, t, n int) ([]int, error) {
 		return nil, tx.Commit()
 	}
 	// Session-level locks taken in a transaction outlive it.
-	rows, err := tx.QueryContext(ctx, "SELECT s FROM unnest(ARRAY["+join(free)+"]) AS s WHERE pg_try_advisory_lock("+itoa32(p.keys.Slots)+", s)")
+	rows, err := tx.QueryContext(ctx, sqlTake, p.keys.Slots, int32s(free))
 	if err != nil {
 		return nil, err
 	}
@@ -240,49 +224,28 @@ func (p *pgStore) unlock(ctx context.Context, slots []int, state string) error {
 	if len(slots) == 0 {
 		return nil
 	}
-	_, err := p.sess.ExecContext(ctx, "SELECT set_config('application_name', '"+state+"', false), pg_advisory_unlock("+itoa32(p.keys.Slots)+", s) FROM unnest(ARRAY["+join(slots)+"]) AS s")
+	_, err := p.sess.ExecContext(ctx, sqlUnlock, p.keys.Slots, state, int32s(slots))
 	return err
 }
 
 func (p *pgStore) end(ctx context.Context, pid, id int64) (bool, error) {
 	var gone bool
-	wait := strconv.FormatInt(min(p.interval, time.Second).Milliseconds(), 10)
+	wait := min(p.interval, time.Second).Milliseconds()
 	// Its anchor and idle connections go too: the anchor would fence the
 	// fleet, and a statement the member sends on an idle connection when
 	// it resumes then fails, unrun, and its retry meets the gate's check
 	// of the lapsed lease.
-	err := p.sess.QueryRowContext(ctx, "SELECT pg_terminate_backend("+strconv.FormatInt(pid, 10)+", "+wait+"),"+
-		" (SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"+
-		" WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted"+
-		" AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"+
-		" AND (l.classid::int8 = "+uint32s(p.keys.Anchors)+" OR l.classid::int8 = "+uint32s(p.keys.Conns)+" AND a.state = 'idle')"+
-		" AND l.objid::int8 = "+strconv.FormatInt(id, 10)+")").Scan(&gone, new(int64))
+	err := p.sess.QueryRowContext(ctx, sqlEnd, pid, wait, unsigned(p.keys.Anchors), unsigned(p.keys.Conns), id).Scan(&gone, new(int64))
 	return gone, err
 }
 
-func itoa32(v int32) string { return strconv.FormatInt(int64(v), 10) }
-
-// uint32s lists keys as pg_locks shows them: unsigned.
-func uint32s(keys ...int32) string {
-	var b strings.Builder
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(strconv.FormatUint(uint64(uint32(k)), 10))
-	}
-	return b.String()
-}
-
-func join(xs []int) string {
-	var b strings.Builder
+// int32s converts slot numbers for an int4[] parameter.
+func int32s(xs []int) []int32 {
+	out := make([]int32, len(xs))
 	for i, x := range xs {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(x))
+		out[i] = int32(x)
 	}
-	return b.String()
+	return out
 }
 
 // noClose hides the inner connector's Close from the coordination pool:
