@@ -2,7 +2,7 @@
 
 package fleet
 
-// The fleet budget's rounds (fleet.go) against an in-memory lock table
+// The fleet budget's rounds (round.go) against an in-memory lock table
 // that behaves as PostgreSQL's advisory locks do: random joins, graceful
 // stops, kills, failed rounds and operations starting and ending, with the
 // fleet's promise checked after every step. The real server is in
@@ -494,41 +494,6 @@ func fleetModel(t *testing.T, seed int64) {
 	slices.Sort(want)
 	if !slices.Equal(got, want) || sum != total {
 		t.Fatalf("seed %d: T=%d over %d instances settled at %v, want %v", seed, total, n, got, want)
-	}
-}
-
-func TestFleetTargetsSplitFairlyAndLendOnlyFromIdleToBusy(t *testing.T) {
-	m := func(loads ...string) []member {
-		var ms []member
-		for i, l := range loads {
-			st := ""
-			if l != "" {
-				st = "bulkhead fleet t=8 b=2 q=0 running=0 waiting=0 load=" + l
-			}
-			ms = append(ms, member{id: int64(i + 1), state: st})
-		}
-		return ms
-	}
-	for _, c := range []struct {
-		t       int
-		members []member
-		lending bool
-		want    []int
-	}{
-		{8, m("", "", "", ""), false, []int{2, 2, 2, 2}},
-		{8, m("", "", ""), false, []int{3, 3, 2}},
-		{3, m("", "", "", ""), false, []int{1, 1, 1, 0}},
-		{8, m("busy", "idle", "idle", "idle"), false, []int{2, 2, 2, 2}},
-		{8, m("busy", "idle", "idle", "idle"), true, []int{5, 1, 1, 1}},
-		{8, m("busy", "idle", "busy", "active"), true, []int{3, 1, 2, 2}},
-		{8, m("idle", "idle", "idle", "idle"), true, []int{2, 2, 2, 2}}, // nobody to lend to
-		{8, m("active", "idle", "", "idle"), true, []int{2, 2, 2, 2}},   // nor here: a member yet to report counts as active
-		{3, m("busy", "idle", "idle", "idle"), true, []int{1, 1, 1, 0}}, // one slot each is kept: nothing to lend
-		{9, m("idle", "busy", "busy"), true, []int{1, 4, 4}},
-	} {
-		if got := targets(c.t, c.members, c.lending); !slices.Equal(got, c.want) {
-			t.Errorf("T=%d, loads %v, lending %v: targets %v, want %v", c.t, c.members, c.lending, got, c.want)
-		}
 	}
 }
 

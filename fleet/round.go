@@ -202,34 +202,17 @@ func (m *Member) round(ctx context.Context) error {
 	t, tq, n := p.MaxConcurrent, p.MaxQueue, len(v.members)
 	m.instances.Store(int64(n))
 	m.orphans.Store(int64(v.orphans))
-	// The orphans run on slots their dead owner no longer holds: the
-	// shares are of what is left.
-	avail := max(0, t-v.orphans)
-	target := targets(avail, v.members, m.lending)[rank]
-	m.fair = targets(avail, v.members, false)[rank]
-	q := tq / n
-	if rank < tq%n {
-		q++
-	}
-	m.held = m.held[:0]
-	for s, pid := range v.slots {
-		if pid == m.pid {
-			m.held = append(m.held, s)
-		}
-	}
-	slices.Sort(m.held)
-	inRange := 0
-	for _, s := range m.held {
-		if s < t {
-			inRange++
-		}
-	}
+	target := targets(t, v.orphans, v.members, m.lending)[rank]
+	m.fair = targets(t, v.orphans, v.members, false)[rank]
+	q := fairShare(tq, n, rank)
+	m.held = heldBy(v.slots, m.pid)
+	keep, give := giveBack(m.held, t, target)
 	m.short.Store(false)
 	switch {
-	case inRange > target || inRange < len(m.held):
+	case len(give) > 0:
 		// Give back: first lower B, then wait for the operations beyond
-		// it, then unlock (out-of-range slots first, then the highest).
-		m.setShare(share{b: min(target, inRange), q: q, until: until}, nil)
+		// it, then unlock.
+		m.setShare(share{b: keep, q: q, until: until}, nil)
 		// Half an interval at most: a session idle for longer than
 		// expiry is ended by the others.
 		dctx, cancel := context.WithTimeout(ctx, m.interval/2)
@@ -238,28 +221,18 @@ func (m *Member) round(ctx context.Context) error {
 		if !ok {
 			return nil // the slots stay held; the next round gives them back
 		}
-		keep := min(target, inRange)
-		var give []int
-		kept := 0
-		for _, s := range m.held {
-			if s < t && kept < keep {
-				kept++
-				continue
-			}
-			give = append(give, s)
-		}
 		if err := m.store.unlock(ctx, give, state(keep)); err != nil {
 			return err
 		}
-	case inRange < target:
-		got, err := m.store.grow(ctx, t, target-inRange)
+	case keep < target:
+		got, err := m.store.grow(ctx, t, target-keep)
 		if err != nil {
 			return err
 		}
-		m.setShare(share{b: inRange + len(got), q: q, until: until}, nil)
-		m.short.Store(inRange+len(got) < target)
+		m.setShare(share{b: keep + len(got), q: q, until: until}, nil)
+		m.short.Store(keep+len(got) < target)
 	default:
-		m.setShare(share{b: inRange, q: q, until: until}, nil)
+		m.setShare(share{b: keep, q: q, until: until}, nil)
 	}
 	return nil
 }
@@ -297,22 +270,11 @@ func (m *Member) dropSession() {
 	m.backend.Store(0)
 }
 
-// load classifies this member's work since the last round. A member that
-// runs on borrowed slots and still works stays busy, so that it does not
-// give them back just because they sufficed.
+// load classifies this member's work since the last round (loadOf).
 func (m *Member) load(s bulkhead.Stats) string {
 	prev := m.seen
 	m.seen = s
-	worked := s.Running > 0 || s.Admitted > prev.Admitted
-	switch {
-	case s.Waiting > 0 || s.WaitCount > prev.WaitCount || s.RejectedFull > prev.RejectedFull || s.RejectedTimeout > prev.RejectedTimeout || s.RejectedDeadline > prev.RejectedDeadline:
-		return loadBusy
-	case worked && s.MaxConcurrent > m.fair:
-		return loadBusy
-	case worked:
-		return loadActive
-	}
-	return loadIdle
+	return loadOf(prev, s, m.fair)
 }
 
 // emit calls OnChange; a panic in it is logged and recovered: it would

@@ -5,7 +5,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dbbulkhead/bulkhead"
 )
+
+// The share arithmetic: pure functions of one reading of the fleet, which
+// every member computes alike.
 
 // member is a member of the fleet as a round reads it: its id, its
 // coordination session's backend pid, the state it published at its last
@@ -65,6 +70,24 @@ const (
 	loadBusy   = "busy"
 )
 
+// loadOf classifies a member's work between two snapshots of its gate,
+// prev at its last round and s now; fair is its fair share at its last
+// round. A member that runs on borrowed slots (a B above fair) and still
+// works stays busy, so that it does not give them back just because they
+// sufficed.
+func loadOf(prev, s bulkhead.Stats, fair int) string {
+	worked := s.Running > 0 || s.Admitted > prev.Admitted
+	switch {
+	case s.Waiting > 0 || s.WaitCount > prev.WaitCount || s.RejectedFull > prev.RejectedFull || s.RejectedTimeout > prev.RejectedTimeout || s.RejectedDeadline > prev.RejectedDeadline:
+		return loadBusy
+	case worked && s.MaxConcurrent > fair:
+		return loadBusy
+	case worked:
+		return loadActive
+	}
+	return loadIdle
+}
+
 // memberLoad reads the load a member published; a member that published
 // none yet counts as active.
 func memberLoad(state string) string {
@@ -76,23 +99,33 @@ func memberLoad(state string) string {
 	return loadActive
 }
 
-// targets returns each member's target share of t slots, members in id
-// order. Without lending: ⌊t/n⌋, plus one for the first t mod n. With
-// lending, active and busy members keep that fair share; an idle member
-// keeps one slot of it and lends the rest, which goes to the busy members
-// one slot at a time in id order; with no busy member nothing is lent.
+// fairShare is the fair share of t, split among n members, of the member
+// of rank i in id order: ⌊t/n⌋, plus one for the first t mod n.
+func fairShare(t, n, i int) int {
+	s := t / n
+	if i < t%n {
+		s++
+	}
+	return s
+}
+
+// targets returns each member's target share, members in id order, of
+// the t slots less the orphans, which run on slots their dead owner no
+// longer holds (none left when the orphans reach t). Without lending: the
+// fair share of the slots left. With lending, active and busy members
+// keep that fair share; an idle member keeps one slot of it and lends the
+// rest, which goes to the busy members one slot at a time in id order;
+// with no busy member nothing is lent.
 // Every member computes the same targets from the same reading; readings
 // a round apart may differ, which the slots' locks make harmless: a
 // member only takes free slots, and no more than T minus the slots held
 // and the orphans.
-func targets(t int, members []member, lending bool) []int {
+func targets(t, orphans int, members []member, lending bool) []int {
+	t = max(0, t-orphans)
 	n := len(members)
 	out := make([]int, n)
 	for i := range out {
-		out[i] = t / n
-		if i < t%n {
-			out[i]++
-		}
+		out[i] = fairShare(t, n, i)
 	}
 	if !lending {
 		return out
@@ -168,4 +201,31 @@ func freeSlots(v view, t, n int) []int {
 		}
 	}
 	return free
+}
+
+// heldBy returns the slots the session pid holds, in order.
+func heldBy(slots map[int]int64, pid int64) []int {
+	var held []int
+	for s, p := range slots {
+		if p == pid {
+			held = append(held, s)
+		}
+	}
+	slices.Sort(held)
+	return held
+}
+
+// giveBack returns, of the slots a member holds (in order), how many it
+// keeps and which it gives back to come within target and t: it keeps
+// the lowest below t, at most target of them, and gives back the rest,
+// slots at or above t included (t was lowered).
+func giveBack(held []int, t, target int) (keep int, give []int) {
+	for _, s := range held {
+		if s < t && keep < target {
+			keep++
+			continue
+		}
+		give = append(give, s)
+	}
+	return keep, give
 }
