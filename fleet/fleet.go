@@ -260,7 +260,6 @@ type Member struct {
 	store    store        // the session; nil between sessions
 	joined   bool         // a session of this id joined once
 	pid      int64        // the session's backend pid: the holder of its slots
-	held     []int        // slots it holds, as the last read said
 	seen     bulkhead.Stats
 	fair     int  // the fair share at the last round
 	stale    bool // a round failed with operations beyond the fallback running: drop the session once they end

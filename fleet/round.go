@@ -170,7 +170,7 @@ func (m *Member) round(ctx context.Context) error {
 			}
 			return err
 		}
-		m.store, m.pid, m.held, m.joined = st, pid, nil, true
+		m.store, m.pid, m.joined = st, pid, true
 		m.backend.Store(pid)
 	}
 	p := m.g.Policy()
@@ -205,8 +205,7 @@ func (m *Member) round(ctx context.Context) error {
 	target := targets(t, v.orphans, v.members, m.lending)[rank]
 	m.fair = targets(t, v.orphans, v.members, false)[rank]
 	q := fairShare(tq, n, rank)
-	m.held = heldBy(v.slots, m.pid)
-	keep, give := giveBack(m.held, t, target)
+	keep, give := giveBack(heldBy(v.slots, m.pid), t, target)
 	m.short.Store(false)
 	switch {
 	case len(give) > 0:
@@ -266,7 +265,7 @@ func (m *Member) dropSession() {
 		return
 	}
 	m.store.leave()
-	m.store, m.pid, m.held, m.stale = nil, 0, nil, false
+	m.store, m.pid, m.stale = nil, 0, false
 	m.backend.Store(0)
 }
 
