@@ -7,6 +7,9 @@ import (
 	"io"
 )
 
+// The member's gate's connections: each tagged with the member's id before
+// its first use; the gate's Close leaves the fleet.
+
 // tag marks a server connection of the member's gate as its own, before
 // its first use (bulkhead.WithConnInit): a shared advisory lock (Conns,
 // id) that the connection holds as long as it lives, so that the others

@@ -12,6 +12,10 @@ import (
 	"github.com/dbbulkhead/bulkhead"
 )
 
+// A member's rounds: once per interval it reads the fleet, works out its
+// target (share.go), then gives back or takes slots; its share holds for
+// a lease from the start of its last successful round.
+
 // setShare puts s in force (without waiting for the operations beyond it)
 // and reports it when it changed or err is set.
 func (m *Member) setShare(s share, err error) {

@@ -12,6 +12,9 @@ import (
 	"time"
 )
 
+// The coordination store: a member's membership and slot locks, on a
+// session of their own; its statements are in sql.go.
+
 // store is one coordination session: where the fleet's membership and
 // slot locks live. pgStore is PostgreSQL's; the tests have an in-memory
 // one.
