@@ -2,7 +2,7 @@
 
 package fleet
 
-// The fleet budget's rounds (fleet.go) against an in-memory lock table
+// The fleet budget's rounds (round.go) against an in-memory lock table
 // that behaves as PostgreSQL's advisory locks do: random joins, graceful
 // stops, kills, failed rounds and operations starting and ending, with the
 // fleet's promise checked after every step. The real server is in
@@ -497,41 +497,6 @@ func fleetModel(t *testing.T, seed int64) {
 	}
 }
 
-func TestFleetTargetsSplitFairlyAndLendOnlyFromIdleToBusy(t *testing.T) {
-	m := func(loads ...string) []member {
-		var ms []member
-		for i, l := range loads {
-			st := ""
-			if l != "" {
-				st = "bulkhead fleet t=8 b=2 q=0 running=0 waiting=0 load=" + l
-			}
-			ms = append(ms, member{id: int64(i + 1), state: st})
-		}
-		return ms
-	}
-	for _, c := range []struct {
-		t       int
-		members []member
-		lending bool
-		want    []int
-	}{
-		{8, m("", "", "", ""), false, []int{2, 2, 2, 2}},
-		{8, m("", "", ""), false, []int{3, 3, 2}},
-		{3, m("", "", "", ""), false, []int{1, 1, 1, 0}},
-		{8, m("busy", "idle", "idle", "idle"), false, []int{2, 2, 2, 2}},
-		{8, m("busy", "idle", "idle", "idle"), true, []int{5, 1, 1, 1}},
-		{8, m("busy", "idle", "busy", "active"), true, []int{3, 1, 2, 2}},
-		{8, m("idle", "idle", "idle", "idle"), true, []int{2, 2, 2, 2}}, // nobody to lend to
-		{8, m("active", "idle", "", "idle"), true, []int{2, 2, 2, 2}},   // nor here: a member yet to report counts as active
-		{3, m("busy", "idle", "idle", "idle"), true, []int{1, 1, 1, 0}}, // one slot each is kept: nothing to lend
-		{9, m("idle", "busy", "busy"), true, []int{1, 4, 4}},
-	} {
-		if got := targets(c.t, c.members, c.lending); !slices.Equal(got, c.want) {
-			t.Errorf("T=%d, loads %v, lending %v: targets %v, want %v", c.t, c.members, c.lending, got, c.want)
-		}
-	}
-}
-
 // A policy's workloads fit in the process's share: their B at most the
 // share's, their B+Q at most the share's B+Q; with no share, none runs.
 func TestFleetShareClampsTheWorkloads(t *testing.T) {
@@ -858,7 +823,6 @@ func TestFleetIDTakenIsDrawnAgainOrReclaimed(t *testing.T) {
 // connection the tag fails or panics on is closed, the operation fails
 // (naming the tag) or panics, and its permits are back.
 func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T) {
-	keys := LockKeys("tags")
 	for _, c := range []struct {
 		name    string
 		conn    fakedb.ConnIface
@@ -893,7 +857,7 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 				t.Fatal(err)
 			}
 			var want []string
-			q := fmt.Sprintf("SELECT pg_advisory_lock_shared(%d, %d)", keys.Conns, g.Stats().Fleet.ID)
+			q := sqlLockShared // its arguments: TestATagBindsTheFleetsKeyAndTheMembersID
 			switch c.want {
 			case fakedb.OpExec:
 				want = []string{"Exec " + q}

@@ -912,7 +912,7 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	// its own statement, at each look (the tags taken meanwhile counted
 	// apart too, to say so when the bound breaks).
 	peak, peakTags, looks := 0, 0, 0
-	tag := fmt.Sprintf("SELECT pg_advisory_lock_shared(%d, ", fleet.LockKeys(name).Conns)
+	tag := "SELECT pg_advisory_lock_shared(" // fleet's sqlLockShared: the test's own connections, by application_name
 	pollDone := make(chan struct{})
 	go func() {
 		defer close(pollDone)
