@@ -176,13 +176,20 @@ func Unwrap(dc any) (any, error) {
 	}
 }
 
-// ResetSession is called as database/sql hands c out; the session is reset
-// later, once c holds its permits.
-func (c *conn) ResetSession(context.Context) error {
+// notIdle takes c out of the logical connections given back to database/sql
+// and not handed out since (pool.idleLogical), if it was among them: each
+// connection says so of itself, so one taken back twice counts once.
+func (c *conn) notIdle() {
 	if c.idle {
 		c.idle = false
 		c.g.pool.idleLogical.Add(-1)
 	}
+}
+
+// ResetSession is called as database/sql hands c out; the session is reset
+// later, once c holds its permits.
+func (c *conn) ResetSession(context.Context) error {
+	c.notIdle()
 	// Its parked session was closed: c is bad unless an idle one is left.
 	if c.parked && c.s.state.Load() == gone {
 		c.parked, c.s = false, nil
@@ -197,6 +204,7 @@ func (c *conn) ResetSession(context.Context) error {
 // IsValid is called as database/sql takes c back: c parks its session if
 // the Validator and pool.park agree; pool.giveBack says if c may stay idle.
 func (c *conn) IsValid() bool {
+	c.notIdle() // taken back, maybe again without being handed out (a caller that gave up)
 	if c.bad {
 		return false
 	}
@@ -212,12 +220,12 @@ func (c *conn) IsValid() bool {
 		c.g.pool.discard(s, true)
 		return false
 	}
-	if s != nil && c.g.pool.park(s, c.used) {
+	if s != nil && c.g.pool.park(s, c.used) { // counts c idle
 		c.parked, c.idle, c.used = true, true, false
 		return true
 	}
 	c.s = nil
-	c.idle = c.g.pool.giveBack(s, c.used, true)
+	c.idle = c.g.pool.giveBack(s, c.used, true) // counts c idle if it stays
 	c.used = false
 	return c.idle
 }
@@ -232,8 +240,8 @@ func (c *conn) Close() error {
 		c.parked = false
 	}
 	c.tx.end()
-	c.g.pool.logicalClosed(c.idle)
-	c.idle = false
+	c.notIdle()
+	c.g.pool.logicalClosed()
 	return nil
 }
 

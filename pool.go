@@ -394,10 +394,7 @@ func (p *pool) logicalOpened() {
 	p.mu.Unlock()
 }
 
-func (p *pool) logicalClosed(idle bool) {
-	if idle {
-		p.idleLogical.Add(-1)
-	}
+func (p *pool) logicalClosed() {
 	p.mu.Lock()
 	p.logical--
 	closing := p.trimLocked()
@@ -450,10 +447,11 @@ func (p *pool) preparedOn(q *query, s *session) {
 	p.mu.Unlock()
 }
 
-// closeEverywhere closes q's driver statements: now where idle or parked,
-// else before the session's next use.
+// closeEverywhere closes q's driver statements: now on the idle and parked
+// sessions (a parked one then goes to the pool, where its connection finds
+// it), else before the session's next use.
 func (p *pool) closeEverywhere(q *query) {
-	var idle, parkedOnes []*session
+	var free []*session
 	p.mu.Lock()
 	for _, s := range q.on {
 		if s.state.Load() == gone {
@@ -464,18 +462,14 @@ func (p *pool) closeEverywhere(q *query) {
 		if i := slices.Index(p.idle, s); i >= 0 {
 			p.idle = slices.Delete(p.idle, i, i+1)
 			p.nIdle.Store(int64(len(p.idle)))
-			idle = append(idle, s)
-		} else if s.take() {
-			parkedOnes = append(parkedOnes, s)
+			free = append(free, s)
+		} else if p.unpark(s) {
+			free = append(free, s)
 		}
 	}
 	q.on = nil
 	p.mu.Unlock()
-	for _, s := range parkedOnes {
-		p.closePending(s)
-		s.state.Store(parked) // back to its logical connection
-	}
-	for _, s := range idle {
+	for _, s := range free {
 		p.put(s, false)
 	}
 }

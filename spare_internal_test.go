@@ -10,6 +10,7 @@ package bulkhead
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"sync"
 	"testing"
 	"time"
@@ -146,5 +147,139 @@ func TestASessionKeptBetweenOperationsCausesNoDialChurn(t *testing.T) {
 	}
 	if s := g.Stats(); s.Dials != 3 || fc.Open() != 3 {
 		t.Fatalf("%+v, %d open: want the kept session and B=2 others, dialed once", s, fc.Open())
+	}
+}
+
+// database/sql may ask a connection IsValid twice without handing it out
+// between: when a caller waiting in its own queue (SetMaxOpenConns reached)
+// gives up as the connection is handed to it, it takes it back again. The
+// gate keeps its session with it all the same: later operations, one at a
+// time, run on the sessions open, dialing and closing nothing.
+func TestAConnectionTakenBackTwiceByDatabaseSQLKeepsItsSession(t *testing.T) {
+	fc, g, db, c := spareRig(t, Policy{MaxConcurrent: 1, MaxQueue: 0}, true)
+	defer c.Close()
+	db.SetMaxOpenConns(2) // above B+Q, as the README allows: c and one more
+	ctx := context.Background()
+	if _, err := db.Exec("UPDATE t"); err != nil { // the second session
+		t.Fatal(err)
+	}
+	for range 20 {
+		b := fc.Block(fakedb.OpExec)
+		ran := make(chan error, 1)
+		go func() {
+			_, err := db.Exec("UPDATE t")
+			ran <- err
+		}()
+		b.Wait(1)
+		waits := db.Stats().WaitCount
+		// A caller waits in database/sql's queue; it gives up as the
+		// running operation's connection is given back, maybe handed to it.
+		wctx, cancel := context.WithCancel(ctx)
+		gaveUp := make(chan error, 1)
+		go func() {
+			_, err := db.ExecContext(wctx, "UPDATE t")
+			gaveUp <- err
+		}()
+		admWaitFor(t, func() bool { return db.Stats().WaitCount > waits })
+		var once sync.Once
+		fc.SetHook(func(_ context.Context, op fakedb.Op, _ string) error {
+			if op == fakedb.OpIsValid {
+				once.Do(cancel)
+			}
+			return nil
+		})
+		b.Release()
+		if err := <-ran; err != nil {
+			t.Fatal(err)
+		}
+		<-gaveUp // the context's error, or it ran: either is database/sql's to decide
+		fc.SetHook(nil)
+		cancel()
+	}
+	dials, closes := g.Stats().Dials, fc.Count(fakedb.OpConnClose)
+	for range 10 {
+		if _, err := db.ExecContext(ctx, "UPDATE t"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d, cl := g.Stats().Dials-dials, fc.Count(fakedb.OpConnClose)-closes; d != 0 || cl != 0 {
+		t.Fatalf("10 operations one at a time dialed %d and closed %d server connections, want none", d, cl)
+	}
+}
+
+// The gate never keeps more server connections than database/sql has
+// connections, also when a statement is closed while the session it was
+// prepared on is parked on another connection that database/sql hands out
+// at that moment.
+func TestClosingAStatementWhileItsConnectionIsHandedOutLeavesNoSessionWithoutItsConnection(t *testing.T) {
+	fc := fakedb.New()
+	g, err := New(fc, Policy{MaxConcurrent: 2, MaxQueue: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ctx := context.Background()
+	// Two logical connections, each with the statement prepared on its
+	// session, given back to database/sql: their sessions are parked.
+	var conns []*conn
+	var stmts []driver.Stmt
+	for range 2 {
+		dc, err := g.Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := dc.(*conn)
+		st, err := c.PrepareContext(ctx, "UPDATE t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.(driver.StmtExecContext).ExecContext(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		conns, stmts = append(conns, c), append(stmts, st)
+	}
+	for _, c := range conns {
+		if !c.IsValid() {
+			t.Fatal("a connection given back with its session: invalid")
+		}
+	}
+	stmts[1].Close()
+	b := fc.Block(fakedb.OpStmtClose)
+	closed := make(chan struct{})
+	go func() {
+		stmts[0].Close() // the last of its text: closed on every session
+		close(closed)
+	}()
+	// The close reaches the driver now (held there), or is left for the
+	// sessions' next use: then nothing races, and the barrier goes.
+	admWaitFor(t, func() bool {
+		select {
+		case <-closed:
+			b.Release()
+			return true
+		default:
+			return b.Entered() == 1
+		}
+	})
+	// database/sql hands the other connection out meanwhile, and runs an
+	// operation on it.
+	d := conns[1]
+	if err := d.ResetSession(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.ExecContext(ctx, "UPDATE t", nil); err != nil {
+		t.Fatal(err)
+	}
+	d.IsValid()
+	b.Release()
+	<-closed
+	if open := fc.Open(); open > 2 {
+		t.Fatalf("%d server connections open for 2 logical connections: one is left without its connection", open)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	if open := fc.Open(); open != 0 {
+		t.Fatalf("%d server connections open once every logical connection is closed, want 0", open)
 	}
 }
