@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -84,6 +85,13 @@ their tables (bulkhead_shape_*, a few rows) if missing:
               10 UPDATEs in id order, on two tables of 100 rows: about 15
               round trips each; --service and --cpu-rows do not change it
 
+With --cold each phase starts with no connection dialed (every phase has a
+new gate anyway): goodput by arrival per 250 ms from its first arrival,
+the first second's, and when it first reached 0.9 of the phase's counted
+goodput are reported (the first second is counted only with --warmup 0s).
+Every phase also reports its dials per second during the counted duration
+(Connect calls on the driver's connector, pools included).
+
 With --high F each arrival is, at random (seeded), a high-priority request
 with probability F: the gate configurations tag those with workload
 "high" (Priority 1) and the others with "low" (Priority 0), each with the
@@ -116,14 +124,14 @@ at once (the rule BENCHMARKS.md measures):
 
 For each load and configuration it reports the goodput (transactions
 committed within their deadline, per second), the p50 and p99 latency of
-successes, the p99 time for a failure to come back, failures by cause and,
-on PostgreSQL, the most transactions and connections the server showed for
-it (pg_stat_activity by application_name; transactions counted only if they
-began before the poll's statement did). Against a local server the
-client takes CPU from it: say so with the figures. The unlimited pool
-opens a connection for every request in flight and may reach the server's
-max_connections: use a server nobody else depends on. Ctrl-C stops the run
-and reports what was measured.
+successes, the p99 time for a failure to come back, failures by cause,
+dials per second and, on PostgreSQL, the most transactions and connections
+the server showed for it (pg_stat_activity by application_name;
+transactions counted only if they began before the poll's statement did).
+Against a local server the client takes CPU from it: say so with the
+figures. The unlimited pool opens a connection for every request in
+flight and may reach the server's max_connections: use a server nobody
+else depends on. Ctrl-C stops the run and reports what was measured.
 `
 
 const overloadExamples = `  experiments overload --dsn postgres://postgres@127.0.0.1:5432/test --chart docs/overload.svg
@@ -133,7 +141,7 @@ const overloadExamples = `  experiments overload --dsn postgres://postgres@127.0
   experiments overload --dsn postgres://postgres@127.0.0.1:5432/test --service 10ms --shape sleep,hotrow \
       --configs gate,adaptive --ceiling 16 --loads 1,3 --duration 5s
   experiments overload --dsn postgres://postgres@127.0.0.1:5432/test --shape lock --lock-hold 2s \
-      --configs gate,adaptive --ceiling 16 --duration 8s
+      --configs gate,adaptive --ceiling 16 --duration 8s --cold --warmup 0s
 `
 
 // The configurations of the experiment, in the order they run.
@@ -189,6 +197,7 @@ type overloadConfig struct {
 	ceiling      int             // the adaptive configurations' ceiling
 	high         float64         // the share of high-priority arrivals; 0: no priorities
 	shapes       []string        // --shape: one run each
+	cold         bool            // phases start with no connection dialed
 	lockHold     time.Duration   // the lock shape's hold
 	outlierEvery time.Duration   // the outlier shape's period, in arrival time
 	outlierMax   time.Duration   // the outlier shape's longest sleep
@@ -308,6 +317,7 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	high := fs.Float64("high", 0, "the share of arrivals that are high-priority requests, e.g. 0.2 (0: no priorities)")
 	ceiling := fs.Int("ceiling", 0, "the ceiling of the adaptive configurations (adaptive, fsadaptive; 0: B)")
 	shapes := fs.String("shape", shapeCPU, "the shapes of the requests, comma-separated, the whole experiment once each: "+strings.Join(overloadShapes, ", "))
+	cold := fs.Bool("cold", false, "start each phase with no connection dialed, and report its goodput from its first arrival")
 	lockHold := fs.Duration("lock-hold", 3*time.Second, "how long the lock shape's session holds its table, from a quarter into the counted duration")
 	outlierEvery := fs.Duration("outlier-every", 3*time.Second, "the outlier shape's: one outlier in each window of arrivals this long")
 	outlierMax := fs.Duration("outlier-max", 2*time.Second, "the outlier shape's: the longest an outlier sleeps (else 1000·S)")
@@ -323,7 +333,7 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 		duration: *duration, warmup: *warmup, deadline: *deadline, cpuRows: *cpuRows, rounds: *rounds,
 		capacity: *capacity, capWorkers: *capWorkers, capDuration: *capDuration,
 		seed: *seed, out: *out, shift: *shift, ceiling: *ceiling, high: *high,
-		lockHold: *lockHold, outlierEvery: *outlierEvery, outlierMax: *outlierMax,
+		cold: *cold, lockHold: *lockHold, outlierEvery: *outlierEvery, outlierMax: *outlierMax,
 	}
 	var err error
 	if cfg.loads, err = parseLoads(*loads); err != nil {
@@ -602,6 +612,7 @@ type (
 		UnitRows         int              `json:"unit_rows"`              // N: the cpu query's rows
 		UnitMs           float64          `json:"unit_ms,omitempty"`      // S of the shapes that sleep: --service, else the cpu query's unloaded time
 		Kinds            []string         `json:"kinds,omitempty"`        // the shape's kinds of request, when more than one
+		Cold             bool             `json:"cold,omitempty"`         // --cold
 		LockHoldMs       float64          `json:"lock_hold_ms,omitempty"` // the lock shape's
 		DeadlineMs       float64          `json:"deadline_ms"`
 		ServiceMs        *cli.Pct         `json:"unloaded_service_ms"`              // S: one worker, back to back
@@ -650,7 +661,12 @@ type (
 		HighGoodPerS     float64        `json:"high_goodput_per_s,omitempty"`         // and their goodput
 		HighOutcomes     map[string]int `json:"high_outcomes,omitempty"`              // and their outcomes
 		ByKind           kindCounts     `json:"by_kind,omitempty"`                    // shapes of several kinds: the counted requests of each
+		DialsPerS        float64        `json:"dials_per_s"`                          // Connect calls on the driver's connector during the counted duration
+		Dials            int64          `json:"dials"`                                // and over the whole phase, warm-up and warm pool included
 		Timeline         []float64      `json:"goodput_timeline_per_s,omitempty"`     // goodput by arrival, per timelineStep from the start of the counted duration
+		ColdTimeline     []float64      `json:"cold_timeline_per_s,omitempty"`        // --cold: goodput by arrival, per timelineStep from the phase's first arrival, warm-up included
+		ColdFirstSPerS   *float64       `json:"cold_first_second_per_s,omitempty"`    // --cold: of the arrivals of the first second
+		ColdReachMs      *float64       `json:"cold_reach_ms,omitempty"`              // --cold: the end of the first timelineStep at 0.9 of goodput_per_s; absent: never
 		LockAtMs         *float64       `json:"lock_at_ms,omitempty"`                 // lock: when the table was locked, from the start of the counted duration
 		LockReleaseMs    *float64       `json:"lock_release_ms,omitempty"`            // lock: and released
 		LockError        string         `json:"lock_error,omitempty"`                 // lock: the lock session's error
@@ -681,7 +697,7 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 	sh := newShape(cfg, cfg.shape, cfg.unit)
 	rep := &overloadReport{
 		cfg: cfg, Database: cfg.target.Display, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
-		Shape: sh.name, Work: sh.work, UnitRows: cfg.unit.rows,
+		Shape: sh.name, Work: sh.work, UnitRows: cfg.unit.rows, Cold: cfg.cold,
 		DeadlineMs: cli.Ms(cfg.deadline), CapacityWorkers: cfg.capWorkers,
 		WarmupS: cfg.warmup.Seconds(), DurationS: cfg.duration.Seconds(),
 	}
@@ -982,8 +998,8 @@ func highArrivals(n int, share float64, seed uint64) []bool {
 }
 
 // openOverloadDB opens the *sql.DB of one configuration, and for the
-// gate's the gate.
-func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*sql.DB, *bulkhead.Gate, string, error) {
+// gate's the gate; the dials of its driver's connector are counted.
+func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*sql.DB, *bulkhead.Gate, string, *countingConnector, error) {
 	if name == cfgAdaptive {
 		p = adaptivePolicy(cfg, p)
 	}
@@ -993,27 +1009,29 @@ func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*
 		// (pgxgate.Connector), so that the server runs at most B.
 		inner, err := cfg.target.GatedConnector(app, false)
 		if err != nil {
-			return nil, nil, "", err
+			return nil, nil, "", nil, err
 		}
-		g, err := bulkhead.New(inner, p)
+		dials := &countingConnector{Connector: inner}
+		g, err := bulkhead.New(dials, p)
 		if err != nil {
-			return nil, nil, "", err
+			return nil, nil, "", nil, err
 		}
 		setup := "bulkhead " + cli.PolicySetup(p, cfg.workload)
 		if p.Adaptive {
 			setup += fmt.Sprintf(", adaptive from 1 to %d", p.MaxConcurrent)
 		}
-		return g.OpenDB(), g, setup, nil
+		return g.OpenDB(), g, setup, dials, nil
 	}
 	inner, err := cfg.target.Connector(app, false)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
-	db := sql.OpenDB(inner)
+	dials := &countingConnector{Connector: inner}
+	db := sql.OpenDB(dials)
 	switch name {
 	case cfgPlain:
 		db.SetMaxIdleConns(p.MaxConcurrent + p.MaxQueue)
-		return db, nil, fmt.Sprintf("database/sql, MaxOpenConns unlimited, MaxIdleConns %d", p.MaxConcurrent+p.MaxQueue), nil
+		return db, nil, fmt.Sprintf("database/sql, MaxOpenConns unlimited, MaxIdleConns %d", p.MaxConcurrent+p.MaxQueue), dials, nil
 	case cfgFsAdaptive, cfgFsAdaptiveWait:
 		db.SetMaxIdleConns(cfg.ceiling)
 		wait := "none"
@@ -1021,7 +1039,7 @@ func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*
 			wait = p.QueueWait.String()
 		}
 		return db, nil, fmt.Sprintf("failsafe-go adaptivelimiter limits 1-%d start %d queueing 2/3 max wait %s; database/sql, MaxOpenConns unlimited, MaxIdleConns %d",
-			cfg.ceiling, min(4, cfg.ceiling), wait, cfg.ceiling), nil
+			cfg.ceiling, min(4, cfg.ceiling), wait, cfg.ceiling), dials, nil
 	}
 	// semaphore, and the pool behind waitfirst's and fsbulkhead's
 	// permits: B connections.
@@ -1029,11 +1047,11 @@ func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*
 	db.SetMaxIdleConns(p.MaxConcurrent)
 	switch name {
 	case cfgWaitFirst:
-		return db, nil, fmt.Sprintf("wait-before-checkout bulkhead B=%d wait=%v, queue unbounded; database/sql, MaxOpenConns %d", p.MaxConcurrent, p.QueueWait, p.MaxConcurrent), nil
+		return db, nil, fmt.Sprintf("wait-before-checkout bulkhead B=%d wait=%v, queue unbounded; database/sql, MaxOpenConns %d", p.MaxConcurrent, p.QueueWait, p.MaxConcurrent), dials, nil
 	case cfgFsBulkhead:
-		return db, nil, fmt.Sprintf("failsafe-go bulkhead B=%d max wait %v; database/sql, MaxOpenConns %d", p.MaxConcurrent, p.QueueWait, p.MaxConcurrent), nil
+		return db, nil, fmt.Sprintf("failsafe-go bulkhead B=%d max wait %v; database/sql, MaxOpenConns %d", p.MaxConcurrent, p.QueueWait, p.MaxConcurrent), dials, nil
 	}
-	return db, nil, fmt.Sprintf("database/sql, MaxOpenConns %d", p.MaxConcurrent), nil
+	return db, nil, fmt.Sprintf("database/sql, MaxOpenConns %d", p.MaxConcurrent), dials, nil
 }
 
 // work is what the requests of one load run.
@@ -1137,10 +1155,42 @@ func timeline(goods []goodRec, from, length time.Duration) []float64 {
 	return out
 }
 
+// reachMs returns the end, in ms, of the first step of tl at target or
+// above, or nil if none is.
+func reachMs(tl []float64, target float64) *float64 {
+	for i, v := range tl {
+		if v >= target {
+			ms := cli.Ms(time.Duration(i+1) * timelineStep)
+			return &ms
+		}
+	}
+	return nil
+}
+
+// countingConnector counts the dials of its connector.
+type countingConnector struct {
+	driver.Connector
+	dials atomic.Int64
+}
+
+func (c *countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	c.dials.Add(1)
+	return c.Connector.Connect(ctx)
+}
+
+// Close closes the inner connector if it is an io.Closer, as database/sql
+// would have.
+func (c *countingConnector) Close() error {
+	if cl, ok := c.Connector.(io.Closer); ok {
+		return cl.Close()
+	}
+	return nil
+}
+
 // runOpenLoop offers the arrivals starts to one configuration and returns
 // what it measured.
 func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name string, p bulkhead.Policy, starts []time.Duration) (*overloadPhase, error) {
-	db, gate, setup, err := openOverloadDB(cfg, app, name, p)
+	db, gate, setup, dials, err := openOverloadDB(cfg, app, name, p)
 	if err != nil {
 		return nil, err
 	}
@@ -1151,10 +1201,10 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 		}
 	}()
 	// Every configuration starts with the server connections it uses
-	// already dialed: B+Q, what the plain pool keeps idle; B for the
-	// others (the gate's operations never hold more), adaptive's included:
-	// its B starts lower and moves near it, and sessions dialed beyond
-	// what runs at once only spread the work over colder backends.
+	// already dialed (unless --cold): B+Q, what the plain pool keeps idle;
+	// B for the others (the gate's operations never hold more), adaptive's
+	// included: its B starts lower and moves near it, and sessions dialed
+	// beyond what runs at once only spread the work over colder backends.
 	idle := p.MaxConcurrent
 	do := func(ctx context.Context, db *sql.DB, op opFunc) error { return op(ctx, db) }
 	switch name {
@@ -1173,11 +1223,13 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 		do = fsDo(newFsAdaptive(cfg.ceiling, wait))
 	}
 	gated := name == cfgGate || name == cfgAdaptive || name == cfgAlone
-	if err := warmPool(ctx, db, idle, cfg.target.StartTimeout()); err != nil {
-		if ctx.Err() != nil {
-			return nil, errors.New("interrupted before the run started")
+	if !cfg.cold {
+		if err := warmPool(ctx, db, idle, cfg.target.StartTimeout()); err != nil {
+			if ctx.Err() != nil {
+				return nil, errors.New("interrupted before the run started")
+			}
+			return nil, fmt.Errorf("cannot connect to %s: %w", cfg.target.Display, err)
 		}
-		return nil, fmt.Errorf("cannot connect to %s: %w", cfg.target.Display, err)
 	}
 	var mon *activityMonitor
 	if cfg.target.Dialect == cli.DialectPostgres {
@@ -1208,6 +1260,12 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 	defer timer.Stop()
 	var wg sync.WaitGroup
 	begin := time.Now()
+	// The dials at the start and the end of the counted duration.
+	var dialsFrom, dialsTo atomic.Int64
+	dialsFrom.Store(-1)
+	dialsTo.Store(-1)
+	fromT := time.AfterFunc(cfg.warmup, func() { dialsFrom.Store(dials.dials.Load()) })
+	toT := time.AfterFunc(cfg.warmup+cfg.duration, func() { dialsTo.Store(dials.dials.Load()) })
 	if locker != nil {
 		locker.start(ctx, begin, cfg.warmup+lockAt(cfg.duration), w.lockHold)
 	}
@@ -1250,7 +1308,17 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 	if locker != nil {
 		locker.wait()
 	}
+	fromT.Stop()
+	toT.Stop()
 	ph := &overloadPhase{Config: name, Setup: setup}
+	ph.Dials = dials.dials.Load()
+	from, to := dialsFrom.Load(), dialsTo.Load()
+	if to < 0 {
+		to = ph.Dials // interrupted before the end
+	}
+	if from >= 0 {
+		ph.DialsPerS = float64(to-from) / cfg.duration.Seconds()
+	}
 	if limits != nil {
 		ph.MaxLimit, ph.LastLimit = limits.stop()
 		ph.LimitTimeline = limits.timeline(cfg.warmup)
@@ -1308,6 +1376,15 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 		before := countArrived(rec.goods, cfg.warmup, w.at)
 		ph.GoodBeforePerS = float64(before) / (w.at - cfg.warmup).Seconds()
 		ph.GoodAfterPerS = float64(rec.good-before) / (cfg.warmup + cfg.duration - w.at).Seconds()
+	}
+	if cfg.cold {
+		ph.ColdTimeline = timeline(rec.goods, 0, cfg.warmup+cfg.duration)
+		first := min(time.Second, cfg.warmup+cfg.duration)
+		v := float64(countArrived(rec.goods, 0, first)) / first.Seconds()
+		ph.ColdFirstSPerS = &v
+		if ph.GoodputPerS > 0 {
+			ph.ColdReachMs = reachMs(ph.ColdTimeline, 0.9*ph.GoodputPerS)
+		}
 	}
 	if locker != nil {
 		ph.lockFigures(locker, rec.goods, cfg.warmup, cfg.warmup+cfg.duration)
@@ -1455,14 +1532,19 @@ func (rep *overloadReport) printTable(w io.Writer) {
 	if rep.Rule {
 		rule = " (by the rule: wait = D − 2·B/C, Q = max(B, ⌊C·wait⌋))"
 	}
-	fmt.Fprintf(w, "deadline %v; gate B=%d Q=%d wait=%vms%s; each load %v after %v of warm-up\n\n",
-		cfg.deadline, rep.Policy.MaxConcurrent, rep.Policy.MaxQueue, rep.Policy.QueueWaitMs, rule, cfg.duration, cfg.warmup)
+	cold := ""
+	if rep.Cold {
+		cold = ", cold (no connection dialed before)"
+	}
+	fmt.Fprintf(w, "deadline %v; gate B=%d Q=%d wait=%vms%s; each load %v after %v of warm-up%s\n",
+		cfg.deadline, rep.Policy.MaxConcurrent, rep.Policy.MaxQueue, rep.Policy.QueueWaitMs, rule, cfg.duration, cfg.warmup, cold)
+	fmt.Fprintln(w)
 	if len(rep.Phases) == 0 {
 		fmt.Fprintln(w, "nothing measured: interrupted")
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "load\tconfig\tarrived/s\tgoodput/s\tok p50\tok p99\tfail p99\tfull p99\tarrived\tcommitted\tfull\ttimeout\tlate\tdeadline\tother\tsrv tx\tsrv conns\t")
+	fmt.Fprintln(tw, "load\tconfig\tarrived/s\tgoodput/s\tok p50\tok p99\tfail p99\tfull p99\tarrived\tcommitted\tfull\ttimeout\tlate\tdeadline\tother\tdials/s\tsrv tx\tsrv conns\t")
 	p := func(x *cli.Pct, f func(*cli.Pct) float64) string {
 		if x == nil {
 			return "-"
@@ -1478,13 +1560,13 @@ func (rep *overloadReport) printTable(w io.Writer) {
 		return strconv.Itoa(*v)
 	}
 	for _, ph := range rep.Phases {
-		fmt.Fprintf(tw, "%s×C\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s×C\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.1f\t%s\t%s\t\n",
 			fmtLoad(ph.Load), ph.Config, ph.ArrivedPerS, ph.GoodputPerS, p(ph.SuccessMs, p50), p(ph.SuccessMs, p99),
 			p(ph.FailureMs, p99), p(ph.RejectFullMs, p99), ph.Arrived, ph.Committed, ph.RejectedFull,
-			ph.RejectedTimeout, ph.RejectedDeadline, ph.DeadlineExceeded, ph.OtherErrors+ph.InterruptedOps, srv(ph.ServerMaxTx), srv(ph.ServerMaxConns))
+			ph.RejectedTimeout, ph.RejectedDeadline, ph.DeadlineExceeded, ph.OtherErrors+ph.InterruptedOps, ph.DialsPerS, srv(ph.ServerMaxTx), srv(ph.ServerMaxConns))
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "(latencies in ms; full = rejected at once, admission full; timeout = rejected after the queue wait; late = rejected, at once or after a wait, as it would have missed its deadline; other includes interrupted)")
+	fmt.Fprintln(w, "(latencies in ms; full = rejected at once, admission full; timeout = rejected after the queue wait; late = rejected, at once or after a wait, as it would have missed its deadline; other includes interrupted; dials/s = connections dialed per second of the counted time)")
 	fmt.Fprintln(w)
 	for _, load := range cfg.loads {
 		for _, mine := range []string{cfgGate, cfgAdaptive} {

@@ -6,8 +6,8 @@ import (
 	"strings"
 )
 
-// printShapeLines prints a phase's lines of what its shape adds: requests
-// by kind, the lock's release.
+// printShapeLines prints a phase's lines of what its shape or --cold adds:
+// requests by kind, the lock's release, the cold start.
 func (rep *overloadReport) printShapeLines(w io.Writer, ph *overloadPhase) {
 	head := fmt.Sprintf("%s×C %s:", fmtLoad(ph.Load), ph.Config)
 	if len(rep.Kinds) > 1 && ph.ByKind != nil {
@@ -30,6 +30,13 @@ func (rep *overloadReport) printShapeLines(w io.Writer, ph *overloadPhase) {
 			line += "; no request arriving after it committed in time"
 		}
 		fmt.Fprintln(w, line)
+	}
+	if ph.ColdFirstSPerS != nil {
+		reach := "never"
+		if ph.ColdReachMs != nil {
+			reach = fmt.Sprintf("after %.0f ms", *ph.ColdReachMs)
+		}
+		fmt.Fprintf(w, "%s cold start: goodput %.0f/s in the first second; 0.9 of the counted %.0f/s %s\n", head, *ph.ColdFirstSPerS, ph.GoodputPerS, reach)
 	}
 }
 

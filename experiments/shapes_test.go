@@ -30,6 +30,7 @@ func TestOverloadShapeFlagsRejectBadValuesInOneLine(t *testing.T) {
 		{[]string{"--outlier-every", "1s"}, []string{"--outlier-every does nothing without the outlier shape"}},
 		{[]string{"--shape", "outlier", "--outlier-every", "-1s"}, []string{"--outlier-every is -1s, want more than 0s"}},
 		{[]string{"--shape", "outlier", "--outlier-max", "2m"}, []string{"--outlier-max is 2m0s, want more than 0s and at most 1m0s"}},
+		{[]string{"--cold=maybe"}, []string{`--cold "maybe"`, "want true or false"}},
 	} {
 		clitest.WantOneLineError(t, runCmd(t, nil, append([]string{"overload"}, c.args...)...), append([]string{"overload:"}, c.want...)...)
 	}
@@ -146,6 +147,42 @@ func TestLockFiguresCountTheArrivalsOfTheSecondAfterTheRelease(t *testing.T) {
 	if want := []float64{8, 0, 0, 4, 10}; !slices.Equal(tl, want) {
 		t.Errorf("timeline %v, want %v (the last step 100ms long)", tl, want)
 	}
+	if r := reachMs(tl, 4); r == nil || *r != 250 {
+		t.Errorf("reach of 4/s %v, want the end of the first step", r)
+	}
+	if r := reachMs(tl, 9); r == nil || *r != 1250 {
+		t.Errorf("reach of 9/s %v, want the end of the last step", r)
+	}
+	if r := reachMs(tl, 11); r != nil {
+		t.Errorf("reach of 11/s %v, want never", *r)
+	}
+}
+
+func TestOverloadColdStartsWithNoConnectionAndReportsItsFirstSecond(t *testing.T) {
+	jsonPath := filepath.Join(t.TempDir(), "overload.json")
+	r := runCmd(t, nil, "overload", "--capacity", "100", "--loads", "1", "--duration", "1200ms", "--warmup", "0s",
+		"--capacity-duration", "150ms", "--cpu-rows", "200", "--max-concurrent", "2", "--deadline", "10s",
+		"--configs", "semaphore,gate", "--cold", "--json", jsonPath)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
+	}
+	rep := clitest.ReadJSON[overloadReport](t, jsonPath)
+	if !rep.Cold || len(rep.Phases) != 2 {
+		t.Fatalf("cold %v, %d phases; want cold, semaphore and gate", rep.Cold, len(rep.Phases))
+	}
+	for _, ph := range rep.Phases {
+		wantPhaseAddsUp(t, ph, countedArrivals(100, 0, 1200*time.Millisecond, 1))
+		// Nothing dialed before: the first requests dial, in the counted time.
+		if ph.Dials < 1 || ph.DialsPerS <= 0 {
+			t.Errorf("%s: %d dials, %v per second; want the first dials counted", ph.Config, ph.Dials, ph.DialsPerS)
+		}
+		if len(ph.ColdTimeline) != 5 || ph.ColdFirstSPerS == nil || ph.ColdReachMs == nil {
+			t.Errorf("%s: cold timeline %v, first second %v, reach %v; want 5 steps of 250ms and both figures", ph.Config, ph.ColdTimeline, ph.ColdFirstSPerS, ph.ColdReachMs)
+		}
+	}
+	if !strings.Contains(r.Stdout, "cold start: goodput") {
+		t.Errorf("table lacks the cold start:\n%s", r.Stdout)
+	}
 }
 
 // Each shape's statements, run on PostgreSQL: every request commits (the
@@ -192,6 +229,9 @@ func TestOverloadRunsEveryShapeOnPostgreSQL(t *testing.T) {
 			wantPhaseAddsUp(t, ph, arrived)
 			if ph.Committed != ph.Arrived {
 				t.Errorf("%s %s: %d of %d committed, errors %v", rep.Shape, ph.Config, ph.Committed, ph.Arrived, ph.ErrorSamples)
+			}
+			if ph.Dials < 1 {
+				t.Errorf("%s %s: %d dials; want the warm pool's", rep.Shape, ph.Config, ph.Dials)
 			}
 			if rep.Shape == shapeHotRow {
 				hotCommits += ph.Committed + int64(ph.WarmupOutcomes["committed"])
