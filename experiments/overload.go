@@ -47,19 +47,23 @@ plus --duration to each configuration in turn, with the same arrivals:
              database/sql pool of B
   fsbulkhead failsafe-go's bulkhead: B permits waited for at most the
              gate's queue wait, before a connection is taken from a
-             database/sql pool of B
+             database/sql pool of B (B, not the best of --sweep)
   fsadaptive failsafe-go's adaptive limiter, limits 1 to the ceiling
              (--ceiling), starting at 4, queueing with rejection factors 2
              and 3, around a plain database/sql pool
   fsadaptive-wait  the same with a max wait equal to the gate's queue wait
   gate       bulkhead B, Q and the queue wait, through g.OpenDB()
+  static     the gate at each B of --sweep (default 1,2,4,8,16), as
+             static-1, static-2, ...: Q and the wait by the rule below for
+             that B unless given. Per load, the one of most goodput is the
+             best static B: the summary divides every goodput by it
   adaptive   bulkhead with Policy.Adaptive: B found between 1 and the
              ceiling (--ceiling, default B), Q 4 times the ceiling, the
              queue wait the deadline: nothing computed from C
 
 With --shape NAME[,NAME...] (default cpu) each request is of that shape;
 with several, the whole experiment (S, C, every load) runs once per shape,
-one table each. N is --cpu-rows (scaled to S
+one table each, then a summary of them all. N is --cpu-rows (scaled to S
 with --service), S the --service time (without it, the cpu query's
 unloaded time, measured first); all but cpu need PostgreSQL, and create
 their tables (bulkhead_shape_*, a few rows) if missing:
@@ -139,7 +143,7 @@ const overloadExamples = `  experiments overload --dsn postgres://postgres@127.0
       --max-concurrent 2 --max-queue 20 --queue-wait 80ms --json -
   experiments overload --capacity 200 --loads 1,2 --duration 1s --cpu-rows 2000
   experiments overload --dsn postgres://postgres@127.0.0.1:5432/test --service 10ms --shape sleep,hotrow \
-      --configs gate,adaptive --ceiling 16 --loads 1,3 --duration 5s
+      --configs static,adaptive --sweep 1,2,4,8,16 --ceiling 16 --loads 1,3 --duration 5s
   experiments overload --dsn postgres://postgres@127.0.0.1:5432/test --shape lock --lock-hold 2s \
       --configs gate,adaptive --ceiling 16 --duration 8s --cold --warmup 0s
 `
@@ -153,11 +157,25 @@ const (
 	cfgFsAdaptive     = "fsadaptive"
 	cfgFsAdaptiveWait = "fsadaptive-wait"
 	cfgGate           = "gate"
+	cfgStatic         = "static" // one configuration per B of --sweep, named staticName(B)
 	cfgAdaptive       = "adaptive"
 	cfgAlone          = "alone"
 )
 
-var overloadConfigs = []string{cfgPlain, cfgSemaphore, cfgWaitFirst, cfgFsBulkhead, cfgFsAdaptive, cfgFsAdaptiveWait, cfgGate, cfgAdaptive, cfgAlone}
+var overloadConfigs = []string{cfgPlain, cfgSemaphore, cfgWaitFirst, cfgFsBulkhead, cfgFsAdaptive, cfgFsAdaptiveWait, cfgGate, cfgStatic, cfgAdaptive, cfgAlone}
+
+// staticName names the static configuration of B b.
+func staticName(b int) string { return cfgStatic + "-" + strconv.Itoa(b) }
+
+// staticB returns the B of a static configuration's name.
+func staticB(name string) (int, bool) {
+	v, ok := strings.CutPrefix(name, cfgStatic+"-")
+	if !ok {
+		return 0, false
+	}
+	b, err := strconv.Atoi(v)
+	return b, err == nil
+}
 
 // timelineStep is the width of the buckets of goodput over time.
 const timelineStep = 250 * time.Millisecond
@@ -197,6 +215,7 @@ type overloadConfig struct {
 	ceiling      int             // the adaptive configurations' ceiling
 	high         float64         // the share of high-priority arrivals; 0: no priorities
 	shapes       []string        // --shape: one run each
+	sweep        []int           // the static configuration's B values, ascending
 	cold         bool            // phases start with no connection dialed
 	lockHold     time.Duration   // the lock shape's hold
 	outlierEvery time.Duration   // the outlier shape's period, in arrival time
@@ -207,6 +226,22 @@ type overloadConfig struct {
 	// Set per run by runOverloads.
 	shape string
 	unit  unit
+}
+
+// runConfigs returns the configurations a load runs, in order: static is
+// one per B of the sweep.
+func (cfg *overloadConfig) runConfigs() []string {
+	var out []string
+	for _, c := range cfg.configs {
+		if c != cfgStatic {
+			out = append(out, c)
+			continue
+		}
+		for _, b := range cfg.sweep {
+			out = append(out, staticName(b))
+		}
+	}
+	return out
 }
 
 func (e *env) overload(ctx context.Context, args []string) int {
@@ -228,6 +263,9 @@ func (e *env) overload(ctx context.Context, args []string) int {
 	table := func(w io.Writer) {
 		for _, rep := range reps {
 			rep.printTable(w)
+		}
+		if len(cfg.shapes) > 1 || slices.Contains(cfg.configs, cfgStatic) {
+			printSummary(w, reps)
 		}
 	}
 	chart := func(path string) error { return writeOverloadChart(path, reps) }
@@ -317,6 +355,7 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	high := fs.Float64("high", 0, "the share of arrivals that are high-priority requests, e.g. 0.2 (0: no priorities)")
 	ceiling := fs.Int("ceiling", 0, "the ceiling of the adaptive configurations (adaptive, fsadaptive; 0: B)")
 	shapes := fs.String("shape", shapeCPU, "the shapes of the requests, comma-separated, the whole experiment once each: "+strings.Join(overloadShapes, ", "))
+	sweep := fs.String("sweep", "1,2,4,8,16", "the B of each static configuration, comma-separated (--configs static)")
 	cold := fs.Bool("cold", false, "start each phase with no connection dialed, and report its goodput from its first arrival")
 	lockHold := fs.Duration("lock-hold", 3*time.Second, "how long the lock shape's session holds its table, from a quarter into the counted duration")
 	outlierEvery := fs.Duration("outlier-every", 3*time.Second, "the outlier shape's: one outlier in each window of arrivals this long")
@@ -344,6 +383,9 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	}
 	if cfg.shapes, err = parseSubset(*shapes, overloadShapes, "a shape"); err != nil {
 		return bad("--shape %q: %v", *shapes, err)
+	}
+	if cfg.sweep, err = parseSweep(*sweep, cli.MaxClients); err != nil {
+		return bad("--sweep %q: %v", *sweep, err)
 	}
 	if cfg.services, err = parseServices(*services, *deadline); err != nil {
 		return bad("--service %q: %v", *services, err)
@@ -380,6 +422,8 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 		return bad("--capacity-duration is %v, want more than 0s and at most 1h0m0s", cfg.capDuration)
 	case set["capacity-workers"] && cfg.capacity > 0:
 		return bad("--capacity-workers %d does nothing with --capacity %v: the capacity is given, not measured; want one or the other", cfg.capWorkers, cfg.capacity)
+	case set["sweep"] && !slices.Contains(cfg.configs, cfgStatic):
+		return bad("--sweep %s does nothing without the static configuration (--configs %s); want static in --configs, or no --sweep", *sweep, *configs)
 	case cfg.shift != 0 && !slices.Equal(cfg.shapes, []string{shapeCPU}):
 		return bad("--shift %v multiplies the cpu query's rows; want --shape cpu alone with it, not %s", cfg.shift, *shapes)
 	}
@@ -407,7 +451,7 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	// wait is also waitfirst's).
 	if !slices.Contains(cfg.configs, cfgGate) {
 		for _, name := range []string{cli.SetWait, cli.SetDryRun, cli.SetWorkloads, "workload"} {
-			if name == cli.SetWait && slices.Contains(cfg.configs, cfgWaitFirst) {
+			if name == cli.SetWait && (slices.Contains(cfg.configs, cfgWaitFirst) || slices.Contains(cfg.configs, cfgStatic)) {
 				continue
 			}
 			if set[name] {
@@ -609,11 +653,14 @@ type (
 		ServerVersion    string           `json:"server_version,omitempty"`
 		Shape            string           `json:"shape"`
 		Work             string           `json:"work"`
-		UnitRows         int              `json:"unit_rows"`              // N: the cpu query's rows
-		UnitMs           float64          `json:"unit_ms,omitempty"`      // S of the shapes that sleep: --service, else the cpu query's unloaded time
-		Kinds            []string         `json:"kinds,omitempty"`        // the shape's kinds of request, when more than one
-		Cold             bool             `json:"cold,omitempty"`         // --cold
-		LockHoldMs       float64          `json:"lock_hold_ms,omitempty"` // the lock shape's
+		UnitRows         int              `json:"unit_rows"`                 // N: the cpu query's rows
+		UnitMs           float64          `json:"unit_ms,omitempty"`         // S of the shapes that sleep: --service, else the cpu query's unloaded time
+		Kinds            []string         `json:"kinds,omitempty"`           // the shape's kinds of request, when more than one
+		Sweep            []int            `json:"sweep,omitempty"`           // the static configurations' B
+		Cold             bool             `json:"cold,omitempty"`            // --cold
+		LockHoldMs       float64          `json:"lock_hold_ms,omitempty"`    // the lock shape's
+		BestStatic       []bestStatic     `json:"best_static,omitempty"`     // per load, the static configuration of most goodput
+		StaticPolicies   []cli.PolicyJSON `json:"static_policies,omitempty"` // of each B of the sweep
 		DeadlineMs       float64          `json:"deadline_ms"`
 		ServiceMs        *cli.Pct         `json:"unloaded_service_ms"`              // S: one worker, back to back
 		ServiceTargetMs  float64          `json:"service_target_ms,omitempty"`      // the --service S aimed at
@@ -632,6 +679,12 @@ type (
 		Phases           []*overloadPhase `json:"phases"`           // one per load and configuration: the median round
 		Rounds           []*overloadPhase `json:"rounds,omitempty"` // with --rounds above 1: every round's
 	}
+	bestStatic struct {
+		Load        float64 `json:"load"`
+		Config      string  `json:"config"`
+		B           int     `json:"b"`
+		GoodputPerS float64 `json:"goodput_per_s"`
+	}
 	kindCounts map[string]*kindCount // by the kind's name
 	kindCount  struct {
 		Arrived        int64 `json:"arrived"`
@@ -642,6 +695,7 @@ type (
 		Config           string         `json:"config"`
 		Round            int            `json:"round"` // 1 to --rounds
 		Setup            string         `json:"setup"`
+		B                int            `json:"b,omitempty"`   // static: its B
 		RatePerS         float64        `json:"rate_per_s"`    // offered: load × C
 		Arrived          int64          `json:"arrived"`       // counted: after the warm-up
 		ArrivedPerS      float64        `json:"arrived_per_s"` // Arrived / duration: the rate the arrivals drawn came to
@@ -660,6 +714,7 @@ type (
 		HighArrived      int64          `json:"high_arrived,omitempty"`               // --high: the high-priority requests counted
 		HighGoodPerS     float64        `json:"high_goodput_per_s,omitempty"`         // and their goodput
 		HighOutcomes     map[string]int `json:"high_outcomes,omitempty"`              // and their outcomes
+		GoodputVsBest    *float64       `json:"goodput_vs_best_static,omitempty"`     // ÷ the best static configuration's at this load
 		ByKind           kindCounts     `json:"by_kind,omitempty"`                    // shapes of several kinds: the counted requests of each
 		DialsPerS        float64        `json:"dials_per_s"`                          // Connect calls on the driver's connector during the counted duration
 		Dials            int64          `json:"dials"`                                // and over the whole phase, warm-up and warm pool included
@@ -785,9 +840,22 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 	}
 	rep.Policy = cli.PolicyJSON{MaxConcurrent: policy.MaxConcurrent, MaxQueue: policy.MaxQueue, QueueWaitMs: cli.Ms(policy.QueueWait), DryRun: policy.DryRun}
 	rep.Workload = cfg.workload
+	statics := map[string]bulkhead.Policy{}
+	if slices.Contains(cfg.configs, cfgStatic) {
+		rep.Sweep = cfg.sweep
+		for _, b := range cfg.sweep {
+			p, err := staticPolicy(cfg, b, rep.Capacity)
+			if err != nil {
+				return nil, err
+			}
+			statics[staticName(b)] = p
+			rep.StaticPolicies = append(rep.StaticPolicies, cli.PolicyJSON{MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, QueueWaitMs: cli.Ms(p.QueueWait)})
+		}
+	}
 	fmt.Fprintf(e.Stderr, "overload: S p50 %.1f ms, C %.0f/s; gate B=%d Q=%d wait=%v\n",
 		rep.ServiceMs.P50, rep.Capacity, policy.MaxConcurrent, policy.MaxQueue, policy.QueueWait)
 
+	configs := cfg.runConfigs()
 	for li, load := range cfg.loads {
 		rate := load * rep.Capacity
 		if rate > maxOverloadRate {
@@ -810,18 +878,22 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 		for round := range cfg.rounds {
 			// Each round starts with another configuration, so that a
 			// drift of the machine's speed over the run hits them alike.
-			for i := range cfg.configs {
-				name := cfg.configs[(i+round)%len(cfg.configs)]
+			for i := range configs {
+				name := configs[(i+round)%len(configs)]
 				if ctx.Err() != nil {
 					rep.Interrupted = true
-					rep.addMedians(all)
+					rep.addMedians(all, configs)
 					return rep, nil
 				}
-				ph, err := runOpenLoop(ctx, cfg, w, fmt.Sprintf("%s-%s-%d-%d", id, name, li, round), name, policy, starts)
+				p := policy
+				if sp, ok := statics[name]; ok {
+					p = sp
+				}
+				ph, err := runOpenLoop(ctx, cfg, w, fmt.Sprintf("%s-%s-%d-%d", id, name, li, round), name, p, starts)
 				if err != nil && ctx.Err() != nil {
 					// Interrupted before the phase started: report the rest.
 					rep.Interrupted = true
-					rep.addMedians(all)
+					rep.addMedians(all, configs)
 					return rep, nil
 				}
 				if err != nil {
@@ -833,21 +905,45 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 					fmtLoad(load), name, ph.GoodputPerS, ph.WithinDeadline, ph.Arrived)
 			}
 		}
-		rep.addMedians(all)
+		rep.addMedians(all, configs)
 	}
 	rep.Interrupted = ctx.Err() != nil
 	return rep, nil
 }
 
-// addMedians adds to rep.Phases, for each configuration, the phase of
-// median goodput among all's rounds (the lower of the two middle ones for
-// an even count); with more than one round, all go to rep.Rounds too.
-func (rep *overloadReport) addMedians(all []*overloadPhase) {
+// staticPolicy is the policy of the static configuration of B b: Q and
+// the wait as the gate's, given or by the rule for b.
+func staticPolicy(cfg *overloadConfig, b int, capacity float64) (bulkhead.Policy, error) {
+	wait, q := queueRule(cfg.deadline, b, capacity)
+	if cfg.wait >= 0 {
+		wait, q = cfg.wait, queueFor(cfg.wait, b, capacity)
+	}
+	if cfg.q >= 0 {
+		q = cfg.q
+	}
+	p := bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: wait}
+	if cfg.high > 0 {
+		p.Workloads = priorityWorkloads(b, q, wait)
+	}
+	if err := p.Validate(); err != nil {
+		return p, fmt.Errorf("the policy of %s, B=%d Q=%d wait=%v (%s), is invalid for --deadline %v: %w; want other --sweep values or --queue-wait",
+			staticName(b), b, q, wait, cfg.policySource, cfg.deadline, err)
+	}
+	return p, nil
+}
+
+// addMedians adds to rep.Phases, for each configuration in order, the
+// phase of median goodput among all's rounds (the lower of the two middle
+// ones for an even count); with more than one round, all go to rep.Rounds
+// too. With static configurations among them, it sets the load's best
+// static and each median phase's goodput against it.
+func (rep *overloadReport) addMedians(all []*overloadPhase, order []string) {
 	if len(all) == 0 {
 		return
 	}
 	multi := false
-	for _, c := range overloadConfigs {
+	n := len(rep.Phases)
+	for _, c := range order {
 		var runs []*overloadPhase
 		for _, ph := range all {
 			if ph.Config == c {
@@ -864,6 +960,35 @@ func (rep *overloadReport) addMedians(all []*overloadPhase) {
 	if multi {
 		rep.Rounds = append(rep.Rounds, all...)
 	}
+	added := rep.Phases[n:]
+	if best := bestOf(added); best != nil {
+		b, _ := staticB(best.Config)
+		rep.BestStatic = append(rep.BestStatic, bestStatic{Load: best.Load, Config: best.Config, B: b, GoodputPerS: best.GoodputPerS})
+		for _, ph := range added {
+			if best.GoodputPerS > 0 {
+				r := ph.GoodputPerS / best.GoodputPerS
+				ph.GoodputVsBest = &r
+			}
+		}
+	}
+}
+
+// bestOf returns the static phase of most goodput among phases (of one
+// load), the lowest B of equals; nil if none is static.
+func bestOf(phases []*overloadPhase) *overloadPhase {
+	var best *overloadPhase
+	for _, ph := range phases {
+		b, ok := staticB(ph.Config)
+		if !ok {
+			continue
+		}
+		if best == nil || ph.GoodputPerS > best.GoodputPerS {
+			best = ph
+		} else if bb, _ := staticB(best.Config); ph.GoodputPerS == best.GoodputPerS && b < bb {
+			best = ph
+		}
+	}
+	return best
 }
 
 func fmtLoad(v float64) string { return strconv.FormatFloat(v, 'g', 4, 64) }
@@ -1003,7 +1128,7 @@ func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*
 	if name == cfgAdaptive {
 		p = adaptivePolicy(cfg, p)
 	}
-	if name == cfgGate || name == cfgAdaptive || name == cfgAlone {
+	if _, static := staticB(name); name == cfgGate || name == cfgAdaptive || name == cfgAlone || static {
 		// The gate as the README recommends it: on PostgreSQL, pgx returns
 		// from a cancelled statement only once the server stopped it
 		// (pgxgate.Connector), so that the server runs at most B.
@@ -1222,7 +1347,8 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 		}
 		do = fsDo(newFsAdaptive(cfg.ceiling, wait))
 	}
-	gated := name == cfgGate || name == cfgAdaptive || name == cfgAlone
+	_, static := staticB(name)
+	gated := name == cfgGate || name == cfgAdaptive || name == cfgAlone || static
 	if !cfg.cold {
 		if err := warmPool(ctx, db, idle, cfg.target.StartTimeout()); err != nil {
 			if ctx.Err() != nil {
@@ -1311,6 +1437,9 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 	fromT.Stop()
 	toT.Stop()
 	ph := &overloadPhase{Config: name, Setup: setup}
+	if static {
+		ph.B = p.MaxConcurrent
+	}
 	ph.Dials = dials.dials.Load()
 	from, to := dialsFrom.Load(), dialsTo.Load()
 	if to < 0 {
@@ -1538,6 +1667,13 @@ func (rep *overloadReport) printTable(w io.Writer) {
 	}
 	fmt.Fprintf(w, "deadline %v; gate B=%d Q=%d wait=%vms%s; each load %v after %v of warm-up%s\n",
 		cfg.deadline, rep.Policy.MaxConcurrent, rep.Policy.MaxQueue, rep.Policy.QueueWaitMs, rule, cfg.duration, cfg.warmup, cold)
+	if len(rep.StaticPolicies) > 0 {
+		var parts []string
+		for _, sp := range rep.StaticPolicies {
+			parts = append(parts, fmt.Sprintf("B=%d Q=%d wait=%vms", sp.MaxConcurrent, sp.MaxQueue, sp.QueueWaitMs))
+		}
+		fmt.Fprintf(w, "static: %s\n", strings.Join(parts, "; "))
+	}
 	fmt.Fprintln(w)
 	if len(rep.Phases) == 0 {
 		fmt.Fprintln(w, "nothing measured: interrupted")
@@ -1591,6 +1727,9 @@ func (rep *overloadReport) printTable(w io.Writer) {
 				fmt.Fprintf(w, "%s×C: adaptive B at most %d, %d at the end (ceiling %d)\n", fmtLoad(load), g.MaxLimit, g.LastLimit, rep.Ceiling)
 			}
 		}
+	}
+	for _, b := range rep.BestStatic {
+		fmt.Fprintf(w, "%s×C: best static B = %d, goodput %.0f/s\n", fmtLoad(b.Load), b.B, b.GoodputPerS)
 	}
 	for _, ph := range rep.Phases {
 		rep.printShapeLines(w, ph)

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,6 +37,7 @@ const (
 	outlierFactor   = 1000
 	hotRowCPUShare  = 4   // hotrow's CPU work is cpu's divided by it
 	rtRows          = 100 // rows of each roundtrips table
+	maxSweep        = 8   // values of --sweep
 	maxOutlierSleep = time.Minute
 )
 
@@ -371,4 +373,26 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// parseSweep parses --sweep: distinct B values, 1 to max, at most
+// maxSweep of them, in ascending order.
+func parseSweep(s string, maxB int) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		b, err := strconv.Atoi(f)
+		switch {
+		case err != nil || b < 1 || b > maxB:
+			return nil, fmt.Errorf("%q is not a B; want integers from 1 to %d, such as 1,2,4,8,16", f, maxB)
+		case slices.Contains(out, b):
+			return nil, fmt.Errorf("%d is given twice", b)
+		}
+		out = append(out, b)
+	}
+	if len(out) > maxSweep {
+		return nil, fmt.Errorf("%d values, want at most %d", len(out), maxSweep)
+	}
+	slices.Sort(out)
+	return out, nil
 }

@@ -22,6 +22,11 @@ func TestOverloadShapeFlagsRejectBadValuesInOneLine(t *testing.T) {
 		{[]string{"--shape", "disk"}, []string{`--shape "disk"`, `"disk" is not a shape`, "cpu, sleep, mix, outlier, lock, hotrow or roundtrips"}},
 		{[]string{"--shape", "cpu,"}, []string{`--shape "cpu,"`, `"" is not a shape`}},
 		{[]string{"--shape", "sleep"}, []string{"--shape sleep needs PostgreSQL, not SQLite", "want --dsn postgres://..., or --shape cpu"}},
+		{[]string{"--configs", "static", "--sweep", "0"}, []string{`--sweep "0"`, `"0" is not a B`, "integers from 1 to 10000"}},
+		{[]string{"--configs", "static", "--sweep", "1,x"}, []string{`--sweep "1,x"`, `"x" is not a B`}},
+		{[]string{"--configs", "static", "--sweep", "2,4,2"}, []string{`--sweep "2,4,2"`, "2 is given twice"}},
+		{[]string{"--configs", "static", "--sweep", "1,2,3,4,5,6,7,8,9"}, []string{"--sweep", "9 values, want at most 8"}},
+		{[]string{"--configs", "gate", "--sweep", "1,2"}, []string{"--sweep 1,2 does nothing without the static configuration (--configs gate)"}},
 		{[]string{"--shift", "3", "--shape", "cpu,mix"}, []string{"--shift 3 multiplies the cpu query's rows", "want --shape cpu alone with it, not cpu,mix"}},
 		{[]string{"--lock-hold", "1s"}, []string{"--lock-hold does nothing without the lock shape (--shape cpu)"}},
 		{[]string{"--shape", "lock", "--lock-hold", "0s"}, []string{"--lock-hold is 0s, want more than 0s and at most 1h0m0s"}},
@@ -114,6 +119,88 @@ func TestShapePlansAreTheSameForTheSameSeedAndKeepTheirMix(t *testing.T) {
 	}
 }
 
+// summaryReport is a hand-made report: static B 1, 2 and 4 beside the
+// gate, adaptive and fsbulkhead, at 1×C and 3×C.
+func summaryReport() *overloadReport {
+	ph := func(load float64, config string, goodput float64, arrived, full, timeout, late int64, dials float64) *overloadPhase {
+		return &overloadPhase{Load: load, Config: config, GoodputPerS: goodput, Arrived: arrived,
+			RejectedFull: full, RejectedTimeout: timeout, RejectedDeadline: late, DialsPerS: dials}
+	}
+	return &overloadReport{Shape: shapeHotRow, Phases: []*overloadPhase{
+		ph(1, cfgFsBulkhead, 90, 1000, 0, 50, 0, 4),
+		ph(1, cfgGate, 180, 1000, 10, 20, 30, 0),
+		ph(1, staticName(1), 200, 1000, 0, 0, 0, 0),
+		ph(1, staticName(2), 150, 1000, 0, 0, 0, 0.5),
+		ph(1, staticName(4), 200, 1000, 0, 0, 0, 0),
+		ph(1, cfgAdaptive, 210, 1000, 0, 5, 0, 1),
+		ph(3, cfgFsBulkhead, 50, 3000, 0, 2000, 0, 10),
+		ph(3, cfgGate, 160, 3000, 1500, 100, 400, 0),
+		ph(3, staticName(1), 100, 3000, 0, 0, 0, 0),
+		ph(3, staticName(2), 200, 3000, 0, 0, 0, 0),
+		ph(3, staticName(4), 150, 3000, 0, 0, 0, 0),
+		ph(3, cfgAdaptive, 0, 3000, 0, 0, 0, 2),
+	}}
+}
+
+func TestSummaryDividesEachGoodputByTheBestStaticB(t *testing.T) {
+	shapes := summarizeShapes([]*overloadReport{summaryReport(), {Shape: shapeSleep}})
+	if len(shapes) != 1 {
+		t.Fatalf("%d shapes, want the one with phases", len(shapes))
+	}
+	sh := shapes[0]
+	// At 1×C B=1 and B=4 tie at 200/s: the lower B is the best.
+	if sh.label != shapeHotRow || !slices.Equal(sh.loads, []float64{1, 3}) || !slices.Equal(sh.best, []int{1, 2}) {
+		t.Fatalf("label %q, loads %v, best B %v; want hotrow, 1 and 3, B 1 and 2", sh.label, sh.loads, sh.best)
+	}
+	want := map[string]summaryRow{
+		cfgFsBulkhead: {vsBest: []float64{0.45, 0.25}, refused: 0.05, dials: []float64{4, 10}},
+		cfgGate:       {vsBest: []float64{0.9, 0.8}, refused: 0.06, dials: []float64{0, 0}},
+		staticName(1): {vsBest: []float64{1, 0.5}, refused: 0, dials: []float64{0, 0}},
+		staticName(2): {vsBest: []float64{0.75, 1}, refused: 0, dials: []float64{0.5, 0}},
+		staticName(4): {vsBest: []float64{1, 0.75}, refused: 0, dials: []float64{0, 0}},
+		cfgAdaptive:   {vsBest: []float64{1.05, 0}, refused: 0.005, dials: []float64{1, 2}},
+	}
+	var order []string
+	for _, r := range sh.rows {
+		order = append(order, r.config)
+		w := want[r.config]
+		near := func(a, b []float64) bool {
+			return slices.EqualFunc(a, b, func(x, y float64) bool { return math.Abs(x-y) < 1e-9 })
+		}
+		if !near(r.vsBest, w.vsBest) || math.Abs(r.refused-w.refused) > 1e-9 || !near(r.dials, w.dials) {
+			t.Errorf("%s: ÷ best %v, refused %v, dials %v; want %v, %v, %v", r.config, r.vsBest, r.refused, r.dials, w.vsBest, w.refused, w.dials)
+		}
+	}
+	if wantOrder := []string{cfgFsBulkhead, cfgGate, staticName(1), staticName(2), staticName(4), cfgAdaptive}; !slices.Equal(order, wantOrder) {
+		t.Errorf("rows %v, want the phases' order %v", order, wantOrder)
+	}
+
+	// Without a static configuration or a 1×C phase there is nothing to
+	// divide by: NaN, printed "-".
+	rep := &overloadReport{Shape: shapeCPU, Phases: []*overloadPhase{{Load: 3, Config: cfgGate, GoodputPerS: 100, Arrived: 10}}}
+	r := summarizeShapes([]*overloadReport{rep})[0]
+	if r.best[0] != 0 || !math.IsNaN(r.rows[0].vsBest[0]) || !math.IsNaN(r.rows[0].refused) {
+		t.Errorf("no static, no 1×C: best %v, row %+v; want 0 and NaN", r.best, r.rows[0])
+	}
+	var out strings.Builder
+	printSummary(&out, []*overloadReport{summaryReport(), rep})
+	clitest.WantCells(t, out.String(), "hotrow best static B 1 2", "hotrow adaptive 1.05 0.00 0.5% 1.0 / 2.0", "cpu gate - - 0.0\n")
+}
+
+func TestBestStaticIsSetOnTheReportAndEachPhaseIsComparedWithIt(t *testing.T) {
+	rep := &overloadReport{}
+	all := summaryReport().Phases[6:] // 3×C
+	rep.addMedians(all, []string{cfgFsBulkhead, cfgGate, staticName(1), staticName(2), staticName(4), cfgAdaptive})
+	if len(rep.BestStatic) != 1 || rep.BestStatic[0] != (bestStatic{Load: 3, Config: staticName(2), B: 2, GoodputPerS: 200}) {
+		t.Fatalf("best static %+v, want static-2 at 3×C", rep.BestStatic)
+	}
+	for _, ph := range rep.Phases {
+		if ph.GoodputVsBest == nil || *ph.GoodputVsBest != ph.GoodputPerS/200 {
+			t.Errorf("%s: goodput ÷ best %v, want %v", ph.Config, ph.GoodputVsBest, ph.GoodputPerS/200)
+		}
+	}
+}
+
 func TestLockFiguresCountTheArrivalsOfTheSecondAfterTheRelease(t *testing.T) {
 	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
 	l := &lockHolder{locked: ms(2000), released: ms(3000)}
@@ -186,7 +273,8 @@ func TestOverloadColdStartsWithNoConnectionAndReportsItsFirstSecond(t *testing.T
 }
 
 // Each shape's statements, run on PostgreSQL: every request commits (the
-// deadlines are seconds), through the pool as a semaphore and the gate.
+// deadlines are seconds), through the pool as a semaphore and the static
+// gates at B = 1 and 2, and the summary names every shape.
 func TestOverloadRunsEveryShapeOnPostgreSQL(t *testing.T) {
 	dsn := clitest.PostgresURL(t)
 	db, err := sql.Open("pgx", dsn)
@@ -207,7 +295,7 @@ func TestOverloadRunsEveryShapeOnPostgreSQL(t *testing.T) {
 	jsonPath := filepath.Join(t.TempDir(), "overload.json")
 	r := runCmd(t, nil, "overload", "--dsn", dsn, "--shape", strings.Join(overloadShapes, ","), "--loads", "1",
 		"--duration", "300ms", "--warmup", "100ms", "--capacity", "50", "--capacity-duration", "150ms", "--cpu-rows", "2000",
-		"--max-concurrent", "2", "--deadline", "5s", "--configs", "semaphore,gate",
+		"--max-concurrent", "2", "--deadline", "5s", "--configs", "semaphore,static", "--sweep", "1,2",
 		"--lock-hold", "100ms", "--outlier-every", "100ms", "--outlier-max", "20ms", "--json", jsonPath)
 	if r.Code != cli.ExitOK {
 		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
@@ -230,15 +318,18 @@ func TestOverloadRunsEveryShapeOnPostgreSQL(t *testing.T) {
 			if ph.Committed != ph.Arrived {
 				t.Errorf("%s %s: %d of %d committed, errors %v", rep.Shape, ph.Config, ph.Committed, ph.Arrived, ph.ErrorSamples)
 			}
-			if ph.Dials < 1 {
-				t.Errorf("%s %s: %d dials; want the warm pool's", rep.Shape, ph.Config, ph.Dials)
+			if ph.Dials < 1 || ph.GoodputVsBest == nil {
+				t.Errorf("%s %s: %d dials, goodput ÷ best %v; want the warm pool's dials and a ratio", rep.Shape, ph.Config, ph.Dials, ph.GoodputVsBest)
 			}
 			if rep.Shape == shapeHotRow {
 				hotCommits += ph.Committed + int64(ph.WarmupOutcomes["committed"])
 			}
 		}
-		if want := []string{cfgSemaphore, cfgGate}; !slices.Equal(configs, want) {
+		if want := []string{cfgSemaphore, staticName(1), staticName(2)}; !slices.Equal(configs, want) {
 			t.Errorf("%s: phases %v, want %v", rep.Shape, configs, want)
+		}
+		if len(rep.BestStatic) != 1 {
+			t.Errorf("%s: best static %+v, want one at 1×C", rep.Shape, rep.BestStatic)
 		}
 		switch rep.Shape {
 		case shapeOutlier:
@@ -268,5 +359,5 @@ func TestOverloadRunsEveryShapeOnPostgreSQL(t *testing.T) {
 	if hot1-hot0 < hotCommits || rt1 <= rt0 {
 		t.Errorf("hot row %d → %d (%d commits counted), roundtrips %d → %d", hot0, hot1, hotCommits, rt0, rt1)
 	}
-	clitest.WantCells(t, r.Stdout, "table locked at", "in time by kind: fast", "in time by kind: normal")
+	clitest.WantCells(t, r.Stdout, "summary, shape × configuration", "roundtrips best static B", "table locked at", "in time by kind: fast")
 }
