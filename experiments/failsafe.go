@@ -17,11 +17,12 @@ import (
 // documentation shows, the operation on a plain database/sql pool
 // underneath.
 
-// fsOp wraps op in policy p: a permit taken before op, given back when op
-// returns (when database/sql returns, not when the server is done).
-func fsOp(p failsafe.Policy[any], op func(context.Context, *sql.DB) error) func(context.Context, *sql.DB) error {
+// fsDo returns a runner of operations in policy p: a permit taken before
+// op, given back when op returns (when database/sql returns, not when the
+// server is done).
+func fsDo(p failsafe.Policy[any]) func(context.Context, *sql.DB, opFunc) error {
 	ex := failsafe.With[any](p)
-	return func(ctx context.Context, db *sql.DB) error {
+	return func(ctx context.Context, db *sql.DB, op opFunc) error {
 		return ex.WithContext(ctx).Run(func() error { return op(ctx, db) })
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -23,14 +24,14 @@ import (
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 )
 
-const overloadUsage = `Usage: experiments overload [--dsn URL] [--loads 1,3,6] [--duration D] [flags]
+const overloadUsage = `Usage: experiments overload [--dsn URL] [--loads 1,3,6] [--duration D] [--shape NAME,...] [flags]
 
 The open-loop overload experiment. Requests arrive at random (Poisson
 arrivals) at a fixed rate, each in its own goroutine with its own deadline
 (--deadline), whatever happened to the ones before: unlike the clients of
 "bulkhead load", nobody slows down when the database does. Each request is
-a transaction running one CPU-bound query (--cpu-rows; on PostgreSQL
-SELECT sum(i) FROM generate_series(1, N) i).
+a transaction of the shape --shape names (default cpu: one CPU-bound query,
+--cpu-rows; on PostgreSQL SELECT sum(i) FROM generate_series(1, N) i).
 
 First it measures the unloaded service time S (one worker, transactions
 back to back) and the capacity C (transactions per second that
@@ -46,15 +47,54 @@ plus --duration to each configuration in turn, with the same arrivals:
              database/sql pool of B
   fsbulkhead failsafe-go's bulkhead: B permits waited for at most the
              gate's queue wait, before a connection is taken from a
-             database/sql pool of B
+             database/sql pool of B (B, not the best of --sweep)
   fsadaptive failsafe-go's adaptive limiter, limits 1 to the ceiling
              (--ceiling), starting at 4, queueing with rejection factors 2
              and 3, around a plain database/sql pool
   fsadaptive-wait  the same with a max wait equal to the gate's queue wait
   gate       bulkhead B, Q and the queue wait, through g.OpenDB()
+  static     the gate at each B of --sweep (default 1,2,4,8,16), as
+             static-1, static-2, ...: Q and the wait by the rule below for
+             that B unless given. Per load, the one of most goodput is the
+             best static B: the summary divides every goodput by it
   adaptive   bulkhead with Policy.Adaptive: B found between 1 and the
              ceiling (--ceiling, default B), Q 4 times the ceiling, the
              queue wait the deadline: nothing computed from C
+
+With --shape NAME[,NAME...] (default cpu) each request is of that shape;
+with several, the whole experiment (S, C, every load) runs once per shape,
+one table each, then a summary of them all. N is --cpu-rows (scaled to S
+with --service), S the --service time (without it, the cpu query's
+unloaded time, measured first); all but cpu need PostgreSQL, and create
+their tables (bulkhead_shape_*, a few rows) if missing:
+
+  cpu         a transaction running SELECT sum(i) FROM generate_series(1, N) i
+  sleep       a transaction running SELECT pg_sleep(S): I/O-bound, no CPU
+              on the server
+  mix         90% cpu's; 10% a report query over 30·N rows (another text),
+              whose deadline is 30 × --deadline
+  outlier     cpu's, and once in each --outlier-every of arrivals (at an
+              offset drawn from the seed) a SELECT pg_sleep(1000·S), at most
+              --outlier-max, whose deadline is its sleep plus --deadline
+  lock        cpu's query also reading the table bulkhead_shape_lock; a
+              session of its own (no pool, no gate) holds the table in
+              ACCESS EXCLUSIVE mode for --lock-hold from a quarter into the
+              counted duration. Reported: goodput of the requests arriving
+              in the second after the release, and when the first of those
+              committed in time
+  hotrow      UPDATE bulkhead_shape_hot SET n = n + 1 WHERE id = 1, then a
+              CPU-bound query over N/4 rows, then COMMIT: lock-bound
+  roundtrips  one of 5 kinds of transaction, drawn from the seed: 6 or 10
+              primary-key SELECTs (read-only), or 8 to 12 SELECTs then 4 to
+              10 UPDATEs in id order, on two tables of 100 rows: about 15
+              round trips each; --service and --cpu-rows do not change it
+
+With --cold each phase starts with no connection dialed (every phase has a
+new gate anyway): goodput by arrival per 250 ms from its first arrival,
+the first second's, and when it first reached 0.9 of the phase's counted
+goodput are reported (the first second is counted only with --warmup 0s).
+Every phase also reports its dials per second during the counted duration
+(Connect calls on the driver's connector, pools included).
 
 With --high F each arrival is, at random (seeded), a high-priority request
 with probability F: the gate configurations tag those with workload
@@ -63,15 +103,15 @@ policy's B, Q and wait; the configuration "alone" is the gate offered the
 high-priority arrivals alone. Each configuration's goodput of high-priority
 requests is reported, and compared with alone's.
 
-With --shift F the work of each request is multiplied by F for the second
-half of the counted duration (the database slows down); C after the shift
-is measured too, and each configuration's goodput is reported before and
-after the shift and over time (--chart draws it).
+With --shift F (--shape cpu only) the work of each request is multiplied
+by F for the second half of the counted duration (the database slows
+down); C after the shift is measured too, and each configuration's goodput
+is reported before and after the shift and over time (--chart draws it).
 
 With --service (e.g. 5ms,10ms,20ms) the whole experiment runs once per
 service time: --cpu-rows is first scaled until the unloaded service time
-S is within 5% of it. One table is printed per service time, and the
-chart puts them one above the other.
+of the cpu query is within 5% of it. One table is printed per service
+time (and shape), and the chart puts them one above the other.
 
 With --rounds N each load's configurations run N times, each round
 starting with the next configuration, so that a drift in the machine's
@@ -88,20 +128,24 @@ at once (the rule BENCHMARKS.md measures):
 
 For each load and configuration it reports the goodput (transactions
 committed within their deadline, per second), the p50 and p99 latency of
-successes, the p99 time for a failure to come back, failures by cause and,
-on PostgreSQL, the most transactions and connections the server showed for
-it (pg_stat_activity by application_name; transactions counted only if they
-began before the poll's statement did). Against a local server the
-client takes CPU from it: say so with the figures. The unlimited pool
-opens a connection for every request in flight and may reach the server's
-max_connections: use a server nobody else depends on. Ctrl-C stops the
-run and reports what was measured.
+successes, the p99 time for a failure to come back, failures by cause,
+dials per second and, on PostgreSQL, the most transactions and connections
+the server showed for it (pg_stat_activity by application_name;
+transactions counted only if they began before the poll's statement did).
+Against a local server the client takes CPU from it: say so with the
+figures. The unlimited pool opens a connection for every request in
+flight and may reach the server's max_connections: use a server nobody
+else depends on. Ctrl-C stops the run and reports what was measured.
 `
 
 const overloadExamples = `  experiments overload --dsn postgres://postgres@127.0.0.1:5432/test --chart docs/overload.svg
   experiments overload --dsn postgres://postgres@127.0.0.1:5432/test --loads 3 --duration 3s \
       --max-concurrent 2 --max-queue 20 --queue-wait 80ms --json -
   experiments overload --capacity 200 --loads 1,2 --duration 1s --cpu-rows 2000
+  experiments overload --dsn postgres://postgres@127.0.0.1:5432/test --service 10ms --shape sleep,hotrow \
+      --configs static,adaptive --sweep 1,2,4,8,16 --ceiling 16 --loads 1,3 --duration 5s
+  experiments overload --dsn postgres://postgres@127.0.0.1:5432/test --shape lock --lock-hold 2s \
+      --configs gate,adaptive --ceiling 16 --duration 8s --cold --warmup 0s
 `
 
 // The configurations of the experiment, in the order they run.
@@ -113,11 +157,25 @@ const (
 	cfgFsAdaptive     = "fsadaptive"
 	cfgFsAdaptiveWait = "fsadaptive-wait"
 	cfgGate           = "gate"
+	cfgStatic         = "static" // one configuration per B of --sweep, named staticName(B)
 	cfgAdaptive       = "adaptive"
 	cfgAlone          = "alone"
 )
 
-var overloadConfigs = []string{cfgPlain, cfgSemaphore, cfgWaitFirst, cfgFsBulkhead, cfgFsAdaptive, cfgFsAdaptiveWait, cfgGate, cfgAdaptive, cfgAlone}
+var overloadConfigs = []string{cfgPlain, cfgSemaphore, cfgWaitFirst, cfgFsBulkhead, cfgFsAdaptive, cfgFsAdaptiveWait, cfgGate, cfgStatic, cfgAdaptive, cfgAlone}
+
+// staticName names the static configuration of B b.
+func staticName(b int) string { return cfgStatic + "-" + strconv.Itoa(b) }
+
+// staticB returns the B of a static configuration's name.
+func staticB(name string) (int, bool) {
+	v, ok := strings.CutPrefix(name, cfgStatic+"-")
+	if !ok {
+		return 0, false
+	}
+	b, err := strconv.Atoi(v)
+	return b, err == nil
+}
 
 // timelineStep is the width of the buckets of goodput over time.
 const timelineStep = 250 * time.Millisecond
@@ -156,8 +214,34 @@ type overloadConfig struct {
 	shift        float64         // the work is multiplied by it halfway through the counted duration; 0: no shift
 	ceiling      int             // the adaptive configurations' ceiling
 	high         float64         // the share of high-priority arrivals; 0: no priorities
+	shapes       []string        // --shape: one run each
+	sweep        []int           // the static configuration's B values, ascending
+	cold         bool            // phases start with no connection dialed
+	lockHold     time.Duration   // the lock shape's hold
+	outlierEvery time.Duration   // the outlier shape's period, in arrival time
+	outlierMax   time.Duration   // the outlier shape's longest sleep
 	seed         uint64
 	out          cli.Outputs
+
+	// Set per run by runOverloads.
+	shape string
+	unit  unit
+}
+
+// runConfigs returns the configurations a load runs, in order: static is
+// one per B of the sweep.
+func (cfg *overloadConfig) runConfigs() []string {
+	var out []string
+	for _, c := range cfg.configs {
+		if c != cfgStatic {
+			out = append(out, c)
+			continue
+		}
+		for _, b := range cfg.sweep {
+			out = append(out, staticName(b))
+		}
+	}
+	return out
 }
 
 func (e *env) overload(ctx context.Context, args []string) int {
@@ -180,48 +264,76 @@ func (e *env) overload(ctx context.Context, args []string) int {
 		for _, rep := range reps {
 			rep.printTable(w)
 		}
+		if len(cfg.shapes) > 1 || slices.Contains(cfg.configs, cfgStatic) {
+			printSummary(w, reps)
+		}
 	}
 	chart := func(path string) error { return writeOverloadChart(path, reps) }
 	var v any = reps
-	if len(cfg.services) == 0 && len(reps) == 1 {
-		v = reps[0] // one run: the report itself, as before --service
+	if len(cfg.services) == 0 && len(cfg.shapes) == 1 && len(reps) == 1 {
+		v = reps[0] // one run: the report itself, as before --service and --shape
 	}
 	return e.Report(ctx, "overload", cfg.out, measured, table, chart, v)
 }
 
-// runOverloads runs the experiment once, or once per --service with
-// --cpu-rows scaled to it, and returns the reports measured, also when
-// interrupted.
+// runOverloads runs the experiment once per shape, or once per --service
+// and shape with --cpu-rows scaled to it, and returns the reports
+// measured, also when interrupted.
 func (e *env) runOverloads(ctx context.Context, cfg *overloadConfig) ([]*overloadReport, error) {
-	if len(cfg.services) == 0 {
-		rep, err := e.runOverload(ctx, cfg)
-		if err != nil {
-			return nil, err
-		}
-		return []*overloadReport{rep}, nil
+	services := cfg.services
+	if len(services) == 0 {
+		services = []time.Duration{0} // --cpu-rows as given
 	}
 	var reps []*overloadReport
 	rows := cfg.cpuRows
-	for i, want := range cfg.services {
-		fmt.Fprintf(e.Stderr, "overload: scaling --cpu-rows to S = %v\n", want)
+	for i, want := range services {
+		u := unit{rows: rows, s: want}
+		app := fmt.Sprintf("bh-overload-%d-calibrate-%d", os.Getpid(), i)
 		var err error
-		rows, err = calibrateRows(ctx, cfg, want, rows, fmt.Sprintf("bh-overload-%d-calibrate-%d", os.Getpid(), i))
-		if err != nil {
-			return reps, err
+		switch {
+		case want > 0:
+			fmt.Fprintf(e.Stderr, "overload: scaling --cpu-rows to S = %v\n", want)
+			if rows, err = calibrateRows(ctx, cfg, want, rows, app); err != nil {
+				return reps, err
+			}
+			u.rows = rows
+		case slices.Contains(cfg.shapes, shapeSleep) || slices.Contains(cfg.shapes, shapeOutlier):
+			fmt.Fprintf(e.Stderr, "overload: measuring the cpu query's unloaded time, the sleeps' S\n")
+			if u.s, err = unitTime(ctx, cfg, rows, app); err != nil {
+				return reps, err
+			}
 		}
-		c := *cfg
-		c.cpuRows = rows
-		rep, err := e.runOverload(ctx, &c)
-		if err != nil {
-			return reps, err
-		}
-		rep.ServiceTargetMs = cli.Ms(want)
-		reps = append(reps, rep)
-		if rep.Interrupted {
-			break
+		for _, name := range cfg.shapes {
+			c := *cfg
+			c.cpuRows, c.shape, c.unit = u.rows, name, u
+			rep, err := e.runOverload(ctx, &c)
+			if err != nil {
+				return reps, err
+			}
+			if want > 0 {
+				rep.ServiceTargetMs = cli.Ms(want)
+			}
+			reps = append(reps, rep)
+			if rep.Interrupted {
+				return reps, nil
+			}
 		}
 	}
 	return reps, nil
+}
+
+// unitTime returns the unloaded service time (p50, one worker back to
+// back on plain database/sql) of the cpu query over rows.
+func unitTime(ctx context.Context, cfg *overloadConfig, rows int, app string) (time.Duration, error) {
+	lats, _, err := closedLoop(ctx, cfg, cli.Operation(cfg.target, "cpu", 0, rows), app, 1, max(300*time.Millisecond, cfg.capDuration/3))
+	if err != nil {
+		return 0, err
+	}
+	p := cli.Percentiles(lats)
+	if p == nil {
+		return 0, errors.New("no cpu query committed while measuring its unloaded time")
+	}
+	return time.Duration(p.P50 * float64(time.Millisecond)), nil
 }
 
 func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
@@ -232,18 +344,24 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	duration := fs.Duration("duration", 5*time.Second, "how long requests are counted, per load and configuration")
 	warmup := fs.Duration("warmup", time.Second, "how long requests arrive before they are counted")
 	deadline := fs.Duration("deadline", 100*time.Millisecond, "deadline of each request, from its start")
-	cpuRows := fs.Int("cpu-rows", 70000, "rows each request's query sums (generate_series on PostgreSQL)")
+	cpuRows := fs.Int("cpu-rows", 70000, "rows each request's query sums (generate_series on PostgreSQL): N, the unit of the CPU-bound shapes")
 	rounds := fs.Int("rounds", 1, "run each load's configurations this many times, starting each round with the next configuration, and report the round of median goodput")
 	services := fs.String("service", "", "unloaded service times S to run the experiment at, comma-separated (e.g. 5ms,10ms,20ms): --cpu-rows is scaled to each (default: --cpu-rows as given)")
 	capacity := fs.Float64("capacity", 0, "capacity C in transactions per second (0: measure it)")
 	capWorkers := fs.Int("capacity-workers", 0, "workers, back to back, that measure C (0: B)")
 	capDuration := fs.Duration("capacity-duration", 3*time.Second, "how long C is measured (S: a third of it)")
 	workload := fs.String("workload", "", "tag the gate's requests with this workload of the policy (--workloads)")
-	shift := fs.Float64("shift", 0, "multiply the work by this (e.g. 3) halfway through the counted duration (0: no shift)")
+	shift := fs.Float64("shift", 0, "multiply the work by this (e.g. 3) halfway through the counted duration, --shape cpu only (0: no shift)")
 	high := fs.Float64("high", 0, "the share of arrivals that are high-priority requests, e.g. 0.2 (0: no priorities)")
 	ceiling := fs.Int("ceiling", 0, "the ceiling of the adaptive configurations (adaptive, fsadaptive; 0: B)")
+	shapes := fs.String("shape", shapeCPU, "the shapes of the requests, comma-separated, the whole experiment once each: "+strings.Join(overloadShapes, ", "))
+	sweep := fs.String("sweep", "1,2,4,8,16", "the B of each static configuration, comma-separated (--configs static)")
+	cold := fs.Bool("cold", false, "start each phase with no connection dialed, and report its goodput from its first arrival")
+	lockHold := fs.Duration("lock-hold", 3*time.Second, "how long the lock shape's session holds its table, from a quarter into the counted duration")
+	outlierEvery := fs.Duration("outlier-every", 3*time.Second, "the outlier shape's: one outlier in each window of arrivals this long")
+	outlierMax := fs.Duration("outlier-max", 2*time.Second, "the outlier shape's: the longest an outlier sleeps (else 1000·S)")
 	pi := e.AddPolicyFlags(fs)
-	seed := fs.Uint64("seed", 1, "seed of the arrival times: the same for every configuration")
+	seed := fs.Uint64("seed", 1, "seed of the arrival times and of the shapes' draws: the same for every configuration")
 	out := cli.AddOutputFlags(fs, "the results")
 	set, code, done := e.Parse(fs, args)
 	if done {
@@ -254,6 +372,7 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 		duration: *duration, warmup: *warmup, deadline: *deadline, cpuRows: *cpuRows, rounds: *rounds,
 		capacity: *capacity, capWorkers: *capWorkers, capDuration: *capDuration,
 		seed: *seed, out: *out, shift: *shift, ceiling: *ceiling, high: *high,
+		cold: *cold, lockHold: *lockHold, outlierEvery: *outlierEvery, outlierMax: *outlierMax,
 	}
 	var err error
 	if cfg.loads, err = parseLoads(*loads); err != nil {
@@ -261,6 +380,12 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	}
 	if cfg.configs, err = parseConfigs(*configs); err != nil {
 		return bad("--configs %q: %v", *configs, err)
+	}
+	if cfg.shapes, err = parseSubset(*shapes, overloadShapes, "a shape"); err != nil {
+		return bad("--shape %q: %v", *shapes, err)
+	}
+	if cfg.sweep, err = parseSweep(*sweep, cli.MaxClients); err != nil {
+		return bad("--sweep %q: %v", *sweep, err)
 	}
 	if cfg.services, err = parseServices(*services, *deadline); err != nil {
 		return bad("--service %q: %v", *services, err)
@@ -297,12 +422,36 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 		return bad("--capacity-duration is %v, want more than 0s and at most 1h0m0s", cfg.capDuration)
 	case set["capacity-workers"] && cfg.capacity > 0:
 		return bad("--capacity-workers %d does nothing with --capacity %v: the capacity is given, not measured; want one or the other", cfg.capWorkers, cfg.capacity)
+	case set["sweep"] && !slices.Contains(cfg.configs, cfgStatic):
+		return bad("--sweep %s does nothing without the static configuration (--configs %s); want static in --configs, or no --sweep", *sweep, *configs)
+	case cfg.shift != 0 && !slices.Equal(cfg.shapes, []string{shapeCPU}):
+		return bad("--shift %v multiplies the cpu query's rows; want --shape cpu alone with it, not %s", cfg.shift, *shapes)
+	}
+	// The shapes' own flags.
+	for _, f := range []struct {
+		name, shape string
+		v, most     time.Duration
+	}{
+		{"lock-hold", shapeLock, cfg.lockHold, time.Hour},
+		{"outlier-every", shapeOutlier, cfg.outlierEvery, time.Hour},
+		{"outlier-max", shapeOutlier, cfg.outlierMax, maxOutlierSleep},
+	} {
+		switch {
+		case set[f.name] && !slices.Contains(cfg.shapes, f.shape):
+			return bad("--%s does nothing without the %s shape (--shape %s); want %s in --shape, or no --%s", f.name, f.shape, *shapes, f.shape, f.name)
+		case f.v <= 0 || f.v > f.most:
+			return bad("--%s is %v, want more than 0s and at most %v", f.name, f.v, f.most)
+		}
+	}
+	if at := lockAt(cfg.duration); slices.Contains(cfg.shapes, shapeLock) && at+cfg.lockHold >= cfg.duration {
+		return bad("--lock-hold is %v, want it to end within --duration %v: the lock is taken %v into it; want a hold below %v, or a longer --duration",
+			cfg.lockHold, cfg.duration, at, cfg.duration-at)
 	}
 	// The gate's settings do nothing unless the gate runs (the queue
 	// wait is also waitfirst's).
 	if !slices.Contains(cfg.configs, cfgGate) {
 		for _, name := range []string{cli.SetWait, cli.SetDryRun, cli.SetWorkloads, "workload"} {
-			if name == cli.SetWait && slices.Contains(cfg.configs, cfgWaitFirst) {
+			if name == cli.SetWait && (slices.Contains(cfg.configs, cfgWaitFirst) || slices.Contains(cfg.configs, cfgStatic)) {
 				continue
 			}
 			if set[name] {
@@ -349,6 +498,11 @@ func (e *env) parseOverload(args []string) (*overloadConfig, int, bool) {
 	t, err := e.ResolveTarget(*dsn, set["dsn"])
 	if err != nil {
 		return bad("%w", err)
+	}
+	for _, name := range cfg.shapes {
+		if name != shapeCPU && t.Dialect != cli.DialectPostgres {
+			return bad("--shape %s needs PostgreSQL, not %s (%s); want --dsn postgres://..., or --shape cpu", name, t.Dialect.Title(), t.Display)
+		}
 	}
 	cfg.target = t
 	return cfg, cli.ExitOK, false
@@ -497,7 +651,16 @@ type (
 		CPUs             int              `json:"cpus"`
 		GoVersion        string           `json:"go_version"`
 		ServerVersion    string           `json:"server_version,omitempty"`
+		Shape            string           `json:"shape"`
 		Work             string           `json:"work"`
+		UnitRows         int              `json:"unit_rows"`                 // N: the cpu query's rows
+		UnitMs           float64          `json:"unit_ms,omitempty"`         // S of the shapes that sleep: --service, else the cpu query's unloaded time
+		Kinds            []string         `json:"kinds,omitempty"`           // the shape's kinds of request, when more than one
+		Sweep            []int            `json:"sweep,omitempty"`           // the static configurations' B
+		Cold             bool             `json:"cold,omitempty"`            // --cold
+		LockHoldMs       float64          `json:"lock_hold_ms,omitempty"`    // the lock shape's
+		BestStatic       []bestStatic     `json:"best_static,omitempty"`     // per load, the static configuration of most goodput
+		StaticPolicies   []cli.PolicyJSON `json:"static_policies,omitempty"` // of each B of the sweep
 		DeadlineMs       float64          `json:"deadline_ms"`
 		ServiceMs        *cli.Pct         `json:"unloaded_service_ms"`              // S: one worker, back to back
 		ServiceTargetMs  float64          `json:"service_target_ms,omitempty"`      // the --service S aimed at
@@ -516,11 +679,23 @@ type (
 		Phases           []*overloadPhase `json:"phases"`           // one per load and configuration: the median round
 		Rounds           []*overloadPhase `json:"rounds,omitempty"` // with --rounds above 1: every round's
 	}
+	bestStatic struct {
+		Load        float64 `json:"load"`
+		Config      string  `json:"config"`
+		B           int     `json:"b"`
+		GoodputPerS float64 `json:"goodput_per_s"`
+	}
+	kindCounts map[string]*kindCount // by the kind's name
+	kindCount  struct {
+		Arrived        int64 `json:"arrived"`
+		WithinDeadline int64 `json:"within_deadline"`
+	}
 	overloadPhase struct {
 		Load             float64        `json:"load"` // multiple of C
 		Config           string         `json:"config"`
 		Round            int            `json:"round"` // 1 to --rounds
 		Setup            string         `json:"setup"`
+		B                int            `json:"b,omitempty"`   // static: its B
 		RatePerS         float64        `json:"rate_per_s"`    // offered: load × C
 		Arrived          int64          `json:"arrived"`       // counted: after the warm-up
 		ArrivedPerS      float64        `json:"arrived_per_s"` // Arrived / duration: the rate the arrivals drawn came to
@@ -539,7 +714,19 @@ type (
 		HighArrived      int64          `json:"high_arrived,omitempty"`               // --high: the high-priority requests counted
 		HighGoodPerS     float64        `json:"high_goodput_per_s,omitempty"`         // and their goodput
 		HighOutcomes     map[string]int `json:"high_outcomes,omitempty"`              // and their outcomes
-		Timeline         []float64      `json:"goodput_timeline_per_s,omitempty"`     // --shift: goodput by arrival, per timelineStep from the start of the counted duration
+		GoodputVsBest    *float64       `json:"goodput_vs_best_static,omitempty"`     // ÷ the best static configuration's at this load
+		ByKind           kindCounts     `json:"by_kind,omitempty"`                    // shapes of several kinds: the counted requests of each
+		DialsPerS        float64        `json:"dials_per_s"`                          // Connect calls on the driver's connector during the counted duration
+		Dials            int64          `json:"dials"`                                // and over the whole phase, warm-up and warm pool included
+		Timeline         []float64      `json:"goodput_timeline_per_s,omitempty"`     // goodput by arrival, per timelineStep from the start of the counted duration
+		ColdTimeline     []float64      `json:"cold_timeline_per_s,omitempty"`        // --cold: goodput by arrival, per timelineStep from the phase's first arrival, warm-up included
+		ColdFirstSPerS   *float64       `json:"cold_first_second_per_s,omitempty"`    // --cold: of the arrivals of the first second
+		ColdReachMs      *float64       `json:"cold_reach_ms,omitempty"`              // --cold: the end of the first timelineStep at 0.9 of goodput_per_s; absent: never
+		LockAtMs         *float64       `json:"lock_at_ms,omitempty"`                 // lock: when the table was locked, from the start of the counted duration
+		LockReleaseMs    *float64       `json:"lock_release_ms,omitempty"`            // lock: and released
+		LockError        string         `json:"lock_error,omitempty"`                 // lock: the lock session's error
+		GoodAfterRelease *float64       `json:"release_goodput_per_s,omitempty"`      // lock: of the arrivals of the second after the release
+		FirstAfterRelMs  *float64       `json:"release_first_good_ms,omitempty"`      // lock: from the release until the first arrival after it committed in time; absent: none did
 		MaxLimit         int            `json:"max_limit,omitempty"`                  // adaptive: the highest B in force seen
 		LimitTimeline    []int          `json:"limit_timeline,omitempty"`             // adaptive: the B in force at the end of each timelineStep from the start of the counted duration
 		LastLimit        int            `json:"last_limit,omitempty"`                 // adaptive: the B in force at the end
@@ -562,14 +749,32 @@ func (p *overloadPhase) failed() int64 {
 }
 
 func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadReport, error) {
+	sh := newShape(cfg, cfg.shape, cfg.unit)
 	rep := &overloadReport{
 		cfg: cfg, Database: cfg.target.Display, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
-		Work:       fmt.Sprintf("each request a transaction running a CPU-bound query over %d rows", cfg.cpuRows),
+		Shape: sh.name, Work: sh.work, UnitRows: cfg.unit.rows, Cold: cfg.cold,
 		DeadlineMs: cli.Ms(cfg.deadline), CapacityWorkers: cfg.capWorkers,
 		WarmupS: cfg.warmup.Seconds(), DurationS: cfg.duration.Seconds(),
 	}
-	op := cli.Operation(cfg.target, "cpu", 0, cfg.cpuRows)
+	if len(sh.kinds) > 1 {
+		rep.Kinds = sh.kinds
+	}
+	switch sh.name {
+	case shapeSleep, shapeOutlier:
+		rep.UnitMs = cli.Ms(cfg.unit.s)
+	case shapeLock:
+		rep.LockHoldMs = cli.Ms(cfg.lockHold)
+	}
+	if cfg.target.Dialect == cli.DialectPostgres {
+		if err := createShapeTables(ctx, cfg.target, sh.name); err != nil {
+			return nil, err
+		}
+	}
+	op := sh.measureOp(cfg.seed)
 	id := fmt.Sprintf("bh-overload-%d-%d", os.Getpid(), runSeq.Add(1))
+	if len(cfg.shapes) > 1 {
+		fmt.Fprintf(e.Stderr, "overload: shape %s: %s\n", sh.name, sh.work)
+	}
 
 	// S and C, measured on plain database/sql, back to back.
 	fmt.Fprintf(e.Stderr, "overload: measuring the unloaded service time (1 worker, %v)\n", cfg.capDuration/3)
@@ -580,8 +785,8 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 	rep.ServiceMs = cli.Percentiles(lats)
 	if s := rep.ServiceMs; s != nil && s.P50 >= cli.Ms(cfg.deadline) {
 		// Nothing could commit in time: the run would measure nothing.
-		return nil, fmt.Errorf("--deadline %v is not above the unloaded service time S (p50 %.1f ms, --cpu-rows %d): no request could commit in time; want a deadline of a few times S, such as %v, or fewer --cpu-rows",
-			cfg.deadline, s.P50, cfg.cpuRows, (time.Duration(4 * s.P50 * float64(time.Millisecond))).Round(time.Millisecond))
+		return nil, fmt.Errorf("--deadline %v is not above the unloaded service time S (p50 %.1f ms, --cpu-rows %d, --shape %s): no request could commit in time; want a deadline of a few times S, such as %v, or fewer --cpu-rows",
+			cfg.deadline, s.P50, cfg.cpuRows, sh.name, (time.Duration(4 * s.P50 * float64(time.Millisecond))).Round(time.Millisecond))
 	}
 	rep.ServerVersion = serverVersion(ctx, cfg.target)
 	rep.Capacity, rep.CapacityMeasured = cfg.capacity, cfg.capacity == 0
@@ -596,13 +801,14 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 		}
 		rep.Capacity = rate
 	}
-	w := work{op: op, shifted: op}
+	var shifted opFunc
+	var shiftAt time.Duration
 	if cfg.shift > 0 {
 		rows := max(1, int(math.Round(float64(cfg.cpuRows)*cfg.shift)))
-		w.shifted = cli.Operation(cfg.target, "cpu", 0, rows)
-		w.at = cfg.warmup + cfg.duration/2
+		shifted = cli.Operation(cfg.target, "cpu", 0, rows)
+		shiftAt = cfg.warmup + cfg.duration/2
 		fmt.Fprintf(e.Stderr, "overload: measuring the capacity with the work shifted ×%v (%d rows, %d workers, %v)\n", cfg.shift, rows, cfg.capWorkers, cfg.capDuration)
-		_, rate, err := closedLoop(ctx, cfg, w.shifted, id+"-capacity-shifted", cfg.capWorkers, cfg.capDuration)
+		_, rate, err := closedLoop(ctx, cfg, shifted, id+"-capacity-shifted", cfg.capWorkers, cfg.capDuration)
 		if err != nil {
 			return nil, err
 		}
@@ -634,32 +840,60 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 	}
 	rep.Policy = cli.PolicyJSON{MaxConcurrent: policy.MaxConcurrent, MaxQueue: policy.MaxQueue, QueueWaitMs: cli.Ms(policy.QueueWait), DryRun: policy.DryRun}
 	rep.Workload = cfg.workload
+	statics := map[string]bulkhead.Policy{}
+	if slices.Contains(cfg.configs, cfgStatic) {
+		rep.Sweep = cfg.sweep
+		for _, b := range cfg.sweep {
+			p, err := staticPolicy(cfg, b, rep.Capacity)
+			if err != nil {
+				return nil, err
+			}
+			statics[staticName(b)] = p
+			rep.StaticPolicies = append(rep.StaticPolicies, cli.PolicyJSON{MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, QueueWaitMs: cli.Ms(p.QueueWait)})
+		}
+	}
 	fmt.Fprintf(e.Stderr, "overload: S p50 %.1f ms, C %.0f/s; gate B=%d Q=%d wait=%v\n",
 		rep.ServiceMs.P50, rep.Capacity, policy.MaxConcurrent, policy.MaxQueue, policy.QueueWait)
 
+	configs := cfg.runConfigs()
 	for li, load := range cfg.loads {
 		rate := load * rep.Capacity
 		if rate > maxOverloadRate {
 			return nil, fmt.Errorf("load %v×C is %.0f requests per second, more than %d", load, rate, maxOverloadRate)
 		}
 		starts := arrivals(rate, cfg.warmup+cfg.duration, cfg.seed+uint64(li))
+		w := work{reqs: sh.plan(starts, cfg.seed+uint64(li)), kinds: sh.kinds, at: shiftAt}
+		if shifted != nil {
+			for i, at := range starts {
+				if at >= shiftAt {
+					w.reqs[i].op = shifted
+				}
+			}
+		}
+		if sh.name == shapeLock && cfg.target.Dialect == cli.DialectPostgres {
+			w.lockHold = cfg.lockHold
+		}
 		w.high = highArrivals(len(starts), cfg.high, cfg.seed+uint64(li))
 		var all []*overloadPhase // this load's, every round
 		for round := range cfg.rounds {
 			// Each round starts with another configuration, so that a
 			// drift of the machine's speed over the run hits them alike.
-			for i := range cfg.configs {
-				name := cfg.configs[(i+round)%len(cfg.configs)]
+			for i := range configs {
+				name := configs[(i+round)%len(configs)]
 				if ctx.Err() != nil {
 					rep.Interrupted = true
-					rep.addMedians(all)
+					rep.addMedians(all, configs)
 					return rep, nil
 				}
-				ph, err := runOpenLoop(ctx, cfg, w, fmt.Sprintf("%s-%s-%d-%d", id, name, li, round), name, policy, starts)
+				p := policy
+				if sp, ok := statics[name]; ok {
+					p = sp
+				}
+				ph, err := runOpenLoop(ctx, cfg, w, fmt.Sprintf("%s-%s-%d-%d", id, name, li, round), name, p, starts)
 				if err != nil && ctx.Err() != nil {
 					// Interrupted before the phase started: report the rest.
 					rep.Interrupted = true
-					rep.addMedians(all)
+					rep.addMedians(all, configs)
 					return rep, nil
 				}
 				if err != nil {
@@ -671,21 +905,45 @@ func (e *env) runOverload(ctx context.Context, cfg *overloadConfig) (*overloadRe
 					fmtLoad(load), name, ph.GoodputPerS, ph.WithinDeadline, ph.Arrived)
 			}
 		}
-		rep.addMedians(all)
+		rep.addMedians(all, configs)
 	}
 	rep.Interrupted = ctx.Err() != nil
 	return rep, nil
 }
 
-// addMedians adds to rep.Phases, for each configuration, the phase of
-// median goodput among all's rounds (the lower of the two middle ones for
-// an even count); with more than one round, all go to rep.Rounds too.
-func (rep *overloadReport) addMedians(all []*overloadPhase) {
+// staticPolicy is the policy of the static configuration of B b: Q and
+// the wait as the gate's, given or by the rule for b.
+func staticPolicy(cfg *overloadConfig, b int, capacity float64) (bulkhead.Policy, error) {
+	wait, q := queueRule(cfg.deadline, b, capacity)
+	if cfg.wait >= 0 {
+		wait, q = cfg.wait, queueFor(cfg.wait, b, capacity)
+	}
+	if cfg.q >= 0 {
+		q = cfg.q
+	}
+	p := bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: wait}
+	if cfg.high > 0 {
+		p.Workloads = priorityWorkloads(b, q, wait)
+	}
+	if err := p.Validate(); err != nil {
+		return p, fmt.Errorf("the policy of %s, B=%d Q=%d wait=%v (%s), is invalid for --deadline %v: %w; want other --sweep values or --queue-wait",
+			staticName(b), b, q, wait, cfg.policySource, cfg.deadline, err)
+	}
+	return p, nil
+}
+
+// addMedians adds to rep.Phases, for each configuration in order, the
+// phase of median goodput among all's rounds (the lower of the two middle
+// ones for an even count); with more than one round, all go to rep.Rounds
+// too. With static configurations among them, it sets the load's best
+// static and each median phase's goodput against it.
+func (rep *overloadReport) addMedians(all []*overloadPhase, order []string) {
 	if len(all) == 0 {
 		return
 	}
 	multi := false
-	for _, c := range overloadConfigs {
+	n := len(rep.Phases)
+	for _, c := range order {
 		var runs []*overloadPhase
 		for _, ph := range all {
 			if ph.Config == c {
@@ -702,6 +960,35 @@ func (rep *overloadReport) addMedians(all []*overloadPhase) {
 	if multi {
 		rep.Rounds = append(rep.Rounds, all...)
 	}
+	added := rep.Phases[n:]
+	if best := bestOf(added); best != nil {
+		b, _ := staticB(best.Config)
+		rep.BestStatic = append(rep.BestStatic, bestStatic{Load: best.Load, Config: best.Config, B: b, GoodputPerS: best.GoodputPerS})
+		for _, ph := range added {
+			if best.GoodputPerS > 0 {
+				r := ph.GoodputPerS / best.GoodputPerS
+				ph.GoodputVsBest = &r
+			}
+		}
+	}
+}
+
+// bestOf returns the static phase of most goodput among phases (of one
+// load), the lowest B of equals; nil if none is static.
+func bestOf(phases []*overloadPhase) *overloadPhase {
+	var best *overloadPhase
+	for _, ph := range phases {
+		b, ok := staticB(ph.Config)
+		if !ok {
+			continue
+		}
+		if best == nil || ph.GoodputPerS > best.GoodputPerS {
+			best = ph
+		} else if bb, _ := staticB(best.Config); ph.GoodputPerS == best.GoodputPerS && b < bb {
+			best = ph
+		}
+	}
+	return best
 }
 
 func fmtLoad(v float64) string { return strconv.FormatFloat(v, 'g', 4, 64) }
@@ -836,38 +1123,40 @@ func highArrivals(n int, share float64, seed uint64) []bool {
 }
 
 // openOverloadDB opens the *sql.DB of one configuration, and for the
-// gate's the gate.
-func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*sql.DB, *bulkhead.Gate, string, error) {
+// gate's the gate; the dials of its driver's connector are counted.
+func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*sql.DB, *bulkhead.Gate, string, *countingConnector, error) {
 	if name == cfgAdaptive {
 		p = adaptivePolicy(cfg, p)
 	}
-	if name == cfgGate || name == cfgAdaptive || name == cfgAlone {
+	if _, static := staticB(name); name == cfgGate || name == cfgAdaptive || name == cfgAlone || static {
 		// The gate as the README recommends it: on PostgreSQL, pgx returns
 		// from a cancelled statement only once the server stopped it
 		// (pgxgate.Connector), so that the server runs at most B.
 		inner, err := cfg.target.GatedConnector(app, false)
 		if err != nil {
-			return nil, nil, "", err
+			return nil, nil, "", nil, err
 		}
-		g, err := bulkhead.New(inner, p)
+		dials := &countingConnector{Connector: inner}
+		g, err := bulkhead.New(dials, p)
 		if err != nil {
-			return nil, nil, "", err
+			return nil, nil, "", nil, err
 		}
 		setup := "bulkhead " + cli.PolicySetup(p, cfg.workload)
 		if p.Adaptive {
 			setup += fmt.Sprintf(", adaptive from 1 to %d", p.MaxConcurrent)
 		}
-		return g.OpenDB(), g, setup, nil
+		return g.OpenDB(), g, setup, dials, nil
 	}
 	inner, err := cfg.target.Connector(app, false)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
-	db := sql.OpenDB(inner)
+	dials := &countingConnector{Connector: inner}
+	db := sql.OpenDB(dials)
 	switch name {
 	case cfgPlain:
 		db.SetMaxIdleConns(p.MaxConcurrent + p.MaxQueue)
-		return db, nil, fmt.Sprintf("database/sql, MaxOpenConns unlimited, MaxIdleConns %d", p.MaxConcurrent+p.MaxQueue), nil
+		return db, nil, fmt.Sprintf("database/sql, MaxOpenConns unlimited, MaxIdleConns %d", p.MaxConcurrent+p.MaxQueue), dials, nil
 	case cfgFsAdaptive, cfgFsAdaptiveWait:
 		db.SetMaxIdleConns(cfg.ceiling)
 		wait := "none"
@@ -875,7 +1164,7 @@ func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*
 			wait = p.QueueWait.String()
 		}
 		return db, nil, fmt.Sprintf("failsafe-go adaptivelimiter limits 1-%d start %d queueing 2/3 max wait %s; database/sql, MaxOpenConns unlimited, MaxIdleConns %d",
-			cfg.ceiling, min(4, cfg.ceiling), wait, cfg.ceiling), nil
+			cfg.ceiling, min(4, cfg.ceiling), wait, cfg.ceiling), dials, nil
 	}
 	// semaphore, and the pool behind waitfirst's and fsbulkhead's
 	// permits: B connections.
@@ -883,38 +1172,35 @@ func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*
 	db.SetMaxIdleConns(p.MaxConcurrent)
 	switch name {
 	case cfgWaitFirst:
-		return db, nil, fmt.Sprintf("wait-before-checkout bulkhead B=%d wait=%v, queue unbounded; database/sql, MaxOpenConns %d", p.MaxConcurrent, p.QueueWait, p.MaxConcurrent), nil
+		return db, nil, fmt.Sprintf("wait-before-checkout bulkhead B=%d wait=%v, queue unbounded; database/sql, MaxOpenConns %d", p.MaxConcurrent, p.QueueWait, p.MaxConcurrent), dials, nil
 	case cfgFsBulkhead:
-		return db, nil, fmt.Sprintf("failsafe-go bulkhead B=%d max wait %v; database/sql, MaxOpenConns %d", p.MaxConcurrent, p.QueueWait, p.MaxConcurrent), nil
+		return db, nil, fmt.Sprintf("failsafe-go bulkhead B=%d max wait %v; database/sql, MaxOpenConns %d", p.MaxConcurrent, p.QueueWait, p.MaxConcurrent), dials, nil
 	}
-	return db, nil, fmt.Sprintf("database/sql, MaxOpenConns %d", p.MaxConcurrent), nil
+	return db, nil, fmt.Sprintf("database/sql, MaxOpenConns %d", p.MaxConcurrent), dials, nil
 }
 
-// work is what the requests run: op, then shifted from at (the arrival
-// offset) on.
+// work is what the requests of one load run.
 type work struct {
-	op, shifted func(context.Context, *sql.DB) error
-	at          time.Duration // 0: no shift
-	high        []bool        // --high: whether each arrival is high-priority; nil: none is
+	reqs     []request     // one per arrival
+	kinds    []string      // the names of the requests' kinds
+	at       time.Duration // --shift: the arrival offset from which the work is shifted; 0: no shift
+	high     []bool        // --high: whether each arrival is high-priority; nil: none is
+	lockHold time.Duration // the lock shape: how long the table is held; 0: no lock
 }
 
 // phaseRec collects one phase's outcomes. Only requests that arrived after
-// the warm-up are recorded.
+// the warm-up are counted; those committed in time are kept, warm-up
+// included, for the figures over time.
 type phaseRec struct {
-	deadline time.Duration
-	warmup   time.Duration // arrivals before it are not counted
-	shiftAt  time.Duration // the work shifts for arrivals from it on; 0: never
-	mu       sync.Mutex
-	// Of the requests committed within their deadline: those arrived
-	// before the shift, and all by arrival per timelineStep.
-	goodBefore int64
-	timeline   []int64
+	mu sync.Mutex
 	// Of the high-priority requests (--high): all, and those committed
 	// within their deadline.
 	highN, highGood int64
 	highOut         [cli.NumOutcomes]int
 	n               [cli.NumOutcomes]int64
 	good            int64
+	kinds           []kindCount // by the request's kind
+	goods           []goodRec
 	ok              []time.Duration
 	fail            []time.Duration
 	full            []time.Duration
@@ -924,58 +1210,112 @@ type phaseRec struct {
 	warm            [cli.NumOutcomes]int // outcomes of the requests of the warm-up
 }
 
+// goodRec is a request committed within its deadline: when it arrived and
+// when it returned, from the phase's start.
+type goodRec struct{ at, done time.Duration }
+
 // outcomeNames name the outcomes in the JSON.
 var outcomeNames = [cli.NumOutcomes]string{
 	cli.OutCompleted: "committed", cli.OutRejectedFull: "rejected_full", cli.OutRejectedTimeout: "rejected_timeout", cli.OutRejectedDeadline: "rejected_deadline",
 	cli.OutDeadline: "deadline_exceeded", cli.OutInterrupted: "interrupted", cli.OutOther: "other",
 }
 
-func (r *phaseRec) addWarmup(o cli.Outcome) {
-	r.mu.Lock()
-	r.warm[o]++
-	r.mu.Unlock()
-}
-
-// add records a counted request that arrived at offset at.
-func (r *phaseRec) add(o cli.Outcome, lat, lag time.Duration, err error, at time.Duration, high bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.n[o]++
+// add records a request r that arrived at offset at and returned at done,
+// counted or of the warm-up.
+func (rec *phaseRec) add(o cli.Outcome, lat, lag time.Duration, err error, r request, at, done time.Duration, high, counted bool) {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	good := o == cli.OutCompleted && lat <= r.deadline
+	if good {
+		rec.goods = append(rec.goods, goodRec{at, done})
+	}
+	if !counted {
+		rec.warm[o]++
+		return
+	}
+	rec.n[o]++
+	rec.kinds[r.kind].Arrived++
+	if good {
+		rec.kinds[r.kind].WithinDeadline++
+	}
 	if high {
-		r.highN++
-		r.highOut[o]++
-		if o == cli.OutCompleted && lat <= r.deadline {
-			r.highGood++
+		rec.highN++
+		rec.highOut[o]++
+		if good {
+			rec.highGood++
 		}
 	}
-	r.lag = append(r.lag, lag)
+	rec.lag = append(rec.lag, lag)
 	switch o {
 	case cli.OutCompleted:
-		r.ok = append(r.ok, lat)
-		if lat <= r.deadline {
-			r.good++
-			if r.shiftAt > 0 && at < r.shiftAt {
-				r.goodBefore++
-			}
-			if i := int((at - r.warmup) / timelineStep); i >= 0 && i < len(r.timeline) {
-				r.timeline[i]++
-			}
+		rec.ok = append(rec.ok, lat)
+		if good {
+			rec.good++
 		}
 		return
 	case cli.OutRejectedFull:
-		r.full = append(r.full, lat)
+		rec.full = append(rec.full, lat)
 	case cli.OutRejectedTimeout:
-		r.timeout = append(r.timeout, lat)
+		rec.timeout = append(rec.timeout, lat)
 	case cli.OutOther:
-		cli.AddErrSample(r.errs, err)
+		cli.AddErrSample(rec.errs, err)
 	}
-	r.fail = append(r.fail, lat)
+	rec.fail = append(rec.fail, lat)
+}
+
+// timeline returns the goodput, by arrival, of each timelineStep of the
+// arrivals from from to from+length (the last step cut at the end).
+func timeline(goods []goodRec, from, length time.Duration) []float64 {
+	n := make([]int64, (length+timelineStep-1)/timelineStep)
+	for _, g := range goods {
+		if g.at >= from && g.at < from+length {
+			n[(g.at-from)/timelineStep]++
+		}
+	}
+	out := make([]float64, len(n))
+	for i, c := range n {
+		step := min(timelineStep, length-time.Duration(i)*timelineStep)
+		out[i] = float64(c) / step.Seconds()
+	}
+	return out
+}
+
+// reachMs returns the end, in ms, of the first step of tl at target or
+// above, or nil if none is.
+func reachMs(tl []float64, target float64) *float64 {
+	for i, v := range tl {
+		if v >= target {
+			ms := cli.Ms(time.Duration(i+1) * timelineStep)
+			return &ms
+		}
+	}
+	return nil
+}
+
+// countingConnector counts the dials of its connector.
+type countingConnector struct {
+	driver.Connector
+	dials atomic.Int64
+}
+
+func (c *countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	c.dials.Add(1)
+	return c.Connector.Connect(ctx)
+}
+
+// Close closes the inner connector if it is an io.Closer, as database/sql
+// would have.
+func (c *countingConnector) Close() error {
+	if cl, ok := c.Connector.(io.Closer); ok {
+		return cl.Close()
+	}
+	return nil
 }
 
 // runOpenLoop offers the arrivals starts to one configuration and returns
 // what it measured.
 func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name string, p bulkhead.Policy, starts []time.Duration) (*overloadPhase, error) {
-	db, gate, setup, err := openOverloadDB(cfg, app, name, p)
+	db, gate, setup, dials, err := openOverloadDB(cfg, app, name, p)
 	if err != nil {
 		return nil, err
 	}
@@ -986,43 +1326,36 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 		}
 	}()
 	// Every configuration starts with the server connections it uses
-	// already dialed: B+Q, what the plain pool keeps idle; B for the
-	// others (the gate's operations never hold more), adaptive's included:
-	// its B starts lower and moves near it, and sessions dialed beyond
-	// what runs at once only spread the work over colder backends.
+	// already dialed (unless --cold): B+Q, what the plain pool keeps idle;
+	// B for the others (the gate's operations never hold more), adaptive's
+	// included: its B starts lower and moves near it, and sessions dialed
+	// beyond what runs at once only spread the work over colder backends.
 	idle := p.MaxConcurrent
-	wrap := func(op func(context.Context, *sql.DB) error) func(context.Context, *sql.DB) error { return op }
+	do := func(ctx context.Context, db *sql.DB, op opFunc) error { return op(ctx, db) }
 	switch name {
 	case cfgPlain:
 		idle = p.MaxConcurrent + p.MaxQueue
 	case cfgWaitFirst:
-		wf := &waitFirst{b: p.MaxConcurrent, wait: p.QueueWait}
-		wrap = func(op func(context.Context, *sql.DB) error) func(context.Context, *sql.DB) error {
-			return func(ctx context.Context, db *sql.DB) error { return wf.do(ctx, db, op) }
-		}
+		do = (&waitFirst{b: p.MaxConcurrent, wait: p.QueueWait}).do
 	case cfgFsBulkhead:
-		bh := newFsBulkhead(p.MaxConcurrent, p.QueueWait)
-		wrap = func(op func(context.Context, *sql.DB) error) func(context.Context, *sql.DB) error {
-			return fsOp(bh, op)
-		}
+		do = fsDo(newFsBulkhead(p.MaxConcurrent, p.QueueWait))
 	case cfgFsAdaptive, cfgFsAdaptiveWait:
 		idle = cfg.ceiling
 		var wait time.Duration
 		if name == cfgFsAdaptiveWait {
 			wait = p.QueueWait
 		}
-		lim := newFsAdaptive(cfg.ceiling, wait)
-		wrap = func(op func(context.Context, *sql.DB) error) func(context.Context, *sql.DB) error {
-			return fsOp(lim, op)
-		}
+		do = fsDo(newFsAdaptive(cfg.ceiling, wait))
 	}
-	gated := name == cfgGate || name == cfgAdaptive || name == cfgAlone
-	op, shifted := wrap(w.op), wrap(w.shifted)
-	if err := warmPool(ctx, db, idle, cfg.target.StartTimeout()); err != nil {
-		if ctx.Err() != nil {
-			return nil, errors.New("interrupted before the run started")
+	_, static := staticB(name)
+	gated := name == cfgGate || name == cfgAdaptive || name == cfgAlone || static
+	if !cfg.cold {
+		if err := warmPool(ctx, db, idle, cfg.target.StartTimeout()); err != nil {
+			if ctx.Err() != nil {
+				return nil, errors.New("interrupted before the run started")
+			}
+			return nil, fmt.Errorf("cannot connect to %s: %w", cfg.target.Display, err)
 		}
-		return nil, fmt.Errorf("cannot connect to %s: %w", cfg.target.Display, err)
 	}
 	var mon *activityMonitor
 	if cfg.target.Dialect == cli.DialectPostgres {
@@ -1031,15 +1364,19 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 		}
 		defer mon.Close()
 	}
+	var locker *lockHolder
+	if w.lockHold > 0 {
+		if locker, err = openLockHolder(ctx, cfg.target, app+"-lock"); err != nil {
+			return nil, err
+		}
+		defer locker.close()
+	}
 
 	reqCtx := ctx
 	if name == cfgGate && cfg.workload != "" {
 		reqCtx = bulkhead.WithWorkload(ctx, cfg.workload)
 	}
-	rec := &phaseRec{deadline: cfg.deadline, errs: map[string]int{}, warmup: cfg.warmup, shiftAt: w.at}
-	if w.at > 0 {
-		rec.timeline = make([]int64, (cfg.duration+timelineStep-1)/timelineStep)
-	}
+	rec := &phaseRec{errs: map[string]int{}, kinds: make([]kindCount, len(w.kinds))}
 	var limits *limitWatch
 	if gate != nil && name == cfgAdaptive {
 		limits = watchLimit(gate)
@@ -1049,6 +1386,15 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 	defer timer.Stop()
 	var wg sync.WaitGroup
 	begin := time.Now()
+	// The dials at the start and the end of the counted duration.
+	var dialsFrom, dialsTo atomic.Int64
+	dialsFrom.Store(-1)
+	dialsTo.Store(-1)
+	fromT := time.AfterFunc(cfg.warmup, func() { dialsFrom.Store(dials.dials.Load()) })
+	toT := time.AfterFunc(cfg.warmup+cfg.duration, func() { dialsTo.Store(dials.dials.Load()) })
+	if locker != nil {
+		locker.start(ctx, begin, cfg.warmup+lockAt(cfg.duration), w.lockHold)
+	}
 	for i, at := range starts {
 		high := w.high != nil && w.high[i]
 		if name == cfgAlone && !high {
@@ -1066,33 +1412,42 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 		}
 		counted := at >= cfg.warmup
 		arrival := begin.Add(at)
-		run := op
-		if w.at > 0 && at >= w.at {
-			run = shifted
-		}
+		r := w.reqs[i]
 		rctx := reqCtx
 		if w.high != nil && gated {
 			rctx = bulkhead.WithWorkload(reqCtx, map[bool]string{true: wlHigh, false: wlLow}[high])
 		}
 		wg.Go(func() {
 			t0 := time.Now()
-			opCtx, cancel := context.WithTimeout(rctx, cfg.deadline)
-			err := run(opCtx, db)
+			opCtx, cancel := context.WithTimeout(rctx, r.deadline)
+			err := do(opCtx, db, r.op)
 			lat := time.Since(t0)
 			o := cli.Classify(err, opCtx, ctx)
 			if fo, ok := fsOutcome(err); ok {
 				o = fo
 			}
 			cancel()
-			if counted {
-				rec.add(o, lat, t0.Sub(arrival), err, at, high)
-			} else {
-				rec.addWarmup(o)
-			}
+			rec.add(o, lat, t0.Sub(arrival), err, r, at, time.Since(begin), high, counted)
 		})
 	}
 	wg.Wait()
+	if locker != nil {
+		locker.wait()
+	}
+	fromT.Stop()
+	toT.Stop()
 	ph := &overloadPhase{Config: name, Setup: setup}
+	if static {
+		ph.B = p.MaxConcurrent
+	}
+	ph.Dials = dials.dials.Load()
+	from, to := dialsFrom.Load(), dialsTo.Load()
+	if to < 0 {
+		to = ph.Dials // interrupted before the end
+	}
+	if from >= 0 {
+		ph.DialsPerS = float64(to-from) / cfg.duration.Seconds()
+	}
 	if limits != nil {
 		ph.MaxLimit, ph.LastLimit = limits.stop()
 		ph.LimitTimeline = limits.timeline(cfg.warmup)
@@ -1130,6 +1485,13 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 	ph.Arrived = ph.Committed + ph.failed()
 	ph.ArrivedPerS = float64(ph.Arrived) / cfg.duration.Seconds()
 	ph.GoodputPerS = float64(ph.WithinDeadline) / cfg.duration.Seconds()
+	ph.Timeline = timeline(rec.goods, cfg.warmup, cfg.duration)
+	if len(w.kinds) > 1 {
+		ph.ByKind = kindCounts{}
+		for k, c := range rec.kinds {
+			ph.ByKind[w.kinds[k]] = &c
+		}
+	}
 	if w.high != nil {
 		ph.HighArrived, ph.HighGoodPerS = rec.highN, float64(rec.highGood)/cfg.duration.Seconds()
 		ph.HighOutcomes = map[string]int{}
@@ -1140,13 +1502,21 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 		}
 	}
 	if w.at > 0 {
-		before := (w.at - cfg.warmup).Seconds()
-		ph.GoodBeforePerS = float64(rec.goodBefore) / before
-		ph.GoodAfterPerS = float64(rec.good-rec.goodBefore) / (cfg.duration.Seconds() - before)
-		for i, n := range rec.timeline {
-			step := min(timelineStep, cfg.duration-time.Duration(i)*timelineStep)
-			ph.Timeline = append(ph.Timeline, float64(n)/step.Seconds())
+		before := countArrived(rec.goods, cfg.warmup, w.at)
+		ph.GoodBeforePerS = float64(before) / (w.at - cfg.warmup).Seconds()
+		ph.GoodAfterPerS = float64(rec.good-before) / (cfg.warmup + cfg.duration - w.at).Seconds()
+	}
+	if cfg.cold {
+		ph.ColdTimeline = timeline(rec.goods, 0, cfg.warmup+cfg.duration)
+		first := min(time.Second, cfg.warmup+cfg.duration)
+		v := float64(countArrived(rec.goods, 0, first)) / first.Seconds()
+		ph.ColdFirstSPerS = &v
+		if ph.GoodputPerS > 0 {
+			ph.ColdReachMs = reachMs(ph.ColdTimeline, 0.9*ph.GoodputPerS)
 		}
+	}
+	if locker != nil {
+		ph.lockFigures(locker, rec.goods, cfg.warmup, cfg.warmup+cfg.duration)
 	}
 	ph.SuccessMs = cli.Percentiles(rec.ok)
 	ph.FailureMs = cli.Percentiles(rec.fail)
@@ -1165,6 +1535,50 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 		}
 	}
 	return ph, nil
+}
+
+// countArrived counts the goods that arrived from from to before to.
+func countArrived(goods []goodRec, from, to time.Duration) int64 {
+	var n int64
+	for _, g := range goods {
+		if g.at >= from && g.at < to {
+			n++
+		}
+	}
+	return n
+}
+
+// lockFigures sets the lock shape's figures of a phase from its lock
+// session and its goods; offsets are from the phase's start, the counted
+// duration from counted to end.
+func (ph *overloadPhase) lockFigures(l *lockHolder, goods []goodRec, counted, end time.Duration) {
+	if l.err != nil {
+		ph.LockError = cli.OneLine(l.err)
+	}
+	if l.locked > 0 {
+		v := cli.Ms(l.locked - counted)
+		ph.LockAtMs = &v
+	}
+	rel := l.released
+	if rel <= 0 {
+		return
+	}
+	v := cli.Ms(rel - counted)
+	ph.LockReleaseMs = &v
+	if win := min(time.Second, end-rel); win > 0 {
+		g := float64(countArrived(goods, rel, rel+win)) / win.Seconds()
+		ph.GoodAfterRelease = &g
+	}
+	first := time.Duration(-1)
+	for _, g := range goods {
+		if g.at >= rel && (first < 0 || g.done-rel < first) {
+			first = g.done - rel
+		}
+	}
+	if first >= 0 {
+		ms := cli.Ms(first)
+		ph.FirstAfterRelMs = &ms
+	}
 }
 
 // warmPool dials n connections in db's pool, within limit, and leaves
@@ -1247,14 +1661,26 @@ func (rep *overloadReport) printTable(w io.Writer) {
 	if rep.Rule {
 		rule = " (by the rule: wait = D − 2·B/C, Q = max(B, ⌊C·wait⌋))"
 	}
-	fmt.Fprintf(w, "deadline %v; gate B=%d Q=%d wait=%vms%s; each load %v after %v of warm-up\n\n",
-		cfg.deadline, rep.Policy.MaxConcurrent, rep.Policy.MaxQueue, rep.Policy.QueueWaitMs, rule, cfg.duration, cfg.warmup)
+	cold := ""
+	if rep.Cold {
+		cold = ", cold (no connection dialed before)"
+	}
+	fmt.Fprintf(w, "deadline %v; gate B=%d Q=%d wait=%vms%s; each load %v after %v of warm-up%s\n",
+		cfg.deadline, rep.Policy.MaxConcurrent, rep.Policy.MaxQueue, rep.Policy.QueueWaitMs, rule, cfg.duration, cfg.warmup, cold)
+	if len(rep.StaticPolicies) > 0 {
+		var parts []string
+		for _, sp := range rep.StaticPolicies {
+			parts = append(parts, fmt.Sprintf("B=%d Q=%d wait=%vms", sp.MaxConcurrent, sp.MaxQueue, sp.QueueWaitMs))
+		}
+		fmt.Fprintf(w, "static: %s\n", strings.Join(parts, "; "))
+	}
+	fmt.Fprintln(w)
 	if len(rep.Phases) == 0 {
 		fmt.Fprintln(w, "nothing measured: interrupted")
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "load\tconfig\tarrived/s\tgoodput/s\tok p50\tok p99\tfail p99\tfull p99\tarrived\tcommitted\tfull\ttimeout\tlate\tdeadline\tother\tsrv tx\tsrv conns\t")
+	fmt.Fprintln(tw, "load\tconfig\tarrived/s\tgoodput/s\tok p50\tok p99\tfail p99\tfull p99\tarrived\tcommitted\tfull\ttimeout\tlate\tdeadline\tother\tdials/s\tsrv tx\tsrv conns\t")
 	p := func(x *cli.Pct, f func(*cli.Pct) float64) string {
 		if x == nil {
 			return "-"
@@ -1270,13 +1696,13 @@ func (rep *overloadReport) printTable(w io.Writer) {
 		return strconv.Itoa(*v)
 	}
 	for _, ph := range rep.Phases {
-		fmt.Fprintf(tw, "%s×C\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s×C\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.1f\t%s\t%s\t\n",
 			fmtLoad(ph.Load), ph.Config, ph.ArrivedPerS, ph.GoodputPerS, p(ph.SuccessMs, p50), p(ph.SuccessMs, p99),
 			p(ph.FailureMs, p99), p(ph.RejectFullMs, p99), ph.Arrived, ph.Committed, ph.RejectedFull,
-			ph.RejectedTimeout, ph.RejectedDeadline, ph.DeadlineExceeded, ph.OtherErrors+ph.InterruptedOps, srv(ph.ServerMaxTx), srv(ph.ServerMaxConns))
+			ph.RejectedTimeout, ph.RejectedDeadline, ph.DeadlineExceeded, ph.OtherErrors+ph.InterruptedOps, ph.DialsPerS, srv(ph.ServerMaxTx), srv(ph.ServerMaxConns))
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "(latencies in ms; full = rejected at once, admission full; timeout = rejected after the queue wait; late = rejected, at once or after a wait, as it would have missed its deadline; other includes interrupted)")
+	fmt.Fprintln(w, "(latencies in ms; full = rejected at once, admission full; timeout = rejected after the queue wait; late = rejected, at once or after a wait, as it would have missed its deadline; other includes interrupted; dials/s = connections dialed per second of the counted time)")
 	fmt.Fprintln(w)
 	for _, load := range cfg.loads {
 		for _, mine := range []string{cfgGate, cfgAdaptive} {
@@ -1301,6 +1727,12 @@ func (rep *overloadReport) printTable(w io.Writer) {
 				fmt.Fprintf(w, "%s×C: adaptive B at most %d, %d at the end (ceiling %d)\n", fmtLoad(load), g.MaxLimit, g.LastLimit, rep.Ceiling)
 			}
 		}
+	}
+	for _, b := range rep.BestStatic {
+		fmt.Fprintf(w, "%s×C: best static B = %d, goodput %.0f/s\n", fmtLoad(b.Load), b.B, b.GoodputPerS)
+	}
+	for _, ph := range rep.Phases {
+		rep.printShapeLines(w, ph)
 	}
 	if cfg.high > 0 {
 		fmt.Fprintf(w, "\nhigh-priority requests (%v of the arrivals):\n", cfg.high)
@@ -1334,6 +1766,9 @@ func (rep *overloadReport) printTable(w io.Writer) {
 		}
 		if ph.ServerError != "" {
 			fmt.Fprintf(w, "%s×C %s: pg_stat_activity monitor stopped: %s\n", fmtLoad(ph.Load), ph.Config, ph.ServerError)
+		}
+		if ph.LockError != "" {
+			fmt.Fprintf(w, "%s×C %s: the lock session failed: %s\n", fmtLoad(ph.Load), ph.Config, ph.LockError)
 		}
 	}
 	if rep.Interrupted {

@@ -23,6 +23,21 @@ var configColors = map[string]string{
 	cfgAlone:          "#7f7f7f",
 }
 
+// staticColors are the static configurations' colours, light to dark
+// green in the order of the sweep.
+var staticColors = []string{"#c7e9c0", "#a1d99b", "#74c476", "#41ab5d", "#238b45", "#006d2c", "#00441b", "#002910"}
+
+// color returns the colour of one of rep's configurations.
+func (rep *overloadReport) color(config string) string {
+	if b, ok := staticB(config); ok {
+		if i := slices.Index(rep.Sweep, b); i >= 0 {
+			return staticColors[i%len(staticColors)]
+		}
+		return staticColors[0]
+	}
+	return configColors[config]
+}
+
 // overloadRefStroke is the look of a reference line over bars: thin and
 // dark, drawn on top, since a bar (an area) would hide a line under it;
 // a thin line over a bar leaves the bar visible.
@@ -172,14 +187,14 @@ func overloadChartSVG(rep *overloadReport) ([]byte, error) {
 	}
 	colors := make([]string, len(configs))
 	for i, c := range configs {
-		colors[i] = configColors[c]
+		colors[i] = rep.color(c)
 	}
 	panels := overloadPanels(rep)
 	legends := make([][]svg.LegendEntry, len(panels))
 	legendW := 0.0
 	for i, pn := range panels {
 		for _, c := range configs {
-			legends[i] = append(legends[i], svg.LegendEntry{Name: c, Fill: configColors[c]})
+			legends[i] = append(legends[i], svg.LegendEntry{Name: c, Fill: rep.color(c)})
 		}
 		for _, r := range pn.refs {
 			legends[i] = append(legends[i], svg.LegendEntry{Name: r.name, St: r.st})

@@ -227,7 +227,7 @@ func TestOverloadRejectsBadInput(t *testing.T) {
 		{[]string{"--loads", "0"}, []string{"--loads", `"0"`, "more than 0"}},
 		{[]string{"--loads", "1,,3"}, []string{"--loads", `""`}},
 		{[]string{"--loads", "x"}, []string{"--loads", `"x"`}},
-		{[]string{"--configs", "plain,pool"}, []string{"--configs", `"pool"`, "plain, semaphore, waitfirst, fsbulkhead, fsadaptive, fsadaptive-wait, gate, adaptive or alone"}},
+		{[]string{"--configs", "plain,pool"}, []string{"--configs", `"pool"`, "plain, semaphore, waitfirst, fsbulkhead, fsadaptive, fsadaptive-wait, gate, static, adaptive or alone"}},
 		{[]string{"--service", "10"}, []string{"--service", `"10"`, "not a duration"}},
 		{[]string{"--service", "5ms,100ms"}, []string{"--service", "100ms", "below the deadline"}},
 		{[]string{"--service", "5ms,5ms"}, []string{"--service", "5ms is given twice"}},

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/svg"
 )
@@ -20,12 +21,11 @@ func shiftChartSVG(rep *overloadReport) []byte {
 		fmt.Sprintf("Poisson arrivals, deadline %v; goodput = committed within the deadline, by arrival per %v; `make overload-shift`", cfg.deadline, timelineStep),
 	}
 	var entries []svg.LegendEntry
-	for _, c := range overloadConfigs {
-		for _, ph := range rep.Phases {
-			if ph.Config == c {
-				entries = append(entries, svg.LegendEntry{Name: c, St: svg.Stroke{Color: configColors[c], Width: 2}})
-				break
-			}
+	var seen []string
+	for _, ph := range rep.Phases {
+		if !slices.Contains(seen, ph.Config) {
+			seen = append(seen, ph.Config)
+			entries = append(entries, svg.LegendEntry{Name: ph.Config, St: svg.Stroke{Color: rep.color(ph.Config), Width: 2}})
 		}
 	}
 	entries = append(entries, svg.LegendEntry{Name: "capacity C", St: svg.RefStroke})
@@ -67,7 +67,7 @@ func shiftChartSVG(rep *overloadReport) []byte {
 				mid := min(float64(j)*step+step/2, secs)
 				pts = append(pts, svg.Point{X: x(mid), Y: y(v)})
 			}
-			d.Polyline(pts, svg.Stroke{Color: configColors[ph.Config], Width: 2})
+			d.Polyline(pts, svg.Stroke{Color: rep.color(ph.Config), Width: 2})
 		}
 		d.Frame(l.Plot)
 		d.DrawLegend(l.Legend, entries)
