@@ -113,7 +113,7 @@ const (
 	ConnNamedValueChecker
 	ConnBeginTx
 	ConnPrepareContext
-	ConnAll = 1<<iota - 1
+	ConnAll ConnIface = 1<<iota - 1
 )
 
 // StmtIface is a set of optional driver.Stmt interfaces.
@@ -125,7 +125,7 @@ const (
 	StmtQueryContext
 	StmtNamedValueChecker
 	StmtColumnConverter
-	StmtAll = 1<<iota - 1
+	StmtAll StmtIface = 1<<iota - 1
 )
 
 // RowsIface is a set of optional driver.Rows interfaces.
@@ -140,7 +140,7 @@ const (
 	RowsLength
 	RowsNullable
 	RowsPrecisionScale
-	RowsAll = 1<<iota - 1
+	RowsAll RowsIface = 1<<iota - 1
 )
 
 var (
@@ -152,8 +152,11 @@ var (
 )
 
 func maskString(m uint, names []string) string {
-	if m == 0 {
+	switch m {
+	case 0:
 		return "none"
+	case 1<<len(names) - 1:
+		return "all"
 	}
 	var b strings.Builder
 	for i, n := range names {
