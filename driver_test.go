@@ -198,6 +198,8 @@ func fkScript(ctx context.Context, db *sql.DB) []string {
 				rows.Scan(&v)
 				got = append(got, v)
 			}
+			_, err := rows.Columns() // database/sql closes rows once no result set follows
+			say("columns after a set", err)
 			if !rows.NextResultSet() {
 				break
 			}
