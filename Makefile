@@ -9,7 +9,7 @@ SQLC := github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
 # The oldest Go the root module says it builds with (its go line).
 MIN_GO := go1.22.12
 
-.PHONY: help test test-short lint compat bench bench-cost bench-pg bench-smoke overload overload-adaptive overload-shift overload-ceiling overload-priority overload-shapes fleet generate chart sqlc sqlc-check
+.PHONY: help test test-short lint compat bench bench-cost bench-pg bench-smoke overload overload-adaptive overload-shift overload-ceiling overload-priority overload-shapes fleet chart sqlc sqlc-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -71,9 +71,6 @@ overload-shapes: ## every request shape (cpu, sleep, mix, outlier, lock, hotrow,
 fleet: ## the fleet experiment (module experiments) on local PostgreSQL: 4 processes, T = 8; one process, static B = T/4 and T/8, the fleet budget, PgBouncer; deploy, SIGKILL, scale-down; prints the table, redraws docs/fleet.svg (~2 min; pgbouncer arm: apt-get install pgbouncer)
 	$(GO) run ./experiments fleet --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} \
 	  --json fleet.json --chart docs/fleet.svg
-
-generate: ## regenerate the fake driver's types (internal/fakedb)
-	$(GO) generate ./...
 
 chart: ## regenerate docs/load.svg: gated vs plain database/sql under overload (local PostgreSQL, ~25 s)
 	$(GO) run ./cmd/bulkhead load --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} --clients 32 --duration 10s --max-concurrent 4 --max-queue 4 --queue-wait 20ms --hold 20ms --deadline 100ms --baseline --max-open-conns 4 --chart docs/load.svg

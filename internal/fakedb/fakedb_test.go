@@ -8,14 +8,16 @@ import (
 	"database/sql/driver"
 	"errors"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 )
 
-func TestEveryCombinationImplementsExactlyItsInterfaces(t *testing.T) {
+func TestEveryVariantImplementsExactlyItsInterfaces(t *testing.T) {
 	ctx := context.Background()
-	for m := fakedb.ConnIface(0); m <= fakedb.ConnAll; m++ {
+	for _, m := range fakedb.ConnVariants() {
 		fc := fakedb.New()
 		fc.Conn = m
 		dc, err := fc.Connect(ctx)
@@ -30,7 +32,7 @@ func TestEveryCombinationImplementsExactlyItsInterfaces(t *testing.T) {
 		}
 		dc.Close()
 	}
-	for m := fakedb.StmtIface(0); m <= fakedb.StmtAll; m++ {
+	for _, m := range fakedb.StmtVariants() {
 		fc := fakedb.New()
 		fc.Stmt = m
 		dc, _ := fc.Connect(ctx)
@@ -42,7 +44,7 @@ func TestEveryCombinationImplementsExactlyItsInterfaces(t *testing.T) {
 			t.Fatalf("stmt %v implements %v", m, got)
 		}
 	}
-	for m := fakedb.RowsIface(0); m <= fakedb.RowsAll; m++ {
+	for _, m := range fakedb.RowsVariants() {
 		fc := fakedb.New()
 		fc.Rows = m
 		dc, _ := fc.Connect(ctx)
@@ -54,6 +56,53 @@ func TestEveryCombinationImplementsExactlyItsInterfaces(t *testing.T) {
 			t.Fatalf("rows %v implements %v", m, got)
 		}
 	}
+}
+
+// covers fails the test unless masks, of n interfaces, hold all and none,
+// and every two interfaces in all four ways.
+func covers[M ~uint8 | ~uint16](t *testing.T, masks []M, n int) {
+	t.Helper()
+	all := M(1)<<n - 1
+	if !slices.Contains(masks, 0) || !slices.Contains(masks, all) {
+		t.Errorf("variants %v: want none and all among them", masks)
+	}
+	for i := range n {
+		for j := i + 1; j < n; j++ {
+			seen := map[[2]bool]bool{}
+			for _, m := range masks {
+				seen[[2]bool{m&(1<<i) != 0, m&(1<<j) != 0}] = true
+			}
+			if len(seen) != 4 {
+				t.Errorf("variants %v: interfaces %d and %d are on and off in %d ways, want 4", masks, i, j, len(seen))
+			}
+		}
+	}
+}
+
+func TestTheVariantsTakeEveryTwoInterfacesInAllFourWays(t *testing.T) {
+	covers(t, fakedb.ConnVariants(), 10)
+	covers(t, fakedb.StmtVariants(), 4)
+	covers(t, fakedb.RowsVariants(), 6)
+	for _, m := range []fakedb.ConnIface{ // the driver tests' own
+		fakedb.ConnAll &^ (fakedb.ConnExecerContext | fakedb.ConnExecer),
+		fakedb.ConnAll &^ (fakedb.ConnExecerContext | fakedb.ConnExecer | fakedb.ConnQueryerContext | fakedb.ConnQueryer),
+	} {
+		if !slices.Contains(fakedb.ConnVariants(), m) {
+			t.Errorf("conn %v is not a variant", m)
+		}
+	}
+}
+
+func TestAMaskThatIsNoVariantPanicsNamingIt(t *testing.T) {
+	fc := fakedb.New()
+	fc.Conn = fakedb.ConnPinger
+	defer func() {
+		msg, _ := recover().(string)
+		if !strings.HasPrefix(msg, "fakedb: Connector.Conn = Pinger is not a variant") || !strings.Contains(msg, fakedb.ConnAll.String()) {
+			t.Fatalf("Connect with conn Pinger recovered %q, want a panic naming the mask and the variants", msg)
+		}
+	}()
+	fc.Connect(context.Background())
 }
 
 func TestQueriesReturnTheirValuesThroughDatabaseSQL(t *testing.T) {
