@@ -45,8 +45,9 @@ type budget struct {
 	adapt     *adaptive     // moves b within its ceiling; nil: b is the limit set
 	nDeadline atomic.Int64
 	nLease    atomic.Int64
-	lease     time.Time // when set, the instant b stops holding (Gate.CapUntil); then b ≤ leaseB
-	leaseB    int
+	lease     time.Time    // when set, the instant b stops holding (Gate.CapUntil); then b ≤ leaseB
+	leaseB    int          // the lease's fallback
+	leaseEnd  *time.Timer  // applies the fallback as the lease runs out
 	lapsed    bool         // a lease ran out and lowered b: rejections are ErrLeaseExpired until the next setLease
 	refusing  time.Time    // since when operations holding their permits are refused as late, with no hold measured
 	stale     bool         // refusing went on for four margins: the next hold measured restarts the average
@@ -130,6 +131,17 @@ func (l *budget) causeLocked(cause error) error {
 func (l *budget) setLease(until time.Time, after int, lapsed bool) {
 	l.mu.Lock()
 	l.lease, l.leaseB = until, after
+	if l.leaseEnd != nil {
+		l.leaseEnd.Stop()
+		l.leaseEnd = nil
+	}
+	if d := time.Until(until); !until.IsZero() && d > 0 {
+		l.leaseEnd = time.AfterFunc(d, func() {
+			l.mu.Lock()
+			l.leaseLocked()
+			l.mu.Unlock()
+		})
+	}
 	if l.lapsed != lapsed {
 		l.lapsed = lapsed
 		l.setLimitLocked(l.b) // the rejection made once per resize names its cause anew
@@ -350,6 +362,9 @@ func (l *budget) close() {
 	if !l.closed {
 		l.closed = true
 		close(l.done)
+		if l.leaseEnd != nil {
+			l.leaseEnd.Stop()
+		}
 	}
 }
 
@@ -567,6 +582,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		err = ErrClosed
 	}
 	l.mu.Lock()
+	l.leaseLocked()
 	queued, cause := 1, end.cause
 	switch {
 	case w.granted:
@@ -631,6 +647,7 @@ func (l *budget) fullLocked() error {
 func (l *budget) rejection(cause error) *RejectedError {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.leaseLocked()
 	return &RejectedError{Cause: cause, Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.qLocked(),
 		Running: l.running, Waiting: l.waiting, Hold: l.hold}
 }

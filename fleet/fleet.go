@@ -233,6 +233,7 @@ func validName(s string) bool {
 type share struct {
 	b, q  int
 	until time.Time
+	from  int // after a failed round: the share b fell from; its lease counts as run out
 }
 
 // Member is one process's part in a fleet budget: its gate, and the loop

@@ -47,8 +47,14 @@ func (m *Member) drained(ctx context.Context) bool {
 // capShare puts s in force on the gate: beyond its lease, the gate falls
 // to the fallback share on its own.
 func (m *Member) capShare(ctx context.Context, s share) error {
+	if s.from > s.b { // the lease for from ended at the failure: the gate refuses with ErrLeaseExpired
+		return m.g.CapUntil(ctx, s.from, s.q, leaseEnded, s.b)
+	}
 	return m.g.CapUntil(ctx, s.b, s.q, s.until, min(s.b, m.fallback))
 }
+
+// leaseEnded is a lease's end long past.
+var leaseEnded = time.Unix(1, 0)
 
 // drainedNow reports whether the operations running are within the share.
 func (m *Member) drainedNow() bool {
@@ -134,7 +140,7 @@ func (m *Member) Sync(ctx context.Context) error {
 		m.lastErr.Store(&err)
 		m.degraded.Store(true)
 		cur := m.share()
-		m.setShare(share{b: min(cur.b, m.fallback), q: cur.q}, err)
+		m.setShare(share{b: min(cur.b, m.fallback), q: cur.q, from: max(cur.b, cur.from)}, err)
 		// The session may still be alive and hold slots: it is closed
 		// only once the operations beyond the fallback ended (here, or at
 		// a later round).

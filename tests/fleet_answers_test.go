@@ -36,6 +36,11 @@ func fleetJoin(t *testing.T, name string, p bulkhead.Policy, inner driver.Connec
 	}
 	t.Cleanup(func() { m.Gate().OpenDB().Close() }) // closes the gate too
 	awaitState(t, "the fleet loop's first round started", func() bool { return m.Stats().Rounds > 0 })
+	// A round of its own waits for the loop's to end: the test's reads of
+	// the locks and the shares never fall in the middle of one.
+	if err := m.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	return m
 }
 
@@ -162,9 +167,10 @@ func TestFleetMemberWithNoShareRejectsEveryOperationAtOnce(t *testing.T) {
 }
 
 // A member whose share falls to 0 (its round failed, fleet.Fallback(0))
-// sends the operations waiting in its queue away at once, with
-// ErrAdmissionFull, B=0, Q=0, instead of letting them wait their queue wait;
-// none of them reaches its driver.
+// sends the operations waiting in its queue away at once, instead of
+// letting them wait their queue wait, and refuses the next ones at once:
+// with ErrLeaseExpired, B=0, Q=0, for it runs on its fallback share; none
+// of them reaches its driver.
 func TestFleetMemberWhoseShareFallsToZeroSendsItsQueueAwayAtOnce(t *testing.T) {
 	ctx := pgTestCtx(t)
 	admin := adminDB(t)
@@ -192,7 +198,7 @@ func TestFleetMemberWhoseShareFallsToZeroSendsItsQueueAwayAtOnce(t *testing.T) {
 		t.Fatalf("a round on a terminated session: %v, want ErrCoordination", err)
 	}
 	for range 2 {
-		fleetRefusal(t, "an Exec queued as the share fell to 0", relAwait(t, "an Exec queued as the share fell to 0", errs), bulkhead.ErrAdmissionFull, 0, 0, true)
+		fleetRefusal(t, "an Exec queued as the share fell to 0", relAwait(t, "an Exec queued as the share fell to 0", errs), bulkhead.ErrLeaseExpired, 0, 0, true)
 	}
 	if d, st := spy.dials.Load()-dials, spy.stmts.Load()-stmts; d != 0 || st != 0 {
 		t.Errorf("the operations sent away reached the driver: %d dials, %d statements", d, st)
@@ -200,9 +206,9 @@ func TestFleetMemberWhoseShareFallsToZeroSendsItsQueueAwayAtOnce(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	fleetRefusal(t, "an Exec once the transaction ended", fleetOps[0].run(ctx, db), bulkhead.ErrAdmissionFull, 0, 0, false)
-	if s := m.Gate().Stats(); s.Waiting != 0 || s.Running != 0 || s.RejectedFull != 3 || s.RejectedTimeout != 0 || s.Admitted != 1 {
-		t.Errorf("stats %+v: want nothing waiting or running, 3 admission full, no queue timeout, 1 admitted", s)
+	fleetRefusal(t, "an Exec once the transaction ended", fleetOps[0].run(ctx, db), bulkhead.ErrLeaseExpired, 0, 0, false)
+	if s := m.Gate().Stats(); s.Waiting != 0 || s.Running != 0 || s.RejectedLease != 3 || s.RejectedFull != 0 || s.RejectedTimeout != 0 || s.Admitted != 1 {
+		t.Errorf("stats %+v: want nothing waiting or running, 3 refused on the fallback share, no queue timeout, 1 admitted", s)
 	}
 }
 

@@ -23,7 +23,7 @@ import (
 	"github.com/dbbulkhead/bulkhead/fleet"
 )
 
-// Fleet budgets on PostgreSQL (package fleet, README "Fleets"). Each
+// Fleet budgets on PostgreSQL (package fleet, docs/fleet.md). Each
 // member here is one instance of a fleet; the loop's interval is an hour,
 // so that the test steps the rounds itself with Sync (the loop runs one
 // round at start, which only moves a member towards its target earlier).
