@@ -675,6 +675,9 @@ type permit struct {
 func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 	o := fromContext(ctx)
 	wl := g.workload(o.workload)
+	if wl == nil && o.workload != "" {
+		g.unknownWorkload(o.workload)
+	}
 	p.kind, p.wl, p.waited = k, wl, 0
 	dl, _ := ctx.Deadline()
 	p.deadline = dl

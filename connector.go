@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,37 @@ type Gate struct {
 	budgets    map[string]*budget // every workload budget made, by name
 	db         *sql.DB
 	workloads  atomic.Pointer[map[string]*budget] // the budgets of the policy's workloads
+
+	nUnknown atomic.Int64        // operations naming a workload the policy lacks
+	unknown  map[string]struct{} // the names of them logged, at most maxUnknownLogged; under mu
+}
+
+// maxUnknownLogged bounds the unknown workload names a gate logs.
+const maxUnknownLogged = 16
+
+// unknownWorkload counts an operation that names a workload the policy
+// lacks, and logs the name the first time it is seen.
+func (g *Gate) unknownWorkload(name string) {
+	g.nUnknown.Add(1)
+	g.mu.Lock()
+	_, seen := g.unknown[name]
+	log := !seen && len(g.unknown) < maxUnknownLogged
+	if log {
+		if g.unknown == nil {
+			g.unknown = map[string]struct{}{}
+		}
+		g.unknown[name] = struct{}{}
+	}
+	var known []string
+	for k := range g.policy.Workloads {
+		known = append(known, k)
+	}
+	g.mu.Unlock()
+	slices.Sort(known)
+	if log {
+		slog.Default().Warn("bulkhead: an operation names a workload the policy lacks: it passes the global budget alone (Stats.UnknownWorkload counts them)",
+			"workload", name, "known", known)
+	}
 }
 
 // Option configures a Gate beyond its Policy.
@@ -328,6 +360,7 @@ type Stats struct {
 	Dials            int64         // server connections dialed, failed dials included; 0 for a workload
 	DialErrors       int64         // dials that failed, whoever asked (operations, Ping, Prepare, Raw); 0 for a workload
 	BadConns         int64         // server connections the driver found dead and the gate closed; 0 for a workload
+	UnknownWorkload  int64         // operations whose context names a workload the policy lacks (WithWorkload): they pass the global budget alone; 0 for a workload
 }
 
 // Stats returns a snapshot of the global budget and the server connections.
@@ -336,6 +369,7 @@ func (g *Gate) Stats() Stats {
 	g.global.stats(&s)
 	s.OpenConns, s.IdleConns = g.pool.counts()
 	s.Dials, s.DialErrors, s.BadConns = g.pool.nDials.Load(), g.pool.nDialErrors.Load(), g.pool.nBad.Load()
+	s.UnknownWorkload = g.nUnknown.Load()
 	return s
 }
 

@@ -21,7 +21,10 @@ func fromContext(ctx context.Context) opOptions {
 }
 
 // WithWorkload returns a context whose operations also count against the
-// named workload's budget (Policy.Workloads), if the policy lists it.
+// named workload's budget (Policy.Workloads). An operation naming a workload
+// the policy lacks passes the global budget alone: it is counted in
+// Stats.UnknownWorkload and the name logged once (slog), not refused, for
+// SetPolicy may drop a workload while contexts naming it still run.
 func WithWorkload(ctx context.Context, name string) context.Context {
 	o := fromContext(ctx)
 	o.workload = name

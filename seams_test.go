@@ -13,6 +13,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -501,5 +502,79 @@ func TestConnInitRunsOnceOnEachServerConnectionWithinThePermitsOfItsFirstOperati
 	}
 	if s := e.g.Stats(); s.ConnectFailed != 1 || s.Admitted != 3 || s.Dials != 2 {
 		t.Fatalf("%+v: want the failed init's operation counted as ConnectFailed, 2 dials", s)
+	}
+}
+
+// README: an operation rejected at admission has sent nothing, no Prepare.
+// database/sql prepares a *sql.Stmt again on each connection it runs it
+// on, before the execution reaches the gate: the gate sends no such Prepare
+// for a text with a statement still open, however many other texts it
+// prepared since, nor for one of the 4,096 texts it prepared most recently.
+func TestARefusedPreparedStatementSendsNoPrepareAfterThousandsOfOtherTexts(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		idle   int // database/sql's idle connections: 0 closes the statement's driver statements
+		others int // texts prepared after the statement's first run, beside 4,096 before it
+	}{
+		{"its statement still open", 2, 4097},
+		{"its statements closed, among the 4,096 last", 0, 4095},
+	} {
+		for _, q := range []int{0, 1} {
+			ctx := context.Background()
+			e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour})
+			e.db.SetMaxIdleConns(c.idle)
+			prepareOthers := func(n int, tag string) {
+				for i := range n {
+					other, err := e.db.PrepareContext(ctx, fmt.Sprintf("UPDATE t SET v = %d -- %s", i, tag))
+					if err != nil {
+						t.Fatal(err)
+					}
+					other.Close()
+				}
+			}
+			prepareOthers(4096, "before")
+			st, err := e.db.PrepareContext(ctx, "UPDATE t SET v = ?")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := st.ExecContext(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			prepareOthers(c.others, "after")
+			tx, err := e.db.BeginTx(ctx, nil) // B running
+			if err != nil {
+				t.Fatal(err)
+			}
+			waiting := make(chan error, 1)
+			if q == 1 { // and Q waiting: admission is full
+				go func() {
+					_, err := e.db.ExecContext(ctx, "UPDATE t")
+					waiting <- err
+				}()
+				awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
+			}
+			dials, prepares := e.fc.Count(fakedb.OpConnect), e.fc.Count(fakedb.OpPrepare)
+			_, err = st.ExecContext(ctx, 2)
+			var re *bulkhead.RejectedError
+			if !errors.As(err, &re) || re.Cause != bulkhead.ErrAdmissionFull && !(q == 0 && re.Cause == bulkhead.ErrQueueTimeout) || re.Waited != 0 {
+				t.Fatalf("%s, Q=%d: the statement's execution: %v, want a rejection at once", c.name, q, err)
+			}
+			if d, p := e.fc.Count(fakedb.OpConnect)-dials, e.fc.Count(fakedb.OpPrepare)-prepares; d != 0 || p != 0 {
+				t.Fatalf("%s, Q=%d: the refused execution dialed %d server connections and sent %d Prepare, want none", c.name, q, d, p)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if q == 1 {
+				if err := <-waiting; err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := st.ExecContext(ctx, 3); err != nil {
+				t.Fatal(err)
+			}
+			st.Close()
+			e.balanced(t)
+		}
 	}
 }

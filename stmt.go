@@ -1,6 +1,7 @@
 package bulkhead
 
 import (
+	"container/list"
 	"context"
 	"database/sql/driver"
 	"sync"
@@ -9,7 +10,8 @@ import (
 // stmt is a prepared statement of one logical connection. The driver's is
 // prepared once per session and query text, on the session that runs it,
 // and closed once no stmt of the text is open. From a connection with no
-// session, a known text is sent only when it runs, under its permits.
+// session, a known text (statements) is sent only when it runs, under its
+// permits.
 type stmt struct {
 	c      *conn
 	q      *query
@@ -18,19 +20,23 @@ type stmt struct {
 
 // query is a statement text with open statements, shared by them.
 type query struct {
-	text string
-	refs int        // the gate's open statements of it; under statements.mu
-	on   []*session // the sessions that prepared it; under pool.mu
+	text     string
+	refs     int        // the gate's open statements of it; under statements.mu
+	prepared bool       // the driver prepared it once; under statements.mu
+	on       []*session // the sessions that prepared it; under pool.mu
 }
 
-// statements are the gate's prepared texts.
+// statements are the gate's prepared texts: those with open statements,
+// and the maxKnown prepared most recently (least recently prepared out).
 type statements struct {
 	mu    sync.Mutex
-	open  map[string]*query   // the texts with open statements
-	known map[string]struct{} // texts prepared once, at most maxKnown
+	open  map[string]*query // the texts with open statements
+	known map[string]*list.Element
+	lru   list.List // of known texts, the one prepared last first
 }
 
-// maxKnown bounds the texts a gate remembers as prepared once.
+// maxKnown bounds the texts a gate remembers as prepared once beyond those
+// with open statements.
 const maxKnown = 4096
 
 // openQuery counts one more statement of text; known: it was prepared once.
@@ -40,23 +46,29 @@ func (ss *statements) openQuery(text string) (q *query, known bool) {
 	q = ss.open[text]
 	if q == nil {
 		if ss.open == nil {
-			ss.open, ss.known = map[string]*query{}, map[string]struct{}{}
+			ss.open, ss.known = map[string]*query{}, map[string]*list.Element{}
 		}
 		q = &query{text: text}
 		ss.open[text] = q
 	}
 	q.refs++
 	_, known = ss.known[text]
-	return q, known
+	return q, known || q.prepared
 }
 
-// learn marks text as prepared once; openQuery was called for it.
-func (ss *statements) learn(text string) {
+// learn marks q's text as prepared once.
+func (ss *statements) learn(q *query) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	if len(ss.known) < maxKnown {
-		ss.known[text] = struct{}{}
+	q.prepared = true
+	if e, ok := ss.known[q.text]; ok {
+		ss.lru.MoveToFront(e)
+		return
 	}
+	if ss.lru.Len() >= maxKnown {
+		delete(ss.known, ss.lru.Remove(ss.lru.Back()).(string))
+	}
+	ss.known[q.text] = ss.lru.PushFront(q.text)
 }
 
 // closeQuery counts one statement of q fewer, and reports whether it was
@@ -99,7 +111,6 @@ func (c *conn) PrepareContext(ctx context.Context, text string) (driver.Stmt, er
 		st.Close()
 		return nil, ctxErr(ctx, err)
 	}
-	c.g.stmts.learn(text)
 	return st, nil
 }
 
@@ -115,6 +126,7 @@ func (st *stmt) on(ctx context.Context) (driver.Stmt, error) {
 	}
 	s.stmts[st.q] = si
 	st.c.g.pool.preparedOn(st.q, s)
+	st.c.g.stmts.learn(st.q)
 	return si, nil
 }
 

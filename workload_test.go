@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
 )
 
 // wlRig is a gate on the fake driver whose Exec (and Query) of
@@ -290,6 +292,34 @@ func TestUntaggedWorkAndWorkNamingAnUnknownWorkloadPassTheGlobalBudgetAlone(t *t
 	r.balanced(t)
 	if ws := r.wstats(t, "batch"); ws.Admitted != 1 {
 		t.Fatalf("batch stats %+v: the unknown workload's ops counted in batch", ws)
+	}
+	// Visible: counted, and the name logged once.
+	if s := r.g.Stats(); s.UnknownWorkload != 3 {
+		t.Fatalf("stats %+v: want the 3 operations naming an unknown workload counted", s)
+	}
+}
+
+// A workload name the policy lacks (a typo) is not silently ignored: each
+// of its operations is counted in Stats.UnknownWorkload, and the name is
+// logged once, with the names the policy knows.
+func TestAnUnknownWorkloadNameIsCountedAndLoggedOnce(t *testing.T) {
+	var buf syncbuf.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	defer slog.SetDefault(old)
+	r := wlOpen(t, wlBatch)
+	ctx := bulkhead.WithWorkload(context.Background(), "bacth")
+	for range 3 {
+		if _, err := r.db.ExecContext(ctx, "quick"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := r.g.Stats(); s.UnknownWorkload != 3 || s.Admitted != 3 {
+		t.Fatalf("stats %+v: want 3 operations admitted in the global budget, 3 counted as naming an unknown workload", s)
+	}
+	out := buf.String()
+	if n := strings.Count(out, "workload=bacth"); n != 1 || !strings.Contains(out, "known=[batch]") {
+		t.Fatalf("log %q: want the unknown name logged once, with the known ones", out)
 	}
 }
 

@@ -32,6 +32,7 @@
 //	bulkhead_dials_total                   counter    server connections dialed, failed dials included
 //	bulkhead_dial_errors_total             counter    dials that failed, whoever asked (operations, Ping, Prepare, Raw)
 //	bulkhead_bad_connections_total         counter    server connections closed because the driver found them bad
+//	bulkhead_unknown_workload_total        counter    operations naming a workload the policy lacks (they pass the global budget alone)
 //	bulkhead_dry_run                       gauge      1 while the policy is a dry run (rejections counted, not made)
 //	bulkhead_would_wait_total              counter    dry run: operations that found no execution permit free and ran anyway
 //	bulkhead_queue_wait_seconds{workload}  histogram  wait for the permits of each admitted operation (0 if none)
@@ -107,7 +108,7 @@ type Collector struct {
 	global budgetDescs // the gate's global budget
 	wl     budgetDescs // each workload's, with a workload label
 	// the gate's server connections
-	open, idle, dials, dialErrors, bad, dryRun *prometheus.Desc
+	open, idle, dials, dialErrors, bad, unknown, dryRun *prometheus.Desc
 	// the gate's fleet, if any
 	fleetTotal, fleetInstances, fleetShare, fleetOrphans, fleetDegraded, fleetRounds, fleetFailures *prometheus.Desc
 
@@ -192,6 +193,7 @@ func New(o Opts) *Collector {
 		idle:       desc("idle_connections", "Server connections idle in the gate."),
 		dials:      desc("dials_total", "Server connections dialed, failed dials included."),
 		dialErrors: desc("dial_errors_total", "Dials of a server connection that failed, whoever asked for them (operations, Ping, Prepare, Raw)."),
+		unknown:    desc("unknown_workload_total", "Operations whose context names a workload the policy lacks: they pass the global budget alone."),
 		bad:        desc("bad_connections_total", "Server connections closed because the driver found them bad when reset or given back."),
 		dryRun:     desc("dry_run", "1 while the policy is a dry run: rejections are counted and reported, not made."),
 
@@ -269,7 +271,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.wl.all() {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{c.open, c.idle, c.dials, c.dialErrors, c.bad, c.dryRun,
+	for _, d := range []*prometheus.Desc{c.open, c.idle, c.dials, c.dialErrors, c.bad, c.unknown, c.dryRun,
 		c.fleetTotal, c.fleetInstances, c.fleetShare, c.fleetOrphans, c.fleetDegraded, c.fleetRounds, c.fleetFailures} {
 		ch <- d
 	}
@@ -288,6 +290,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.dials, prometheus.CounterValue, float64(s.Dials))
 		ch <- prometheus.MustNewConstMetric(c.dialErrors, prometheus.CounterValue, float64(s.DialErrors))
 		ch <- prometheus.MustNewConstMetric(c.bad, prometheus.CounterValue, float64(s.BadConns))
+		ch <- prometheus.MustNewConstMetric(c.unknown, prometheus.CounterValue, float64(s.UnknownWorkload))
 		dry := 0.0
 		if s.DryRun {
 			dry = 1

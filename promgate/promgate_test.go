@@ -301,9 +301,9 @@ bulkhead_admitted_total{db="users"} 1
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "bulkhead_admitted_total"); err != nil {
 		t.Error(err)
 	}
-	// 8 gauges + 11 counter series + 1 wait histogram + 3 hold histograms, per gate.
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 2*23 {
-		t.Errorf("gathered %d series (%v), want %d", n, err, 2*23)
+	// 8 gauges + 12 counter series + 1 wait histogram + 3 hold histograms, per gate.
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 2*24 {
+		t.Errorf("gathered %d series (%v), want %d", n, err, 2*24)
 	}
 }
 
@@ -317,8 +317,8 @@ func TestNamespacePrefixesEveryMetricName(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Without workloads, the bulkhead_workload_ families are empty: not gathered.
-	if len(mfs) != 18 {
-		t.Errorf("%d metric families, want 18", len(mfs))
+	if len(mfs) != 19 {
+		t.Errorf("%d metric families, want 19", len(mfs))
 	}
 	for _, mf := range mfs {
 		if !strings.HasPrefix(mf.GetName(), "shop_bulkhead_") {
