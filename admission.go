@@ -1,7 +1,6 @@
 package bulkhead
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"sync"
@@ -38,20 +37,15 @@ type budget struct {
 	nAdmitted, nFull, nTimeout, nConnFailed, nCanceled, nWait, nWaitNanos, nWouldWait atomic.Int64
 
 	// Off the fields every operation touches; guarded by mu.
-	prio      int           // a workload's Priority: that of its operations in the global budget
-	hold      time.Duration // moving average of the hold times; 0: none measured yet
-	dev       time.Duration // moving average of their deviation from hold
-	cut       bool          // the last hold measured was cut off at its deadline
-	adapt     *adaptive     // moves b within its ceiling; nil: b is the limit set
+	prio      int       // a workload's Priority: that of its operations in the global budget
+	recent    holdRing  // its operations' last holds, all classes together
+	adapt     *adaptive // moves b within its ceiling; nil: b is the limit set
 	nDeadline atomic.Int64
 	nLease    atomic.Int64
-	lease     time.Time    // when set, the instant b stops holding (Gate.CapUntil); then b ≤ leaseB
-	leaseB    int          // the lease's fallback
-	leaseEnd  *time.Timer  // applies the fallback as the lease runs out
-	lapsed    bool         // a lease ran out and lowered b: rejections are ErrLeaseExpired until the next setLease
-	refusing  time.Time    // since when operations holding their permits are refused as late, with no hold measured
-	stale     bool         // refusing went on for four margins: the next hold measured restarts the average
-	margin    atomic.Int64 // marginLocked's, for Gate.admitted's check without mu
+	lease     time.Time   // when set, the instant b stops holding (Gate.CapUntil); then b ≤ leaseB
+	leaseB    int         // the lease's fallback
+	leaseEnd  *time.Timer // applies the fallback as the lease runs out
+	lapsed    bool        // a lease ran out and lowered b: rejections are ErrLeaseExpired until the next setLease
 }
 
 // waiter is one operation queued for an execution permit, by priority, then
@@ -67,6 +61,9 @@ type waiter struct {
 	lease      time.Time // the lease it was granted under
 	cause      error     // why it was sent away; nil: it was not
 	shed       bool      // its admission permit passed on
+	class      classRef  // its class, whose estimate judges its deadline
+	probe      bool      // it goes whatever its deadline (classRef.refuse)
+	late       lateness  // ErrWouldMissDeadline: what it was judged on
 }
 
 func newBudget(name string) *budget {
@@ -196,7 +193,7 @@ func (l *budget) tryAcquire() (ok, measure bool, lease time.Time) {
 	if ok {
 		l.admitted++
 		l.running++
-		measure = l.adapt != nil || l.running == l.b && l.hold > 0
+		measure = l.adapt != nil || l.running == l.b && l.recent.n > 0
 		lease = l.lease
 	}
 	l.mu.Unlock()
@@ -211,8 +208,9 @@ func (l *budget) wantLocked() {
 }
 
 // release gives back both permits, the execution one first, so that those
-// running or waiting are always among the admitted. held is 0 if not measured,
-// negative if the operation's deadline passed first (it needed at least -held).
+// running or waiting are always among the admitted. held is the operation's
+// hold if measured, else 0; negative if it was cut off at its deadline (it
+// needed at least -held), which adapt leaves out: it is no sign of queueing.
 func (l *budget) release(held time.Duration) {
 	l.mu.Lock()
 	l.running--
@@ -221,68 +219,36 @@ func (l *budget) release(held time.Duration) {
 		l.mu.Unlock()
 		panic("bulkhead: bug: permits released more than held")
 	}
-	if held > 0 || held < 0 && -held > l.hold { // one cut off only raises the hold
+	if held != 0 {
 		l.observeLocked(held)
 	}
 	l.grantLocked()
 	l.mu.Unlock()
 }
 
-// observeLocked adds one hold time to the average (weight 1/8), its deviation
-// from it to theirs (1/4), and the hold, unless four times the average, to adapt.
-// A negative held, cut off at its deadline after -held, is a lower bound of
-// the work: it moves the average, and the deviation only if the hold before
-// it was cut off too (one is an outlier, a run means the deadlines leave the
-// work no room). The first hold, and the first after doomed let one through,
-// restart both.
+// observeLocked adds a hold to the recent ones, and to adapt unless cut
+// off (negative) or four times their median: neither is a sign of queueing.
 func (l *budget) observeLocked(held time.Duration) {
 	cut := held < 0
 	held = max(held, -held)
-	if l.hold == 0 || l.stale {
-		l.hold, l.dev, l.stale = held, 0, false
-	}
-	d := held - l.hold
-	l.hold, l.refusing = l.hold+d/8, time.Time{}
-	if !cut || l.cut {
-		l.dev += (max(d, -d) - l.dev) / 4
-	}
-	l.cut = cut
-	l.margin.Store(int64(l.marginLocked()))
-	if l.adapt != nil && held <= 4*l.hold { // far above: an outlier (cut off at its deadline)
+	outlier := l.recent.n > 0 && held > 4*l.recent.median
+	l.recent.add(held)
+	if l.adapt != nil && !cut && !outlier {
 		if b, ok := l.adapt.observe(held, l.b, l.waiting > 0, time.Now()); ok {
 			l.setLimitLocked(b)
 		}
 	}
 }
 
-// marginLocked is how long an operation is expected to hold its permits at
-// most: the hold plus four times its deviation, as TCP's retransmission timer.
-func (l *budget) marginLocked() time.Duration {
-	return l.hold + 4*l.dev
-}
+// lateness is what an operation refused with ErrWouldMissDeadline was
+// judged on: its class's hold, the wait expected ahead, the time left.
+type lateness struct{ hold, ahead, left time.Duration }
 
-// lateLocked reports whether an operation starting at now ends after dl, by
-// marginLocked; never with dl zero or no hold measured.
-func (l *budget) lateLocked(now, dl time.Time) bool {
-	return !dl.IsZero() && l.hold > 0 && now.Add(l.marginLocked()).After(dl)
-}
-
-// doomed is the rejection of an operation with deadline dl, holding its
-// permits and server connection at now, if it would be late; nil once such
-// refusals went on for four margins with no hold measured: it goes, to measure.
-func (l *budget) doomed(now, dl time.Time) *RejectedError {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	switch {
-	case l.dryRun || !l.lateLocked(now, dl):
-		return nil
-	case !l.refusing.IsZero() && now.Sub(l.refusing) >= 4*l.marginLocked():
-		l.refusing, l.stale = now, true
-		return nil
-	}
-	l.refusing = cmp.Or(l.refusing, now)
-	return &RejectedError{Cause: ErrWouldMissDeadline, Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.q,
-		Running: l.running, Waiting: l.waiting, Hold: l.hold}
+// refused confirms, with its class, the refusal ps's plan at now makes for
+// its deadline; false makes ps its class's probe.
+func (late lateness) refused(ps *passage, now time.Time) bool {
+	refuse, _ := ps.class.judge(now, ps.deadline, late.ahead)
+	return refuse
 }
 
 // grantLocked serves waiters while there is room (in dry-run, all), sending
@@ -295,13 +261,16 @@ func (l *budget) grantLocked() {
 	for l.head != nil && (l.running < l.b || l.dryRun) {
 		w := l.head
 		l.unlinkLocked(w)
-		if !w.deadline.IsZero() && !l.dryRun {
+		if !w.deadline.IsZero() && !w.probe && !l.dryRun {
 			if now.IsZero() {
 				now = time.Now()
 			}
-			if l.lateLocked(now, w.deadline) {
+			if late, e := w.class.judge(now, w.deadline, 0); late {
+				w.late = lateness{hold: e, left: w.deadline.Sub(now)}
 				w.sendAway(ErrWouldMissDeadline)
 				continue
+			} else if e > 0 && now.Add(e).After(w.deadline) {
+				w.probe = true // its class's: it goes, measured
 			}
 		}
 		l.running++
@@ -379,7 +348,7 @@ func (l *budget) stats(s *Stats) {
 	l.mu.Lock()
 	l.leaseLocked() // a lapsed lease shows as the B in force
 	s.MaxConcurrent, s.MaxQueue, s.QueueWait, s.DryRun = l.b, l.qLocked(), l.wait, l.dryRun
-	s.Running, s.Waiting, s.Hold = l.running, l.waiting, l.hold
+	s.Running, s.Waiting, s.Hold = l.running, l.waiting, l.recent.median
 	l.mu.Unlock()
 	s.Admitted, s.RejectedFull, s.RejectedTimeout = l.nAdmitted.Load(), l.nFull.Load(), l.nTimeout.Load()
 	s.RejectedDeadline, s.RejectedLease = l.nDeadline.Load(), l.nLease.Load()
@@ -396,6 +365,9 @@ type passage struct {
 	timer       *time.Timer
 	timerEnd    time.Time // when timer fires
 	lease       time.Time // the lease its last execution permit was granted under
+	class       classRef  // its class, whose estimate judges its deadline
+	probe       bool      // it goes whatever its deadline (classRef.refuse)
+	late        lateness  // ErrWouldMissDeadline: what it was judged on
 	over        bool      // dry-run: the last budget taken had its admission full
 	wouldReject bool      // dry-run: admission was full, the rejection not made
 }
@@ -527,6 +499,10 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		now = time.Now()
 	}
 	end, left := l.planLocked(ps, now)
+	if left <= 0 && end.cause == ErrWouldMissDeadline && !ps.late.refused(ps, now) {
+		ps.probe = true // it goes, to measure its class again
+		end, left = l.planLocked(ps, now)
+	}
 	if left <= 0 {
 		l.admitted--
 		err := l.rejectLocked(ps, end.cause, 0)
@@ -541,7 +517,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	for after != nil && after.prio < ps.prio {
 		after = after.prev
 	}
-	w := &waiter{ready: make(chan struct{}), prev: after, deadline: ps.deadline, prio: ps.prio}
+	w := &waiter{ready: make(chan struct{}), prev: after, deadline: ps.deadline, prio: ps.prio, class: ps.class, probe: ps.probe}
 	if after != nil {
 		w.next, after.next = after.next, w
 	} else {
@@ -572,7 +548,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	select {
 	case <-w.ready:
 		if w.granted {
-			ps.lease = w.lease
+			ps.lease, ps.probe = w.lease, w.probe
 			return nil
 		}
 	case <-ps.timer.C:
@@ -589,7 +565,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		l.running-- // granted as the wait ended: hand it on
 		l.grantLocked()
 	case w.cause != nil:
-		queued, cause = 0, w.cause
+		queued, cause, ps.late = 0, w.cause, w.late
 	default:
 		l.unlinkLocked(w)
 	}
@@ -610,23 +586,30 @@ type waitEnd struct {
 }
 
 // planLocked returns when ps's wait in l, starting at now, must end, and
-// the time left until then; none left means it is refused at once.
+// the time left until then; none left means it is refused at once (for its
+// deadline, ps.late says why). A deadline bounds the wait by the class's
+// hold: those ahead and this one are served after about (ahead+1)·h/b, h
+// the budget's median hold, and it must then hold its permits in time.
 func (l *budget) planLocked(ps *passage, now time.Time) (waitEnd, time.Duration) {
 	start := ps.start
 	if start.IsZero() {
 		start = now
 	}
 	end := waitEnd{start.Add(ps.limit), ErrQueueTimeout}
-	if !ps.deadline.IsZero() && l.hold > 0 {
-		// Those ahead and this one are served after about (ahead+1)·hold/b.
+	if ps.deadline.IsZero() || ps.probe {
+		return end, end.at.Sub(now)
+	}
+	if e, ok := ps.class.estimate(now); ok {
 		behind := 0
 		for w := l.tail; w != nil && w.prio < ps.prio; w = w.prev {
 			behind++
 		}
-		ahead := time.Duration(l.waiting-behind+1) * l.hold / time.Duration(max(l.b, 1))
-		if l.lateLocked(now.Add(ahead), ps.deadline) {
+		ahead := time.Duration(l.waiting-behind+1) * l.recent.median / time.Duration(max(l.b, 1))
+		if now.Add(ahead + e).After(ps.deadline) {
+			ps.late = lateness{hold: e, ahead: ahead, left: ps.deadline.Sub(now)}
 			end = waitEnd{now, ErrWouldMissDeadline} // refused at once
-		} else if last := ps.deadline.Add(-l.marginLocked()); last.Before(end.at) {
+		} else if last := ps.deadline.Add(-e); last.Before(end.at) {
+			ps.late = lateness{hold: e, left: e}
 			end = waitEnd{last, ErrWouldMissDeadline}
 		}
 	}
@@ -644,18 +627,22 @@ func (l *budget) fullLocked() error {
 }
 
 // rejection is a rejection for cause, with what l holds now.
-func (l *budget) rejection(cause error) *RejectedError {
+func (l *budget) rejection(cause error, late lateness) *RejectedError {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.leaseLocked()
 	return &RejectedError{Cause: cause, Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.qLocked(),
-		Running: l.running, Waiting: l.waiting, Hold: l.hold}
+		Running: l.running, Waiting: l.waiting, Hold: late.hold, Ahead: late.ahead, Left: late.left}
 }
 
 // rejectLocked is ps's rejection for cause; queued is 1 if it counts as waiting.
 func (l *budget) rejectLocked(ps *passage, cause error, queued int) error {
-	return &RejectedError{Cause: l.causeLocked(cause), Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.qLocked(),
-		Running: l.running, Waiting: l.waiting + queued, Waited: ps.waited(), Hold: l.hold}
+	e := &RejectedError{Cause: l.causeLocked(cause), Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.qLocked(),
+		Running: l.running, Waiting: l.waiting + queued, Waited: ps.waited()}
+	if cause == ErrWouldMissDeadline {
+		e.Hold, e.Ahead, e.Left = ps.late.hold, ps.late.ahead, ps.late.left
+	}
+	return e
 }
 
 // permit is the state of one gated operation while it holds its permits.
@@ -664,21 +651,33 @@ type permit struct {
 	measure  bool    // its hold time is measured (see tryAcquire); beside kind, so that it takes no room of its own
 	wl       *budget // the workload's budget, nil for none
 	waited   time.Duration
-	start    time.Time   // set when the hold time is measured or OnRelease needs it
-	lease    time.Time   // the lease (Gate.CapUntil) its permits were granted under; zero: none
-	deadline time.Time   // its context's; zero: none
-	timer    *time.Timer // the hold warning, if set
+	start    time.Time       // set when the hold time is measured or OnRelease needs it
+	lease    time.Time       // the lease (Gate.CapUntil) its permits were granted under; zero: none
+	deadline time.Time       // its context's; zero: none
+	ctx      context.Context // its context: a hold cut off by the caller tells nothing of the work
+	text     string          // its statement's text; "" for a transaction
+	class    classRef        // its class, once looked up
+	timer    *time.Timer     // the hold warning, if set
 }
 
-// acquire takes the permits of an operation of kind k, its workload's then the
-// global ones. Rejections are counted and reported here, admissions by admitted.
-func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
+// key is p's class: the statement's text, or the transaction's workload.
+func (p *permit) key() classKey {
+	if p.kind == KindTx {
+		return classKey{kind: KindTx, workload: p.workloadName()}
+	}
+	return classKey{kind: p.kind, text: p.text}
+}
+
+// acquire takes the permits of an operation of kind k running text ("" for
+// a transaction), its workload's then the global ones. Rejections are
+// counted and reported here, admissions by admitted.
+func (g *Gate) acquire(ctx context.Context, k Kind, text string, p *permit) error {
 	o := fromContext(ctx)
 	wl := g.workload(o.workload)
 	if wl == nil && o.workload != "" {
 		g.unknownWorkload(o.workload)
 	}
-	p.kind, p.wl, p.waited = k, wl, 0
+	p.kind, p.wl, p.waited, p.ctx, p.text, p.class = k, wl, 0, ctx, text, classRef{}
 	dl, _ := ctx.Deadline()
 	p.deadline = dl
 	if wl == nil && o.wait < 0 && ctx.Err() == nil {
@@ -694,6 +693,10 @@ func (g *Gate) acquire(ctx context.Context, k Kind, p *permit) error {
 		ls = ls[1:]
 	}
 	ps := passage{limit: o.wait, deadline: dl}
+	if !dl.IsZero() {
+		p.class = g.est.ref(p.key(), false)
+		ps.class = p.class
+	}
 	if ps.limit < 0 || wl != nil {
 		ls[0].mu.Lock()
 		if ps.limit < 0 {
@@ -734,18 +737,24 @@ func (p *permit) workloadName() string {
 // as admitted; or gives its permits back and returns a rejection, nothing of
 // it sent, if its lease ran out meanwhile or it would now miss its deadline.
 func (g *Gate) admitted(p *permit) error {
-	judge := cmp.Or(p.wl, g.global) // deadlines are judged by the workload's holds if any
-	margin, dl := time.Duration(judge.margin.Load()), p.deadline
-	if p.measure || g.opt.events.OnRelease != nil || margin > 0 && !dl.IsZero() {
+	dl, top := p.deadline, g.est.top.Load()
+	if p.measure || g.opt.events.OnRelease != nil || top > 0 && !dl.IsZero() {
 		p.start = time.Now()
 	}
 	var re *RejectedError
 	inc := func(l *budget) { l.nLease.Add(1) }
 	if !p.lease.IsZero() && leaseOver(p.lease) {
-		re = g.global.rejection(ErrLeaseExpired)
-	} else if margin > 0 && !dl.IsZero() && p.start.Add(margin).After(dl) {
-		re, inc = judge.doomed(p.start, dl), func(l *budget) { l.nDeadline.Add(1) }
-		p.measure = p.measure || re == nil // one let through after refusals measures the hold again
+		re = g.global.rejection(ErrLeaseExpired, lateness{})
+	} else if top > 0 && !dl.IsZero() && p.start.Add(time.Duration(top)).After(dl) {
+		if p.class.c == nil { // no class holds longer than top: only then is it looked up
+			p.class = g.est.ref(p.key(), false)
+		}
+		if late, e := p.class.judge(p.start, dl, 0); late {
+			re = g.global.rejection(ErrWouldMissDeadline, lateness{hold: e, left: dl.Sub(p.start)})
+			inc = func(l *budget) { l.nDeadline.Add(1) }
+		} else if e > 0 && p.start.Add(e).After(dl) {
+			p.measure = true // its class's probe
+		}
 	}
 	if re != nil {
 		g.unused(p, inc)
@@ -790,7 +799,10 @@ func (g *Gate) unused(p *permit, inc func(*budget)) {
 }
 
 // release gives back p's permits; OnRelease is called first, while they are
-// held, so that admissions minus releases never exceed B.
+// held, so that admissions minus releases never exceed B. A measured hold
+// goes to its class and its budgets: one cut off at its deadline counts up
+// to it (it needed at least that; the cancel after tells nothing), one cut
+// off by its caller not at all.
 func (g *Gate) release(p *permit) {
 	if p.timer != nil {
 		p.timer.Stop()
@@ -803,8 +815,21 @@ func (g *Gate) release(p *permit) {
 		if g.opt.events.OnRelease != nil {
 			emit(g.opt.events.OnRelease, Event{Kind: p.kind, Workload: p.workloadName(), Waited: p.waited, Held: held})
 		}
-		if !p.deadline.IsZero() && !end.Before(p.deadline) {
-			held = -max(p.deadline.Sub(p.start), 0) // needed at least that; its cancel after tells nothing
+		cut := !p.deadline.IsZero() && !end.Before(p.deadline)
+		switch {
+		case cut:
+			held = max(p.deadline.Sub(p.start), 0)
+		case p.ctx.Err() != nil:
+			held = 0 // its caller gave up: the hold tells nothing of the work
+		}
+		if p.measure && held > 0 {
+			if p.class.c == nil {
+				p.class = g.est.ref(p.key(), true)
+			}
+			g.est.observe(p.class, held, cut, p.start, end)
+		}
+		if cut {
+			held = -held
 		}
 	}
 	if !p.measure {
@@ -816,4 +841,5 @@ func (g *Gate) release(p *permit) {
 	if p.wl != nil {
 		p.wl.release(held)
 	}
+	p.ctx, p.class = nil, classRef{}
 }

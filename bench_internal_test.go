@@ -155,7 +155,7 @@ func BenchmarkGatePermit(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			var p permit
-			if err := g.acquire(ctx, KindExec, &p); err != nil {
+			if err := g.acquire(ctx, KindExec, "", &p); err != nil {
 				b.Fatal(err)
 			}
 			g.release(&p)
@@ -169,7 +169,7 @@ func BenchmarkGatePermit(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			var p permit
-			if err := g.acquire(ctx, KindExec, &p); err != nil {
+			if err := g.acquire(ctx, KindExec, "", &p); err != nil {
 				b.Fatal(err)
 			}
 			g.release(&p)
@@ -182,7 +182,7 @@ func BenchmarkGatePermit(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				var p permit
-				if err := g.acquire(ctx, KindExec, &p); err != nil {
+				if err := g.acquire(ctx, KindExec, "", &p); err != nil {
 					panic(err)
 				}
 				g.release(&p)
@@ -193,14 +193,14 @@ func BenchmarkGatePermit(b *testing.B) {
 		g := newGate(b, Policy{MaxConcurrent: 1, QueueWait: time.Second})
 		ctx := context.Background()
 		var held permit
-		if err := g.acquire(ctx, KindExec, &held); err != nil {
+		if err := g.acquire(ctx, KindExec, "", &held); err != nil {
 			b.Fatal(err)
 		}
 		defer g.release(&held)
 		b.ReportAllocs()
 		for b.Loop() {
 			var p permit
-			if err := g.acquire(ctx, KindExec, &p); err == nil {
+			if err := g.acquire(ctx, KindExec, "", &p); err == nil {
 				b.Fatal("acquire succeeded with admission full")
 			}
 		}

@@ -86,10 +86,11 @@ func (c *conn) lose() {
 	c.tx.end()
 }
 
-// start takes the permits of an operation of kind k into p, then a session;
-// on success it must end with c.g.release(p), on failure nothing is held.
-func (c *conn) start(ctx context.Context, k Kind, p *permit) error {
-	if err := c.g.acquire(ctx, k, p); err != nil {
+// start takes the permits of an operation of kind k running text ("" for a
+// transaction) into p, then a session; on success it must end with
+// c.g.release(p), on failure nothing is held.
+func (c *conn) start(ctx context.Context, k Kind, text string, p *permit) error {
+	if err := c.g.acquire(ctx, k, text, p); err != nil {
 		return err
 	}
 	if c.s == nil || c.parked {
@@ -274,7 +275,7 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	if c.tx.open {
 		return nil, ErrTxStillOpen
 	}
-	if err := c.start(ctx, KindTx, &c.tx.p); err != nil {
+	if err := c.start(ctx, KindTx, "", &c.tx.p); err != nil {
 		return nil, err
 	}
 	// Open from here: if the driver panics, lose releases the permits.
@@ -306,7 +307,7 @@ func (c *conn) Exec(query string, args []driver.Value) (driver.Result, error) {
 
 // ExecContext runs a statement under both permits, or in the open transaction.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	p, err := c.startExec(ctx)
+	p, err := c.startExec(ctx, query)
 	if err != nil {
 		return nil, err
 	}
@@ -319,14 +320,14 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 
 // startExec returns the permits a statement takes, to release at its end:
 // c.execP, or nil in the open transaction.
-func (c *conn) startExec(ctx context.Context) (*permit, error) {
+func (c *conn) startExec(ctx context.Context, text string) (*permit, error) {
 	if c.bad {
 		return nil, driver.ErrBadConn
 	}
 	if c.tx.open {
 		return nil, c.inTx(ctx)
 	}
-	if err := c.start(ctx, KindExec, &c.execP); err != nil {
+	if err := c.start(ctx, KindExec, text, &c.execP); err != nil {
 		return nil, err
 	}
 	return &c.execP, nil
@@ -362,17 +363,17 @@ func (c *conn) Query(query string, args []driver.Value) (driver.Rows, error) {
 
 // QueryContext is ExecContext for a query, whose rows hold the permits.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.runQuery(ctx, func() (driver.Rows, driver.Stmt, error) { return c.query(ctx, query, args) })
+	return c.runQuery(ctx, query, func() (driver.Rows, driver.Stmt, error) { return c.query(ctx, query, args) })
 }
 
 // runQuery runs run, which returns the driver's rows and a statement to
 // close with them, in c's open transaction, else by runRows.
-func (c *conn) runQuery(ctx context.Context, run func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
+func (c *conn) runQuery(ctx context.Context, text string, run func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
 	if c.bad {
 		return nil, driver.ErrBadConn
 	}
 	if !c.tx.open {
-		return c.runRows(ctx, run)
+		return c.runRows(ctx, text, run)
 	}
 	if err := c.inTx(ctx); err != nil {
 		return nil, err
@@ -418,12 +419,12 @@ func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue
 
 // runRows runs run as an autocommit query whose rows (c's, or new ones while
 // c's are open) hold its permits; on an error or a panic they are released.
-func (c *conn) runRows(ctx context.Context, run func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
+func (c *conn) runRows(ctx context.Context, text string, run func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
 	r := &c.rows
 	if r.open {
 		r = &rows{c: c}
 	}
-	if err := c.start(ctx, KindQuery, &r.p); err != nil {
+	if err := c.start(ctx, KindQuery, text, &r.p); err != nil {
 		return nil, err
 	}
 	returned, handed := false, false

@@ -25,6 +25,7 @@ type Gate struct {
 	err    error // an invalid policy's or option's (see Connector): Connect returns it
 	opt    options
 	global *budget
+	est    *estimator
 	pool   *pool
 	stmts  statements
 
@@ -128,7 +129,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gate{inner: inner, global: newBudget(""), capB: -1, capQ: -1, budgets: map[string]*budget{}}
+	g := &Gate{inner: inner, global: newBudget(""), est: newEstimator(), capB: -1, capQ: -1, budgets: map[string]*budget{}}
 	g.opt.dialTimeout = 30 * time.Second
 	for _, o := range opts {
 		o(&g.opt)
@@ -152,7 +153,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 func Connector(inner driver.Connector, p Policy, opts ...Option) *Gate {
 	g, err := New(inner, p, opts...)
 	if err != nil {
-		g = &Gate{inner: inner, err: err, global: newBudget(""), pool: &pool{connector: inner}, policy: p}
+		g = &Gate{inner: inner, err: err, global: newBudget(""), est: newEstimator(), pool: &pool{connector: inner}, policy: p}
 	}
 	return g
 }
@@ -342,8 +343,10 @@ type Stats struct {
 	Waiting   int // admitted operations waiting for an execution permit
 	OpenConns int // server connections open or being dialed; 0 for a workload
 	IdleConns int // server connections idle in the gate; 0 for a workload
-	// Hold is the moving average of hold times, measured on operations that
-	// waited or took the last permit (all under Adaptive); 0 before the first.
+	// Hold is the median of the budget's last 8 hold times, all kinds of work
+	// together, measured on operations that waited or took the last permit
+	// (all under Adaptive); 0 before the first. Deadlines are judged by each
+	// kind's own (docs/design.md).
 	Hold time.Duration
 
 	// Counters.

@@ -2,19 +2,21 @@
 
 package bulkhead
 
-// The deadline-aware queue: an operation whose context has a deadline it
-// can no longer make, by the hold time its budget measures, is refused at
-// once, waits no longer than its deadline less the hold, or is sent away
-// when its turn comes. The hold estimate is set under the budget's mutex,
-// so that no outcome depends on how long anything took; tests that need
-// time to pass run in a synctest bubble, on its fake clock.
+// The deadline-aware queue and the hold estimates it judges by: an
+// operation whose context has a deadline it can no longer make, by the
+// holds its own class of work (its statement's text, its transaction's
+// workload) took lately, is refused at once, waits no longer than its
+// deadline less that hold, or is sent away when its turn comes. Tests that
+// need time to pass run in a synctest bubble, on its fake clock.
 
 import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -22,11 +24,23 @@ import (
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 )
 
+// dlClass returns a class of a new estimator whose last holds were all d,
+// measured now.
+func dlClass(d time.Duration) classRef {
+	e := newEstimator()
+	r := e.ref(classKey{kind: KindExec, text: "work"}, true)
+	now := time.Now()
+	for range holdSamples {
+		e.observe(r, d, false, now, now)
+	}
+	return r
+}
+
 // dlAcquire takes both permits of l as a gate's passage does, with l's
-// queue wait and ctx's deadline, counting the operation as admitted.
-func dlAcquire(ctx context.Context, l *budget) (waited time.Duration, err error) {
+// queue wait, ctx's deadline and class c, counting the operation as admitted.
+func dlAcquire(ctx context.Context, l *budget, c classRef) (waited time.Duration, err error) {
 	l.mu.Lock()
-	ps := passage{limit: l.wait}
+	ps := passage{limit: l.wait, class: c}
 	l.mu.Unlock()
 	ps.deadline, _ = ctx.Deadline()
 	err = ps.acquire(ctx, []*budget{l})
@@ -37,10 +51,10 @@ func dlAcquire(ctx context.Context, l *budget) (waited time.Duration, err error)
 }
 
 // dlGo starts dlAcquire in a goroutine; its result arrives on the channel.
-func dlGo(ctx context.Context, l *budget) <-chan admResult {
+func dlGo(ctx context.Context, l *budget, c classRef) <-chan admResult {
 	ch := make(chan admResult, 1)
 	go func() {
-		w, err := dlAcquire(ctx, l)
+		w, err := dlAcquire(ctx, l, c)
 		ch <- admResult{w, err}
 	}()
 	return ch
@@ -48,9 +62,9 @@ func dlGo(ctx context.Context, l *budget) <-chan admResult {
 
 // dlQueue starts dlAcquire with ctx and returns once it waits, the
 // (n)th waiter of l.
-func dlQueue(t *testing.T, ctx context.Context, l *budget, n int) <-chan admResult {
+func dlQueue(t *testing.T, ctx context.Context, l *budget, c classRef, n int) <-chan admResult {
 	t.Helper()
-	ch := dlGo(ctx, l)
+	ch := dlGo(ctx, l, c)
 	admWaitFor(t, func() bool {
 		select {
 		case r := <-ch:
@@ -83,10 +97,13 @@ func dlNone(t *testing.T, what string, ch <-chan admResult) {
 	}
 }
 
-func dlSetHold(l *budget, d time.Duration) {
+// dlSetRecent makes d the median of l's recent holds: the wait one
+// operation ahead adds, per execution permit.
+func dlSetRecent(l *budget, d time.Duration) {
 	l.mu.Lock()
-	l.hold = d
-	l.margin.Store(int64(l.marginLocked()))
+	for range holdSamples {
+		l.recent.add(d)
+	}
 	l.mu.Unlock()
 }
 
@@ -114,401 +131,316 @@ func dlMissed(t *testing.T, what string, err error) *RejectedError {
 	return re
 }
 
-// A deadline closer than the hold time is refused at once: a rejection,
-// not the context's error, counted apart, with no wait.
-func TestDeadlineShorterThanTheHoldIsRefusedAtOnce(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
-	admMustAcquire(t, l)
-	dlSetHold(l, time.Hour)
-	waited, err := dlAcquire(dlDeadline(t, time.Minute), l)
-	re := dlMissed(t, "a minute's deadline with an hour's hold", err)
-	if waited != 0 || re.Waited != 0 || re.Hold != time.Hour || re.Running != 1 || re.Waiting != 0 || re.MaxConcurrent != 1 || re.MaxQueue != 1 {
-		t.Fatalf("rejection %+v after waiting %v, want Waited 0, Hold 1h, 1 running, 0 waiting, B=1, Q=1", *re, waited)
-	}
-	if !strings.Contains(err.Error(), "would miss its deadline") {
-		t.Fatalf("message %q does not say it would miss its deadline", err)
-	}
-	if got, want := err.Error(), "bulkhead: would miss its deadline after a wait of 0s, with operations holding their permits 1h0m0s: 1 running + 0 waiting of B=1, Q=1"; got != want {
-		t.Fatalf("message %q, want %q", got, want)
-	}
-	if got := ReasonLabel(err); got != "would_miss_deadline" {
-		t.Fatalf("ReasonLabel = %q, want would_miss_deadline", got)
-	}
-	admCheck(t, l, 1, 0) // the refused operation holds nothing
-	s := admStats(l)
-	if s.RejectedDeadline != 1 || s.RejectedTimeout != 0 || s.RejectedFull != 0 || s.Canceled != 0 || s.WaitCount != 0 || s.Admitted != 1 || s.Hold != time.Hour {
-		t.Fatalf("stats %+v, want 1 deadline rejection, no wait, 1 admitted, Hold 1h", s)
-	}
-	l.release(0)
-	admCheck(t, l, 0, 0)
-}
+// ---- the budget's queue, judged by a class's estimate ----
 
-// A hold ended after its operation's deadline is a lower bound of the hold:
-// below the average it changes nothing, above it counts as measured.
-func TestAHoldCutOffByItsDeadlineOnlyRaisesTheAverage(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 0})
-	dlSetHold(l, 80*time.Millisecond)
-	for _, c := range []struct {
-		held, want time.Duration
-	}{
-		{-10 * time.Millisecond, 80 * time.Millisecond},
-		{-160 * time.Millisecond, 90 * time.Millisecond},
-		{10 * time.Millisecond, 80 * time.Millisecond},
-	} {
-		admMustAcquire(t, l)
-		l.release(c.held)
-		if s := admStats(l); s.Hold != c.want {
-			t.Fatalf("after a hold of %v (negative: cut off), the average is %v, want %v", c.held, s.Hold, c.want)
-		}
-	}
-}
-
-// Through database/sql: an operation still running at its deadline counts
-// as a hold up to its deadline, not up to the end of the cancellation that
-// followed; the release event still reports the whole hold.
-func TestAnOperationCutOffByItsDeadlineIsMeasuredUpToItsDeadline(t *testing.T) {
-	released := make(chan time.Duration, 1)
-	g, db, fc := dlGate(t, Policy{MaxConcurrent: 2, Adaptive: true}, WithEvents(Events{OnRelease: func(e Event) {
-		if e.Kind == KindExec {
-			released <- e.Held // one exec runs
-		}
-	}}))
-	entered, unblock := make(chan struct{}), make(chan struct{})
-	fc.SetHook(func(ctx context.Context, op fakedb.Op, _ string) error {
-		if op != fakedb.OpExec {
-			return nil
-		}
-		close(entered)
-		<-ctx.Done()
-		<-unblock // the cancellation takes a while after the deadline
-		return ctx.Err()
-	})
-	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	dl, _ := ctx.Deadline()
-	done := make(chan error, 1)
-	go func() {
-		_, err := db.ExecContext(ctx, "UPDATE t SET v = 1")
-		done <- err
-	}()
-	select {
-	case <-entered:
-	case err := <-done:
-		t.Fatalf("exec returned %v before reaching the driver", err)
-	}
-	<-ctx.Done()
-	admWaitFor(t, func() bool { return time.Since(dl) > 40*time.Millisecond })
-	close(unblock)
-	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("exec past its deadline: %v, want context.DeadlineExceeded", err)
-	}
-	var whole time.Duration
-	select {
-	case whole = <-released: // sent before the exec returned
-	default:
-		t.Fatal("no release event for the exec")
-	}
-	if s := g.Stats(); s.Hold <= 0 || s.Hold > dl.Sub(t0) || s.Hold >= whole {
-		t.Fatalf("Hold %v, want above 0, at most the %v to the deadline and below the whole hold %v", s.Hold, dl.Sub(t0), whole)
-	}
-}
-
-// A hold cut off at its deadline is a lower bound of the work: it raises
-// the average by an eighth of the gap. One such hold after completed ones
-// is an outlier and leaves the deviation (counted there, one after steady
-// 10 ms holds would lift the margin, hold plus four deviations, to 100 ms,
-// and the gate would refuse every caller with a shorter deadline). A second
-// in a row (a link slower than the deadlines) moves the deviation too, and
-// a caller with 50 ms left is judged late.
-func TestAHoldCutOffAtItsDeadlineMovesTheDeviationOnlyInARun(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
-	for range 8 {
-		admMustAcquire(t, l)
-		l.release(10 * time.Millisecond)
-	}
-	state := func() (hold, dev time.Duration, late bool) {
-		now := time.Now()
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return l.hold, l.dev, l.lateLocked(now, now.Add(50*time.Millisecond))
-	}
-	admMustAcquire(t, l)
-	l.release(-90 * time.Millisecond)
-	if hold, dev, late := state(); hold != 20*time.Millisecond || dev != 0 || late {
-		t.Fatalf("after eight holds of 10ms and one cut off at 90ms: hold %v, deviation %v, late with 50ms left %v; want 20ms, 0, false", hold, dev, late)
-	}
-	if m := time.Duration(l.margin.Load()); m != 20*time.Millisecond {
-		t.Fatalf("margin %v, want 20ms", m)
-	}
-	admMustAcquire(t, l)
-	l.release(-90 * time.Millisecond)
-	if _, dev, late := state(); dev == 0 || !late {
-		t.Fatalf("after a second hold cut off at 90ms: deviation %v, late with 50ms left %v; want above 0, true", dev, late)
-	}
-}
-
-// The same operation without a deadline waits, as every operation did
-// before hold times were measured, and gets the permit given back.
-func TestWithoutADeadlineAnOperationWaitsWhateverTheHold(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
-	admMustAcquire(t, l)
-	dlSetHold(l, time.Hour)
-	res := dlQueue(t, context.Background(), l, 1)
-	l.release(0)
-	if r := dlRecv(t, "the waiter", res); r.err != nil {
-		t.Fatalf("waiter without a deadline: %v, want the permit", r.err)
-	}
-	admCheck(t, l, 1, 0)
-	l.release(0)
-	if s := admStats(l); s.RejectedDeadline != 0 || s.Admitted != 2 || s.WaitCount != 1 {
-		t.Fatalf("stats %+v, want 2 admitted, 1 wait, no deadline rejection", s)
-	}
-}
-
-// Before any hold time is measured, a deadline refuses nothing: the
-// waiter with one waits and gets the permit.
-func TestBeforeAnyHoldIsMeasuredADeadlineRefusesNothing(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
-	admMustAcquire(t, l)
-	ctx := dlDeadline(t, time.Minute)
-	res := dlQueue(t, ctx, l, 1)
-	if s := admStats(l); s.Hold != 0 || s.RejectedDeadline != 0 {
-		t.Fatalf("stats %+v, want no hold measured and no deadline rejection", s)
-	}
-	l.release(0) // not measured: the hold stays 0 at the grant
-	if r := dlRecv(t, "the waiter", res); r.err != nil {
-		t.Fatalf("waiter with a deadline and no hold measured: %v, want the permit", r.err)
-	}
-	l.release(0)
-	admCheck(t, l, 0, 0)
-	if s := admStats(l); s.RejectedDeadline != 0 || s.Admitted != 2 {
-		t.Fatalf("stats %+v, want 2 admitted, no deadline rejection", s)
-	}
-}
-
-// The wait expected ahead, (waiting+1)·hold/B, counts the queue: with
-// B=2, a 10-minute hold and a 24-minute deadline, the first two waiters
-// can make it (15 and 20 minutes) and the third cannot (25).
-func TestTheWaitExpectedAheadOfADeadlineCountsTheWaitersQueued(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 2, MaxQueue: 3, QueueWait: time.Hour})
-	admMustAcquire(t, l)
-	admMustAcquire(t, l)
-	dlSetHold(l, 10*time.Minute)
-	ctx := dlDeadline(t, 24*time.Minute)
-	first := dlQueue(t, ctx, l, 1)
-	second := dlQueue(t, ctx, l, 2)
-	_, err := dlAcquire(ctx, l)
-	re := dlMissed(t, "the third waiter", err)
-	if re.Waited != 0 || re.Waiting != 2 || re.Running != 2 {
-		t.Fatalf("rejection %+v, want Waited 0 with 2 running and 2 waiting", *re)
-	}
-	admCheck(t, l, 2, 2)
-	l.release(0)
-	l.release(0)
-	for _, w := range []struct {
-		name string
-		ch   <-chan admResult
-	}{{"first", first}, {"second", second}} {
-		if r := dlRecv(t, w.name, w.ch); r.err != nil {
-			t.Fatalf("%s waiter: %v, want the permit (10 minutes of hold left it 14)", w.name, r.err)
-		}
-	}
-	l.release(0)
-	l.release(0)
-	admCheck(t, l, 0, 0)
-	if s := admStats(l); s.RejectedDeadline != 1 || s.Admitted != 4 {
-		t.Fatalf("stats %+v, want 1 deadline rejection, 4 admitted", s)
-	}
-}
-
-// A waiter whose deadline has come within the hold time when its turn
-// comes is sent away, and the permit goes to the next waiter that can
-// still make its own: FIFO among those, whatever their deadlines.
-func TestAWaiterThatCanNoLongerMakeItsDeadlineIsSentAwayAtItsTurn(t *testing.T) {
+// A deadline closer than its class's hold is refused at once: a rejection,
+// not the context's error, counted apart, with no wait; the error says
+// what it was judged on.
+func TestADeadlineCloserThanItsClassesHoldIsRefusedAtOnce(t *testing.T) {
 	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
 	admMustAcquire(t, l)
-	// Queued with no hold measured: none is refused or bounded on entry.
-	w1 := dlQueue(t, dlDeadline(t, time.Minute), l, 1) // late once the hold is an hour
-	w2 := dlQueue(t, dlDeadline(t, 3*time.Hour), l, 2) // can make it
-	w3 := dlQueue(t, context.Background(), l, 3)       // no deadline
-	w4 := dlQueue(t, dlDeadline(t, time.Minute), l, 4) // late
-	dlSetHold(l, time.Hour)
-
-	l.release(0) // w1 is sent away, w2 gets the permit
-	re := dlMissed(t, "w1 at its turn", dlRecv(t, "w1", w1).err)
-	if re.Hold != time.Hour || re.Running != 1 || re.Waiting != 2 {
-		t.Fatalf("w1's rejection %+v, want Hold 1h, 1 running (w2), 2 waiting (w3, w4)", *re)
+	c := dlClass(time.Hour)
+	dlSetRecent(l, time.Hour)
+	waited, err := dlAcquire(dlDeadline(t, time.Minute), l, c)
+	re := dlMissed(t, "an operation due in a minute, its class holding an hour", err)
+	if waited != 0 || re.Waited != 0 || re.Hold != time.Hour || re.Ahead != time.Hour || re.Left <= 0 || re.Left > time.Minute {
+		t.Fatalf("rejection %+v (waited %v), want no wait, Hold 1h, Ahead 1h, Left at most 1m", *re, waited)
 	}
-	if r := dlRecv(t, "w2", w2); r.err != nil {
-		t.Fatalf("w2: %v, want the permit w1 could not use", r.err)
+	for _, part := range []string{"would miss its deadline", "holds its permits 1h0m0s", "1 running + 0 waiting of B=1, Q=4"} {
+		if !strings.Contains(re.Error(), part) {
+			t.Fatalf("%q does not say %q", re.Error(), part)
+		}
 	}
-	dlNone(t, "w3", w3)
-	dlNone(t, "w4", w4)
-	admCheck(t, l, 1, 2)
-
-	l.release(0) // w2 ends: w3, without a deadline, is next
-	if r := dlRecv(t, "w3", w3); r.err != nil {
-		t.Fatalf("w3: %v, want the permit", r.err)
+	admCheck(t, l, 1, 0)
+	if s := admStats(l); s.RejectedDeadline != 1 || s.RejectedTimeout != 0 || s.RejectedFull != 0 || s.WaitCount != 0 {
+		t.Fatalf("stats %+v, want one deadline rejection and nothing else", s)
 	}
-	dlNone(t, "w4", w4)
-	admCheck(t, l, 1, 1)
-
-	l.release(0) // w3 ends: w4 is sent away, the permit stays free
-	dlMissed(t, "w4 at its turn", dlRecv(t, "w4", w4).err)
-	admCheck(t, l, 0, 0)
-	s := admStats(l)
-	if s.RejectedDeadline != 2 || s.Admitted != 3 || s.WaitCount != 4 || s.RejectedTimeout != 0 || s.Canceled != 0 {
-		t.Fatalf("stats %+v, want 2 deadline rejections, 3 admitted, 4 waits", s)
-	}
+	l.release(0)
 }
 
-// A waiter waits no longer than its deadline less the hold time, and is
-// then refused with ErrWouldMissDeadline; when the queue wait ends first,
-// it is a queue timeout as before. On the fake clock the waits are exact.
-func TestTheWaitIsBoundedByTheDeadlineLessTheHold(t *testing.T) {
-	for _, c := range []struct {
-		name   string
-		wait   time.Duration
-		want   error
-		waited time.Duration
-	}{
-		{"deadline first", time.Second, ErrWouldMissDeadline, 70 * time.Millisecond},
-		{"queue wait first", 50 * time.Millisecond, ErrQueueTimeout, 50 * time.Millisecond},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: c.wait})
-				admMustAcquire(t, l)
-				dlSetHold(l, 30*time.Millisecond)
-				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-				defer cancel()
-				// 30ms ahead plus 30ms of hold fit in 100ms: it queues.
-				waited, err := dlAcquire(ctx, l)
-				var re *RejectedError
-				if !errors.As(err, &re) || re.Cause != c.want || errors.Is(err, context.DeadlineExceeded) {
-					t.Fatalf("err = %v, want a rejection for %v", err, c.want)
-				}
-				if waited != c.waited || re.Waited != c.waited {
-					t.Fatalf("waited %v (Waited %v) of fake time, want %v", waited, re.Waited, c.waited)
-				}
-				admCheck(t, l, 1, 0)
-				s := admStats(l)
-				wantDeadline, wantTimeout := int64(0), int64(0)
-				if c.want == ErrWouldMissDeadline {
-					wantDeadline = 1
-				} else {
-					wantTimeout = 1
-				}
-				if s.RejectedDeadline != wantDeadline || s.RejectedTimeout != wantTimeout || s.WaitCount != 1 || s.WaitDuration != c.waited {
-					t.Fatalf("stats %+v, want %d deadline and %d timeout rejections, 1 wait of %v", s, wantDeadline, wantTimeout, c.waited)
-				}
-				l.release(0)
-				admCheck(t, l, 0, 0)
-			})
-		})
+// Without a deadline, or of a class never measured, an operation waits
+// its turn whatever the holds: nothing is refused without evidence.
+func TestWithoutADeadlineOrAnEstimateAnOperationWaitsItsTurn(t *testing.T) {
+	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
+	admMustAcquire(t, l)
+	dlSetRecent(l, time.Hour)
+	none := dlQueue(t, context.Background(), l, dlClass(time.Hour), 1)
+	unmeasured := dlQueue(t, dlDeadline(t, time.Minute), l, classRef{}, 2)
+	for _, ch := range []<-chan admResult{none, unmeasured} {
+		l.release(0)
+		if r := dlRecv(t, "waiter", ch); r.err != nil {
+			t.Fatalf("a waiter without a deadline or an estimate: %v, want its turn", r.err)
+		}
 	}
+	l.release(0)
 }
 
-// Dry-run never refuses for a deadline: neither on entry nor, when it is
-// switched on with a waiter that could no longer make its deadline, at
-// the grant.
+// The wait expected ahead counts those queued before it, at the budget's
+// median hold per execution permit: a deadline that leaves room for its
+// own hold but not for that wait is refused at once.
+func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
+	l := newLimiter("", Policy{MaxConcurrent: 2, MaxQueue: 8, QueueWait: time.Hour})
+	admMustAcquire(t, l)
+	admMustAcquire(t, l)
+	dlSetRecent(l, 10*time.Minute)
+	c := dlClass(time.Minute)
+	var queued []<-chan admResult
+	for i := range 3 {
+		queued = append(queued, dlQueue(t, context.Background(), l, c, i+1))
+	}
+	// Four to be served at 10m per permit, 2 permits: 20m, then its minute.
+	ch := dlGo(dlDeadline(t, 15*time.Minute), l, c)
+	re := dlMissed(t, "an operation with 3 queued ahead", dlRecv(t, "it", ch).err)
+	if re.Ahead != 20*time.Minute || re.Hold != time.Minute {
+		t.Fatalf("rejection %+v, want Ahead 20m, Hold 1m", *re)
+	}
+	ok := dlQueue(t, dlDeadline(t, 30*time.Minute), l, c, 4)
+	for i := range 4 {
+		l.release(0)
+		q := ok
+		if i < 3 {
+			q = queued[i]
+		}
+		if r := dlRecv(t, "waiter", q); r.err != nil {
+			t.Fatal(r.err)
+		}
+	}
+	l.release(0)
+	l.release(0)
+}
+
+// A waiter whose deadline is closer than its class's hold when its turn
+// comes (the hold grew meanwhile) is sent away, and the permit goes to the
+// next.
+func TestAWaiterThatCanNoLongerMakeItsDeadlineIsSentAwayAtItsTurn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
+		admMustAcquire(t, l)
+		c := dlClass(10 * time.Second)
+		w1 := dlGo(dlDeadline(t, 90*time.Second), l, c) // room for 10s now
+		synctest.Wait()
+		w2 := dlGo(context.Background(), l, c)
+		synctest.Wait()
+		time.Sleep(45 * time.Second)
+		now := time.Now()
+		for range holdSamples {
+			c.set.mu.Lock() // its class's work now holds a minute
+			c.c.holds[c.c.next], c.c.next = time.Minute, (c.c.next+1)%holdSamples
+			c.c.est, c.c.last = time.Minute, now
+			c.set.mu.Unlock()
+		}
+		dlNone(t, "w1", w1)
+		l.release(0) // w1's turn: 45s left for a hold of 1m
+		re := dlMissed(t, "w1 at its turn", dlRecv(t, "w1", w1).err)
+		if re.Hold != time.Minute || re.Left != 45*time.Second || re.Running != 1 || re.Waiting != 0 {
+			t.Fatalf("w1's rejection %+v, want Hold 1m, Left 45s, 1 running (w2)", *re)
+		}
+		if r := dlRecv(t, "w2", w2); r.err != nil || time.Since(now) != 0 {
+			t.Fatalf("w2: %v after %v, want the permit w1 could not use, at once", r.err, time.Since(now))
+		}
+		l.release(0)
+		if s := admStats(l); s.RejectedDeadline != 1 || s.Admitted != 2 {
+			t.Fatalf("stats %+v, want 1 deadline rejection, 2 admitted", s)
+		}
+	})
+}
+
+// A waiter waits no longer than its deadline less its class's hold, and
+// is then refused with ErrWouldMissDeadline; when the queue wait ends
+// first, it is a queue timeout as before.
+func TestTheWaitIsBoundedByTheDeadlineLessItsClassesHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, c := range []struct {
+			wait, deadline time.Duration
+			cause          error
+			waited         time.Duration
+		}{
+			{time.Second, 100 * time.Millisecond, ErrWouldMissDeadline, 70 * time.Millisecond},
+			{50 * time.Millisecond, 100 * time.Millisecond, ErrQueueTimeout, 50 * time.Millisecond},
+		} {
+			l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: c.wait})
+			admMustAcquire(t, l)
+			waited, err := dlAcquire(dlDeadline(t, c.deadline), l, dlClass(30*time.Millisecond))
+			var re *RejectedError
+			if !errors.As(err, &re) || re.Cause != c.cause || waited != c.waited || re.Waited != c.waited {
+				t.Fatalf("wait %v, deadline %v: %v after %v, want %v after %v", c.wait, c.deadline, err, waited, c.cause, c.waited)
+			}
+			l.release(0)
+		}
+	})
+}
+
+// Dry-run never refuses for a deadline.
 func TestDryRunNeverRejectsForADeadline(t *testing.T) {
-	t.Run("on entry", func(t *testing.T) {
-		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, DryRun: true})
-		admMustAcquire(t, l)
-		dlSetHold(l, time.Hour)
-		if _, err := dlAcquire(dlDeadline(t, time.Minute), l); err != nil {
-			t.Fatalf("dry-run with a deadline shorter than the hold: %v, want it let through", err)
-		}
-		if s := admStats(l); s.Running != 2 || s.RejectedDeadline != 0 || s.WouldWait != 1 || s.Admitted != 2 {
-			t.Fatalf("stats %+v, want 2 running, 1 would-wait, no deadline rejection", s)
-		}
-		l.release(0)
-		l.release(0)
-	})
-	t.Run("switched on", func(t *testing.T) {
-		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
-		admMustAcquire(t, l)
-		w := dlQueue(t, dlDeadline(t, time.Minute), l, 1)
-		dlSetHold(l, time.Hour)
-		l.resize(1, 1, time.Hour, true, 0)
-		if r := dlRecv(t, "the waiter", w); r.err != nil {
-			t.Fatalf("waiter when dry-run is switched on: %v, want it let through", r.err)
-		}
-		if s := admStats(l); s.Running != 2 || s.RejectedDeadline != 0 {
-			t.Fatalf("stats %+v, want 2 running, no deadline rejection", s)
-		}
-		l.release(0)
-		l.release(0)
-	})
+	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, DryRun: true})
+	admMustAcquire(t, l)
+	dlSetRecent(l, time.Hour)
+	if _, err := dlAcquire(dlDeadline(t, time.Minute), l, dlClass(time.Hour)); err != nil {
+		t.Fatalf("dry-run: %v, want it let through", err)
+	}
+	if s := admStats(l); s.RejectedDeadline != 0 || s.WouldWait != 1 {
+		t.Fatalf("stats %+v, want no rejection, one would-wait", s)
+	}
 }
 
-// Refused by the global budget after passing its workload's, an operation
-// gives back the workload's permits, and both budgets count it.
+// A rejection for its deadline in the global budget gives back what the
+// operation held in its workload's.
 func TestADeadlineRejectionInTheSecondBudgetGivesBackTheFirstsPermits(t *testing.T) {
-	wl := newLimiter("batch", Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Hour})
-	gl := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
+	wl := newLimiter("batch", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
+	gl := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
 	admMustAcquire(t, gl)
-	dlSetHold(gl, time.Hour)
+	dlSetRecent(gl, time.Hour)
+	ps := passage{limit: time.Hour, class: dlClass(time.Hour)}
 	ctx := dlDeadline(t, time.Minute)
-	ps := passage{limit: time.Hour}
 	ps.deadline, _ = ctx.Deadline()
-	err := ps.acquire(ctx, []*budget{wl, gl})
-	if re := dlMissed(t, "refused by the global budget", err); re.Workload != "" {
-		t.Fatalf("rejection %+v, want it from the global budget (Workload \"\")", *re)
-	}
-	admCheck(t, wl, 0, 0)
-	admCheck(t, gl, 1, 0)
-	if w, g := admStats(wl), admStats(gl); w.RejectedDeadline != 1 || g.RejectedDeadline != 1 {
-		t.Fatalf("RejectedDeadline workload %d, global %d; want 1 and 1", w.RejectedDeadline, g.RejectedDeadline)
+	dlMissed(t, "in the global budget", ps.acquire(ctx, []*budget{wl, gl}))
+	if s := admRead(wl); s.admitted != 0 || s.free != 1 {
+		t.Fatalf("workload budget %+v after the rejection, want nothing held", s)
 	}
 	gl.release(0)
 }
 
-// The hold estimate is the first hold measured, then a moving average of
-// weight 1/8; a release that was not measured (0) leaves it.
-func TestTheHoldDeadlinesAreWeighedAgainstIsAMovingAverage(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
-	for i, c := range []struct {
-		held, want time.Duration
-	}{
-		{0, 0},
-		{80 * time.Millisecond, 80 * time.Millisecond},
-		{0, 80 * time.Millisecond},
-		{160 * time.Millisecond, 90 * time.Millisecond},
-		{10 * time.Millisecond, 80 * time.Millisecond},
-	} {
-		admMustAcquire(t, l)
-		l.release(c.held)
-		if s := admStats(l); s.Hold != c.want {
-			t.Fatalf("release %d of %v: Hold %v, want %v", i, c.held, s.Hold, c.want)
+// ---- the estimates ----
+
+// A class's estimate is the median of its last holds: one outlier, or
+// three, leave it; five of eight move it.
+func TestAClassEstimateIsTheMedianOfItsLastHoldsThatNoOutlierLifts(t *testing.T) {
+	e := newEstimator()
+	r := e.ref(classKey{kind: KindExec, text: "work"}, true)
+	now := time.Now()
+	obs := func(d time.Duration, n int) {
+		for range n {
+			e.observe(r, d, false, now, now)
 		}
+	}
+	est := func() time.Duration {
+		d, _ := r.estimate(now)
+		return d
+	}
+	obs(time.Millisecond, 1)
+	if est() != time.Millisecond {
+		t.Fatalf("estimate %v after one hold of 1ms, want 1ms", est())
+	}
+	obs(time.Second, 1)
+	if est() != time.Millisecond {
+		t.Fatalf("estimate %v after 1ms then 1s, want 1ms: one outlier lifts nothing", est())
+	}
+	obs(time.Millisecond, 6)
+	obs(time.Second, 3)
+	if est() != time.Millisecond {
+		t.Fatalf("estimate %v with 3 of its last 8 holds at 1s, want 1ms", est())
+	}
+	obs(time.Second, 2)
+	if est() != time.Second {
+		t.Fatalf("estimate %v with 5 of its last 8 holds at 1s, want 1s", est())
 	}
 }
 
-// An operation is late if it would end after its deadline by the mean
-// hold plus four times the holds' mean deviation from it: with holds that vary,
-// one that the mean alone would let start is refused.
-func TestTheMarginAnOperationNeedsGrowsWithTheSpreadOfTheHolds(t *testing.T) {
-	for _, c := range []struct {
-		holds []time.Duration
-		late  bool
-	}{
-		{[]time.Duration{80 * time.Millisecond, 80 * time.Millisecond, 80 * time.Millisecond, 80 * time.Millisecond}, false},
-		{[]time.Duration{80 * time.Millisecond, 40 * time.Millisecond, 120 * time.Millisecond, 40 * time.Millisecond, 120 * time.Millisecond}, true},
-	} {
-		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
-		for _, h := range c.holds {
-			admMustAcquire(t, l)
-			l.release(h)
+// No refusal without fresh evidence: an estimate whose last hold is older
+// than max(1s, 4 × the estimate) refuses nothing.
+func TestAnEstimateWithNoRecentHoldRefusesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, c := range []struct{ hold, stale time.Duration }{
+			{10 * time.Millisecond, staleAfter},
+			{time.Second, 4 * time.Second},
+		} {
+			r := dlClass(c.hold)
+			time.Sleep(c.stale)
+			if _, ok := r.estimate(time.Now()); !ok {
+				t.Fatalf("hold %v: no estimate %v after its last hold, want one", c.hold, c.stale)
+			}
+			time.Sleep(time.Nanosecond)
+			if d, ok := r.estimate(time.Now()); ok {
+				t.Fatalf("hold %v: estimate %v past %v after its last hold, want none", c.hold, d, c.stale)
+			}
 		}
-		now := time.Now()
-		l.mu.Lock()
-		late, hold, dev := l.lateLocked(now, now.Add(90*time.Millisecond)), l.hold, l.dev
-		l.mu.Unlock()
-		if late != c.late || hold < 70*time.Millisecond || hold > 90*time.Millisecond {
-			t.Fatalf("holds %v: hold %v, deviation %v; late for a deadline 90 ms away: %v, want %v", c.holds, hold, dev, late, c.late)
+	})
+}
+
+// While its work is refused, a class lets one operation go every probeGap
+// (or, once one went, probeGap after its deadline), twice as long after
+// each probe that found the work as slow, up to maxProbeGap; a probe that
+// held under half the estimate restarts it, and holds of operations
+// started before that tell nothing. A hold cut off at its deadline only
+// raises the estimate.
+func TestARefusedClassLetsAProbeGoAndAFastOneRestartsItsEstimate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEstimator()
+		r := e.ref(classKey{kind: KindExec, text: "work"}, true)
+		old := time.Now()
+		for range holdSamples {
+			e.observe(r, 2*time.Second, false, old, old)
+		}
+		due := func() time.Time { return time.Now().Add(time.Second) }
+		refused := func() bool {
+			late, _ := r.judge(time.Now(), due(), 0)
+			return late
+		}
+		if !refused() {
+			t.Fatal("the first refusal: let go, want it refused")
+		}
+		// Probes at probeGap after the deadline of the one before, the gap
+		// doubling while they find the work as slow, up to maxProbeGap.
+		for _, gap := range []time.Duration{probeGap, 2 * probeGap, maxProbeGap, maxProbeGap} {
+			time.Sleep(gap - time.Millisecond)
+			if !refused() {
+				t.Fatalf("before the gap of %v: let go, want it refused", gap)
+			}
+			time.Sleep(time.Millisecond)
+			probe := time.Now()
+			if refused() {
+				t.Fatalf("at the gap of %v: refused, want it let go as a probe", gap)
+			}
+			time.Sleep(time.Second) // cut off at its deadline: only a lower bound, as slow
+			e.observe(r, time.Second, true, probe, time.Now())
+			if d, _ := r.estimate(time.Now()); d != 2*time.Second {
+				t.Fatalf("estimate %v after a probe cut off at 1s, want 2s still", d)
+			}
+		}
+		time.Sleep(maxProbeGap)
+		probe := time.Now()
+		if refused() {
+			t.Fatal("at maxProbeGap: refused, want a probe")
+		}
+		time.Sleep(5 * time.Millisecond)
+		e.observe(r, 5*time.Millisecond, false, probe, time.Now()) // the probe: fast
+		if d, _ := r.estimate(time.Now()); d != 5*time.Millisecond {
+			t.Fatalf("estimate %v after a fast probe, want it restarted at 5ms", d)
+		}
+		e.observe(r, 2*time.Second, false, old, time.Now()) // started before: tells nothing
+		if d, _ := r.estimate(time.Now()); d != 5*time.Millisecond {
+			t.Fatalf("estimate %v after an old hold, want 5ms still", d)
+		}
+		if refused() {
+			t.Fatal("a deadline a second away for work of 5ms: refused")
+		}
+	})
+}
+
+// The classes are bounded: a gate keeps classSets×2 of them, the least
+// recently measured of a set out; a reference to an evicted class records
+// nothing into its successor.
+func TestClassesAreBoundedAndAnEvictedOneRecordsNothing(t *testing.T) {
+	e := newEstimator()
+	now := time.Now()
+	first := e.ref(classKey{kind: KindExec, text: "first"}, true)
+	e.observe(first, time.Millisecond, false, now, now)
+	refs := map[*class]classRef{}
+	for i := range 20 * classSets {
+		r := e.ref(classKey{kind: KindExec, text: fmt.Sprint("text ", i)}, true)
+		e.observe(r, time.Millisecond, false, now, now.Add(time.Duration(i+1)))
+		refs[r.c] = r
+	}
+	if len(refs) > 2*classSets {
+		t.Fatalf("%d class slots used, want at most %d", len(refs), 2*classSets)
+	}
+	if r := e.ref(classKey{kind: KindExec, text: "first"}, false); r.c != nil {
+		t.Fatal("the first class, least recently measured, is still kept")
+	}
+	e.observe(first, time.Hour, false, now, now) // its slot has another class now
+	for _, r := range refs {
+		if d, _ := r.estimate(now.Add(time.Hour)); d == time.Hour {
+			t.Fatal("an evicted class's reference recorded into its successor")
 		}
 	}
 }
@@ -526,6 +458,67 @@ func dlGate(t *testing.T, p Policy, opts ...Option) (*Gate, *sql.DB, *fakedb.Con
 	db := g.OpenDB()
 	t.Cleanup(func() { db.Close() })
 	return g, db, fc
+}
+
+// dlWork makes the fake driver hold each Exec of "sleep D" for D (fake
+// time in a bubble), returning its context's error once it ends, cancel
+// after it (pgx's cancel request keeps a cancelled statement that long);
+// while the lock is held, every statement waits for it first. With outlier
+// set, the next statement whose deadline is over a second away holds a
+// thousand times D.
+type dlWork struct {
+	cancel  time.Duration
+	outlier atomic.Bool
+	mu      sync.Mutex
+	lock    chan struct{} // nil: not held
+}
+
+func (w *dlWork) hook(ctx context.Context, op fakedb.Op, query string) error {
+	d, ok := strings.CutPrefix(query, "sleep ")
+	if !ok || op != fakedb.OpExec {
+		return nil
+	}
+	hold, err := time.ParseDuration(d)
+	if err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) > time.Second && w.outlier.CompareAndSwap(true, false) {
+		hold *= 1000
+	}
+	w.mu.Lock()
+	lock := w.lock
+	w.mu.Unlock()
+	t := time.NewTimer(hold)
+	defer t.Stop()
+	if lock != nil {
+		select {
+		case <-lock:
+		case <-ctx.Done():
+			time.Sleep(w.cancel)
+			return ctx.Err()
+		}
+		t.Reset(hold)
+	}
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		time.Sleep(w.cancel)
+		return ctx.Err()
+	}
+}
+
+func (w *dlWork) hold() {
+	w.mu.Lock()
+	w.lock = make(chan struct{})
+	w.mu.Unlock()
+}
+
+func (w *dlWork) release() {
+	w.mu.Lock()
+	close(w.lock)
+	w.lock = nil
+	w.mu.Unlock()
 }
 
 // dlRejects records the OnReject events.
@@ -548,70 +541,268 @@ func (r *dlRejects) list() []Event {
 	return append([]Event(nil), r.got...)
 }
 
+// dlLoad runs n callers, each running statements from next back to back
+// with a deadline of its own, until stop is closed; it counts outcomes.
+type dlLoad struct {
+	ok, late, other atomic.Int64
+	wg              sync.WaitGroup
+}
+
+func (l *dlLoad) run(db *sql.DB, n int, stop <-chan struct{}, next func(i int) (query string, deadline time.Duration)) {
+	for c := range n {
+		l.wg.Go(func() {
+			for i := c; ; i += n {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				q, d := next(i)
+				ctx, cancel := context.WithTimeout(context.Background(), d)
+				_, err := db.ExecContext(ctx, q)
+				cancel()
+				switch {
+				case err == nil:
+					l.ok.Add(1)
+					continue
+				case errors.Is(err, ErrWouldMissDeadline):
+					l.late.Add(1)
+				default:
+					l.other.Add(1)
+				}
+				time.Sleep(time.Millisecond) // a refused caller backs off a little
+			}
+		})
+	}
+}
+
 // Through database/sql: a statement and a transaction whose deadline is
-// closer than the hold are refused, reported to OnReject with the reason,
-// and reach neither the driver nor a dial; one without a deadline waits
-// and runs.
+// closer than their class's hold are refused, reported to OnReject with
+// the reason, and reach neither the driver nor a dial; another class's
+// statement, with the same deadline, runs.
 func TestTheGateRefusesAnOperationThatWouldMissItsDeadlineWithoutReachingTheDriver(t *testing.T) {
-	var ev dlRejects
-	g, db, fc := dlGate(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, ev.option())
-	bg := context.Background()
-	tx, err := db.BeginTx(bg, nil) // holds the only permit
-	if err != nil {
-		t.Fatal(err)
-	}
-	dlSetHold(g.global, time.Hour)
-	before, execs, begins := g.Stats(), fc.Count(fakedb.OpExec), fc.Count(fakedb.OpBegin)
+	synctest.Test(t, func(t *testing.T) {
+		var ev dlRejects
+		var w dlWork
+		g, db, fc := dlGate(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, ev.option())
+		fc.SetHook(w.hook)
+		bg := context.Background()
+		// Measured: each waited for the permit the first held.
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if _, err := db.ExecContext(bg, "sleep 1m"); err != nil {
+				t.Error(err)
+			}
+		})
+		synctest.Wait()
+		wg.Go(func() {
+			if _, err := db.ExecContext(bg, "sleep 1m"); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Go(func() {
+			tx, err := db.BeginTx(bg, nil)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(time.Minute)
+			tx.Commit()
+		})
+		wg.Wait()
+		before, execs, begins := g.Stats(), fc.Count(fakedb.OpExec), fc.Count(fakedb.OpBegin)
 
-	ctx := dlDeadline(t, time.Minute)
-	_, err = db.ExecContext(ctx, "UPDATE t SET v = 1")
-	dlMissed(t, "exec", err)
-	if got := ReasonLabel(err); got != "would_miss_deadline" {
-		t.Fatalf("ReasonLabel(%v) = %q, want would_miss_deadline", err, got)
-	}
-	tx2, err := db.BeginTx(ctx, nil)
-	if err == nil {
-		tx2.Rollback()
-	}
-	dlMissed(t, "begin", err)
-
-	s := g.Stats()
-	if s.RejectedDeadline != 2 || s.Dials != before.Dials || s.OpenConns != before.OpenConns || s.Admitted != before.Admitted || s.WaitCount != 0 {
-		t.Fatalf("stats %+v (before %+v), want 2 deadline rejections, no dial, no admission, no wait", s, before)
-	}
-	if fc.Count(fakedb.OpExec) != execs || fc.Count(fakedb.OpBegin) != begins {
-		t.Fatalf("the driver saw %d execs and %d begins, want none", fc.Count(fakedb.OpExec)-execs, fc.Count(fakedb.OpBegin)-begins)
-	}
-	evs := ev.list()
-	if len(evs) != 2 || evs[0].Kind != KindExec || evs[1].Kind != KindTx {
-		t.Fatalf("OnReject events %+v, want a statement's and a transaction's", evs)
-	}
-	for _, e := range evs {
-		if e.Reason != ErrWouldMissDeadline || e.DryRun || e.Waited != 0 || ReasonLabel(e.Reason) != "would_miss_deadline" {
-			t.Fatalf("OnReject event %+v, want Reason ErrWouldMissDeadline, not dry-run, no wait", e)
+		ctx := dlDeadline(t, 30*time.Second)
+		_, err := db.ExecContext(ctx, "sleep 1m")
+		if re := dlMissed(t, "exec", err); re.Hold != time.Minute || re.Left != 30*time.Second {
+			t.Fatalf("rejection %+v, want Hold 1m, Left 30s", *re)
 		}
-	}
-
-	done := make(chan error, 1)
-	go func() {
-		_, err := db.ExecContext(bg, "UPDATE t SET v = 2")
-		done <- err
-	}()
-	admWaitFor(t, func() bool { return g.Stats().Waiting == 1 })
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exec without a deadline: %v, want it run once the permit came back", err)
+		if got := ReasonLabel(err); got != "would_miss_deadline" {
+			t.Fatalf("ReasonLabel(%v) = %q, want would_miss_deadline", err, got)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("exec without a deadline never returned")
+		tx2, err := db.BeginTx(ctx, nil)
+		if err == nil {
+			tx2.Rollback()
+		}
+		dlMissed(t, "begin", err)
+		if _, err := db.ExecContext(ctx, "sleep 1s"); err != nil {
+			t.Fatalf("a statement of another class, never measured, same deadline: %v, want it run", err)
+		}
+		s := g.Stats()
+		if s.RejectedDeadline != 2 || s.Dials != before.Dials || s.Admitted != before.Admitted+1 {
+			t.Fatalf("stats %+v (before %+v), want 2 deadline rejections, no dial, one more admitted", s, before)
+		}
+		if fc.Count(fakedb.OpExec) != execs+1 || fc.Count(fakedb.OpBegin) != begins {
+			t.Fatalf("the driver saw %d execs and %d begins, want the one run", fc.Count(fakedb.OpExec)-execs, fc.Count(fakedb.OpBegin)-begins)
+		}
+		evs := ev.list()
+		if len(evs) != 2 || evs[0].Kind != KindExec || evs[1].Kind != KindTx {
+			t.Fatalf("OnReject events %+v, want a statement's and a transaction's", evs)
+		}
+		for _, e := range evs {
+			if e.Reason != ErrWouldMissDeadline || e.DryRun || e.Waited != 0 {
+				t.Fatalf("OnReject event %+v, want Reason ErrWouldMissDeadline, not dry-run, no wait", e)
+			}
+		}
+	})
+}
+
+// dlEveryOneMeasured is a policy of b permits under which every hold is
+// measured (Adaptive) and b stays.
+func dlEveryOneMeasured(b int) Policy {
+	return Policy{MaxConcurrent: b, MaxQueue: 4 * b, QueueWait: time.Second, Adaptive: true, MinConcurrent: b}
+}
+
+// A mix of fast and slow statements, each judged by its own class: with
+// slow reports among them, a fast statement whose deadline is ten times
+// its own hold is never refused while it need not wait.
+func TestInAMixNoCallIsRefusedWhoseDeadlineIsTenTimesItsOwnHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var w dlWork
+		g, db, fc := dlGate(t, dlEveryOneMeasured(4))
+		fc.SetHook(w.hook)
+		var load dlLoad
+		stop := make(chan struct{})
+		load.run(db, 4, stop, func(i int) (string, time.Duration) {
+			if i%10 == 9 {
+				return "sleep 30ms", 300 * time.Millisecond
+			}
+			return "sleep 1ms", 10 * time.Millisecond
+		})
+		time.Sleep(10 * time.Second)
+		close(stop)
+		load.wg.Wait()
+		if load.late.Load() != 0 || load.other.Load() != 0 || load.ok.Load() < 1000 {
+			t.Fatalf("%d ran, %d refused as late, %d failed; want none refused, none failed (stats %+v)", load.ok.Load(), load.late.Load(), load.other.Load(), g.Stats())
+		}
+	})
+}
+
+// After one statement a thousand times slower than the rest, of their own
+// text or another, no call is refused whose deadline is ten times its
+// class's usual hold (each caller has a permit of its own).
+func TestAfterOneStatementAThousandTimesSlowerNoCallWithTenTimesItsHoldIsRefused(t *testing.T) {
+	for _, slow := range []string{"sleep 1s", "sleep 1ms"} { // another text, then the same one
+		t.Run(slow, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var w dlWork
+				g, db, fc := dlGate(t, dlEveryOneMeasured(2))
+				fc.SetHook(w.hook)
+				var load dlLoad
+				stop := make(chan struct{})
+				load.run(db, 2, stop, func(i int) (string, time.Duration) {
+					if i == 100 {
+						w.outlier.Store(slow == "sleep 1ms")
+						return slow, 2 * time.Second
+					}
+					return "sleep 1ms", 10 * time.Millisecond
+				})
+				time.Sleep(5 * time.Second)
+				close(stop)
+				load.wg.Wait()
+				if load.late.Load() != 0 || load.other.Load() != 0 {
+					t.Fatalf("%d ran, %d refused as late, %d failed; want none refused (stats %+v)", load.ok.Load(), load.late.Load(), load.other.Load(), g.Stats())
+				}
+			})
+		})
 	}
-	if s := g.Stats(); s.RejectedDeadline != 2 || s.Running != 0 || s.Waiting != 0 || len(ev.list()) != 2 {
-		t.Fatalf("stats %+v, want every permit back and still 2 deadline rejections", s)
-	}
+}
+
+// A lock held 3s: statements with 2s deadlines are cut off at them, their
+// class's estimate rises past the deadlines and calls are refused; once
+// the lock is released, calls run again within a second.
+func TestAfterALockCallsRunAgainWithinASecondOfItsRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := dlWork{cancel: 100 * time.Millisecond}
+		g, db, fc := dlGate(t, Policy{MaxConcurrent: 4, MaxQueue: 16, QueueWait: 2 * time.Second})
+		fc.SetHook(w.hook)
+		var (
+			mu        sync.Mutex
+			lastFail  time.Time
+			firstOK   time.Time
+			released  time.Time
+			refusedIn atomic.Int64
+		)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					_, err := db.ExecContext(ctx, "sleep 5ms")
+					cancel()
+					now := time.Now()
+					mu.Lock()
+					if !released.IsZero() {
+						if err == nil && firstOK.IsZero() {
+							firstOK = now
+						}
+						if err != nil {
+							lastFail = now
+						}
+					}
+					mu.Unlock()
+					if errors.Is(err, ErrWouldMissDeadline) {
+						refusedIn.Add(1)
+					}
+					if err != nil {
+						time.Sleep(10 * time.Millisecond) // a caller backs off a little
+					}
+				}
+			})
+		}
+		time.Sleep(time.Second)
+		w.hold()
+		time.Sleep(3 * time.Second)
+		mu.Lock()
+		released = time.Now()
+		mu.Unlock()
+		w.release()
+		time.Sleep(3 * time.Second)
+		close(stop)
+		wg.Wait()
+		if refusedIn.Load() == 0 {
+			t.Fatalf("no call refused as late during the lock: the scenario did not happen (stats %+v)", g.Stats())
+		}
+		if firstOK.IsZero() || firstOK.Sub(released) > time.Second {
+			t.Fatalf("first call run %v after the lock's release, want within 1s (stats %+v)", firstOK.Sub(released), g.Stats())
+		}
+		if lastFail.Sub(released) > time.Second+100*time.Millisecond {
+			t.Fatalf("a call failed %v after the lock's release, want none after the first second", lastFail.Sub(released))
+		}
+	})
+}
+
+// Statements cancelled by their callers keep their permits while the
+// driver stops them (pgx's cancel request: 100ms): that tells nothing of
+// the work, and does not raise their class's estimate.
+func TestACallCancelledByItsCallerDoesNotRaiseItsClassesEstimate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := dlWork{cancel: 100 * time.Millisecond}
+		g, db, fc := dlGate(t, Policy{MaxConcurrent: 1, MaxQueue: 8, QueueWait: time.Second})
+		fc.SetHook(w.hook)
+		var wg sync.WaitGroup
+		for i := range 16 {
+			wg.Go(func() {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				if i%2 == 0 {
+					time.AfterFunc(5*time.Millisecond, cancel) // given up on mid-statement
+				}
+				db.ExecContext(ctx, "sleep 9ms")
+			})
+		}
+		wg.Wait()
+		r := g.est.ref(classKey{kind: KindExec, text: "sleep 9ms"}, false)
+		if d, ok := r.estimate(time.Now()); !ok || d > 9*time.Millisecond {
+			t.Fatalf("estimate %v (%v) after statements of 9ms, half cancelled by their callers; want 9ms at most", d, ok)
+		}
+	})
 }
 
 // Hold times are measured on operations that could not take their
@@ -661,8 +852,8 @@ func TestTheGateMeasuresHoldTimesOffTheFastPathOrAllWhenAdaptive(t *testing.T) {
 }
 
 // Once a budget has measured a hold, an operation that takes its last
-// execution permit on the fast path is measured too, so that a hold
-// estimate that got too long comes down while nobody waits.
+// execution permit on the fast path is measured too, so that estimates
+// that got too long come down while nobody waits.
 func TestTheFastPathMeasuresTheOperationThatTakesTheLastPermit(t *testing.T) {
 	l := newBudget("")
 	l.resize(2, 0, 0, false, 0)
@@ -670,65 +861,54 @@ func TestTheFastPathMeasuresTheOperationThatTakesTheLastPermit(t *testing.T) {
 		t.Fatalf("first permit, no hold measured: ok %v measure %v, want true, false", ok, measure)
 	}
 	l.release(0)
-	dlSetHold(l, time.Hour)
+	dlSetRecent(l, time.Hour)
 	if ok, measure, _ := l.tryAcquire(); !ok || measure {
 		t.Fatalf("first of two permits: ok %v measure %v, want true, false", ok, measure)
 	}
 	if ok, measure, _ := l.tryAcquire(); !ok || !measure {
 		t.Fatalf("last permit with a hold measured: ok %v measure %v, want true, true", ok, measure)
 	}
-	l.release(time.Millisecond)
 	l.release(0)
-	if s := admStats(l); s.Hold >= time.Hour {
-		t.Fatalf("Hold %v after a short hold measured, want it lowered", s.Hold)
-	}
+	l.release(0)
 }
 
 // Through database/sql: an operation that finds a permit free but whose
-// deadline is closer than the hold is refused once it holds its server
-// connection, before the driver sees it; once such refusals went on for
-// four margins with no hold measured, one runs, and its hold, measured
-// though it left a permit free, restarts the average.
-func TestALateOperationIsRefusedWithAPermitFreeUntilTheHoldIsStale(t *testing.T) {
-	var ev dlRejects
-	g, db, fc := dlGate(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, ev.option())
-	bg := context.Background()
-	if _, err := db.ExecContext(bg, "UPDATE t SET v = 0"); err != nil {
-		t.Fatal(err)
-	}
-	dlSetHold(g.global, time.Hour)
-	execs := fc.Count(fakedb.OpExec)
-	ctx := dlDeadline(t, time.Minute)
-	_, err := db.ExecContext(ctx, "UPDATE t SET v = 1")
-	if re := dlMissed(t, "exec, a permit free", err); re.Waited != 0 || re.Hold != time.Hour {
-		t.Fatalf("rejection %+v, want no wait and the hold of 1h", re)
-	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err == nil {
-		tx.Rollback()
-	}
-	dlMissed(t, "begin, a permit free", err)
-	if n := fc.Count(fakedb.OpExec) - execs; n != 0 {
-		t.Fatalf("the driver saw %d execs of refused operations, want 0", n)
-	}
-	if evs := ev.list(); len(evs) != 2 || evs[0].Reason != ErrWouldMissDeadline {
-		t.Fatalf("OnReject events %+v, want 2 for ErrWouldMissDeadline", evs)
-	}
-
-	g.global.mu.Lock()
-	g.global.refusing = time.Now().Add(-4*time.Hour - time.Minute) // four margins (dev 0) ago
-	g.global.mu.Unlock()
-	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 2"); err != nil {
-		t.Fatalf("after four margins of refusals: %v, want it run", err)
-	}
-	// It took no last permit, yet its hold is measured, and it restarts the average.
-	if s := g.Stats(); s.Hold >= time.Minute {
-		t.Fatalf("hold %v after the operation that ran, want the average restarted from it, far below 1h", s.Hold)
-	}
-	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 3"); err != nil {
-		t.Fatalf("once the hold was measured again: %v, want it run", err)
-	}
-	if s := g.Stats(); s.RejectedDeadline != 2 || s.Admitted != 3 || s.Running != 0 || fc.Count(fakedb.OpExec)-execs != 2 {
-		t.Fatalf("stats %+v, %d execs; want 2 deadline rejections, 3 admitted, none running, 2 execs", s, fc.Count(fakedb.OpExec)-execs)
-	}
+// deadline is closer than its class's hold is refused once it holds its
+// server connection, before the driver sees it; after probeGap of such
+// refusals, one goes as a probe, and its hold, measured though it took no
+// last permit, restarts the estimate when fast.
+func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var ev dlRejects
+		var w dlWork
+		g, db, fc := dlGate(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, ev.option())
+		fc.SetHook(w.hook)
+		r := g.est.ref(classKey{kind: KindExec, text: "sleep 1ms"}, true)
+		now := time.Now()
+		for range holdSamples {
+			g.est.observe(r, time.Minute, false, now, now) // it used to hold a minute
+		}
+		execs := fc.Count(fakedb.OpExec)
+		ctx := dlDeadline(t, time.Second)
+		_, err := db.ExecContext(ctx, "sleep 1ms")
+		if re := dlMissed(t, "exec, a permit free", err); re.Waited != 0 || re.Hold != time.Minute {
+			t.Fatalf("rejection %+v, want no wait and the hold of 1m", re)
+		}
+		if n := fc.Count(fakedb.OpExec) - execs; n != 0 {
+			t.Fatalf("the driver saw %d execs of refused operations, want 0", n)
+		}
+		time.Sleep(probeGap)
+		if _, err := db.ExecContext(ctx, "sleep 1ms"); err != nil {
+			t.Fatalf("after probeGap of refusals: %v, want it run as a probe", err)
+		}
+		if d, _ := r.estimate(time.Now()); d != time.Millisecond {
+			t.Fatalf("estimate %v after the probe's 1ms, want it restarted from it", d)
+		}
+		if _, err := db.ExecContext(ctx, "sleep 1ms"); err != nil {
+			t.Fatalf("once the probe was measured: %v, want it run", err)
+		}
+		if s := g.Stats(); s.RejectedDeadline != 1 || s.Admitted != 2 || len(ev.list()) != 1 {
+			t.Fatalf("stats %+v, want 1 deadline rejection, 2 admitted", s)
+		}
+	})
 }

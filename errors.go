@@ -51,7 +51,10 @@ type RejectedError struct {
 	MaxQueue         int           // Q of that budget
 	Running, Waiting int           // that budget's operations running, and admitted and waiting
 	Waited           time.Duration // time spent waiting; 0 for ErrAdmissionFull
-	Hold             time.Duration // the budget's estimate of a hold time (ErrWouldMissDeadline)
+	// ErrWouldMissDeadline: what it was judged on. Hold is the hold its kind
+	// of work takes (the median of its last ones), Ahead the wait expected
+	// before its turn, Left the time left until its deadline: Ahead+Hold > Left.
+	Hold, Ahead, Left time.Duration
 }
 
 func (e *RejectedError) Error() string {
@@ -64,7 +67,8 @@ func (e *RejectedError) Error() string {
 	case ErrQueueTimeout:
 		return fmt.Sprintf("bulkhead: queue wait timed out%s after %v: %s", budget, e.Waited, held)
 	case ErrWouldMissDeadline:
-		return fmt.Sprintf("bulkhead: would miss its deadline%s after a wait of %v, with operations holding their permits %v: %s", budget, e.Waited, e.Hold, held)
+		return fmt.Sprintf("bulkhead: would miss its deadline%s after a wait of %v: %v left, its kind of work holds its permits %v after about %v more of waiting: %s",
+			budget, e.Waited, e.Left, e.Hold, e.Ahead, held)
 	case ErrLeaseExpired:
 		return fmt.Sprintf("bulkhead: lease expired%s (Gate.CapUntil), on its fallback share: %s", budget, held)
 	}

@@ -136,12 +136,12 @@ func TestAWaiterQueuedInItsWorkloadIsNotShedForAGlobalPermitItDoesNotHold(t *tes
 	low := WithWorkload(context.Background(), "low")
 	high := WithWorkload(context.Background(), "high")
 	var running permit
-	if err := g.acquire(low, KindExec, &running); err != nil {
+	if err := g.acquire(low, KindExec, "", &running); err != nil {
 		t.Fatal(err)
 	}
 	queued := make(chan error, 1)
 	var lp permit
-	go func() { queued <- g.acquire(low, KindExec, &lp) }()
+	go func() { queued <- g.acquire(low, KindExec, "", &lp) }()
 	lowBudget := g.workload("low")
 	admWaitFor(t, func() bool { return admStats(lowBudget).Waiting == 1 })
 	if s := admRead(g.global); s.waiting != 0 || s.admitted != 1 {
@@ -149,7 +149,7 @@ func TestAWaiterQueuedInItsWorkloadIsNotShedForAGlobalPermitItDoesNotHold(t *tes
 	}
 	got := make(chan error, 1)
 	var hp permit
-	go func() { got <- g.acquire(high, KindExec, &hp) }()
+	go func() { got <- g.acquire(high, KindExec, "", &hp) }()
 	admWaitFor(t, func() bool { return admStats(g.global).Waiting == 1 })
 	g.release(&running)
 	if err := <-got; err != nil {

@@ -165,7 +165,7 @@ func (st *stmt) Query(args []driver.Value) (driver.Rows, error) {
 // ExecContext runs st under both permits, or in c's open transaction.
 func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	c := st.c
-	p, err := c.startExec(ctx)
+	p, err := c.startExec(ctx, st.q.text)
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +182,7 @@ func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driv
 
 // QueryContext runs st as conn.QueryContext runs a query.
 func (st *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	return st.c.runQuery(ctx, func() (driver.Rows, driver.Stmt, error) {
+	return st.c.runQuery(ctx, st.q.text, func() (driver.Rows, driver.Stmt, error) {
 		si, err := st.on(ctx)
 		if err != nil {
 			return nil, nil, err

@@ -588,7 +588,7 @@ func TestAHigherPriorityArrivalShedsNobodyWhenItWouldBeRefusedAtOnce(t *testing.
 		}
 		ctx, cancel := context.WithTimeout(high, 20*time.Millisecond)
 		defer cancel()
-		_, err = r.db.ExecContext(ctx, "quick")
+		_, err = r.db.ExecContext(ctx, "hold l") // its class's hold: l's
 		if !errors.Is(err, bulkhead.ErrRejected) {
 			t.Fatalf("a high-priority arrival whose deadline is a fifth of the hold: %v, want a rejection", err)
 		}

@@ -1,0 +1,261 @@
+package bulkhead
+
+import (
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The hold estimates: how long an operation will hold its permits, learnt
+// per class of work (a statement's text; a transaction's workload), from
+// the holds measured (admission.go says which). A class's estimate is the
+// lower median of its last holdSamples holds, which one outlier cannot
+// lift; holds cut off at their deadline are lower bounds of the work: the
+// estimate is at least the longest of those since the last complete hold. It refuses work only
+// on fresh evidence: it is not used once its last hold is older than
+// staleAfter (or four times itself), and while it refuses a class's work
+// one operation goes as a probe every probeGap, twice that after each probe
+// that found the work as slow, up to maxProbeGap; a probe that held less
+// than half the estimate restarts it. So a database fast again is believed
+// within maxProbeGap and that probe's own hold.
+
+const (
+	// holdSamples is how many holds of a class its estimate is the median of.
+	holdSamples = 8
+	// classSets×2 classes are kept, each set's least recently measured out.
+	classSets = 128
+	// probeGap is how soon a class whose work is refused lets one operation go.
+	probeGap = 250 * time.Millisecond
+	// maxProbeGap bounds the gap between probes that find the work as slow.
+	maxProbeGap = time.Second
+	// staleAfter is the least age of a class's last hold past which its estimate refuses nothing.
+	staleAfter = time.Second
+)
+
+// classKey names a class: the statement's text for an autocommit statement
+// or query, the workload for a transaction (text "").
+type classKey struct {
+	kind     Kind
+	workload string
+	text     string
+}
+
+// class is one class of work and its holds; guarded by its set's mutex.
+type class struct {
+	key      classKey
+	gen      uint64                     // bumped each time the slot takes another class; 0: empty
+	holds    [holdSamples]time.Duration // the last holds, in a ring
+	n, next  int
+	cut      time.Duration // the longest of the holds cut off at their deadline since the last complete one
+	est      time.Duration // the lower median of holds, or cut if longer; 0: none measured
+	last     time.Time     // when the last hold was measured
+	since    time.Time     // holds of operations started before it tell nothing (a restart)
+	refusing time.Time     // since when its work is refused; zero: it is not
+	probeAt  time.Time     // while refusing, when the next probe may go
+	gap      time.Duration // the gap to the next probe; 0: probeGap
+}
+
+type classSet struct {
+	mu   sync.Mutex
+	ways [2]class
+}
+
+// estimator keeps a gate's classes: a fixed number, two per set of the
+// key's hash, the least recently measured of the two out.
+type estimator struct {
+	seed  maphash.Seed
+	sets  [classSets]classSet
+	gens  atomic.Uint64
+	top   atomic.Int64 // at least every fresh estimate: an operation with longer left is never late
+	topAt atomic.Int64 // when top was last worked out anew (UnixNano)
+}
+
+func newEstimator() *estimator { return &estimator{seed: maphash.MakeSeed()} }
+
+// classRef is a class as a lookup found it: its slot and generation. A
+// zero classRef, or one whose slot took another class since, estimates
+// nothing and records nothing.
+type classRef struct {
+	set *classSet
+	c   *class
+	gen uint64
+}
+
+// ref finds k's class; with create, one not kept replaces the least
+// recently measured of its set.
+func (e *estimator) ref(k classKey, create bool) classRef {
+	h := maphash.String(e.seed, k.text)
+	if k.workload != "" {
+		h ^= maphash.String(e.seed, k.workload) * 31
+	}
+	h += uint64(k.kind)
+	set := &e.sets[h%classSets]
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	for i := range set.ways {
+		if c := &set.ways[i]; c.gen != 0 && c.key == k {
+			return classRef{set, c, c.gen}
+		}
+	}
+	if !create {
+		return classRef{}
+	}
+	c := &set.ways[0]
+	if o := &set.ways[1]; o.gen == 0 || c.gen != 0 && o.last.Before(c.last) {
+		c = o
+	}
+	*c = class{key: k, gen: e.gens.Add(1)}
+	return classRef{set, c, c.gen}
+}
+
+// estimate returns the class's hold estimate at now, if it has a fresh one.
+func (r classRef) estimate(now time.Time) (time.Duration, bool) {
+	if r.c == nil {
+		return 0, false
+	}
+	r.set.mu.Lock()
+	defer r.set.mu.Unlock()
+	c := r.c
+	if c.gen != r.gen || !c.freshLocked(now) {
+		return 0, false
+	}
+	return c.est, true
+}
+
+// judge reports whether an operation of the class due at dl, expected to
+// wait ahead before it holds its permits from now, is refused as late, and
+// the estimate it was judged by. An operation let through ends the class's
+// refusals; while they go on, one goes every gap whatever its deadline, a
+// probe, measured.
+func (r classRef) judge(now, dl time.Time, ahead time.Duration) (refuse bool, est time.Duration) {
+	if r.c == nil {
+		return false, 0
+	}
+	r.set.mu.Lock()
+	defer r.set.mu.Unlock()
+	c := r.c
+	if c.gen != r.gen || !c.freshLocked(now) {
+		return false, 0
+	}
+	switch {
+	case !now.Add(ahead + c.est).After(dl):
+		c.refusing, c.gap = time.Time{}, 0
+		return false, c.est
+	case c.refusing.IsZero():
+		c.refusing, c.probeAt = now, now.Add(c.gapLocked())
+		return true, c.est
+	case now.Before(c.probeAt):
+		return true, c.est
+	}
+	c.probeAt = later(now, dl).Add(c.gapLocked()) // the next one, once this one is done or cut off
+	return false, c.est
+}
+
+func (c *class) gapLocked() time.Duration {
+	if c.gap == 0 {
+		return probeGap
+	}
+	return c.gap
+}
+
+// freshLocked reports whether c's estimate may refuse work at now.
+func (c *class) freshLocked(now time.Time) bool {
+	return c.est > 0 && (!c.refusing.IsZero() || now.Sub(c.last) <= max(staleAfter, 4*c.est))
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// observe records a hold of r's class measured at now, of an operation
+// started at start; cut says it was cut off at its deadline: it needed at
+// least held. A hold of an operation started while the class refused work
+// is a probe's: complete and under half the estimate it restarts it (holds
+// of operations started before are then ignored), else the next probe
+// waits twice as long.
+func (e *estimator) observe(r classRef, held time.Duration, cut bool, start, now time.Time) {
+	if r.c == nil {
+		return
+	}
+	r.set.mu.Lock()
+	c := r.c
+	if c.gen != r.gen || start.Before(c.since) {
+		r.set.mu.Unlock()
+		return
+	}
+	if !c.refusing.IsZero() && !start.Before(c.refusing) {
+		if !cut && held < c.est/2 {
+			c.n, c.next, c.cut, c.since, c.refusing, c.gap = 0, 0, 0, start, time.Time{}, 0
+		} else {
+			c.gap = min(2*c.gapLocked(), maxProbeGap)
+			c.probeAt = now.Add(c.gap)
+		}
+	}
+	if cut {
+		c.cut = max(c.cut, held)
+	} else {
+		c.cut = 0
+		c.holds[c.next] = held
+		c.next = (c.next + 1) % holdSamples
+		c.n = min(c.n+1, holdSamples)
+	}
+	c.est, c.last = c.cut, now
+	if c.n > 0 {
+		c.est = max(c.cut, lowerMedian(c.holds[:c.n]))
+	}
+	est := c.est
+	r.set.mu.Unlock()
+	if top := e.top.Load(); int64(est) > top {
+		e.top.CompareAndSwap(top, int64(est))
+	}
+	if at := e.topAt.Load(); now.UnixNano()-at > int64(staleAfter) && e.topAt.CompareAndSwap(at, now.UnixNano()) {
+		e.top.Store(int64(e.highest(now)))
+	}
+}
+
+// highest returns the highest fresh estimate at now.
+func (e *estimator) highest(now time.Time) time.Duration {
+	var top time.Duration
+	for i := range e.sets {
+		set := &e.sets[i]
+		set.mu.Lock()
+		for j := range set.ways {
+			if c := &set.ways[j]; c.gen != 0 && c.est > top && (!c.refusing.IsZero() || now.Sub(c.last) <= max(staleAfter, 4*c.est)) {
+				top = c.est
+			}
+		}
+		set.mu.Unlock()
+	}
+	return top
+}
+
+// lowerMedian returns the lower median of ds, which it leaves unchanged.
+func lowerMedian(ds []time.Duration) time.Duration {
+	var s [holdSamples]time.Duration
+	n := copy(s[:], ds)
+	for i := 1; i < n; i++ { // insertion sort: n ≤ holdSamples
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+	return s[(n-1)/2]
+}
+
+// holdRing is a budget's last holds, all classes together: their lower
+// median is the wait one operation ahead adds, per execution permit.
+type holdRing struct {
+	holds   [holdSamples]time.Duration
+	n, next int
+	median  time.Duration
+}
+
+func (h *holdRing) add(held time.Duration) {
+	h.holds[h.next] = held
+	h.next = (h.next + 1) % holdSamples
+	h.n = min(h.n+1, holdSamples)
+	h.median = lowerMedian(h.holds[:h.n])
+}
