@@ -2,106 +2,168 @@ package bulkhead
 
 import "time"
 
-// adaptive moves a budget's limit between floor and ceil, as TCP Vegas does:
-// from each window's mean hold and the lowest one (no queueing in the
-// database) it estimates the operations queued there, limit·(1 − lowest/mean).
-// It grows the limit by one below a third while callers wanted more, and
-// shrinks it by one above one. A growth after which half an operation queued
-// and the throughput rose by less than a quarter of what one more operation
-// could bring is undone, and not tried again for 4·probeEvery windows, twice
-// as many after each such undo in a row, up to 32·probeEvery, even across a
-// visit to the floor: longer work does not give the database more cores. It
-// is judged only on a window in which callers waited, or were refused, at
-// every completion: otherwise the throughput measured is the callers'
-// arrivals, and the growth is kept.
-// Every probeEvery windows, unless one of them read under a third, one runs
-// at the floor to measure the lowest hold again. Guarded by the budget's mutex.
+// adaptive moves a budget's limit between floor and ceil to the least that
+// gets the most throughput. Throughput is counted in work, not operations,
+// by Little's law: with every permit busy, limit·Σbase/Σheld over a window
+// of completions, each weighed by its class's base hold (the least
+// estimate its class of work had, estimate.go); so a mix of short and long
+// statements reads as the work it is, and nothing is credited by when it
+// happened to complete. A window is max(8, 4·limit) completions of
+// operations started under the limit, and as
+// many in effect when their base holds differ ((Σbase)²/Σbase²: a few long
+// operations weigh as few); the limit
+// moves only on a window in which callers waited, or were refused, at
+// every completion (otherwise permits sat idle and the callers set the
+// throughput), and each move is judged on the window after it: a step up
+// is kept if it won at least upGain of what the added operations could
+// bring, a step down if it lost at most as much; else it is undone and
+// that direction is not tried again for backoffMin windows, twice as many
+// after each undo in a row, up to backoffMax. From the floor the limit
+// doubles while each doubling wins slowGain of what it could (slow start).
+// Past it, the operations waiting inside the database, limit less the
+// throughput (TCP Vegas's estimate), call for a step down above one, a
+// step up under a third, and otherwise a step up every exploreEvery
+// windows, for work whose holds grow with the limit while throughput still
+// rises, at once after a step up that was kept. Guarded by the budget's
+// mutex.
 type adaptive struct {
 	floor, ceil int
 
-	n       int           // completions in the window
-	sum     time.Duration // their hold times
-	start   time.Time     // when the window began; zero: unknown
-	wanted  bool          // callers waited or were refused during the window
-	dry     bool          // a completion of the window found no caller waiting, nor refused since the one before
-	refused bool          // a caller was refused since the last completion
+	// The window being measured.
+	n          int           // completions
+	base, held time.Duration // their classes' base holds, and their holds
+	base2      float64       // the squares of the base holds, in seconds²
+	busy       bool          // callers waited or were refused at every completion so far
+	refused    bool          // a caller was refused since the last completion
 
-	low       time.Duration // the lowest window mean since the last probe; 0: none
-	windows   int           // windows since the last probe
-	confirmed bool          // a window since the last probe read under a third queued
-	resume    int           // during a probe, the limit to return to; 0: none
-	before    float64       // the throughput (per second) of the window before a growth; 0: none
-	top       int           // the limit a growth undone tried, not tried again for blocked windows; 0: none
-	blocked   int           // windows left before top may be tried again
-	backoff   int           // the last undo's blocked windows; 0 once a growth is kept
+	slow        bool    // slow start: the limit doubles while doubling pays
+	from        int     // the limit before the move being judged; 0: none
+	fromRate    float64 // the throughput at from
+	upTop       int     // a step up to it or above is blocked for upBlock windows (an undone one tried it)
+	upBlock     int
+	downBottom  int // likewise a step down to it or below
+	downBlock   int
+	upBackoff   int // the last undo's blocks; 0 once a step is kept
+	downBackoff int
+	climb       bool // the last step up was kept: the next is tried at once
+	quiet       int  // windows since the last move
+
+	last Move // the last move, and what it was made on
 }
+
+// Move is a change of the B in force under Policy.Adaptive and the signal
+// it was made on (Stats.LastMove).
+type Move struct {
+	From, To int
+	// Why: "slow start" (doubling while it pays), "queueing" (more than one
+	// operation waits inside the database), "room" (under a third does),
+	// "explore" (a periodic step up), "undone" (the step before won, or
+	// lost, too much or too little), "kept" (the step before was judged
+	// and kept), or "" before any.
+	Why string
+	// Queued is Vegas's estimate of the operations waiting inside the
+	// database over the window the move was made on: B less the
+	// throughput, B·Σbase/Σheld with each hold's class's base hold; Gain
+	// is that throughput ÷ the one before the step judged (0: none judged).
+	Queued, Gain float64
+}
+
+const (
+	upGain       = 0.125 // a step up must win this share of what the added operations could bring; a step down may lose as much
+	slowGain     = 0.125 // slow start goes on while a doubling wins this share of what it could
+	exploreEvery = 8     // windows between two steps up the holds do not call for
+	backoffMin   = 16    // windows a direction is blocked after an undo
+	backoffMax   = 512   // the most it is blocked after undos in a row
+)
+
+func newAdaptive() *adaptive { return &adaptive{slow: true} }
 
 // want records a caller refused (in dry-run, one that would have waited).
-func (a *adaptive) want() {
-	a.wanted, a.refused = true, true
-}
+func (a *adaptive) want() { a.refused = true }
 
-// probeEvery is how many windows pass between two probes of the lowest hold.
-const probeEvery = 32
-
-// observe adds the hold time of one operation run under limit b, completed at
-// now; waited reports whether callers wait now. At a window's end it returns
-// the limit to put in force, and true if it differs from b.
-func (a *adaptive) observe(held time.Duration, b int, waited bool, now time.Time) (int, bool) {
-	a.n++
-	a.sum += held
-	busy := waited || a.refused
-	a.wanted, a.dry, a.refused = a.wanted || busy, a.dry || !busy, false
-	if a.n < max(8, 4*b) {
+// observe adds the completion of one operation under limit b, started
+// under limit from: it held its permits held, its class's base hold is
+// base; waited reports whether callers wait now. Only operations started
+// under b count: one from before a move held them under the limit before.
+// At a window's end it returns the limit to put in force, and true if it
+// differs from b.
+func (a *adaptive) observe(held, base time.Duration, from, b int, waited bool) (int, bool) {
+	if a.n == 0 {
+		a.busy = true
+	}
+	if from != b {
+		a.busy = a.busy && (waited || a.refused)
 		return b, false
 	}
-	mean := a.sum / time.Duration(a.n)
-	var rate float64
-	if el := now.Sub(a.start); !a.start.IsZero() && el > 0 {
-		rate = float64(a.n) / el.Seconds()
+	a.n++
+	a.base += base
+	a.held += max(held, 1)
+	a.base2 += base.Seconds() * base.Seconds()
+	a.busy = a.busy && (waited || a.refused)
+	a.refused = false
+	size := float64(max(8, 4*b))
+	if sum := a.base.Seconds(); float64(a.n) < size || sum*sum/a.base2 < size-0.5 {
+		return b, false
 	}
-	wanted, dry, before := a.wanted, a.dry, a.before
-	a.n, a.sum, a.wanted, a.dry, a.before, a.start = 0, 0, false, false, 0, now
-	a.windows++
-	if a.blocked > 0 {
-		a.blocked--
-	}
-	if a.blocked == 0 {
-		a.top = 0
-	}
-	if b <= a.floor {
-		a.low, a.windows, a.confirmed = mean, 0, false
-	} else if a.low == 0 || mean < a.low {
-		a.low = mean
-	}
-	if a.resume > 0 { // the probe window ended
-		nb := min(max(a.resume, a.floor), a.ceil)
-		a.resume = 0
-		return nb, nb != b
-	}
-	queued := float64(b) * (1 - float64(a.low)/float64(mean))
-	a.confirmed = a.confirmed || queued < 1.0/3
-	if a.windows >= probeEvery {
-		a.windows = 0
-		if !a.confirmed {
-			a.resume = b
-			return a.floor, a.floor != b
+	rate := float64(b) * float64(a.base) / float64(a.held)
+	queued, busy := float64(b)-rate, a.busy
+	a.n, a.base, a.held, a.base2 = 0, 0, 0, 0
+	a.upBlock, a.downBlock = max(a.upBlock-1, 0), max(a.downBlock-1, 0)
+	a.quiet++
+
+	if a.from != 0 && busy { // judge the move made on the window before
+		from, gain := a.from, rate/a.fromRate
+		a.from = 0
+		step := float64(b-from) / float64(from) // the share the change could win; negative down
+		a.last = Move{From: b, To: b, Why: "kept", Queued: queued, Gain: gain}
+		if gain < 1+upGain*step {
+			if b > from {
+				a.upBackoff = min(max(2*a.upBackoff, backoffMin), backoffMax)
+				a.upTop, a.upBlock, a.slow = b, a.upBackoff, false
+				// A doubling that won what one step must: climb by steps.
+				a.climb = b-from > 1 && gain >= 1+upGain/float64(from)
+			} else {
+				a.downBackoff = min(max(2*a.downBackoff, backoffMin), backoffMax)
+				a.downBottom, a.downBlock = b, a.downBackoff
+			}
+			a.last, a.quiet = Move{From: b, To: from, Why: "undone", Queued: queued, Gain: gain}, 0
+			return from, true
 		}
-		a.confirmed = false
+		if b > from {
+			a.upBackoff, a.climb = 0, true
+			a.slow = a.slow && gain >= 1+slowGain*step
+		} else {
+			a.downBackoff, a.climb = 0, false
+		}
 	}
-	undo := before > 0 && !dry && queued > 0.5 && b > a.floor && rate < before*(float64(b)-0.75)/float64(b-1)
-	if before > 0 && !undo {
-		a.backoff = 0 // the growth is kept
+	a.from = 0 // kept unjudged if callers did not keep every permit busy
+	if !busy {
+		return b, false
 	}
-	nb := b
+	up := b < a.ceil && (a.upBlock == 0 || b+1 < a.upTop)
+	down := b > a.floor && (a.downBlock == 0 || b-1 > a.downBottom)
+	nb, why := b, ""
 	switch {
-	case undo: // the growth queued work and won little throughput
-		a.backoff = min(max(2*a.backoff, 4*probeEvery), 32*probeEvery)
-		nb, a.top, a.blocked = b-1, b, a.backoff
-	case queued > 1 && b > a.floor:
-		nb = b - 1
-	case queued < 1.0/3 && wanted && b < a.ceil && (a.top == 0 || b+1 < a.top):
-		nb, a.before = b+1, rate
+	case a.slow && up:
+		nb, why = min(2*b, a.ceil), "slow start"
+		if a.upBlock > 0 {
+			nb = min(nb, a.upTop-1)
+		}
+	case a.climb && up:
+		nb, why = b+1, "climb"
+	case queued > 1 && down:
+		nb, why = b-1, "queueing"
+	case queued < 1.0/3 && up:
+		nb, why = b+1, "room"
+	case a.quiet >= exploreEvery && up:
+		nb, why = b+1, "explore"
 	}
-	return nb, nb != b
+	a.climb = a.climb && why == "climb"
+	a.slow = a.slow && why == "slow start"
+	if nb == b {
+		return b, false
+	}
+	a.from, a.fromRate, a.quiet = b, rate, 0
+	a.last = Move{From: b, To: nb, Why: why, Queued: queued}
+	return nb, true
 }

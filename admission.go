@@ -37,9 +37,10 @@ type budget struct {
 	nAdmitted, nFull, nTimeout, nConnFailed, nCanceled, nWait, nWaitNanos, nWouldWait atomic.Int64
 
 	// Off the fields every operation touches; guarded by mu.
-	prio      int       // a workload's Priority: that of its operations in the global budget
-	recent    holdRing  // its operations' last holds, all classes together
-	adapt     *adaptive // moves b within its ceiling; nil: b is the limit set
+	prio      int        // a workload's Priority: that of its operations in the global budget
+	recent    holdRing   // its operations' last holds, all classes together
+	adapt     *adaptive  // moves b within its ceiling; nil: b is the limit set
+	onMove    func(Move) // Events.OnLimit, for the global budget; set by New
 	nDeadline atomic.Int64
 	nLease    atomic.Int64
 	lease     time.Time   // when set, the instant b stops holding (Gate.CapUntil); then b ≤ leaseB
@@ -59,6 +60,7 @@ type waiter struct {
 	prio       int
 	granted    bool
 	lease      time.Time // the lease it was granted under
+	under      int       // the b it was granted under
 	cause      error     // why it was sent away; nil: it was not
 	shed       bool      // its admission permit passed on
 	class      classRef  // its class, whose estimate judges its deadline
@@ -81,7 +83,7 @@ func (l *budget) resize(b, q int, wait time.Duration, dryRun bool, floor int) {
 	case floor <= 0:
 		l.adapt = nil
 	case l.adapt == nil:
-		l.adapt = &adaptive{}
+		l.adapt = newAdaptive()
 		l.b = floor // start low: never above what the database showed it can take
 	}
 	if l.adapt != nil {
@@ -184,9 +186,9 @@ func (l *budget) ceilingLocked() int {
 }
 
 // tryAcquire takes both permits if both are free and nobody waits, reporting
-// whether it did, under which lease, and whether to measure the hold: the
-// budget is adaptive, or this took the last permit of one that measured before.
-func (l *budget) tryAcquire() (ok, measure bool, lease time.Time) {
+// whether it did, under which lease and b, and whether to measure the hold:
+// the budget is adaptive, or this took the last permit of one that measured before.
+func (l *budget) tryAcquire() (ok, measure bool, lease time.Time, under int) {
 	l.mu.Lock()
 	l.leaseLocked()
 	ok = !l.closed && l.waiting == 0 && l.running < l.b && l.admitted < l.b+l.q
@@ -194,10 +196,10 @@ func (l *budget) tryAcquire() (ok, measure bool, lease time.Time) {
 		l.admitted++
 		l.running++
 		measure = l.adapt != nil || l.running == l.b && l.recent.n > 0
-		lease = l.lease
+		lease, under = l.lease, l.b
 	}
 	l.mu.Unlock()
-	return ok, measure, lease
+	return ok, measure, lease, under
 }
 
 // wantLocked tells the adaptive limit, if any, that callers wanted more than b.
@@ -210,8 +212,15 @@ func (l *budget) wantLocked() {
 // release gives back both permits, the execution one first, so that those
 // running or waiting are always among the admitted. held is the operation's
 // hold if measured, else 0; negative if it was cut off at its deadline (it
-// needed at least -held), which adapt leaves out: it is no sign of queueing.
+// needed at least -held). Its class's base hold is taken to be |held|, and
+// it is taken to have started under the b in force.
 func (l *budget) release(held time.Duration) {
+	l.releaseHold(held, max(held, -held), -1)
+}
+
+// releaseHold is release of an operation whose class's base hold is base,
+// granted its execution permit under b under (-1: the b in force).
+func (l *budget) releaseHold(held, base time.Duration, under int) {
 	l.mu.Lock()
 	l.running--
 	l.admitted--
@@ -219,25 +228,39 @@ func (l *budget) release(held time.Duration) {
 		l.mu.Unlock()
 		panic("bulkhead: bug: permits released more than held")
 	}
+	moved := false
 	if held != 0 {
-		l.observeLocked(held)
+		if under < 0 {
+			under = l.b
+		}
+		moved = l.observeLocked(held, base, under)
 	}
 	l.grantLocked()
+	var m Move
+	if moved {
+		m = l.adapt.last
+	}
 	l.mu.Unlock()
+	if moved && l.onMove != nil {
+		emitMove(l.onMove, m)
+	}
 }
 
-// observeLocked adds a hold to the recent ones, and to adapt unless cut
-// off (negative) or four times their median: neither is a sign of queueing.
-func (l *budget) observeLocked(held time.Duration) {
+// observeLocked adds a hold to the recent ones, and to adapt unless cut off
+// at its deadline (negative): that is no sign of queueing. under is the b
+// the operation was granted its permit under.
+// It reports whether adapt moved b.
+func (l *budget) observeLocked(held, base time.Duration, under int) (moved bool) {
 	cut := held < 0
 	held = max(held, -held)
-	outlier := l.recent.n > 0 && held > 4*l.recent.median
 	l.recent.add(held)
-	if l.adapt != nil && !cut && !outlier {
-		if b, ok := l.adapt.observe(held, l.b, l.waiting > 0, time.Now()); ok {
+	if l.adapt != nil && !cut {
+		if b, ok := l.adapt.observe(held, max(base, 1), under, l.b, l.waiting > 0); ok {
 			l.setLimitLocked(b)
+			return true
 		}
 	}
+	return false
 }
 
 // lateness is what an operation refused with ErrWouldMissDeadline was
@@ -274,7 +297,7 @@ func (l *budget) grantLocked() {
 			}
 		}
 		l.running++
-		w.granted, w.lease = true, l.lease
+		w.granted, w.lease, w.under = true, l.lease, l.b
 		close(w.ready)
 	}
 	if l.drained != nil && (l.running <= l.ceilingLocked() || l.dryRun) {
@@ -349,6 +372,9 @@ func (l *budget) stats(s *Stats) {
 	l.leaseLocked() // a lapsed lease shows as the B in force
 	s.MaxConcurrent, s.MaxQueue, s.QueueWait, s.DryRun = l.b, l.qLocked(), l.wait, l.dryRun
 	s.Running, s.Waiting, s.Hold = l.running, l.waiting, l.recent.median
+	if l.adapt != nil {
+		s.LastMove = l.adapt.last
+	}
 	l.mu.Unlock()
 	s.Admitted, s.RejectedFull, s.RejectedTimeout = l.nAdmitted.Load(), l.nFull.Load(), l.nTimeout.Load()
 	s.RejectedDeadline, s.RejectedLease = l.nDeadline.Load(), l.nLease.Load()
@@ -365,6 +391,7 @@ type passage struct {
 	timer       *time.Timer
 	timerEnd    time.Time // when timer fires
 	lease       time.Time // the lease its last execution permit was granted under
+	under       int       // the b its last execution permit was granted under
 	class       classRef  // its class, whose estimate judges its deadline
 	probe       bool      // it goes whatever its deadline (classRef.refuse)
 	late        lateness  // ErrWouldMissDeadline: what it was judged on
@@ -483,7 +510,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	switch {
 	case l.waiting == 0 && l.running < l.b:
 		l.running++
-		ps.lease = l.lease
+		ps.lease, ps.under = l.lease, l.b
 		l.mu.Unlock()
 		return nil
 	case l.dryRun:
@@ -548,7 +575,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	select {
 	case <-w.ready:
 		if w.granted {
-			ps.lease, ps.probe = w.lease, w.probe
+			ps.lease, ps.under, ps.probe = w.lease, w.under, w.probe
 			return nil
 		}
 	case <-ps.timer.C:
@@ -653,6 +680,7 @@ type permit struct {
 	waited   time.Duration
 	start    time.Time       // set when the hold time is measured or OnRelease needs it
 	lease    time.Time       // the lease (Gate.CapUntil) its permits were granted under; zero: none
+	under    int             // the global B in force when it was granted its permits
 	deadline time.Time       // its context's; zero: none
 	ctx      context.Context // its context: a hold cut off by the caller tells nothing of the work
 	text     string          // its statement's text; "" for a transaction
@@ -681,8 +709,8 @@ func (g *Gate) acquire(ctx context.Context, k Kind, text string, p *permit) erro
 	dl, _ := ctx.Deadline()
 	p.deadline = dl
 	if wl == nil && o.wait < 0 && ctx.Err() == nil {
-		if ok, measure, lease := g.global.tryAcquire(); ok {
-			p.measure, p.lease = measure, lease
+		if ok, measure, lease, under := g.global.tryAcquire(); ok {
+			p.measure, p.lease, p.under = measure, lease, under
 			return nil
 		}
 	}
@@ -708,7 +736,7 @@ func (g *Gate) acquire(ctx context.Context, k Kind, text string, p *permit) erro
 		ls[0].mu.Unlock()
 	}
 	err := ps.acquire(ctx, ls)
-	p.waited, p.lease = ps.waited(), ps.lease
+	p.waited, p.lease, p.under = ps.waited(), ps.lease, ps.under
 	if g.opt.events.OnReject != nil && (ps.wouldReject || errors.Is(err, ErrRejected)) {
 		g.reportReject(p, err)
 	}
@@ -808,7 +836,7 @@ func (g *Gate) release(p *permit) {
 		p.timer.Stop()
 		p.timer = nil
 	}
-	var held time.Duration
+	var held, base time.Duration
 	if p.measure || g.opt.events.OnRelease != nil {
 		end := time.Now()
 		held = end.Sub(p.start)
@@ -826,7 +854,7 @@ func (g *Gate) release(p *permit) {
 			if p.class.c == nil {
 				p.class = g.est.ref(p.key(), true)
 			}
-			g.est.observe(p.class, held, cut, p.start, end)
+			base = g.est.observe(p.class, held, cut, p.start, end)
 		}
 		if cut {
 			held = -held
@@ -837,9 +865,9 @@ func (g *Gate) release(p *permit) {
 	}
 	// The global permit first: while the workload's is held, no operation of
 	// the workload takes it, so none holds more than its B of the global ones.
-	g.global.release(held)
+	g.global.releaseHold(held, base, p.under)
 	if p.wl != nil {
-		p.wl.release(held)
+		p.wl.releaseHold(held, base, -1)
 	}
 	p.ctx, p.class = nil, classRef{}
 }

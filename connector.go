@@ -137,6 +137,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 	if g.opt.err != nil {
 		return nil, g.opt.err
 	}
+	g.global.onMove = g.opt.events.OnLimit
 	g.pool = &pool{connector: inner, dialTimeout: g.opt.dialTimeout, init: g.opt.connInit, limit: g.global.limits}
 	g.mu.Lock()
 	g.applyLocked(p)
@@ -364,6 +365,10 @@ type Stats struct {
 	DialErrors       int64         // dials that failed, whoever asked (operations, Ping, Prepare, Raw); 0 for a workload
 	BadConns         int64         // server connections the driver found dead and the gate closed; 0 for a workload
 	UnknownWorkload  int64         // operations whose context names a workload the policy lacks (WithWorkload): they pass the global budget alone; 0 for a workload
+
+	// LastMove is Policy.Adaptive's last change of MaxConcurrent and the
+	// signal it was made on: why B is where it is. Zero without Adaptive.
+	LastMove Move
 }
 
 // Stats returns a snapshot of the global budget and the server connections.

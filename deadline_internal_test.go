@@ -857,15 +857,15 @@ func TestTheGateMeasuresHoldTimesOffTheFastPathOrAllWhenAdaptive(t *testing.T) {
 func TestTheFastPathMeasuresTheOperationThatTakesTheLastPermit(t *testing.T) {
 	l := newBudget("")
 	l.resize(2, 0, 0, false, 0)
-	if ok, measure, _ := l.tryAcquire(); !ok || measure {
+	if ok, measure, _, _ := l.tryAcquire(); !ok || measure {
 		t.Fatalf("first permit, no hold measured: ok %v measure %v, want true, false", ok, measure)
 	}
 	l.release(0)
 	dlSetRecent(l, time.Hour)
-	if ok, measure, _ := l.tryAcquire(); !ok || measure {
+	if ok, measure, _, _ := l.tryAcquire(); !ok || measure {
 		t.Fatalf("first of two permits: ok %v measure %v, want true, false", ok, measure)
 	}
-	if ok, measure, _ := l.tryAcquire(); !ok || !measure {
+	if ok, measure, _, _ := l.tryAcquire(); !ok || !measure {
 		t.Fatalf("last permit with a hold measured: ok %v measure %v, want true, true", ok, measure)
 	}
 	l.release(0)

@@ -49,6 +49,7 @@ type class struct {
 	n, next  int
 	cut      time.Duration // the longest of the holds cut off at their deadline since the last complete one
 	est      time.Duration // the lower median of holds, or cut if longer; 0: none measured
+	base     time.Duration // the least est once holdSamples/2 holds were measured: its work with nothing queued
 	last     time.Time     // when the last hold was measured
 	since    time.Time     // holds of operations started before it tell nothing (a restart)
 	refusing time.Time     // since when its work is refused; zero: it is not
@@ -176,16 +177,16 @@ func later(a, b time.Time) time.Time {
 // least held. A hold of an operation started while the class refused work
 // is a probe's: complete and under half the estimate it restarts it (holds
 // of operations started before are then ignored), else the next probe
-// waits twice as long.
-func (e *estimator) observe(r classRef, held time.Duration, cut bool, start, now time.Time) {
+// waits twice as long. It returns the class's base hold (0: none).
+func (e *estimator) observe(r classRef, held time.Duration, cut bool, start, now time.Time) (base time.Duration) {
 	if r.c == nil {
-		return
+		return 0
 	}
 	r.set.mu.Lock()
 	c := r.c
 	if c.gen != r.gen || start.Before(c.since) {
 		r.set.mu.Unlock()
-		return
+		return 0
 	}
 	if !c.refusing.IsZero() && !start.Before(c.refusing) {
 		if !cut && held < c.est/2 {
@@ -207,7 +208,13 @@ func (e *estimator) observe(r classRef, held time.Duration, cut bool, start, now
 	if c.n > 0 {
 		c.est = max(c.cut, lowerMedian(c.holds[:c.n]))
 	}
-	est := c.est
+	switch {
+	case c.n < holdSamples/2:
+		c.base = c.est
+	case c.cut == 0:
+		c.base = min(c.base, c.est)
+	}
+	est, base := c.est, c.base
 	r.set.mu.Unlock()
 	if top := e.top.Load(); int64(est) > top {
 		e.top.CompareAndSwap(top, int64(est))
@@ -215,6 +222,7 @@ func (e *estimator) observe(r classRef, held time.Duration, cut bool, start, now
 	if at := e.topAt.Load(); now.UnixNano()-at > int64(staleAfter) && e.topAt.CompareAndSwap(at, now.UnixNano()) {
 		e.top.Store(int64(e.highest(now)))
 	}
+	return base
 }
 
 // highest returns the highest fresh estimate at now.

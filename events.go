@@ -42,6 +42,7 @@ type Events struct {
 	OnAdmit   func(Event) // the permits and a server connection acquired
 	OnReject  func(Event) // rejected (or, with DryRun set, would have been); not called for cancellations
 	OnRelease func(Event) // the permits about to be given back (an admission they make possible comes after)
+	OnLimit   func(Move)  // Policy.Adaptive moved the B in force, on the goroutine of the release that ended its window
 }
 
 // emit calls f, logging and recovering a panic: it would escape between
@@ -55,6 +56,16 @@ func emit(f func(Event), e Event) {
 	f(e)
 }
 
+// emitMove is emit for OnLimit.
+func emitMove(f func(Move), m Move) {
+	defer func() {
+		if v := recover(); v != nil {
+			slog.Default().Error("bulkhead: event callback panicked", "kind", "limit", "panic", v, "stack", string(debug.Stack()))
+		}
+	}()
+	f(m)
+}
+
 // JoinEvents returns Events calling each callback of es in order; one no
 // element sets stays nil.
 func JoinEvents(es ...Events) Events {
@@ -63,6 +74,12 @@ func JoinEvents(es ...Events) Events {
 		j.OnAdmit = then(j.OnAdmit, e.OnAdmit)
 		j.OnReject = then(j.OnReject, e.OnReject)
 		j.OnRelease = then(j.OnRelease, e.OnRelease)
+		switch f, g := j.OnLimit, e.OnLimit; {
+		case f == nil:
+			j.OnLimit = g
+		case g != nil:
+			j.OnLimit = func(m Move) { f(m); g(m) }
+		}
 	}
 	return j
 }

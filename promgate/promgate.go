@@ -37,6 +37,8 @@
 //	bulkhead_would_wait_total              counter    dry run: operations that found no execution permit free and ran anyway
 //	bulkhead_queue_wait_seconds{workload}  histogram  wait for the permits of each admitted operation (0 if none)
 //	bulkhead_hold_seconds{kind,workload}   histogram  time each operation held its permits; kind="transaction", "statement" or "query"
+//	bulkhead_adaptive_moves_total{why}     counter    Policy.Adaptive: moves of B, by why (Move.Why)
+//	bulkhead_adaptive_last_move_queued{why} gauge     Policy.Adaptive: the operations waiting inside the database read at the last move, and why it moved
 //
 // For a fleet member (package fleet), attached with AttachFleet, with a
 // fleet label (bulkhead_max_concurrent and bulkhead_max_queue are then
@@ -109,11 +111,14 @@ type Collector struct {
 	wl     budgetDescs // each workload's, with a workload label
 	// the gate's server connections
 	open, idle, dials, dialErrors, bad, unknown, dryRun *prometheus.Desc
+	// Policy.Adaptive: the signal read at the last move of B
+	lastMove *prometheus.Desc
 	// the gate's fleet, if any
 	fleetTotal, fleetInstances, fleetShare, fleetOrphans, fleetDegraded, fleetRounds, fleetFailures *prometheus.Desc
 
-	wait *prometheus.HistogramVec
-	hold *prometheus.HistogramVec
+	wait  *prometheus.HistogramVec
+	hold  *prometheus.HistogramVec
+	moves *prometheus.CounterVec
 	// waitNone, holdTx, holdExec and holdQuery are the histograms'
 	// children for untagged operations, looked up once.
 	waitNone                    prometheus.Observer
@@ -196,6 +201,7 @@ func New(o Opts) *Collector {
 		unknown:    desc("unknown_workload_total", "Operations whose context names a workload the policy lacks: they pass the global budget alone."),
 		bad:        desc("bad_connections_total", "Server connections closed because the driver found them bad when reset or given back."),
 		dryRun:     desc("dry_run", "1 while the policy is a dry run: rejections are counted and reported, not made."),
+		lastMove:   desc("adaptive_last_move_queued", "Policy.Adaptive: the operations waiting inside the database (B less the throughput in work) read at the last move of B, labelled with why it moved: slow start, queueing, room, climb, explore, undone or kept.", "why"),
 
 		fleetTotal:     desc("fleet_max_concurrent", "T: the execution permits of the whole fleet (the policy's MaxConcurrent).", "fleet"),
 		fleetInstances: desc("fleet_instances", "Members of the fleet alive at the last successful coordination round.", "fleet"),
@@ -215,6 +221,10 @@ func New(o Opts) *Collector {
 			Help:        "Time each operation held its permits, by kind: transaction (begin to commit or rollback), statement (autocommit exec), query (until its rows were closed); and by workload (\"\" for none).",
 			ConstLabels: o.ConstLabels, Buckets: o.HoldBuckets,
 		}, []string{"kind", "workload"}),
+		moves: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: o.Namespace, Subsystem: "bulkhead", Name: "adaptive_moves_total",
+			Help: "Policy.Adaptive: moves of B in force, by why (fed by Events.OnLimit).", ConstLabels: o.ConstLabels,
+		}, []string{"why"}),
 	}
 	c.waitNone = c.wait.WithLabelValues("")
 	c.holdTx = c.hold.WithLabelValues(bulkhead.KindTx.String(), "")
@@ -231,6 +241,7 @@ func (c *Collector) Events() bulkhead.Events {
 	return bulkhead.Events{
 		OnAdmit:   func(e bulkhead.Event) { c.waitObserver(e.Workload).Observe(e.Waited.Seconds()) },
 		OnRelease: func(e bulkhead.Event) { c.holdObserver(e.Kind, e.Workload).Observe(e.Held.Seconds()) },
+		OnLimit:   func(m bulkhead.Move) { c.moves.WithLabelValues(m.Why).Inc() },
 	}
 }
 
@@ -275,8 +286,10 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.fleetTotal, c.fleetInstances, c.fleetShare, c.fleetOrphans, c.fleetDegraded, c.fleetRounds, c.fleetFailures} {
 		ch <- d
 	}
+	ch <- c.lastMove
 	c.wait.Describe(ch)
 	c.hold.Describe(ch)
+	c.moves.Describe(ch)
 }
 
 // Collect sends the gate's Stats and those of each workload of its
@@ -291,6 +304,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.dialErrors, prometheus.CounterValue, float64(s.DialErrors))
 		ch <- prometheus.MustNewConstMetric(c.bad, prometheus.CounterValue, float64(s.BadConns))
 		ch <- prometheus.MustNewConstMetric(c.unknown, prometheus.CounterValue, float64(s.UnknownWorkload))
+		if m := s.LastMove; m.Why != "" {
+			ch <- prometheus.MustNewConstMetric(c.lastMove, prometheus.GaugeValue, m.Queued, m.Why)
+		}
 		dry := 0.0
 		if s.DryRun {
 			dry = 1
@@ -318,4 +334,5 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	c.wait.Collect(ch)
 	c.hold.Collect(ch)
+	c.moves.Collect(ch)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -569,4 +570,38 @@ func TestCollectorCountsFailedDialsAndTheOperationsTheyFailed(t *testing.T) {
 		t.Fatalf("an operation once dials succeed: %v", err)
 	}
 	check("after an operation whose dial succeeded", failedOps+2, failedOps+1, failedOps, 1)
+}
+
+// Under Policy.Adaptive the collector says why B is where it is: the moves
+// by why, and the signal read at the last one.
+func TestTheCollectorSaysWhyAdaptiveBMoved(t *testing.T) {
+	c := promgate.New(promgate.Opts{})
+	g, db := gated(t, c, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 16, QueueWait: time.Second, Adaptive: true})
+	var wg sync.WaitGroup
+	for range 8 { // callers always waiting: B doubles from the floor
+		wg.Go(func() {
+			for range 200 {
+				if _, err := db.Exec("UPDATE t"); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	m := g.Stats().LastMove
+	if m.Why == "" {
+		t.Fatalf("Stats().LastMove %+v after 1,600 operations with callers waiting, want a move", m)
+	}
+	n, err := testutil.GatherAndCount(prometheusRegistry(t, c), "bulkhead_adaptive_moves_total", "bulkhead_adaptive_last_move_queued")
+	if err != nil || n < 2 {
+		t.Fatalf("%d series of the adaptive metrics (%v), want the moves by why and the last move", n, err)
+	}
+}
+
+func prometheusRegistry(t *testing.T, c *promgate.Collector) *prometheus.Registry {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	return reg
 }
