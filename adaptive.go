@@ -3,18 +3,21 @@ package bulkhead
 import "time"
 
 // adaptive moves a budget's limit between floor and ceil to the least that
-// gets the most throughput. Throughput is counted in work, not operations,
-// by Little's law: with every permit busy, limit·Σbase/Σheld over a window
-// of completions, each weighed by its class's base hold (the least
-// estimate its class of work had, estimate.go); so a mix of short and long
+// gets the most throughput. Throughput is counted in work done, not
+// operations, by Little's law: with every permit busy, limit·Σbase/Σheld
+// over a window of completions, each weighed by its class's base hold (the
+// least estimate its class of work had, estimate.go), one cut off at its
+// deadline by nothing (it held a permit for no work); so a mix of short and long
 // statements reads as the work it is, and nothing is credited by when it
 // happened to complete. A window is max(8, 4·limit) completions of
-// operations started under the limit, and as
-// many in effect when their base holds differ ((Σbase)²/Σbase²: a few long
+// operations granted their permits under the limit, and a quarter as many
+// in effect when their base holds differ ((Σbase)²/Σbase²: a few long
 // operations weigh as few); the limit
-// moves only on a window in which callers waited, or were refused, at
-// every completion (otherwise permits sat idle and the callers set the
-// throughput), and each move is judged on the window after it: a step up
+// moves only on a window in which at least three quarters of the
+// completions found every permit held (otherwise the holds tell of a lower
+// concurrency), and up only if callers waited or were refused during it;
+// each move is judged on the first such window after it, and no other move
+// is made before: a step up
 // is kept if it won at least upGain of what the added operations could
 // bring, a step down if it lost at most as much; else it is undone and
 // that direction is not tried again for backoffMin windows, twice as many
@@ -31,10 +34,10 @@ type adaptive struct {
 
 	// The window being measured.
 	n          int           // completions
+	full       int           // of them, those that found every permit of the limit held
 	base, held time.Duration // their classes' base holds, and their holds
 	base2      float64       // the squares of the base holds, in seconds²
-	busy       bool          // callers waited or were refused at every completion so far
-	refused    bool          // a caller was refused since the last completion
+	wanted     bool          // callers waited or were refused during the window
 
 	slow        bool    // slow start: the limit doubles while doubling pays
 	from        int     // the limit before the move being judged; 0: none
@@ -79,35 +82,34 @@ const (
 func newAdaptive() *adaptive { return &adaptive{slow: true} }
 
 // want records a caller refused (in dry-run, one that would have waited).
-func (a *adaptive) want() { a.refused = true }
+func (a *adaptive) want() { a.wanted = true }
 
-// observe adds the completion of one operation under limit b, started
-// under limit from: it held its permits held, its class's base hold is
-// base; waited reports whether callers wait now. Only operations started
-// under b count: one from before a move held them under the limit before.
-// At a window's end it returns the limit to put in force, and true if it
-// differs from b.
-func (a *adaptive) observe(held, base time.Duration, from, b int, waited bool) (int, bool) {
-	if a.n == 0 {
-		a.busy = true
-	}
+// observe adds the completion of one operation under limit b, granted its
+// permit under limit from: it held its permits held, its class's base hold
+// is base, 0 if it did no work (cut off at its deadline); full reports
+// whether every permit of b was held as it completed, waited whether
+// callers wait. Only operations granted under b count: one from before a
+// move held them under the limit before. At a window's end it returns the
+// limit to put in force, and true if it differs from b.
+func (a *adaptive) observe(held, base time.Duration, from, b int, full, waited bool) (int, bool) {
+	a.wanted = a.wanted || waited
 	if from != b {
-		a.busy = a.busy && (waited || a.refused)
 		return b, false
 	}
 	a.n++
+	if full {
+		a.full++
+	}
 	a.base += base
 	a.held += max(held, 1)
 	a.base2 += base.Seconds() * base.Seconds()
-	a.busy = a.busy && (waited || a.refused)
-	a.refused = false
 	size := float64(max(8, 4*b))
-	if sum := a.base.Seconds(); float64(a.n) < size || sum*sum/a.base2 < size-0.5 {
+	if sum := a.base.Seconds(); float64(a.n) < size || sum*sum < size/4*a.base2 {
 		return b, false
 	}
-	rate := float64(b) * float64(a.base) / float64(a.held)
-	queued, busy := float64(b)-rate, a.busy
-	a.n, a.base, a.held, a.base2 = 0, 0, 0, 0
+	rate := float64(b) * float64(a.base) / max(float64(a.held), 1)
+	queued, busy, wanted := float64(b)-rate, a.full*4 >= a.n*3, a.wanted
+	a.n, a.full, a.base, a.held, a.base2, a.wanted = 0, 0, 0, 0, 0, false
 	a.upBlock, a.downBlock = max(a.upBlock-1, 0), max(a.downBlock-1, 0)
 	a.quiet++
 
@@ -136,11 +138,10 @@ func (a *adaptive) observe(held, base time.Duration, from, b int, waited bool) (
 			a.downBackoff, a.climb = 0, false
 		}
 	}
-	a.from = 0 // kept unjudged if callers did not keep every permit busy
 	if !busy {
 		return b, false
 	}
-	up := b < a.ceil && (a.upBlock == 0 || b+1 < a.upTop)
+	up := wanted && b < a.ceil && (a.upBlock == 0 || b+1 < a.upTop)
 	down := b > a.floor && (a.downBlock == 0 || b-1 > a.downBottom)
 	nb, why := b, ""
 	switch {

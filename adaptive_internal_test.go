@@ -15,7 +15,9 @@ import (
 	"math"
 	"math/rand"
 	"slices"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -110,7 +112,7 @@ func (s *adSim) run(b int, d time.Duration) (trace []int, rate float64, last int
 			next = next.Add(d / 10)
 		}
 		work += op.base
-		if nb, ok := s.a.observe(op.held, op.base, op.b, b, true); ok {
+		if nb, ok := s.a.observe(op.held, op.base, op.b, b, true, true); ok {
 			if nb < s.a.floor || nb > s.a.ceil {
 				panic(fmt.Sprintf("limit %d outside [%d, %d]", nb, s.a.floor, s.a.ceil))
 			}
@@ -199,7 +201,7 @@ func TestAdaptiveDoublesFromTheFloorWhileHoldsStayFlat(t *testing.T) {
 	for w := 0; w < 12 && b < 16; w++ {
 		for range max(8, 4*b) {
 			clock = clock.Add(adWork / time.Duration(b))
-			if nb, ok := a.observe(adWork, adWork, b, b, true); ok {
+			if nb, ok := a.observe(adWork, adWork, b, b, true, true); ok {
 				b = nb
 				moves = append(moves, nb)
 			}
@@ -254,7 +256,7 @@ func TestAdaptiveStaysWithinItsBoundsUnderArbitraryHolds(t *testing.T) {
 		if rng.Intn(7) == 0 {
 			a.want()
 		}
-		nb, ok := a.observe(held, base, b, b, rng.Intn(3) > 0)
+		nb, ok := a.observe(held, base, b, b, rng.Intn(2) > 0, rng.Intn(3) > 0)
 		if nb < a.floor || nb > a.ceil || ok != (nb != b) {
 			t.Fatalf("limit %d (%v) from %d, want within [2, 5], true only when it moved", nb, ok, b)
 		}
@@ -262,37 +264,36 @@ func TestAdaptiveStaysWithinItsBoundsUnderArbitraryHolds(t *testing.T) {
 	}
 }
 
-// A move is judged on the window after it only if callers waited, or
-// were refused, at every completion of it: when the queue ran dry once,
-// permits sat idle, and the move is kept.
-func TestAdaptiveJudgesAMoveOnlyOnAWindowThatNeverRanDry(t *testing.T) {
-	for _, demand := range []string{"waited", "refused", "ran dry"} {
+// A move is judged on the first window after it in which every permit was
+// held at three quarters of the completions: with permits idle, the holds
+// tell of a lower concurrency, and the move waits for a window that tells.
+// A step up needs callers waiting or refused.
+func TestAdaptiveJudgesAMoveOnlyOnAWindowOfPermitsHeld(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		full, want bool
+		b          int
+	}{{"every permit held", true, true, 1}, {"permits idle", false, true, 2}} {
 		a := newAdaptive()
 		a.floor, a.ceil = 1, 16
-		window := func(b int, held time.Duration, busy func(i int) bool) int {
+		window := func(b int, held time.Duration, full, waited bool) int {
 			nb := b
-			for i := range max(8, 4*b) {
-				if demand == "refused" {
-					a.want()
-				}
-				if v, ok := a.observe(held, adWork, b, b, demand != "refused" && busy(i)); ok {
+			for range max(8, 4*b) {
+				if v, ok := a.observe(held, adWork, b, b, full, waited); ok {
 					nb = v
 				}
 			}
 			return nb
 		}
-		always := func(int) bool { return true }
-		if b := window(1, adWork, always); b != 2 {
-			t.Fatalf("%s: b after a window at the floor with callers waiting: %d, want 2", demand, b)
+		if b := window(1, adWork, true, false); b != 1 {
+			t.Fatalf("%s: b after a window at the floor nobody waited in: %d, want 1", c.name, b)
+		}
+		if b := window(1, adWork, true, true); b != 2 {
+			t.Fatalf("%s: b after a window at the floor with callers waiting: %d, want 2", c.name, b)
 		}
 		// At 2 each holds twice as long: the throughput of 1.
-		b := window(2, 2*adWork, func(i int) bool { return demand != "ran dry" || i != 3 })
-		want := 1
-		if demand == "ran dry" {
-			want = 2
-		}
-		if b != want {
-			t.Fatalf("callers %s in the window after the step: b=%d, want %d", demand, b, want)
+		if b := window(2, 2*adWork, c.full, true); b != c.b {
+			t.Fatalf("%s in the window after the step: b=%d, want %d", c.name, b, c.b)
 		}
 	}
 }
@@ -380,4 +381,54 @@ func TestAdaptiveGrowsOnRefusalsWhenNobodyCanWait(t *testing.T) {
 		t.Fatalf("b after a window of flat holds with callers refused: %d, want 2", s.MaxConcurrent)
 	}
 	l.release(0)
+}
+
+// Through database/sql on the fake driver: 32 callers run transactions,
+// 90 % holding 1 ms and 10 % 30 ms, nothing ever queueing in the database.
+// A mix is not queueing: B climbs to the ceiling of 16 and stays there.
+func TestAdaptiveOnAMixOfTransactionsThatNeverQueueGoesToTheCeiling(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var w dlWork
+		g, db, fc := dlGate(t, Policy{MaxConcurrent: 16, MaxQueue: 64, QueueWait: time.Second, Adaptive: true})
+		fc.SetHook(w.hook)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for c := range 32 {
+			wg.Go(func() {
+				for i := c; ; i += 32 {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					q := "sleep 1ms"
+					if i%10 == 9 {
+						q = "sleep 30ms"
+					}
+					tx, err := db.BeginTx(context.Background(), nil)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if _, err := tx.Exec(q); err != nil {
+						t.Error(err)
+					}
+					tx.Commit()
+				}
+			})
+		}
+		var sum, n int
+		for i := range 40 { // 4 s, B read every 100 ms from the second on
+			time.Sleep(100 * time.Millisecond)
+			if i >= 10 {
+				sum += g.Stats().MaxConcurrent
+				n++
+			}
+		}
+		close(stop)
+		wg.Wait()
+		if avg := float64(sum) / float64(n); avg < 14 {
+			t.Fatalf("B averaged %.1f on a mix that never queues, want near the ceiling 16 (last move %+v)", avg, g.Stats().LastMove)
+		}
+	})
 }

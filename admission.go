@@ -37,10 +37,14 @@ type budget struct {
 	nAdmitted, nFull, nTimeout, nConnFailed, nCanceled, nWait, nWaitNanos, nWouldWait atomic.Int64
 
 	// Off the fields every operation touches; guarded by mu.
-	prio      int        // a workload's Priority: that of its operations in the global budget
-	recent    holdRing   // its operations' last holds, all classes together
-	adapt     *adaptive  // moves b within its ceiling; nil: b is the limit set
-	onMove    func(Move) // Events.OnLimit, for the global budget; set by New
+	prio      int           // a workload's Priority: that of its operations in the global budget
+	recent    holdRing      // its operations' last holds, all classes together
+	granted   time.Time     // when a waiter was last granted its permit, the queue never empty since; zero: none
+	gap       time.Duration // the moving average (1/8) of the time between two such grants; 0: none
+	peak      int           // the highest b in force lately, whose sessions the pool keeps (keepPeak)
+	peakAt    time.Time     // when b fell below peak
+	adapt     *adaptive     // moves b within its ceiling; nil: b is the limit set
+	onMove    func(Move)    // Events.OnLimit, for the global budget; set by New
 	nDeadline atomic.Int64
 	nLease    atomic.Int64
 	lease     time.Time   // when set, the instant b stops holding (Gate.CapUntil); then b ≤ leaseB
@@ -97,7 +101,7 @@ func (l *budget) resize(b, q int, wait time.Duration, dryRun bool, floor int) {
 // setLimitLocked puts b in force and serves the waiters it makes room for;
 // with b at 0 nothing can be served, and the waiters are sent away.
 func (l *budget) setLimitLocked(b int) {
-	l.b = b
+	l.b, l.peak = b, b
 	q := l.qLocked()
 	l.full = &RejectedError{Cause: l.causeLocked(ErrAdmissionFull), Workload: l.name, MaxConcurrent: b, MaxQueue: q, Running: b, Waiting: q}
 	for b == 0 && l.head != nil {
@@ -169,13 +173,22 @@ func leaseOver(until time.Time) bool {
 	return !now.Before(until) || !now.Round(0).Before(until.Round(0))
 }
 
-// limits returns b in force, the execution permits held, and whether they
-// are enforced (not in dry-run): pool.limit.
+// limits returns b for the pool's sessions, the execution permits held, and
+// whether they are enforced (not in dry-run): pool.limit.
+// b is the highest in force within keepPeak, so that a B that moves up and
+// down (Policy.Adaptive) keeps its sessions instead of closing and
+// dialing them again.
 func (l *budget) limits() (b, running int, enforced bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.b, l.running, !l.dryRun && !l.closed
+	if l.peak > l.b && time.Since(l.peakAt) > keepPeak {
+		l.peak = l.b
+	}
+	return max(l.b, l.peak), l.running, !l.dryRun && !l.closed
 }
+
+// keepPeak is how long the sessions of a B that came down stay open for it.
+const keepPeak = 10 * time.Second
 
 // ceilingLocked is the most b may be: the limit set, which Policy.Adaptive moves b below.
 func (l *budget) ceilingLocked() int {
@@ -246,17 +259,24 @@ func (l *budget) releaseHold(held, base time.Duration, under int) {
 	}
 }
 
-// observeLocked adds a hold to the recent ones, and to adapt unless cut off
-// at its deadline (negative): that is no sign of queueing. under is the b
-// the operation was granted its permit under.
-// It reports whether adapt moved b.
+// observeLocked adds a hold to the recent ones, and to adapt: one cut off
+// at its deadline (negative) held its permit for no work done. under is the
+// b the operation was granted its permit under. It reports whether adapt
+// moved b.
 func (l *budget) observeLocked(held, base time.Duration, under int) (moved bool) {
-	cut := held < 0
-	held = max(held, -held)
-	l.recent.add(held)
-	if l.adapt != nil && !cut {
-		if b, ok := l.adapt.observe(held, max(base, 1), under, l.b, l.waiting > 0); ok {
+	if held < 0 { // a lower bound, often short (it started late): no measure of the holds ahead
+		held, base = -held, 0
+	} else {
+		l.recent.add(held)
+	}
+	if l.adapt != nil {
+		if b, ok := l.adapt.observe(held, base, under, l.b, l.running+1 >= l.b, l.waiting > 0); ok {
+			peak, peakAt := max(l.peak, b), l.peakAt
+			if b < l.peak && l.b == l.peak {
+				peakAt = time.Now() // b leaves its peak
+			}
 			l.setLimitLocked(b)
+			l.peak, l.peakAt = peak, peakAt
 			return true
 		}
 	}
@@ -295,6 +315,19 @@ func (l *budget) grantLocked() {
 			} else if e > 0 && now.Add(e).After(w.deadline) {
 				w.probe = true // its class's: it goes, measured
 			}
+		}
+		if now.IsZero() {
+			now = time.Now()
+		}
+		if d := now.Sub(l.granted); !l.granted.IsZero() {
+			l.gap += (d - l.gap) / 8
+			if l.gap == 0 {
+				l.gap = d
+			}
+		}
+		l.granted = now
+		if l.head == nil {
+			l.granted = time.Time{} // the queue ran dry: the next gap would count idle time
 		}
 		l.running++
 		w.granted, w.lease, w.under = true, l.lease, l.b
@@ -532,6 +565,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	}
 	if left <= 0 {
 		l.admitted--
+		l.wantLocked() // refused for want of a permit: demand beyond b
 		err := l.rejectLocked(ps, end.cause, 0)
 		l.mu.Unlock()
 		return err
@@ -600,6 +634,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		l.admitted--
 	}
 	if err == nil || w.shed {
+		l.wantLocked()
 		err = l.rejectLocked(ps, cause, queued)
 	}
 	l.mu.Unlock()
@@ -615,8 +650,9 @@ type waitEnd struct {
 // planLocked returns when ps's wait in l, starting at now, must end, and
 // the time left until then; none left means it is refused at once (for its
 // deadline, ps.late says why). A deadline bounds the wait by the class's
-// hold: those ahead and this one are served after about (ahead+1)·h/b, h
-// the budget's median hold, and it must then hold its permits in time.
+// hold: those ahead and this one are served after about (ahead+1) times
+// the gap between two grants the queue measured (before any, h/b with h
+// the budget's median hold), and it must then hold its permits in time.
 func (l *budget) planLocked(ps *passage, now time.Time) (waitEnd, time.Duration) {
 	start := ps.start
 	if start.IsZero() {
@@ -631,7 +667,11 @@ func (l *budget) planLocked(ps *passage, now time.Time) (waitEnd, time.Duration)
 		for w := l.tail; w != nil && w.prio < ps.prio; w = w.prev {
 			behind++
 		}
-		ahead := time.Duration(l.waiting-behind+1) * l.recent.median / time.Duration(max(l.b, 1))
+		per := l.gap
+		if per == 0 {
+			per = l.recent.median / time.Duration(max(l.b, 1))
+		}
+		ahead := time.Duration(l.waiting-behind+1) * per
 		if now.Add(ahead + e).After(ps.deadline) {
 			ps.late = lateness{hold: e, ahead: ahead, left: ps.deadline.Sub(now)}
 			end = waitEnd{now, ErrWouldMissDeadline} // refused at once
@@ -684,6 +724,7 @@ type permit struct {
 	deadline time.Time       // its context's; zero: none
 	ctx      context.Context // its context: a hold cut off by the caller tells nothing of the work
 	text     string          // its statement's text; "" for a transaction
+	first    string          // a transaction's first statement's text, once it ran
 	class    classRef        // its class, once looked up
 	timer    *time.Timer     // the hold warning, if set
 }
@@ -705,7 +746,7 @@ func (g *Gate) acquire(ctx context.Context, k Kind, text string, p *permit) erro
 	if wl == nil && o.workload != "" {
 		g.unknownWorkload(o.workload)
 	}
-	p.kind, p.wl, p.waited, p.ctx, p.text, p.class = k, wl, 0, ctx, text, classRef{}
+	p.kind, p.wl, p.waited, p.ctx, p.text, p.first, p.class = k, wl, 0, ctx, text, "", classRef{}
 	dl, _ := ctx.Deadline()
 	p.deadline = dl
 	if wl == nil && o.wait < 0 && ctx.Err() == nil {
@@ -792,6 +833,7 @@ func (g *Gate) admitted(p *permit) error {
 		}
 		return re
 	}
+	g.pool.inOps.Add(1)
 	g.global.nAdmitted.Add(1)
 	if p.wl != nil {
 		p.wl.nAdmitted.Add(1)
@@ -832,6 +874,7 @@ func (g *Gate) unused(p *permit, inc func(*budget)) {
 // to it (it needed at least that; the cancel after tells nothing), one cut
 // off by its caller not at all.
 func (g *Gate) release(p *permit) {
+	g.pool.inOps.Add(-1)
 	if p.timer != nil {
 		p.timer.Stop()
 		p.timer = nil
@@ -855,6 +898,10 @@ func (g *Gate) release(p *permit) {
 				p.class = g.est.ref(p.key(), true)
 			}
 			base = g.est.observe(p.class, held, cut, p.start, end)
+			if p.first != "" { // a transaction of its workload, and of its first statement: that one's base tells its work
+				first := g.est.ref(classKey{kind: KindTx, workload: p.workloadName(), text: p.first}, true)
+				base = g.est.observe(first, held, cut, p.start, end)
+			}
 		}
 		if cut {
 			held = -held

@@ -292,9 +292,14 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	return &c.tx, nil
 }
 
-// inTx refuses a statement of an open transaction whose context ended.
-func (c *conn) inTx(ctx context.Context) error {
+// inTx refuses a statement running text in the open transaction if the
+// transaction's context ended; the first one's text names the
+// transaction's kind of work (permit.first).
+func (c *conn) inTx(ctx context.Context, text string) error {
 	if c.tx.ctx.Err() == nil {
+		if c.tx.p.first == "" {
+			c.tx.p.first = text
+		}
 		return nil
 	}
 	return cmp.Or(ctx.Err(), ErrTxStillOpen)
@@ -325,7 +330,7 @@ func (c *conn) startExec(ctx context.Context, text string) (*permit, error) {
 		return nil, driver.ErrBadConn
 	}
 	if c.tx.open {
-		return nil, c.inTx(ctx)
+		return nil, c.inTx(ctx, text)
 	}
 	if err := c.start(ctx, KindExec, text, &c.execP); err != nil {
 		return nil, err
@@ -375,7 +380,7 @@ func (c *conn) runQuery(ctx context.Context, text string, run func() (driver.Row
 	if !c.tx.open {
 		return c.runRows(ctx, text, run)
 	}
-	if err := c.inTx(ctx); err != nil {
+	if err := c.inTx(ctx, text); err != nil {
 		return nil, err
 	}
 	returned := false

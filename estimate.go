@@ -11,8 +11,9 @@ import (
 // per class of work (a statement's text; a transaction's workload), from
 // the holds measured (admission.go says which). A class's estimate is the
 // lower median of its last holdSamples holds, which one outlier cannot
-// lift; holds cut off at their deadline are lower bounds of the work: the
-// estimate is at least the longest of those since the last complete hold. It refuses work only
+// lift; holds cut off at their deadline are lower bounds of the work: after
+// two in a row, the estimate is at least the longest of those since the
+// last complete hold (one alone is an outlier). It refuses work only
 // on fresh evidence: it is not used once its last hold is older than
 // staleAfter (or four times itself), and while it refuses a class's work
 // one operation goes as a probe every probeGap, twice that after each probe
@@ -48,7 +49,8 @@ type class struct {
 	holds    [holdSamples]time.Duration // the last holds, in a ring
 	n, next  int
 	cut      time.Duration // the longest of the holds cut off at their deadline since the last complete one
-	est      time.Duration // the lower median of holds, or cut if longer; 0: none measured
+	cuts     int           // how many were cut off since the last complete one
+	est      time.Duration // the lower median of holds, or cut if longer after two cut off in a row; 0: none measured
 	base     time.Duration // the least est once holdSamples/2 holds were measured: its work with nothing queued
 	last     time.Time     // when the last hold was measured
 	since    time.Time     // holds of operations started before it tell nothing (a restart)
@@ -197,16 +199,19 @@ func (e *estimator) observe(r classRef, held time.Duration, cut bool, start, now
 		}
 	}
 	if cut {
-		c.cut = max(c.cut, held)
+		c.cut, c.cuts = max(c.cut, held), c.cuts+1
 	} else {
-		c.cut = 0
+		c.cut, c.cuts = 0, 0
 		c.holds[c.next] = held
 		c.next = (c.next + 1) % holdSamples
 		c.n = min(c.n+1, holdSamples)
 	}
 	c.est, c.last = c.cut, now
 	if c.n > 0 {
-		c.est = max(c.cut, lowerMedian(c.holds[:c.n]))
+		c.est = lowerMedian(c.holds[:c.n])
+		if c.cuts >= 2 {
+			c.est = max(c.est, c.cut)
+		}
 	}
 	switch {
 	case c.n < holdSamples/2:

@@ -89,6 +89,7 @@ type pool struct {
 	parked      atomic.Int64  // parked sessions
 	nIdle       atomic.Int64  // len(idle), read without the lock
 	idleLogical atomic.Int64  // logical connections idle in database/sql's pool
+	inOps       atomic.Int64  // sessions of operations holding their permits (Gate.admitted to Gate.release)
 	epoch       atomic.Uint64 // bumped each time a session is found dead
 
 	nDials, nDialErrors, nBad atomic.Int64
@@ -127,9 +128,13 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 		p.mu.Unlock()
 		return s, nil
 	}
+	// Counted among the waiters before it looks at the parked sessions: a
+	// session parked meanwhile is either seen here or handed over by park.
+	p.waiters.Add(1)
 	if p.parked.Load() > 0 {
 		for _, s := range p.all {
 			if p.unpark(s) {
+				p.waiters.Add(-1)
 				p.mu.Unlock()
 				return s, nil
 			}
@@ -263,6 +268,16 @@ func (p *pool) park(s *session, used bool) bool {
 	p.parked.Add(1)
 	p.idleLogical.Add(1)
 	s.state.Store(parked)
+	if p.waiters.Load() > 0 { // a caller began to wait for a session as it parked: it is theirs
+		p.mu.Lock()
+		if len(p.reqs) > 0 && !p.closed && p.unpark(s) {
+			ch := p.reqs[0]
+			p.reqs = p.reqs[1:]
+			p.waiters.Store(int32(len(p.reqs)))
+			ch <- got{s: s}
+		}
+		p.mu.Unlock()
+	}
 	return true
 }
 
@@ -343,15 +358,20 @@ func (p *pool) trimLocked() []*session {
 
 // spare reports whether a session given back now, with nobody waiting
 // for one, would be beyond what the budget can run: another is idle or
-// parked, and with it the free ones outnumber B less the execution permits
-// held. Sessions kept between operations (a *sql.Conn) are not counted.
+// parked, and with it the free ones and those running operations outnumber
+// B. An operation granted its permits but not its session yet counts among
+// the free ones' takers, not the running: a give-back racing its grant is
+// not spare. Sessions kept between operations (a *sql.Conn) are not counted.
 func (p *pool) spare() bool {
+	// inOps first: a session taken leaves the free ones before its
+	// operation counts in inOps, so this order never counts it twice.
+	in := int(p.inOps.Load())
 	free := int(p.nIdle.Load() + p.parked.Load())
 	if free == 0 {
 		return false
 	}
-	b, running, on := p.limits()
-	return on && free+1+running > b
+	b, _, on := p.limits()
+	return on && free+1+in > b
 }
 
 // dropLocked forgets s, which the caller will close.

@@ -11,8 +11,10 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"fmt"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
@@ -281,5 +283,37 @@ func TestClosingAStatementWhileItsConnectionIsHandedOutLeavesNoSessionWithoutIts
 	}
 	if open := fc.Open(); open != 0 {
 		t.Fatalf("%d server connections open once every logical connection is closed, want 0", open)
+	}
+}
+
+// Under overload and under steady load the gate keeps its server
+// connections: after a warm-up second, at most one dial per 10 s, whatever
+// B, with operations given back and granted to waiters at once.
+func TestUnderLoadTheGateKeepsItsSessions(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		b       int
+		callers int
+	}{{"overload, B=16", 16, 64}, {"overload, B=3", 3, 8}, {"steady, B=8", 8, 6}} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var w dlWork
+				g, db, fc := dlGate(t, Policy{MaxConcurrent: c.b, MaxQueue: 4 * c.b, QueueWait: 50 * time.Millisecond})
+				fc.SetHook(w.hook)
+				stop := make(chan struct{})
+				var load dlLoad
+				load.run(db, c.callers, stop, func(i int) (string, time.Duration) {
+					return fmt.Sprintf("sleep %dms", 1+i%3), 100 * time.Millisecond
+				})
+				time.Sleep(time.Second)
+				dials := g.Stats().Dials
+				time.Sleep(10 * time.Second)
+				close(stop)
+				load.wg.Wait()
+				if d := g.Stats().Dials - dials; d > 1 {
+					t.Fatalf("%d dials in 10 s after the first second (%d ran), want at most 1", d, load.ok.Load())
+				}
+			})
+		})
 	}
 }

@@ -209,9 +209,25 @@ func TestAStatementCutOffByItsDeadlineCountsAsAHoldUpToTheDeadline(t *testing.T)
 	default:
 		t.Fatal("no release event for the exec")
 	}
-	if h := g.Stats().Hold; h <= 0 || h > dl.Sub(t0) || h >= whole {
-		t.Fatalf("Hold %v, want above 0, at most the %v to the deadline and below the whole hold %v", h, dl.Sub(t0), whole)
+	// Twice more, with deadlines the estimate leaves room for, so that it is
+	// the cut-off holds' (one alone is an outlier): then a deadline between
+	// the last one it was cut off at and its whole hold is not refused as late.
+	last := dl.Sub(t0)
+	for _, d := range []time.Duration{120 * time.Millisecond, 140 * time.Millisecond} {
+		c, cancel := context.WithTimeout(ctx, d)
+		if _, err := db.ExecContext(c, "SELECT pg_sleep(5)"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("pg_sleep(5) with a %v deadline: %v, want context.DeadlineExceeded", d, err)
+		}
+		cancel()
+		whole, last = <-released, d
 	}
-	t.Logf("held %v in all, %v after the deadline; hold counted %v", whole, whole-dl.Sub(t0), g.Stats().Hold)
+	mid := last + (whole-last)/2
+	c, cancel2 := context.WithTimeout(ctx, mid)
+	defer cancel2()
+	_, err = db.ExecContext(c, "SELECT pg_sleep(5)")
+	if errors.Is(err, bulkhead.ErrWouldMissDeadline) {
+		t.Fatalf("a deadline of %v after holds of %v cut off at 100ms: %v, want it let through (the hold counts up to the deadline, not the %v with the cancellation)", mid, whole, err, whole)
+	}
+	t.Logf("held %v in all, %v after its deadline of %v; a deadline of %v let through: %v", whole, whole-last, last, mid, err)
 	pgExpectIdle(t, g)
 }
