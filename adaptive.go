@@ -3,41 +3,41 @@ package bulkhead
 import "time"
 
 // adaptive moves a budget's limit between floor and ceil to the least that
-// gets the most throughput. Throughput is counted in work done, not
-// operations, by Little's law: with every permit busy, limit·Σbase/Σheld
-// over a window of completions, each weighed by its class's base hold (the
-// least estimate its class of work had, estimate.go), one cut off at its
-// deadline by nothing (it held a permit for no work); so a mix of short and long
-// statements reads as the work it is, and nothing is credited by when it
-// happened to complete. A window is max(8, 4·limit) completions of
-// operations granted their permits under the limit, and a quarter as many
-// in effect when their base holds differ ((Σbase)²/Σbase²: a few long
-// operations weigh as few); the limit
-// moves only on a window in which at least three quarters of the
+// gets the most goodput: operations done within their deadline per second,
+// by Little's law: with every permit busy, limit·good/Σheld over a window of
+// completions (one cut off at its deadline held its permit for nothing). A
+// window is max(8, 4·limit) completions of operations granted their
+// permits under the limit, and a quarter as many in effect when their
+// holds differ ((Σheld)²/Σheld²: a few long operations weigh as few); the
+// limit moves only on a window in which at least three quarters of the
 // completions found every permit held (otherwise the holds tell of a lower
 // concurrency), and up only if callers waited or were refused during it;
 // each move is judged on the first such window after it, and no other move
-// is made before: a step up
-// is kept if it won at least upGain of what the added operations could
-// bring, a step down if it lost at most as much; else it is undone and
-// that direction is not tried again for backoffMin windows, twice as many
-// after each undo in a row, up to backoffMax. From the floor the limit
-// doubles while each doubling wins slowGain of what it could (slow start).
-// Past it, the operations waiting inside the database, limit less the
-// throughput (TCP Vegas's estimate), call for a step down above one, a
-// step up under a third, and otherwise a step up every exploreEvery
-// windows, for work whose holds grow with the limit while throughput still
-// rises, at once after a step up that was kept. Guarded by the budget's
+// is made before: a step up is kept if it won at least upGain of what the
+// added operations could bring, a step down if it lost at most as much;
+// else it is undone and steps to that limit or beyond are not tried again
+// for backoffMin windows, twice as many after each undo in a row, up to
+// backoffMax. From the floor the limit doubles while each doubling wins
+// slowGain of what it could (slow start). Past it, the operations waiting
+// inside the database, limit·(1 − mean(base/held)) with each hold against
+// its class's base hold (the least estimate its class of work had,
+// estimate.go: its work with nothing queued; TCP Vegas's estimate, which a
+// mix of short and long work does not fool), call for a step down above
+// one, a step up under a third, and otherwise a step up every exploreEvery
+// windows, or at once after a step up that was kept: for work whose holds
+// grow with the limit while goodput still rises. Guarded by the budget's
 // mutex.
 type adaptive struct {
 	floor, ceil int
 
 	// The window being measured.
-	n          int           // completions
-	full       int           // of them, those that found every permit of the limit held
-	base, held time.Duration // their classes' base holds, and their holds
-	base2      float64       // the squares of the base holds, in seconds²
-	wanted     bool          // callers waited or were refused during the window
+	n      int     // completions
+	full   int     // of them, those that found every permit of the limit held
+	good   int     // of them, those done within their deadline
+	held   float64 // their holds, in seconds
+	held2  float64 // the squares of their holds
+	unload float64 // the good ones' base hold ÷ hold, summed: 1 each with nothing queued
+	wanted bool    // callers waited or were refused during the window
 
 	slow        bool    // slow start: the limit doubles while doubling pays
 	from        int     // the limit before the move being judged; 0: none
@@ -65,9 +65,9 @@ type Move struct {
 	// and kept), or "" before any.
 	Why string
 	// Queued is Vegas's estimate of the operations waiting inside the
-	// database over the window the move was made on: B less the
-	// throughput, B·Σbase/Σheld with each hold's class's base hold; Gain
-	// is that throughput ÷ the one before the step judged (0: none judged).
+	// database over the window the move was made on, B·(1 − mean(base/held))
+	// with each hold's class's base hold; Gain is that window's goodput ÷
+	// the one before the step judged (0: none judged).
 	Queued, Gain float64
 }
 
@@ -100,16 +100,21 @@ func (a *adaptive) observe(held, base time.Duration, from, b int, full, waited b
 	if full {
 		a.full++
 	}
-	a.base += base
-	a.held += max(held, 1)
-	a.base2 += base.Seconds() * base.Seconds()
+	h := max(held, 1).Seconds()
+	a.held += h
+	a.held2 += h * h
+	if base > 0 {
+		a.good++
+		a.unload += min(base.Seconds()/h, 1)
+	}
 	size := float64(max(8, 4*b))
-	if sum := a.base.Seconds(); float64(a.n) < size || sum*sum < size/4*a.base2 {
+	if float64(a.n) < size || a.held*a.held < size/4*a.held2 {
 		return b, false
 	}
-	rate := float64(b) * float64(a.base) / max(float64(a.held), 1)
-	queued, busy, wanted := float64(b)-rate, a.full*4 >= a.n*3, a.wanted
-	a.n, a.full, a.base, a.held, a.base2, a.wanted = 0, 0, 0, 0, 0, false
+	rate := float64(b) * float64(a.good) / a.held
+	queued := float64(b) * (1 - a.unload/float64(a.n))
+	busy, wanted := a.full*4 >= a.n*3, a.wanted
+	a.n, a.full, a.good, a.held, a.held2, a.unload, a.wanted = 0, 0, 0, 0, 0, 0, false
 	a.upBlock, a.downBlock = max(a.upBlock-1, 0), max(a.downBlock-1, 0)
 	a.quiet++
 

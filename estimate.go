@@ -18,7 +18,7 @@ import (
 // staleAfter (or four times itself), and while it refuses a class's work
 // one operation goes as a probe every probeGap, twice that after each probe
 // that found the work as slow, up to maxProbeGap; a probe that held less
-// than half the estimate restarts it. So a database fast again is believed
+// than the estimate restarts it. So a database fast again is believed
 // within maxProbeGap and that probe's own hold.
 
 const (
@@ -177,7 +177,7 @@ func later(a, b time.Time) time.Time {
 // observe records a hold of r's class measured at now, of an operation
 // started at start; cut says it was cut off at its deadline: it needed at
 // least held. A hold of an operation started while the class refused work
-// is a probe's: complete and under half the estimate it restarts it (holds
+// is a probe's: complete and under the estimate it restarts it (holds
 // of operations started before are then ignored), else the next probe
 // waits twice as long. It returns the class's base hold (0: none).
 func (e *estimator) observe(r classRef, held time.Duration, cut bool, start, now time.Time) (base time.Duration) {
@@ -191,7 +191,7 @@ func (e *estimator) observe(r classRef, held time.Duration, cut bool, start, now
 		return 0
 	}
 	if !c.refusing.IsZero() && !start.Before(c.refusing) {
-		if !cut && held < c.est/2 {
+		if !cut && held < c.est {
 			c.n, c.next, c.cut, c.since, c.refusing, c.gap = 0, 0, 0, start, time.Time{}, 0
 		} else {
 			c.gap = min(2*c.gapLocked(), maxProbeGap)
