@@ -3,9 +3,11 @@ package bulkhead
 import "time"
 
 // adaptive moves a budget's limit between floor and ceil to the least that
-// gets the most goodput: operations done within their deadline per second,
-// by Little's law: with every permit busy, limit·good/Σheld over a window of
-// completions (one cut off at its deadline held its permit for nothing). A
+// gets the most goodput: work done within deadlines per second, by Little's
+// law: with every permit busy, limit·Σbase/Σheld over a window of
+// completions, each weighed by its class's base hold (its work with nothing
+// queued, estimate.go), so that which classes a window happened to hold
+// does not move it; one cut off at its deadline did no work. A
 // window is max(8, 4·limit) completions of operations granted their
 // permits under the limit, and a quarter as many in effect when their
 // holds differ ((Σheld)²/Σheld²: a few long operations weigh as few); the
@@ -33,7 +35,7 @@ type adaptive struct {
 	// The window being measured.
 	n      int     // completions
 	full   int     // of them, those that found every permit of the limit held
-	good   int     // of them, those done within their deadline
+	work   float64 // of them, the base holds of those done within their deadline, in seconds
 	held   float64 // their holds, in seconds
 	held2  float64 // the squares of their holds
 	unload float64 // the good ones' base hold ÷ hold, summed: 1 each with nothing queued
@@ -72,11 +74,17 @@ type Move struct {
 }
 
 const (
-	upGain       = 0.125 // a step up must win this share of what the added operations could bring; a step down may lose as much
-	slowGain     = 0.125 // slow start goes on while a doubling wins this share of what it could
-	exploreEvery = 8     // windows between two steps up the holds do not call for
-	backoffMin   = 16    // windows a direction is blocked after an undo
-	backoffMax   = 512   // the most it is blocked after undos in a row
+	windowMin    = 8       // the fewest completions a window counts: fewer say more of the draw than of the limit
+	windowPer    = 4       // and per permit of the limit, so that each permit turns over a few times
+	effShare     = 0.25    // the share of a window's completions that must count in effect ((Σheld)²/Σheld²)
+	busyShare    = 0.75    // the share of a window's completions that must find every permit held
+	downQueued   = 1       // operations waiting inside the database above which the limit steps down
+	upQueued     = 1.0 / 3 // and under which it steps up: room that one more operation would use
+	upGain       = 0.125   // a step up must win this share of what the added operations could bring; a step down may lose as much
+	slowGain     = 0.125   // slow start goes on while a doubling wins this share of what it could
+	exploreEvery = 8       // windows between two steps up the holds do not call for
+	backoffMin   = 16      // windows a direction is blocked after an undo
+	backoffMax   = 512     // the most it is blocked after undos in a row
 )
 
 func newAdaptive() *adaptive { return &adaptive{slow: true} }
@@ -104,17 +112,17 @@ func (a *adaptive) observe(held, base time.Duration, from, b int, full, waited b
 	a.held += h
 	a.held2 += h * h
 	if base > 0 {
-		a.good++
+		a.work += min(base.Seconds(), h)
 		a.unload += min(base.Seconds()/h, 1)
 	}
-	size := float64(max(8, 4*b))
-	if float64(a.n) < size || a.held*a.held < size/4*a.held2 {
+	size := float64(max(windowMin, windowPer*b))
+	if float64(a.n) < size || a.held*a.held < effShare*size*a.held2 {
 		return b, false
 	}
-	rate := float64(b) * float64(a.good) / a.held
+	rate := float64(b) * a.work / a.held
 	queued := float64(b) * (1 - a.unload/float64(a.n))
-	busy, wanted := a.full*4 >= a.n*3, a.wanted
-	a.n, a.full, a.good, a.held, a.held2, a.unload, a.wanted = 0, 0, 0, 0, 0, 0, false
+	busy, wanted := float64(a.full) >= busyShare*float64(a.n), a.wanted
+	a.n, a.full, a.work, a.held, a.held2, a.unload, a.wanted = 0, 0, 0, 0, 0, 0, false
 	a.upBlock, a.downBlock = max(a.upBlock-1, 0), max(a.downBlock-1, 0)
 	a.quiet++
 
@@ -157,9 +165,9 @@ func (a *adaptive) observe(held, base time.Duration, from, b int, full, waited b
 		}
 	case a.climb && up:
 		nb, why = b+1, "climb"
-	case queued > 1 && down:
+	case queued > downQueued && down:
 		nb, why = b-1, "queueing"
-	case queued < 1.0/3 && up:
+	case queued < upQueued && up:
 		nb, why = b+1, "room"
 	case a.quiet >= exploreEvery && up:
 		nb, why = b+1, "explore"

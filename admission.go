@@ -16,7 +16,7 @@ import (
 // back once (Gate.release).
 
 // budget is two semaphores under one mutex: B+Q admission permits tried
-// without waiting, and B execution permits handed out by priority, then FIFO.
+// without waiting, and B execution permits handed out by priority, then deadline (passage.before).
 // It starts no goroutine and never waits without bound.
 type budget struct {
 	name string // the workload's; "" for the global budget
@@ -40,7 +40,7 @@ type budget struct {
 	prio      int           // a workload's Priority: that of its operations in the global budget
 	recent    holdRing      // its operations' last holds, all classes together
 	granted   time.Time     // when a waiter was last granted its permit, the queue never empty since; zero: none
-	gap       time.Duration // the moving average (1/8) of the time between two such grants; 0: none
+	gap       time.Duration // the moving average (1/gapWeight) of the time between two such grants; 0: none
 	peak      int           // the highest b in force lately, whose sessions the pool keeps (keepPeak)
 	peakAt    time.Time     // when b fell below peak
 	adapt     *adaptive     // moves b within its ceiling; nil: b is the limit set
@@ -54,7 +54,7 @@ type budget struct {
 }
 
 // waiter is one operation queued for an execution permit, by priority, then
-// FIFO. ready is closed under mu, once it is unlinked and granted, or sent
+// deadline. ready is closed under mu, once it is unlinked and granted, or sent
 // away with cause: late (ErrWouldMissDeadline), shed for a higher priority
 // (its admission permit passes to that one), or dropped as b fell to 0.
 type waiter struct {
@@ -187,8 +187,14 @@ func (l *budget) limits() (b, running int, enforced bool) {
 	return max(l.b, l.peak), l.running, !l.dryRun && !l.closed
 }
 
-// keepPeak is how long the sessions of a B that came down stay open for it.
-const keepPeak = 10 * time.Second
+const (
+	// keepPeak is how long the sessions of a B that came down stay open for
+	// it: longer than adaptive B's moves down and up again take.
+	keepPeak = 10 * time.Second
+	// gapWeight is the gap average's memory, in grants: a few holds of each
+	// of a few permits, so that one long hold does not set it.
+	gapWeight = 8
+)
 
 // ceilingLocked is the most b may be: the limit set, which Policy.Adaptive moves b below.
 func (l *budget) ceilingLocked() int {
@@ -320,7 +326,7 @@ func (l *budget) grantLocked() {
 			now = time.Now()
 		}
 		if d := now.Sub(l.granted); !l.granted.IsZero() {
-			l.gap += (d - l.gap) / 8
+			l.gap += (d - l.gap) / gapWeight
 			if l.gap == 0 {
 				l.gap = d
 			}
@@ -430,6 +436,15 @@ type passage struct {
 	late        lateness  // ErrWouldMissDeadline: what it was judged on
 	over        bool      // dry-run: the last budget taken had its admission full
 	wouldReject bool      // dry-run: admission was full, the rejection not made
+}
+
+// before reports whether ps goes before waiter w: of a higher priority, or
+// of the same with an earlier deadline (none is the latest); else after it.
+func (ps *passage) before(w *waiter) bool {
+	if w.prio != ps.prio {
+		return w.prio < ps.prio
+	}
+	return !ps.deadline.IsZero() && (w.deadline.IsZero() || ps.deadline.Before(w.deadline))
 }
 
 func (ps *passage) waited() time.Duration {
@@ -573,9 +588,8 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	if ps.start.IsZero() {
 		ps.start = now
 	}
-	// It goes after the last waiter of its priority or higher.
 	after := l.tail
-	for after != nil && after.prio < ps.prio {
+	for after != nil && ps.before(after) {
 		after = after.prev
 	}
 	w := &waiter{ready: make(chan struct{}), prev: after, deadline: ps.deadline, prio: ps.prio, class: ps.class, probe: ps.probe}
@@ -664,7 +678,7 @@ func (l *budget) planLocked(ps *passage, now time.Time) (waitEnd, time.Duration)
 	}
 	if e, ok := ps.class.estimate(now); ok {
 		behind := 0
-		for w := l.tail; w != nil && w.prio < ps.prio; w = w.prev {
+		for w := l.tail; w != nil && ps.before(w); w = w.prev {
 			behind++
 		}
 		per := l.gap
@@ -716,6 +730,8 @@ func (l *budget) rejectLocked(ps *passage, cause error, queued int) error {
 type permit struct {
 	kind     Kind
 	measure  bool    // its hold time is measured (see tryAcquire); beside kind, so that it takes no room of its own
+	probe    bool    // it went as its class's probe, whatever its deadline
+	within   uint8   // a transaction's class by the time its caller left it (leftClass); 0: not worked out yet
 	wl       *budget // the workload's budget, nil for none
 	waited   time.Duration
 	start    time.Time       // set when the hold time is measured or OnRelease needs it
@@ -729,10 +745,14 @@ type permit struct {
 	timer    *time.Timer     // the hold warning, if set
 }
 
-// key is p's class: the statement's text, or the transaction's workload.
+// key is p's class: the statement's text, or the transaction's workload
+// and the time left it as it arrived (after p.start is set, if not before).
 func (p *permit) key() classKey {
 	if p.kind == KindTx {
-		return classKey{kind: KindTx, workload: p.workloadName()}
+		if p.within == 0 && !p.deadline.IsZero() {
+			p.within = leftClass(p.deadline.Sub(p.start) + p.waited)
+		}
+		return classKey{kind: KindTx, workload: p.workloadName(), within: p.within}
 	}
 	return classKey{kind: p.kind, text: p.text}
 }
@@ -746,7 +766,7 @@ func (g *Gate) acquire(ctx context.Context, k Kind, text string, p *permit) erro
 	if wl == nil && o.workload != "" {
 		g.unknownWorkload(o.workload)
 	}
-	p.kind, p.wl, p.waited, p.ctx, p.text, p.first, p.class = k, wl, 0, ctx, text, "", classRef{}
+	p.kind, p.wl, p.waited, p.ctx, p.text, p.first, p.class, p.probe, p.within = k, wl, 0, ctx, text, "", classRef{}, false, 0
 	dl, _ := ctx.Deadline()
 	p.deadline = dl
 	if wl == nil && o.wait < 0 && ctx.Err() == nil {
@@ -763,6 +783,9 @@ func (g *Gate) acquire(ctx context.Context, k Kind, text string, p *permit) erro
 	}
 	ps := passage{limit: o.wait, deadline: dl}
 	if !dl.IsZero() {
+		if k == KindTx {
+			p.within = leftClass(time.Until(dl))
+		}
 		p.class = g.est.ref(p.key(), false)
 		ps.class = p.class
 	}
@@ -777,7 +800,7 @@ func (g *Gate) acquire(ctx context.Context, k Kind, text string, p *permit) erro
 		ls[0].mu.Unlock()
 	}
 	err := ps.acquire(ctx, ls)
-	p.waited, p.lease, p.under = ps.waited(), ps.lease, ps.under
+	p.waited, p.lease, p.under, p.probe = ps.waited(), ps.lease, ps.under, ps.probe
 	if g.opt.events.OnReject != nil && (ps.wouldReject || errors.Is(err, ErrRejected)) {
 		g.reportReject(p, err)
 	}
@@ -822,7 +845,7 @@ func (g *Gate) admitted(p *permit) error {
 			re = g.global.rejection(ErrWouldMissDeadline, lateness{hold: e, left: dl.Sub(p.start)})
 			inc = func(l *budget) { l.nDeadline.Add(1) }
 		} else if e > 0 && p.start.Add(e).After(dl) {
-			p.measure = true // its class's probe
+			p.measure, p.probe = true, true // its class's probe
 		}
 	}
 	if re != nil {
@@ -897,10 +920,10 @@ func (g *Gate) release(p *permit) {
 			if p.class.c == nil {
 				p.class = g.est.ref(p.key(), true)
 			}
-			base = g.est.observe(p.class, held, cut, p.start, end)
+			base = g.est.observe(p.class, held, cut, p.probe, p.start, end)
 			if p.first != "" { // a transaction of its workload, and of its first statement: that one's base tells its work
 				first := g.est.ref(classKey{kind: KindTx, workload: p.workloadName(), text: p.first}, true)
-				base = g.est.observe(first, held, cut, p.start, end)
+				base = g.est.observe(first, held, cut, false, p.start, end)
 			}
 		}
 		if cut {

@@ -14,6 +14,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,7 +32,7 @@ func dlClass(d time.Duration) classRef {
 	r := e.ref(classKey{kind: KindExec, text: "work"}, true)
 	now := time.Now()
 	for range holdSamples {
-		e.observe(r, d, false, now, now)
+		e.observe(r, d, false, false, now, now)
 	}
 	return r
 }
@@ -159,14 +160,15 @@ func TestADeadlineCloserThanItsClassesHoldIsRefusedAtOnce(t *testing.T) {
 }
 
 // Without a deadline, or of a class never measured, an operation waits
-// its turn whatever the holds: nothing is refused without evidence.
+// its turn whatever the holds: nothing is refused without evidence. One
+// with a deadline goes before one without.
 func TestWithoutADeadlineOrAnEstimateAnOperationWaitsItsTurn(t *testing.T) {
 	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
 	admMustAcquire(t, l)
 	dlSetRecent(l, time.Hour)
 	none := dlQueue(t, context.Background(), l, dlClass(time.Hour), 1)
 	unmeasured := dlQueue(t, dlDeadline(t, time.Minute), l, classRef{}, 2)
-	for _, ch := range []<-chan admResult{none, unmeasured} {
+	for _, ch := range []<-chan admResult{unmeasured, none} {
 		l.release(0)
 		if r := dlRecv(t, "waiter", ch); r.err != nil {
 			t.Fatalf("a waiter without a deadline or an estimate: %v, want its turn", r.err)
@@ -175,9 +177,10 @@ func TestWithoutADeadlineOrAnEstimateAnOperationWaitsItsTurn(t *testing.T) {
 	l.release(0)
 }
 
-// The wait expected ahead counts those queued before it, at the budget's
-// median hold per execution permit: a deadline that leaves room for its
-// own hold but not for that wait is refused at once.
+// The wait expected ahead counts those queued before it (their deadlines
+// earlier), at the budget's median hold per execution permit: a deadline
+// that leaves room for its own hold but not for that wait is refused at
+// once.
 func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
 	l := newLimiter("", Policy{MaxConcurrent: 2, MaxQueue: 8, QueueWait: time.Hour})
 	admMustAcquire(t, l)
@@ -186,7 +189,7 @@ func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
 	c := dlClass(time.Minute)
 	var queued []<-chan admResult
 	for i := range 3 {
-		queued = append(queued, dlQueue(t, context.Background(), l, c, i+1))
+		queued = append(queued, dlQueue(t, dlDeadline(t, 14*time.Minute), l, classRef{}, i+1))
 	}
 	// Four to be served at 10m per permit, 2 permits: 20m, then its minute.
 	ch := dlGo(dlDeadline(t, 15*time.Minute), l, c)
@@ -310,7 +313,7 @@ func TestAClassEstimateIsTheMedianOfItsLastHoldsThatNoOutlierLifts(t *testing.T)
 	now := time.Now()
 	obs := func(d time.Duration, n int) {
 		for range n {
-			e.observe(r, d, false, now, now)
+			e.observe(r, d, false, false, now, now)
 		}
 	}
 	est := func() time.Duration {
@@ -336,6 +339,33 @@ func TestAClassEstimateIsTheMedianOfItsLastHoldsThatNoOutlierLifts(t *testing.T)
 	}
 }
 
+// Holds cut off at their deadline lift the estimate only after two in a
+// row, the second begun after the first was cut off: one stall that cuts
+// off every operation running is one outlier.
+func TestOneStallThatCutsOffAllThatRunsDoesNotLiftTheEstimate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEstimator()
+		r := e.ref(classKey{kind: KindExec, text: "work"}, true)
+		for range holdSamples {
+			e.observe(r, time.Millisecond, false, false, time.Now(), time.Now())
+		}
+		start := time.Now()
+		time.Sleep(20 * time.Millisecond) // a stall: four running, each cut off at its 20ms deadline
+		for range 4 {
+			e.observe(r, 20*time.Millisecond, true, false, start, time.Now())
+		}
+		if d, _ := r.estimate(time.Now()); d != time.Millisecond {
+			t.Fatalf("estimate %v after one stall cut off four operations, want 1ms still", d)
+		}
+		start = time.Now()
+		time.Sleep(20 * time.Millisecond) // cut off again, begun after the stall
+		e.observe(r, 20*time.Millisecond, true, false, start, time.Now())
+		if d, _ := r.estimate(time.Now()); d != 20*time.Millisecond {
+			t.Fatalf("estimate %v after a second cut-off begun after the first, want 20ms", d)
+		}
+	})
+}
+
 // No refusal without fresh evidence: an estimate whose last hold is older
 // than max(1s, 4 × the estimate) refuses nothing.
 func TestAnEstimateWithNoRecentHoldRefusesNothing(t *testing.T) {
@@ -357,6 +387,31 @@ func TestAnEstimateWithNoRecentHoldRefusesNothing(t *testing.T) {
 	})
 }
 
+// While a class refuses the callers with little time left, the holds of
+// its operations that had enough time are no probes: however slow, they
+// do not put the next probe off.
+func TestHoldsOfOperationsNotRefusedDoNotPutAProbeOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEstimator()
+		r := e.ref(classKey{kind: KindExec, text: "work"}, true)
+		for range holdSamples {
+			e.observe(r, 200*time.Millisecond, false, false, time.Now(), time.Now())
+		}
+		left := 100 * time.Millisecond
+		if late, _ := r.judge(time.Now(), time.Now().Add(left), 0); !late {
+			t.Fatal("100ms left for work of 200ms: let go, want it refused")
+		}
+		time.Sleep(10 * time.Millisecond)
+		start := time.Now() // a caller given a second, let go
+		time.Sleep(200 * time.Millisecond)
+		e.observe(r, 200*time.Millisecond, false, false, start, time.Now())
+		time.Sleep(probeGap - 210*time.Millisecond)
+		if late, _ := r.judge(time.Now(), time.Now().Add(left), 0); late {
+			t.Fatalf("probeGap after the first refusal: refused, want a probe")
+		}
+	})
+}
+
 // While its work is refused, a class lets one operation go every probeGap
 // (or, once one went, probeGap after its deadline), twice as long after
 // each probe that found the work as slow, up to maxProbeGap; a probe that
@@ -369,7 +424,7 @@ func TestARefusedClassLetsAProbeGoAndAFastOneRestartsItsEstimate(t *testing.T) {
 		r := e.ref(classKey{kind: KindExec, text: "work"}, true)
 		old := time.Now()
 		for range holdSamples {
-			e.observe(r, 2*time.Second, false, old, old)
+			e.observe(r, 2*time.Second, false, false, old, old)
 		}
 		due := func() time.Time { return time.Now().Add(time.Second) }
 		refused := func() bool {
@@ -392,7 +447,7 @@ func TestARefusedClassLetsAProbeGoAndAFastOneRestartsItsEstimate(t *testing.T) {
 				t.Fatalf("at the gap of %v: refused, want it let go as a probe", gap)
 			}
 			time.Sleep(time.Second) // cut off at its deadline: only a lower bound, as slow
-			e.observe(r, time.Second, true, probe, time.Now())
+			e.observe(r, time.Second, true, true, probe, time.Now())
 			if d, _ := r.estimate(time.Now()); d != 2*time.Second {
 				t.Fatalf("estimate %v after a probe cut off at 1s, want 2s still", d)
 			}
@@ -403,11 +458,11 @@ func TestARefusedClassLetsAProbeGoAndAFastOneRestartsItsEstimate(t *testing.T) {
 			t.Fatal("at maxProbeGap: refused, want a probe")
 		}
 		time.Sleep(5 * time.Millisecond)
-		e.observe(r, 5*time.Millisecond, false, probe, time.Now()) // the probe: fast
+		e.observe(r, 5*time.Millisecond, false, true, probe, time.Now()) // the probe: fast
 		if d, _ := r.estimate(time.Now()); d != 5*time.Millisecond {
 			t.Fatalf("estimate %v after a fast probe, want it restarted at 5ms", d)
 		}
-		e.observe(r, 2*time.Second, false, old, time.Now()) // started before: tells nothing
+		e.observe(r, 2*time.Second, false, false, old, time.Now()) // started before: tells nothing
 		if d, _ := r.estimate(time.Now()); d != 5*time.Millisecond {
 			t.Fatalf("estimate %v after an old hold, want 5ms still", d)
 		}
@@ -424,11 +479,11 @@ func TestClassesAreBoundedAndAnEvictedOneRecordsNothing(t *testing.T) {
 	e := newEstimator()
 	now := time.Now()
 	first := e.ref(classKey{kind: KindExec, text: "first"}, true)
-	e.observe(first, time.Millisecond, false, now, now)
+	e.observe(first, time.Millisecond, false, false, now, now)
 	refs := map[*class]classRef{}
 	for i := range 20 * classSets {
 		r := e.ref(classKey{kind: KindExec, text: fmt.Sprint("text ", i)}, true)
-		e.observe(r, time.Millisecond, false, now, now.Add(time.Duration(i+1)))
+		e.observe(r, time.Millisecond, false, false, now, now.Add(time.Duration(i+1)))
 		refs[r.c] = r
 	}
 	if len(refs) > 2*classSets {
@@ -437,7 +492,7 @@ func TestClassesAreBoundedAndAnEvictedOneRecordsNothing(t *testing.T) {
 	if r := e.ref(classKey{kind: KindExec, text: "first"}, false); r.c != nil {
 		t.Fatal("the first class, least recently measured, is still kept")
 	}
-	e.observe(first, time.Hour, false, now, now) // its slot has another class now
+	e.observe(first, time.Hour, false, false, now, now) // its slot has another class now
 	for _, r := range refs {
 		if d, _ := r.estimate(now.Add(time.Hour)); d == time.Hour {
 			t.Fatal("an evicted class's reference recorded into its successor")
@@ -577,50 +632,40 @@ func (l *dlLoad) run(db *sql.DB, n int, stop <-chan struct{}, next func(i int) (
 }
 
 // Through database/sql: a statement and a transaction whose deadline is
-// closer than their class's hold are refused, reported to OnReject with
-// the reason, and reach neither the driver nor a dial; another class's
-// statement, with the same deadline, runs.
+// closer than their class's hold (a transaction's: those of its workload
+// given about as long) are refused, reported to OnReject with the reason,
+// and reach neither the driver nor a dial; another class's statement, with
+// the same deadline, runs.
 func TestTheGateRefusesAnOperationThatWouldMissItsDeadlineWithoutReachingTheDriver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var ev dlRejects
 		var w dlWork
-		g, db, fc := dlGate(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, ev.option())
+		g, db, fc := dlGate(t, dlEveryOneMeasured(1), ev.option())
 		fc.SetHook(w.hook)
-		bg := context.Background()
-		// Measured: each waited for the permit the first held.
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			if _, err := db.ExecContext(bg, "sleep 1m"); err != nil {
-				t.Error(err)
-			}
-		})
-		synctest.Wait()
-		wg.Go(func() {
-			if _, err := db.ExecContext(bg, "sleep 1m"); err != nil {
-				t.Error(err)
-			}
-		})
-		wg.Go(func() {
-			tx, err := db.BeginTx(bg, nil)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			time.Sleep(time.Minute)
-			tx.Commit()
-		})
-		wg.Wait()
+		// Measured: a statement that holds a minute, and a transaction
+		// given 65s that holds a minute.
+		if _, err := db.ExecContext(context.Background(), "sleep 1m"); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := db.BeginTx(dlDeadline(t, 65*time.Second), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Minute)
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
 		before, execs, begins := g.Stats(), fc.Count(fakedb.OpExec), fc.Count(fakedb.OpBegin)
 
 		ctx := dlDeadline(t, 30*time.Second)
-		_, err := db.ExecContext(ctx, "sleep 1m")
+		_, err = db.ExecContext(ctx, "sleep 1m")
 		if re := dlMissed(t, "exec", err); re.Hold != time.Minute || re.Left != 30*time.Second {
 			t.Fatalf("rejection %+v, want Hold 1m, Left 30s", *re)
 		}
 		if got := ReasonLabel(err); got != "would_miss_deadline" {
 			t.Fatalf("ReasonLabel(%v) = %q, want would_miss_deadline", err, got)
 		}
-		tx2, err := db.BeginTx(ctx, nil)
+		tx2, err := db.BeginTx(dlDeadline(t, 40*time.Second), nil)
 		if err == nil {
 			tx2.Rollback()
 		}
@@ -674,6 +719,57 @@ func TestInAMixNoCallIsRefusedWhoseDeadlineIsTenTimesItsOwnHold(t *testing.T) {
 		load.wg.Wait()
 		if load.late.Load() != 0 || load.other.Load() != 0 || load.ok.Load() < 1000 {
 			t.Fatalf("%d ran, %d refused as late, %d failed; want none refused, none failed (stats %+v)", load.ok.Load(), load.late.Load(), load.other.Load(), g.Stats())
+		}
+	})
+}
+
+// Under overload, transactions of one workload arrive every 4ms, nine in
+// ten given 100ms for 5ms of work, one given 3s for 150ms: a short one
+// refused as late is judged by the hold of the short ones, not by the long
+// ones that alone get through a queue the short ones are refused from.
+func TestAShortTransactionIsJudgedByTheShortOnesNotByTheLongOnesThatGetThrough(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var w dlWork
+		g, db, fc := dlGate(t, Policy{MaxConcurrent: 2, MaxQueue: 16, QueueWait: 100 * time.Millisecond})
+		fc.SetHook(w.hook)
+		var shortOK, shortLate, judgedLong atomic.Int64
+		var wg sync.WaitGroup
+		for i := range 2500 {
+			q, d := "sleep 5ms", 100*time.Millisecond
+			if i%10 == 9 {
+				q, d = "sleep 150ms", 3*time.Second
+			}
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), d)
+				defer cancel()
+				tx, err := db.BeginTx(ctx, nil)
+				if err == nil {
+					if _, err = tx.ExecContext(ctx, q); err == nil {
+						err = tx.Commit()
+					} else {
+						tx.Rollback()
+					}
+				}
+				var re *RejectedError
+				switch {
+				case q != "sleep 5ms":
+				case err == nil:
+					shortOK.Add(1)
+				case errors.As(err, &re) && re.Cause == ErrWouldMissDeadline:
+					shortLate.Add(1)
+					if re.Hold >= 150*time.Millisecond {
+						judgedLong.Add(1)
+					}
+				}
+			})
+			time.Sleep(4 * time.Millisecond)
+		}
+		wg.Wait()
+		if shortLate.Load() == 0 || shortOK.Load() == 0 {
+			t.Fatalf("%d short transactions served, %d refused as late: want both, the scenario did not happen (stats %+v)", shortOK.Load(), shortLate.Load(), g.Stats())
+		}
+		if judgedLong.Load() != 0 {
+			t.Fatalf("%d of %d short transactions refused as late on a hold of 150ms or more, want none (%d served; stats %+v)", judgedLong.Load(), shortLate.Load(), shortOK.Load(), g.Stats())
 		}
 	})
 }
@@ -886,7 +982,7 @@ func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *te
 		r := g.est.ref(classKey{kind: KindExec, text: "sleep 1ms"}, true)
 		now := time.Now()
 		for range holdSamples {
-			g.est.observe(r, time.Minute, false, now, now) // it used to hold a minute
+			g.est.observe(r, time.Minute, false, false, now, now) // it used to hold a minute
 		}
 		execs := fc.Count(fakedb.OpExec)
 		ctx := dlDeadline(t, time.Second)
@@ -909,6 +1005,47 @@ func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *te
 		}
 		if s := g.Stats(); s.RejectedDeadline != 1 || s.Admitted != 2 || len(ev.list()) != 1 {
 			t.Fatalf("stats %+v, want 1 deadline rejection, 2 admitted", s)
+		}
+	})
+}
+
+// Waiters are served by deadline, the earliest first, those given the same
+// time in arrival order, those without a deadline last.
+func TestWaitersAreServedEarliestDeadlineFirst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var w dlWork
+		_, db, fc := dlGate(t, Policy{MaxConcurrent: 1, MaxQueue: 8, QueueWait: time.Hour})
+		fc.SetHook(w.hook)
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if _, err := db.ExecContext(context.Background(), "sleep 1s"); err != nil {
+				t.Error(err)
+			}
+		})
+		synctest.Wait()
+		var mu sync.Mutex
+		var order []string
+		for _, c := range []struct {
+			name string
+			left time.Duration // 0: no deadline
+		}{{"none", 0}, {"60s", time.Minute}, {"30s", 30 * time.Second}, {"60s, later", time.Minute}, {"none, later", 0}} {
+			wg.Go(func() {
+				ctx := context.Background()
+				if c.left > 0 {
+					ctx = dlDeadline(t, c.left)
+				}
+				if _, err := db.ExecContext(ctx, "sleep 1ms"); err != nil {
+					t.Errorf("%s: %v", c.name, err)
+				}
+				mu.Lock()
+				order = append(order, c.name)
+				mu.Unlock()
+			})
+			synctest.Wait()
+		}
+		wg.Wait()
+		if want := []string{"30s", "60s", "60s, later", "none", "none, later"}; !slices.Equal(order, want) {
+			t.Fatalf("served in the order %q, want %q", order, want)
 		}
 	})
 }

@@ -5,9 +5,9 @@
 //
 //   - admission: B+Q permits, tried without waiting. None free is an
 //     immediate rejection matching ErrAdmissionFull.
-//   - execution: B permits, handed out in FIFO order within the policy's
-//     QueueWait (else ErrQueueTimeout) and the caller's deadline (else
-//     ErrWouldMissDeadline, or the context's error once it ends).
+//   - execution: B permits, handed out earliest deadline first within the
+//     policy's QueueWait (else ErrQueueTimeout) and the caller's deadline
+//     (else ErrWouldMissDeadline, or the context's error once it ends).
 //
 // Every rejection matches ErrRejected. An operation is a transaction (until
 // the driver's Commit or Rollback returned), an autocommit Exec, or an

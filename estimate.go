@@ -2,18 +2,21 @@ package bulkhead
 
 import (
 	"hash/maphash"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
 // The hold estimates: how long an operation will hold its permits, learnt
-// per class of work (a statement's text; a transaction's workload), from
-// the holds measured (admission.go says which). A class's estimate is the
-// lower median of its last holdSamples holds, which one outlier cannot
-// lift; holds cut off at their deadline are lower bounds of the work: after
-// two in a row, the estimate is at least the longest of those since the
-// last complete hold (one alone is an outlier). It refuses work only
+// per class of work (a statement's text; a transaction's workload and the
+// time it was given), from the holds measured (admission.go says which). A
+// class's estimate is the lower median of its last holdSamples holds, which
+// one outlier cannot lift; holds cut off at their deadline are lower bounds
+// of the work: after two in a row, the second begun after the first was cut
+// off, the estimate is at least the longest of those since the last
+// complete hold (one alone is an outlier; so is one stall that cuts off
+// every operation running). It refuses work only
 // on fresh evidence: it is not used once its last hold is older than
 // staleAfter (or four times itself), and while it refuses a class's work
 // one operation goes as a probe every probeGap, twice that after each probe
@@ -30,16 +33,28 @@ const (
 	probeGap = 250 * time.Millisecond
 	// maxProbeGap bounds the gap between probes that find the work as slow.
 	maxProbeGap = time.Second
-	// staleAfter is the least age of a class's last hold past which its estimate refuses nothing.
+	// staleAfter is the least age of a class's last hold past which its
+	// estimate refuses nothing; staleHolds, the age in estimates.
 	staleAfter = time.Second
+	staleHolds = 4
 )
 
 // classKey names a class: the statement's text for an autocommit statement
-// or query, the workload for a transaction (text "").
+// or query; for a transaction (text ""), the workload and the time its
+// caller left it, to within a factor of two.
 type classKey struct {
 	kind     Kind
+	within   uint8 // leftClass; 0 for a statement, or no deadline
 	workload string
 	text     string
+}
+
+// leftClass is the class of a transaction left d as it arrives: the power of
+// two of the milliseconds it has, so that the transactions given 100 ms are
+// not judged by those given 3 s, which alone get through while the short
+// ones are refused.
+func leftClass(d time.Duration) uint8 {
+	return uint8(bits.Len64(uint64(max(d, 0)/time.Millisecond))) + 1
 }
 
 // class is one class of work and its holds; guarded by its set's mutex.
@@ -49,7 +64,8 @@ type class struct {
 	holds    [holdSamples]time.Duration // the last holds, in a ring
 	n, next  int
 	cut      time.Duration // the longest of the holds cut off at their deadline since the last complete one
-	cuts     int           // how many were cut off since the last complete one
+	cuts     int           // how many were cut off since the last complete one, each begun after the one before was
+	cutAt    time.Time     // when the last one counted in cuts was cut off
 	est      time.Duration // the lower median of holds, or cut if longer after two cut off in a row; 0: none measured
 	base     time.Duration // the least est once holdSamples/2 holds were measured: its work with nothing queued
 	last     time.Time     // when the last hold was measured
@@ -92,7 +108,7 @@ func (e *estimator) ref(k classKey, create bool) classRef {
 	if k.workload != "" {
 		h ^= maphash.String(e.seed, k.workload) * 31
 	}
-	h += uint64(k.kind)
+	h += uint64(k.kind) + uint64(k.within)<<8
 	set := &e.sets[h%classSets]
 	set.mu.Lock()
 	defer set.mu.Unlock()
@@ -164,7 +180,7 @@ func (c *class) gapLocked() time.Duration {
 
 // freshLocked reports whether c's estimate may refuse work at now.
 func (c *class) freshLocked(now time.Time) bool {
-	return c.est > 0 && (!c.refusing.IsZero() || now.Sub(c.last) <= max(staleAfter, 4*c.est))
+	return c.est > 0 && (!c.refusing.IsZero() || now.Sub(c.last) <= max(staleAfter, staleHolds*c.est))
 }
 
 func later(a, b time.Time) time.Time {
@@ -176,11 +192,10 @@ func later(a, b time.Time) time.Time {
 
 // observe records a hold of r's class measured at now, of an operation
 // started at start; cut says it was cut off at its deadline: it needed at
-// least held. A hold of an operation started while the class refused work
-// is a probe's: complete and under the estimate it restarts it (holds
-// of operations started before are then ignored), else the next probe
-// waits twice as long. It returns the class's base hold (0: none).
-func (e *estimator) observe(r classRef, held time.Duration, cut bool, start, now time.Time) (base time.Duration) {
+// least held. A probe's hold, complete and under the estimate, restarts it
+// (holds of operations started before are then ignored), else the next
+// probe waits twice as long. It returns the class's base hold (0: none).
+func (e *estimator) observe(r classRef, held time.Duration, cut, probe bool, start, now time.Time) (base time.Duration) {
 	if r.c == nil {
 		return 0
 	}
@@ -190,7 +205,7 @@ func (e *estimator) observe(r classRef, held time.Duration, cut bool, start, now
 		r.set.mu.Unlock()
 		return 0
 	}
-	if !c.refusing.IsZero() && !start.Before(c.refusing) {
+	if probe && !c.refusing.IsZero() {
 		if !cut && held < c.est {
 			c.n, c.next, c.cut, c.since, c.refusing, c.gap = 0, 0, 0, start, time.Time{}, 0
 		} else {
@@ -199,7 +214,10 @@ func (e *estimator) observe(r classRef, held time.Duration, cut bool, start, now
 		}
 	}
 	if cut {
-		c.cut, c.cuts = max(c.cut, held), c.cuts+1
+		c.cut = max(c.cut, held)
+		if !start.Before(c.cutAt) { // not of the stall that cut off the one before
+			c.cuts, c.cutAt = c.cuts+1, now
+		}
 	} else {
 		c.cut, c.cuts = 0, 0
 		c.holds[c.next] = held
@@ -237,7 +255,7 @@ func (e *estimator) highest(now time.Time) time.Duration {
 		set := &e.sets[i]
 		set.mu.Lock()
 		for j := range set.ways {
-			if c := &set.ways[j]; c.gen != 0 && c.est > top && (!c.refusing.IsZero() || now.Sub(c.last) <= max(staleAfter, 4*c.est)) {
+			if c := &set.ways[j]; c.gen != 0 && c.est > top && (!c.refusing.IsZero() || now.Sub(c.last) <= max(staleAfter, staleHolds*c.est)) {
 				top = c.est
 			}
 		}

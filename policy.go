@@ -19,7 +19,7 @@ type Policy struct {
 	// MaxQueue (Q) is how many admitted operations may wait for an
 	// execution permit. Admission permits number MaxConcurrent+MaxQueue.
 	MaxQueue int
-	// QueueWait is the longest an admitted operation waits, in FIFO order,
+	// QueueWait is the longest an admitted operation waits, earliest deadline first,
 	// for an execution permit before ErrQueueTimeout; zero means no wait.
 	QueueWait time.Duration
 	// DryRun counts and reports what the gate would reject, without rejecting.
