@@ -176,102 +176,67 @@ func (e *Env) SettingsMatrix(cmds []string) string {
 	return out
 }
 
-// Flag values that know whether they were given, and say what they want
-// when they cannot be parsed.
-
-// OptInt is an integer flag: V is its value.
-type OptInt struct {
-	V   int
+// opt is a flag value that knows whether it was given and says what it
+// wants when it cannot parse a value: V is its value.
+type opt[T int | time.Duration | bool | string] struct {
+	V   T
 	set bool
 }
 
-func (o *OptInt) String() string {
+// OptInt is an integer flag: a decimal from -2^31 to 2^31-1.
+type OptInt = opt[int]
+
+func (o *opt[T]) String() string {
 	if o == nil || !o.set {
 		return ""
 	}
-	return strconv.Itoa(o.V)
+	return fmt.Sprint(o.V)
 }
 
-func (o *OptInt) Set(s string) error {
-	n, err := strconv.ParseInt(s, 10, 32)
-	if err != nil {
-		return errors.New("want a decimal integer")
-	}
-	o.V, o.set = int(n), true
-	return nil
-}
-
-func (o *OptInt) typeName() string { return "int" }
-
-type optDuration struct {
-	v   time.Duration
-	set bool
-}
-
-func (o *optDuration) String() string {
-	if o == nil || !o.set {
-		return ""
-	}
-	return o.v.String()
-}
-
-func (o *optDuration) Set(s string) error {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return errors.New("want a Go duration with a unit, such as 20ms")
-	}
-	o.v, o.set = d, true
-	return nil
-}
-
-func (o *optDuration) typeName() string { return "duration" }
-
-type optBool struct {
-	v   bool
-	set bool
-}
-
-func (o *optBool) String() string {
-	if o == nil || !o.set {
-		return ""
-	}
-	return strconv.FormatBool(o.v)
-}
-
-func (o *optBool) Set(s string) error {
-	switch s {
-	case "true":
-		o.v = true
-	case "false":
-		o.v = false
-	default:
-		return errors.New("want true or false")
+func (o *opt[T]) Set(s string) error {
+	switch v := any(&o.V).(type) {
+	case *int:
+		n, err := strconv.ParseInt(s, 10, 32)
+		if err != nil {
+			return errors.New("want a decimal integer")
+		}
+		*v = int(n)
+	case *time.Duration:
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return errors.New("want a Go duration with a unit, such as 20ms")
+		}
+		*v = d
+	case *bool:
+		if s != "true" && s != "false" {
+			return errors.New("want true or false")
+		}
+		*v = s == "true"
+	case *string:
+		*v = s
 	}
 	o.set = true
 	return nil
 }
 
-func (o *optBool) IsBoolFlag() bool { return true }
-func (o *optBool) typeName() string { return "" }
-
-type optString struct {
-	v   string
-	set bool
+// IsBoolFlag lets a bool flag stand alone, as --dry-run.
+func (o *opt[T]) IsBoolFlag() bool {
+	_, ok := any(o.V).(bool)
+	return ok
 }
 
-func (o *optString) String() string {
-	if o == nil {
-		return ""
+// typeName is the flag's type in help: none for a bool.
+func (o *opt[T]) typeName() string {
+	switch any(o.V).(type) {
+	case int:
+		return "int"
+	case time.Duration:
+		return "duration"
+	case string:
+		return "string"
 	}
-	return o.v
+	return ""
 }
-
-func (o *optString) Set(s string) error {
-	o.v, o.set = s, true
-	return nil
-}
-
-func (o *optString) typeName() string { return "string" }
 
 // PolicyInput is the policy part of a command line: the settings of
 // bulkhead.Policy and the fleet's name as flags, and which of them the
@@ -281,12 +246,12 @@ type PolicyInput struct {
 	cmd  string
 	uses map[string]string // setting -> why it does nothing here
 	b, q OptInt
-	wait optDuration
-	dry  optBool
-	wl   optString
-	adpt optBool
+	wait opt[time.Duration]
+	dry  opt[bool]
+	wl   opt[string]
+	adpt opt[bool]
 	minB OptInt
-	flt  optString
+	flt  opt[string]
 }
 
 // AddPolicyFlags defines the policy flags on fs, whose name is the
@@ -488,32 +453,32 @@ func (pi *PolicyInput) fromFlag(name string, r *Resolved) error {
 		}
 		p.MaxQueue = pi.q.V
 	case SetWait:
-		if pi.wait.v < 0 || pi.wait.v > bulkhead.MaxQueueWait {
-			return fmt.Errorf("--queue-wait is %v, want 0s to %v", pi.wait.v, bulkhead.MaxQueueWait)
+		if pi.wait.V < 0 || pi.wait.V > bulkhead.MaxQueueWait {
+			return fmt.Errorf("--queue-wait is %v, want 0s to %v", pi.wait.V, bulkhead.MaxQueueWait)
 		}
-		p.QueueWait = pi.wait.v
+		p.QueueWait = pi.wait.V
 	case SetDryRun:
-		p.DryRun = pi.dry.v
+		p.DryRun = pi.dry.V
 	case SetWorkloads:
 		// The library's parser, on the flag's text; its message then
 		// names the flag instead of the variable.
-		w, err := parseEnvAlone(EnvWorkloads, pi.wl.v)
+		w, err := parseEnvAlone(EnvWorkloads, pi.wl.V)
 		if err != nil {
 			return errors.New(strings.Replace(strings.TrimPrefix(err.Error(), "bulkhead: "), EnvWorkloads, "--workloads", 1))
 		}
 		p.Workloads = w.Workloads
 	case SetAdaptive:
-		p.Adaptive = pi.adpt.v
+		p.Adaptive = pi.adpt.V
 	case SetMinB:
 		if pi.minB.V < 1 {
 			return fmt.Errorf("--min-concurrent is %d, want an integer from 1 to %d", pi.minB.V, math.MaxInt32)
 		}
 		p.MinConcurrent = pi.minB.V
 	case SetFleet:
-		if err := checkFleetName(pi.flt.v); err != nil {
+		if err := checkFleetName(pi.flt.V); err != nil {
 			return fmt.Errorf("--fleet: %w", err)
 		}
-		r.Fleet = pi.flt.v
+		r.Fleet = pi.flt.V
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ package clitest
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"encoding/xml"
@@ -34,26 +35,24 @@ const (
 // -short the test is skipped.
 func PostgresURL(t *testing.T) string {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs PostgreSQL; skipped under -short")
-	}
-	if u := os.Getenv(EnvTestPostgres); u != "" {
-		return u
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	return serverURL(t, "PostgreSQL", EnvTestPostgres, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 }
 
 // MySQLURL returns the MariaDB/MySQL server for real-server tests. Under
 // -short the test is skipped.
 func MySQLURL(t *testing.T) string {
 	t.Helper()
+	return serverURL(t, "MariaDB", EnvTestMySQL, "mysql://root@127.0.0.1:3306/test")
+}
+
+// serverURL returns $env, else def; under -short it skips the test, which
+// needs the server named.
+func serverURL(t *testing.T, server, env, def string) string {
+	t.Helper()
 	if testing.Short() {
-		t.Skip("needs MariaDB; skipped under -short")
+		t.Skip("needs " + server + "; skipped under -short")
 	}
-	if u := os.Getenv(EnvTestMySQL); u != "" {
-		return u
-	}
-	return "mysql://root@127.0.0.1:3306/test"
+	return cmp.Or(os.Getenv(env), def)
 }
 
 // Result is what one command run printed and returned.
