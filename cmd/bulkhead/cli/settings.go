@@ -418,24 +418,20 @@ func (pi *PolicyInput) Resolve(set map[string]bool, def bulkhead.Policy) (*Resol
 		if err != nil {
 			return nil, fmt.Errorf("%w (--%s overrides it)", err, s.Flag)
 		}
-		switch s.Flag {
-		case SetB:
-			r.P.MaxConcurrent = p.MaxConcurrent
-		case SetQ:
-			r.P.MaxQueue = p.MaxQueue
-		case SetWait:
-			r.P.QueueWait = p.QueueWait
-		case SetDryRun:
-			r.P.DryRun = p.DryRun
-		case SetWorkloads:
-			r.P.Workloads = p.Workloads
-		case SetAdaptive:
-			r.P.Adaptive = p.Adaptive
-		case SetMinB:
-			r.P.MinConcurrent = p.MinConcurrent
-		}
+		copyField[s.Flag](&r.P, &p)
 	}
 	return r, nil
+}
+
+// copyField copies the field of each policy setting from src to dst.
+var copyField = map[string]func(dst, src *bulkhead.Policy){
+	SetB:         func(dst, src *bulkhead.Policy) { dst.MaxConcurrent = src.MaxConcurrent },
+	SetQ:         func(dst, src *bulkhead.Policy) { dst.MaxQueue = src.MaxQueue },
+	SetWait:      func(dst, src *bulkhead.Policy) { dst.QueueWait = src.QueueWait },
+	SetDryRun:    func(dst, src *bulkhead.Policy) { dst.DryRun = src.DryRun },
+	SetWorkloads: func(dst, src *bulkhead.Policy) { dst.Workloads = src.Workloads },
+	SetAdaptive:  func(dst, src *bulkhead.Policy) { dst.Adaptive = src.Adaptive },
+	SetMinB:      func(dst, src *bulkhead.Policy) { dst.MinConcurrent = src.MinConcurrent },
 }
 
 // fromFlag checks a policy flag's value and sets it in r.
@@ -443,15 +439,11 @@ func (pi *PolicyInput) fromFlag(name string, r *Resolved) error {
 	p := &r.P
 	switch name {
 	case SetB:
-		if pi.b.V < 1 {
-			return fmt.Errorf("--max-concurrent is %d, want an integer from 1 to %d", pi.b.V, math.MaxInt32)
-		}
 		p.MaxConcurrent = pi.b.V
+		return atLeast(name, pi.b.V, 1)
 	case SetQ:
-		if pi.q.V < 0 {
-			return fmt.Errorf("--max-queue is %d, want an integer from 0 to %d", pi.q.V, math.MaxInt32)
-		}
 		p.MaxQueue = pi.q.V
+		return atLeast(name, pi.q.V, 0)
 	case SetWait:
 		if pi.wait.V < 0 || pi.wait.V > bulkhead.MaxQueueWait {
 			return fmt.Errorf("--queue-wait is %v, want 0s to %v", pi.wait.V, bulkhead.MaxQueueWait)
@@ -470,15 +462,21 @@ func (pi *PolicyInput) fromFlag(name string, r *Resolved) error {
 	case SetAdaptive:
 		p.Adaptive = pi.adpt.V
 	case SetMinB:
-		if pi.minB.V < 1 {
-			return fmt.Errorf("--min-concurrent is %d, want an integer from 1 to %d", pi.minB.V, math.MaxInt32)
-		}
 		p.MinConcurrent = pi.minB.V
+		return atLeast(name, pi.minB.V, 1)
 	case SetFleet:
 		if err := checkFleetName(pi.flt.V); err != nil {
 			return fmt.Errorf("--fleet: %w", err)
 		}
 		r.Fleet = pi.flt.V
+	}
+	return nil
+}
+
+// atLeast checks the value v of an integer flag against its least.
+func atLeast(flag string, v, least int) error {
+	if v < least {
+		return fmt.Errorf("--%s is %d, want an integer from %d to %d", flag, v, least, math.MaxInt32)
 	}
 	return nil
 }
