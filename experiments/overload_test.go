@@ -85,12 +85,8 @@ func TestOverloadOnSQLiteOffersTheSameArrivalsToEveryConfiguration(t *testing.T)
 			t.Errorf("%v×C %s: server counts on SQLite", ph.Load, ph.Config)
 		}
 	}
-	for _, want := range []string{"overload on embedded SQLite", "2 CPUs", "gate B=2 Q=996", "by the rule",
-		"1×C: gate goodput = ", "2×C: gate goodput = ", "chart written to"} {
-		if !strings.Contains(r.Stdout, want) {
-			t.Errorf("table lacks %q:\n%s", want, r.Stdout)
-		}
-	}
+	clitest.WantText(t, r.Stdout, "overload on embedded SQLite", "2 CPUs", "gate B=2 Q=996", "by the rule",
+		"1×C: gate goodput = ", "2×C: gate goodput = ", "chart written to")
 	svg := clitest.WantSVGFile(t, chartPath, overloadW, 8+2*svg.CaptionLineH+2*overloadPanelH+8)
 	for _, want := range []string{"goodput: committed within the deadline", "p99 latency of successes",
 		"<!-- bar: 2×C gate -->", ">capacity C = 100/s<", ">semaphore<"} {

@@ -212,6 +212,16 @@ func WantCells(t *testing.T, out string, want ...string) {
 	}
 }
 
+// WantText checks that out contains every want, to the letter.
+func WantText(t *testing.T, out string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+}
+
 // ReadFile returns the file's text.
 func ReadFile(t *testing.T, path string) string {
 	t.Helper()
