@@ -135,25 +135,30 @@ func TestBudgetRejectsBadInput(t *testing.T) {
 	})
 }
 
+// joinFleet joins the fleet name with policy p on the test server, one
+// round an hour (the test runs them with Sync); the member leaves when
+// the test ends.
+func joinFleet(t *testing.T, name string, p bulkhead.Policy) *fleet.Member {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(clitest.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := fleet.Join(name, stdlib.GetConnector(*cfg), p, fleet.Interval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Gate().OpenDB().Close() }) // leaves the fleet
+	return m
+}
+
 // budget --fleet shows a live fleet as PostgreSQL sees it: two gates of
 // one fleet, each with its share after their rounds.
 func TestBudgetShowsALiveFleet(t *testing.T) {
 	url := clitest.PostgresURL(t)
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	name := fmt.Sprintf("budget-%d", os.Getpid())
 	p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 2, QueueWait: time.Second}
-	var ms []*fleet.Member
-	for range 2 {
-		m, err := fleet.Join(name, stdlib.GetConnector(*cfg), p, fleet.Interval(time.Hour))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Gate().OpenDB().Close() // leaves the fleet
-		ms = append(ms, m)
-	}
+	ms := []*fleet.Member{joinFleet(t, name, p), joinFleet(t, name, p)}
 	// Rounds until each holds its share: the first takes all of T, gives
 	// back half when it sees the second, which then takes it.
 	for range 2 {
@@ -170,7 +175,7 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 	}
 	maxConns, available := serverLimit(t)
 	r := runQuiet(t, map[string]string{cli.EnvFleet: name}, "budget", "--dsn", url, "--instances", "3", "--max-concurrent", "4", "--max-queue", "2")
-	want := []string{
+	clitest.WantText(t, r.Stdout,
 		"per instance: 2 connections (its coordination session and its anchor)",
 		fmt.Sprintf("once: 4 connections (fleet %s: T = 4 for operations in all and the free server connections kept for them, whatever the members' shares (from BULKHEAD_FLEET=%s))", name, name),
 		"assumes: a member whose share is 0 keeps one idle server connection",
@@ -178,12 +183,7 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 		fmt.Sprintf("4 + 3 × 2 + 0 = 10 ≤ %d − %d = %d", maxConns, maxConns-available, available),
 		fmt.Sprintf("fleet %s, live: 2 instances, 4 slots held of T=4", name),
 		"share (slots)  connections (busy)",
-	}
-	for _, w := range want {
-		if !strings.Contains(r.Stdout, w) {
-			t.Errorf("output lacks %q:\n%s", w, r.Stdout)
-		}
-	}
+	)
 	// Each member's line: id, backend pid, client, since, share,
 	// connections (busy), what it reported.
 	for i, m := range ms {
@@ -243,17 +243,9 @@ func TestBudgetCountsAnAdaptivePolicyAtItsCeiling(t *testing.T) {
 // anchor, read from pg_locks.
 func TestBudgetCountsTheSessionsEachFleetMemberHoldsOutsideItsGate(t *testing.T) {
 	url := clitest.PostgresURL(t)
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	name := fmt.Sprintf("budget-own-%d", os.Getpid())
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second}
-	m, err := fleet.Join(name, stdlib.GetConnector(*cfg), p, fleet.Interval(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Gate().OpenDB().Close() // leaves the fleet
+	m := joinFleet(t, name, p)
 	if err := m.Sync(t.Context()); err != nil {
 		t.Fatal(err)
 	}
