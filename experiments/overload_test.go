@@ -216,10 +216,7 @@ func TestOverloadInterruptedReportsThePhasesMeasured(t *testing.T) {
 
 func TestOverloadRejectsBadInput(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "no", "such", "dir")
-	for _, c := range []struct {
-		args []string
-		want []string
-	}{
+	wantBadArgs(t, "overload", []badArgs{
 		{[]string{"--loads", "0"}, []string{"--loads", `"0"`, "more than 0"}},
 		{[]string{"--loads", "1,,3"}, []string{"--loads", `""`}},
 		{[]string{"--loads", "x"}, []string{"--loads", `"x"`}},
@@ -253,9 +250,7 @@ func TestOverloadRejectsBadInput(t *testing.T) {
 		{[]string{"--capacity", "fast"}, []string{`--capacity "fast": want a number`}},
 		{[]string{"--seed", "-1"}, []string{`--seed "-1": want a non-negative integer`}},
 		{[]string{"--max-concurrent", "0"}, []string{"--max-concurrent is 0, want an integer from 1"}},
-	} {
-		clitest.WantOneLineError(t, runCmd(t, nil, append([]string{"overload"}, c.args...)...), append([]string{"overload:"}, c.want...)...)
-	}
+	})
 }
 
 func TestOverloadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {

@@ -15,10 +15,7 @@ import (
 )
 
 func TestOverloadShapeFlagsRejectBadValuesInOneLine(t *testing.T) {
-	for _, c := range []struct {
-		args []string
-		want []string
-	}{
+	wantBadArgs(t, "overload", []badArgs{
 		{[]string{"--shape", "disk"}, []string{`--shape "disk"`, `"disk" is not a shape`, "cpu, sleep, mix, outlier, lock, hotrow or roundtrips"}},
 		{[]string{"--shape", "cpu,"}, []string{`--shape "cpu,"`, `"" is not a shape`}},
 		{[]string{"--shape", "sleep"}, []string{"--shape sleep needs PostgreSQL, not SQLite", "want --dsn postgres://..., or --shape cpu"}},
@@ -36,9 +33,7 @@ func TestOverloadShapeFlagsRejectBadValuesInOneLine(t *testing.T) {
 		{[]string{"--shape", "outlier", "--outlier-every", "-1s"}, []string{"--outlier-every is -1s, want more than 0s"}},
 		{[]string{"--shape", "outlier", "--outlier-max", "2m"}, []string{"--outlier-max is 2m0s, want more than 0s and at most 1m0s"}},
 		{[]string{"--cold=maybe"}, []string{`--cold "maybe"`, "want true or false"}},
-	} {
-		clitest.WantOneLineError(t, runCmd(t, nil, append([]string{"overload"}, c.args...)...), append([]string{"overload:"}, c.want...)...)
-	}
+	})
 }
 
 // testShapeConfig is a configuration for building shapes without a
