@@ -243,6 +243,7 @@ func (o *opt[T]) typeName() string {
 // command uses.
 type PolicyInput struct {
 	e    *Env
+	fs   *flag.FlagSet
 	cmd  string
 	uses map[string]string // setting -> why it does nothing here
 	b, q OptInt
@@ -257,7 +258,7 @@ type PolicyInput struct {
 // AddPolicyFlags defines the policy flags on fs, whose name is the
 // command's.
 func (e *Env) AddPolicyFlags(fs *flag.FlagSet) *PolicyInput {
-	pi := &PolicyInput{e: e, cmd: fs.Name(), uses: e.Commands[fs.Name()].Unused}
+	pi := &PolicyInput{e: e, fs: fs, cmd: fs.Name(), uses: e.Commands[fs.Name()].Unused}
 	fs.Var(&pi.b, SetB, "B: operations running at once")
 	fs.Var(&pi.q, SetQ, "Q: operations admitted to wait for a permit")
 	fs.Var(&pi.wait, SetWait, "longest wait for a permit")
@@ -284,6 +285,18 @@ func (pi *PolicyInput) CheckUnused(set map[string]bool) error {
 		}
 	}
 	return nil
+}
+
+// Parse parses args into the command's flags (Env.Parse), then fails, as
+// "cmd: " and CheckUnused's error, on a flag the command does not use.
+func (pi *PolicyInput) Parse(args []string) (set map[string]bool, code int, done bool) {
+	if set, code, done = pi.e.Parse(pi.fs, args); done {
+		return nil, code, true
+	}
+	if err := pi.CheckUnused(set); err != nil {
+		return nil, pi.e.Fail(fmt.Errorf("%s: %w", pi.cmd, err)), true
+	}
+	return set, ExitOK, false
 }
 
 // source says where a setting's value came from.
