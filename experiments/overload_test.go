@@ -278,15 +278,7 @@ func TestOverloadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
 	arrived := countedArrivals(2*rep.Capacity, 100*time.Millisecond, time.Second, 1)
 	for _, ph := range rep.Phases {
 		wantPhaseAddsUp(t, ph, arrived)
-		if ph.ServerMaxTx == nil || ph.ServerMaxConns == nil {
-			t.Fatalf("%s: no server counts (monitor error %q)", ph.Config, ph.ServerError)
-		}
-		if *ph.ServerMaxTx < 1 {
-			t.Errorf("%s: the monitor never saw a transaction", ph.Config)
-		}
-		if *ph.ServerMaxTx > 2 {
-			t.Errorf("%s: %d transactions on the server at once, want at most B = 2", ph.Config, *ph.ServerMaxTx)
-		}
+		clitest.WantServerTx(t, ph.Config, ph.ServerMaxTx, ph.ServerMaxConns, ph.ServerError, 2)
 	}
 	// The pool of B: at most B server connections; the gate: at most what
 	// bulkhead budget counts, B running plus B+Q idle, though it queues.

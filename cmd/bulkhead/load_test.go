@@ -173,16 +173,7 @@ func TestLoadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
 	}
 	for _, run := range rep.Runs {
 		wantTotalsAddUp(t, run)
-		if run.ServerMaxTransactions == nil || run.ServerMaxConnections == nil {
-			t.Fatalf("%s: no server counts (monitor error %q)", run.Name, run.ServerMonitorError)
-		}
-		// The monitor saw the run's transactions at all.
-		if *run.ServerMaxTransactions < 1 {
-			t.Errorf("%s: the monitor never saw a transaction", run.Name)
-		}
-		if *run.ServerMaxTransactions > 2 {
-			t.Errorf("%s: %d transactions on the server at once, want at most 2", run.Name, *run.ServerMaxTransactions)
-		}
+		clitest.WantServerTx(t, run.Name, run.ServerMaxTransactions, run.ServerMaxConnections, run.ServerMonitorError, 2)
 	}
 	// What bulkhead budget counts for B = 2: the operations running and
 	// the free server connections kept for them, B. For a moment there

@@ -222,6 +222,22 @@ func WantText(t *testing.T, out string, want ...string) {
 	}
 }
 
+// WantServerTx checks the server counts of a run named run, taken by a
+// monitor of the server: present (else the test stops, with the monitor's
+// error), at least one transaction seen and at most b at once.
+func WantServerTx(t *testing.T, run string, maxTx, maxConns *int, monitorErr string, b int) {
+	t.Helper()
+	if maxTx == nil || maxConns == nil {
+		t.Fatalf("%s: no server counts (monitor error %q)", run, monitorErr)
+	}
+	if *maxTx < 1 {
+		t.Errorf("%s: the monitor never saw a transaction", run)
+	}
+	if *maxTx > b {
+		t.Errorf("%s: %d transactions on the server at once, want at most B = %d", run, *maxTx, b)
+	}
+}
+
 // ReadFile returns the file's text.
 func ReadFile(t *testing.T, path string) string {
 	t.Helper()
