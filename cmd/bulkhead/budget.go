@@ -147,10 +147,7 @@ func (e *env) budget(ctx context.Context, args []string) int {
 			}
 		}
 	} else {
-		r, err := pi.Resolve(set, bulkhead.DefaultPolicy)
-		if err == nil {
-			err = r.CheckAdaptive()
-		}
+		r, err := pi.ResolveChecked(set, bulkhead.DefaultPolicy, (*cli.Resolved).CheckAdaptive)
 		if err != nil {
 			return e.Fail(fmt.Errorf("budget: %w", err))
 		}

@@ -152,10 +152,7 @@ func (e *env) parseLoad(args []string) (*loadConfig, int, bool) {
 	if err := cfg.out.Check(); err != nil {
 		return bad("%w", err)
 	}
-	r, err := pi.Resolve(set, bulkhead.DefaultPolicy)
-	if err == nil {
-		err = r.Check()
-	}
+	r, err := pi.ResolveChecked(set, bulkhead.DefaultPolicy, (*cli.Resolved).Check)
 	if err == nil {
 		err = cli.CheckWorkload(r, *workload, set)
 	}

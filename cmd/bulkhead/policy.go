@@ -39,10 +39,7 @@ func (e *env) policy(_ context.Context, args []string) int {
 	if done {
 		return code
 	}
-	r, err := pi.Resolve(set, bulkhead.DefaultPolicy)
-	if err == nil {
-		err = r.Check()
-	}
+	r, err := pi.ResolveChecked(set, bulkhead.DefaultPolicy, (*cli.Resolved).Check)
 	if err != nil {
 		return e.Fail(fmt.Errorf("policy: %w", err))
 	}

@@ -447,6 +447,19 @@ var copyField = map[string]func(dst, src *bulkhead.Policy){
 	SetMinB:      func(dst, src *bulkhead.Policy) { dst.MinConcurrent = src.MinConcurrent },
 }
 
+// ResolveChecked is Resolve, then check (Resolved.Check or
+// Resolved.CheckAdaptive) on the policy it gives.
+func (pi *PolicyInput) ResolveChecked(set map[string]bool, def bulkhead.Policy, check func(*Resolved) error) (*Resolved, error) {
+	r, err := pi.Resolve(set, def)
+	if err == nil {
+		err = check(r)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
 // fromFlag checks a policy flag's value and sets it in r.
 func (pi *PolicyInput) fromFlag(name string, r *Resolved) error {
 	p := &r.P
