@@ -313,7 +313,7 @@ func (e *env) runPhase(ctx context.Context, cfg *loadConfig, r *loadRun) (*runRe
 				cancel()
 				rec.ended(o, lat, err)
 				if o != cli.OutCompleted && cfg.backoff > 0 {
-					pause(stopStarting, cfg.backoff)
+					_ = cli.Sleep(stopStarting, cfg.backoff) // the loop sees stopStarting end
 				}
 			}
 		})
@@ -339,16 +339,6 @@ func (e *env) runPhase(ctx context.Context, cfg *loadConfig, r *loadRun) (*runRe
 		return nil, err
 	}
 	return res, nil
-}
-
-// pause waits d or until ctx ends.
-func pause(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }
 
 // sample records gauges every sampleInterval, polls the server monitor,
