@@ -28,10 +28,7 @@ const testPG = "postgres://postgres@127.0.0.1:5432/test"
 
 func TestFleetRejectsBadInput(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "no", "such", "dir")
-	for _, c := range []struct {
-		args []string
-		want []string
-	}{
+	for _, c := range []badArgs{
 		{[]string{"--arms", "fleet,proxy"}, []string{"--arms", `"proxy"`, "one, static4, static8, fleet or pgbouncer"}},
 		{[]string{"--members", "0"}, []string{"--members is 0", "1 to 16"}},
 		{[]string{"--service", "500ms"}, []string{"--service is 500ms", "less than the deadline (500ms)"}},

@@ -23,11 +23,6 @@ func main() { cli.Main("experiments", commands, run) }
 // commands as its methods.
 type env struct{ *cli.Env }
 
-// run is the whole program: args without the program name.
-func run(ctx context.Context, e *cli.Env, args []string) int {
-	return (&env{e}).run(ctx, args)
-}
-
 // numCPU is B's default for overload.
 var numCPU = runtime.NumCPU
 
@@ -87,7 +82,9 @@ func (e *env) usage() string {
 	return usageHead + e.EnvHelp("") + fmt.Sprintf(usageTail, e.SettingsMatrix([]string{"overload", "fleet"}))
 }
 
-func (e *env) run(ctx context.Context, args []string) int {
+// run is the whole program: args without the program name.
+func run(ctx context.Context, ce *cli.Env, args []string) int {
+	e := &env{ce}
 	if len(args) == 0 {
 		fmt.Fprint(e.Stderr, e.usage())
 		return cli.ExitError

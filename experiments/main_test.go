@@ -37,6 +37,19 @@ func runCmdCtx(t *testing.T, ctx context.Context, vars map[string]string, stderr
 	return program.CmdTerm(t, ctx, vars, stderr, false, args...)
 }
 
+// badArgs is a command line that must fail: the arguments after the
+// command and what its one-line error names.
+type badArgs struct{ args, want []string }
+
+// wantBadArgs runs cmd with each case's args and checks that it fails with
+// one line naming "cmd:" and every want.
+func wantBadArgs(t *testing.T, cmd string, cases []badArgs) {
+	t.Helper()
+	for _, c := range cases {
+		clitest.WantOneLineError(t, runCmd(t, nil, append([]string{cmd}, c.args...)...), append([]string{cmd + ":"}, c.want...)...)
+	}
+}
+
 func TestEveryCommandHasHelpWithExamplesAndNamesBadFlags(t *testing.T) {
 	program.WantHelp(t, "overload", "fleet")
 	top := runCmd(t, nil, "--help")

@@ -85,12 +85,8 @@ func TestOverloadOnSQLiteOffersTheSameArrivalsToEveryConfiguration(t *testing.T)
 			t.Errorf("%v×C %s: server counts on SQLite", ph.Load, ph.Config)
 		}
 	}
-	for _, want := range []string{"overload on embedded SQLite", "2 CPUs", "gate B=2 Q=996", "by the rule",
-		"1×C: gate goodput = ", "2×C: gate goodput = ", "chart written to"} {
-		if !strings.Contains(r.Stdout, want) {
-			t.Errorf("table lacks %q:\n%s", want, r.Stdout)
-		}
-	}
+	clitest.WantText(t, r.Stdout, "overload on embedded SQLite", "2 CPUs", "gate B=2 Q=996", "by the rule",
+		"1×C: gate goodput = ", "2×C: gate goodput = ", "chart written to")
 	svg := clitest.WantSVGFile(t, chartPath, overloadW, 8+2*svg.CaptionLineH+2*overloadPanelH+8)
 	for _, want := range []string{"goodput: committed within the deadline", "p99 latency of successes",
 		"<!-- bar: 2×C gate -->", ">capacity C = 100/s<", ">semaphore<"} {
@@ -220,10 +216,7 @@ func TestOverloadInterruptedReportsThePhasesMeasured(t *testing.T) {
 
 func TestOverloadRejectsBadInput(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "no", "such", "dir")
-	for _, c := range []struct {
-		args []string
-		want []string
-	}{
+	wantBadArgs(t, "overload", []badArgs{
 		{[]string{"--loads", "0"}, []string{"--loads", `"0"`, "more than 0"}},
 		{[]string{"--loads", "1,,3"}, []string{"--loads", `""`}},
 		{[]string{"--loads", "x"}, []string{"--loads", `"x"`}},
@@ -257,9 +250,7 @@ func TestOverloadRejectsBadInput(t *testing.T) {
 		{[]string{"--capacity", "fast"}, []string{`--capacity "fast": want a number`}},
 		{[]string{"--seed", "-1"}, []string{`--seed "-1": want a non-negative integer`}},
 		{[]string{"--max-concurrent", "0"}, []string{"--max-concurrent is 0, want an integer from 1"}},
-	} {
-		clitest.WantOneLineError(t, runCmd(t, nil, append([]string{"overload"}, c.args...)...), append([]string{"overload:"}, c.want...)...)
-	}
+	})
 }
 
 func TestOverloadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
@@ -287,15 +278,7 @@ func TestOverloadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
 	arrived := countedArrivals(2*rep.Capacity, 100*time.Millisecond, time.Second, 1)
 	for _, ph := range rep.Phases {
 		wantPhaseAddsUp(t, ph, arrived)
-		if ph.ServerMaxTx == nil || ph.ServerMaxConns == nil {
-			t.Fatalf("%s: no server counts (monitor error %q)", ph.Config, ph.ServerError)
-		}
-		if *ph.ServerMaxTx < 1 {
-			t.Errorf("%s: the monitor never saw a transaction", ph.Config)
-		}
-		if *ph.ServerMaxTx > 2 {
-			t.Errorf("%s: %d transactions on the server at once, want at most B = 2", ph.Config, *ph.ServerMaxTx)
-		}
+		clitest.WantServerTx(t, ph.Config, ph.ServerMaxTx, ph.ServerMaxConns, ph.ServerError, 2)
 	}
 	// The pool of B: at most B server connections; the gate: at most what
 	// bulkhead budget counts, B running plus B+Q idle, though it queues.

@@ -15,10 +15,7 @@ import (
 )
 
 func TestOverloadShapeFlagsRejectBadValuesInOneLine(t *testing.T) {
-	for _, c := range []struct {
-		args []string
-		want []string
-	}{
+	wantBadArgs(t, "overload", []badArgs{
 		{[]string{"--shape", "disk"}, []string{`--shape "disk"`, `"disk" is not a shape`, "cpu, sleep, mix, outlier, lock, hotrow or roundtrips"}},
 		{[]string{"--shape", "cpu,"}, []string{`--shape "cpu,"`, `"" is not a shape`}},
 		{[]string{"--shape", "sleep"}, []string{"--shape sleep needs PostgreSQL, not SQLite", "want --dsn postgres://..., or --shape cpu"}},
@@ -36,9 +33,7 @@ func TestOverloadShapeFlagsRejectBadValuesInOneLine(t *testing.T) {
 		{[]string{"--shape", "outlier", "--outlier-every", "-1s"}, []string{"--outlier-every is -1s, want more than 0s"}},
 		{[]string{"--shape", "outlier", "--outlier-max", "2m"}, []string{"--outlier-max is 2m0s, want more than 0s and at most 1m0s"}},
 		{[]string{"--cold=maybe"}, []string{`--cold "maybe"`, "want true or false"}},
-	} {
-		clitest.WantOneLineError(t, runCmd(t, nil, append([]string{"overload"}, c.args...)...), append([]string{"overload:"}, c.want...)...)
-	}
+	})
 }
 
 // testShapeConfig is a configuration for building shapes without a
@@ -120,26 +115,34 @@ func TestShapePlansAreTheSameForTheSameSeedAndKeepTheirMix(t *testing.T) {
 }
 
 // summaryReport is a hand-made report: static B 1, 2 and 4 beside the
-// gate, adaptive and fsbulkhead, at 1×C and 3×C.
+// gate, adaptive and fsbulkhead, at 1×C and 3×C (1000 arrivals per C),
+// its phases in the order of a run: by load, then configuration.
 func summaryReport() *overloadReport {
-	ph := func(load float64, config string, goodput float64, arrived, full, timeout, late int64, dials float64) *overloadPhase {
-		return &overloadPhase{Load: load, Config: config, GoodputPerS: goodput, Arrived: arrived,
-			RejectedFull: full, RejectedTimeout: timeout, RejectedDeadline: late, DialsPerS: dials}
+	type at struct {
+		goodput             float64
+		full, timeout, late int64
+		dials               float64
 	}
-	return &overloadReport{Shape: shapeHotRow, Phases: []*overloadPhase{
-		ph(1, cfgFsBulkhead, 90, 1000, 0, 50, 0, 4),
-		ph(1, cfgGate, 180, 1000, 10, 20, 30, 0),
-		ph(1, staticName(1), 200, 1000, 0, 0, 0, 0),
-		ph(1, staticName(2), 150, 1000, 0, 0, 0, 0.5),
-		ph(1, staticName(4), 200, 1000, 0, 0, 0, 0),
-		ph(1, cfgAdaptive, 210, 1000, 0, 5, 0, 1),
-		ph(3, cfgFsBulkhead, 50, 3000, 0, 2000, 0, 10),
-		ph(3, cfgGate, 160, 3000, 1500, 100, 400, 0),
-		ph(3, staticName(1), 100, 3000, 0, 0, 0, 0),
-		ph(3, staticName(2), 200, 3000, 0, 0, 0, 0),
-		ph(3, staticName(4), 150, 3000, 0, 0, 0, 0),
-		ph(3, cfgAdaptive, 0, 3000, 0, 0, 0, 2),
-	}}
+	configs := []struct {
+		name string
+		at   [2]at // at 1×C, 3×C
+	}{
+		{cfgFsBulkhead, [2]at{{90, 0, 50, 0, 4}, {50, 0, 2000, 0, 10}}},
+		{cfgGate, [2]at{{180, 10, 20, 30, 0}, {160, 1500, 100, 400, 0}}},
+		{staticName(1), [2]at{{200, 0, 0, 0, 0}, {100, 0, 0, 0, 0}}},
+		{staticName(2), [2]at{{150, 0, 0, 0, 0.5}, {200, 0, 0, 0, 0}}},
+		{staticName(4), [2]at{{200, 0, 0, 0, 0}, {150, 0, 0, 0, 0}}},
+		{cfgAdaptive, [2]at{{210, 0, 5, 0, 1}, {0, 0, 0, 0, 2}}},
+	}
+	rep := &overloadReport{Shape: shapeHotRow}
+	for i, load := range []float64{1, 3} {
+		for _, c := range configs {
+			a := c.at[i]
+			rep.Phases = append(rep.Phases, &overloadPhase{Load: load, Config: c.name, GoodputPerS: a.goodput, Arrived: int64(1000 * load),
+				RejectedFull: a.full, RejectedTimeout: a.timeout, RejectedDeadline: a.late, DialsPerS: a.dials})
+		}
+	}
+	return rep
 }
 
 func TestSummaryDividesEachGoodputByTheBestStaticB(t *testing.T) {

@@ -124,12 +124,9 @@ func (e *env) budget(ctx context.Context, args []string) int {
 	conns := fs.Int("conns-per-instance", 0, "server connections one instance can have open (default B of the policy)")
 	other := fs.Int("other", 0, "connections of other clients (jobs, admin tools, replicas' tools, ...)")
 	pi := e.AddPolicyFlags(fs)
-	if code, done := e.ParseFlags(fs, args); done {
+	set, code, done := pi.Parse(args)
+	if done {
 		return code
-	}
-	set := cli.FlagsSet(fs)
-	if err := pi.CheckUnused(set); err != nil {
-		return e.Fail(fmt.Errorf("budget: %w", err))
 	}
 	if *instances < 1 || *instances > budgetLimit {
 		return e.Fail(fmt.Errorf("budget: --instances is %d, want 1 to %d", *instances, budgetLimit))
@@ -150,10 +147,7 @@ func (e *env) budget(ctx context.Context, args []string) int {
 			}
 		}
 	} else {
-		r, err := pi.Resolve(set, bulkhead.DefaultPolicy)
-		if err == nil {
-			err = r.CheckAdaptive()
-		}
+		r, err := pi.ResolveChecked(set, bulkhead.DefaultPolicy, (*cli.Resolved).CheckAdaptive)
 		if err != nil {
 			return e.Fail(fmt.Errorf("budget: %w", err))
 		}

@@ -41,22 +41,15 @@ func serverLimit(t *testing.T) (maxConns, available int) {
 func TestBudgetThatFitsExitsZero(t *testing.T) {
 	url := clitest.PostgresURL(t)
 	maxConns, available := serverLimit(t)
-	r := runCmd(t, nil, "budget", "--dsn", url, "--instances", "2", "--conns-per-instance", "3", "--other", "1")
-	if r.Code != cli.ExitOK || r.Stderr != "" {
-		t.Fatalf("exit %d, stderr %q\n%s", r.Code, r.Stderr, r.Stdout)
-	}
-	for _, want := range []string{
+	r := runQuiet(t, nil, "budget", "--dsn", url, "--instances", "2", "--conns-per-instance", "3", "--other", "1")
+	clitest.WantText(t, r.Stdout,
 		fmt.Sprintf("max_connections                 %d", maxConns),
 		"instances × conns + other ≤ max_connections − reserved",
 		fmt.Sprintf("2 × 3 + 1 = 7 ≤ %d − %d = %d", maxConns, maxConns-available, available),
 		fmt.Sprintf("verdict: fits, %d connections to spare", available-7),
 		"connections in use now:",
 		"per instance: 3 connections (--conns-per-instance)",
-	} {
-		if !strings.Contains(r.Stdout, want) {
-			t.Errorf("output lacks %q:\n%s", want, r.Stdout)
-		}
-	}
+	)
 }
 
 func TestBudgetThatDoesNotFitExitsOne(t *testing.T) {
@@ -67,33 +60,22 @@ func TestBudgetThatDoesNotFitExitsOne(t *testing.T) {
 	if r.Code != cli.ExitFinding || r.Stderr != "" {
 		t.Fatalf("exit %d, stderr %q; want 1 and nothing\n%s", r.Code, r.Stderr, r.Stdout)
 	}
-	for _, want := range []string{
+	clitest.WantText(t, r.Stdout,
 		fmt.Sprintf("1000 × 1000 + 0 = 1000000 > %d − %d = %d", maxConns, maxConns-available, available),
 		fmt.Sprintf("verdict: OVER BUDGET by %d connections", 1000000-available),
-	} {
-		if !strings.Contains(r.Stdout, want) {
-			t.Errorf("output lacks %q:\n%s", want, r.Stdout)
-		}
-	}
+	)
 }
 
 func TestBudgetTakesConnectionsPerInstanceFromThePolicy(t *testing.T) {
 	vars := map[string]string{"DATABASE_URL": clitest.PostgresURL(t), cli.EnvMaxConcurrent: "3", cli.EnvMaxQueue: "9"}
-	r := runCmd(t, vars, "budget", "--instances", "2", "--max-queue", "2")
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
+	r := runOK(t, vars, "budget", "--instances", "2", "--max-queue", "2")
 	// B = 3, whatever Q: the gate keeps no more free than it can run.
-	for _, want := range []string{
+	clitest.WantText(t, r.Stdout,
 		"per instance: 3 connections (B = 3: the operations running and the free server connections the gate keeps for them)",
 		"assumes: the application's own server connections come on top: one per *sql.Conn it keeps open and per Ping, Prepare or Raw running at once",
 		"the gate keeps no more server connections than database/sql keeps connections",
 		"2 × 3 + 0 = 6 ≤",
-	} {
-		if !strings.Contains(r.Stdout, want) {
-			t.Errorf("output lacks %q:\n%s", want, r.Stdout)
-		}
-	}
+	)
 }
 
 func TestBudgetListsConnectionsInUseByApplication(t *testing.T) {
@@ -111,10 +93,7 @@ func TestBudgetListsConnectionsInUseByApplication(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	r := runCmd(t, nil, "budget", "--dsn", url, "--conns-per-instance", "1")
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
+	r := runOK(t, nil, "budget", "--dsn", url, "--conns-per-instance", "1")
 	if !strings.Contains(r.Stdout, probe) {
 		t.Fatalf("the probe's connection is not listed:\n%s", r.Stdout)
 	}
@@ -132,11 +111,7 @@ func TestBudgetSubtractsReservedConnectionsWhereTheServerHasThem(t *testing.T) {
 	}
 	var out bytes.Buffer
 	b.print(&out, "postgres://h/db")
-	for _, want := range []string{"reserved_connections            5", "available to applications       92", "4 × 20 + 12 = 92 ≤ 100 − 8 = 92", "fits, 0 connections to spare"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
-		}
-	}
+	clitest.WantText(t, out.String(), "reserved_connections            5", "available to applications       92", "4 × 20 + 12 = 92 ≤ 100 − 8 = 92", "fits, 0 connections to spare")
 	if !b.fits() {
 		t.Error("92 ≤ 92 must fit")
 	}
@@ -147,12 +122,7 @@ func TestBudgetSubtractsReservedConnectionsWhereTheServerHasThem(t *testing.T) {
 }
 
 func TestBudgetRejectsBadInput(t *testing.T) {
-	cases := []struct {
-		name string
-		vars map[string]string
-		args []string
-		want []string
-	}{
+	wantBadInput(t, "budget", []badInput{
 		{"no database", nil, nil, []string{"needs a PostgreSQL server", "--dsn postgres://"}},
 		{"mysql", nil, []string{"--dsn", "mysql://root@127.0.0.1:3306/test"}, []string{"needs a PostgreSQL server", "mysql://root@127.0.0.1:3306/test"}},
 		{"bad scheme", nil, []string{"--dsn", "http://h/db"}, []string{"--dsn", "http://h/db", "postgres://"}},
@@ -162,34 +132,33 @@ func TestBudgetRejectsBadInput(t *testing.T) {
 		{"zero conns", nil, []string{"--conns-per-instance", "0"}, []string{"--conns-per-instance is 0"}},
 		{"bad env", map[string]string{cli.EnvMaxQueue: "lots"}, []string{"--dsn", "postgres://h/db"}, []string{cli.EnvMaxQueue, `"lots"`}},
 		{"unreachable", nil, []string{"--dsn", "postgres://postgres@127.0.0.1:1/test?sslmode=disable"}, []string{"postgres://postgres@127.0.0.1:1/test", "cannot connect"}},
+	})
+}
+
+// joinFleet joins the fleet name with policy p on the test server, one
+// round an hour (the test runs them with Sync); the member leaves when
+// the test ends.
+func joinFleet(t *testing.T, name string, p bulkhead.Policy) *fleet.Member {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(clitest.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			r := runCmd(t, c.vars, append([]string{"budget"}, c.args...)...)
-			clitest.WantOneLineError(t, r, append([]string{"budget:"}, c.want...)...)
-		})
+	m, err := fleet.Join(name, stdlib.GetConnector(*cfg), p, fleet.Interval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { m.Gate().OpenDB().Close() }) // leaves the fleet
+	return m
 }
 
 // budget --fleet shows a live fleet as PostgreSQL sees it: two gates of
 // one fleet, each with its share after their rounds.
 func TestBudgetShowsALiveFleet(t *testing.T) {
 	url := clitest.PostgresURL(t)
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	name := fmt.Sprintf("budget-%d", os.Getpid())
 	p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 2, QueueWait: time.Second}
-	var ms []*fleet.Member
-	for range 2 {
-		m, err := fleet.Join(name, stdlib.GetConnector(*cfg), p, fleet.Interval(time.Hour))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Gate().OpenDB().Close() // leaves the fleet
-		ms = append(ms, m)
-	}
+	ms := []*fleet.Member{joinFleet(t, name, p), joinFleet(t, name, p)}
 	// Rounds until each holds its share: the first takes all of T, gives
 	// back half when it sees the second, which then takes it.
 	for range 2 {
@@ -205,11 +174,8 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	maxConns, available := serverLimit(t)
-	r := runCmd(t, map[string]string{cli.EnvFleet: name}, "budget", "--dsn", url, "--instances", "3", "--max-concurrent", "4", "--max-queue", "2")
-	if r.Code != cli.ExitOK || r.Stderr != "" {
-		t.Fatalf("exit %d, stderr %q\n%s", r.Code, r.Stderr, r.Stdout)
-	}
-	want := []string{
+	r := runQuiet(t, map[string]string{cli.EnvFleet: name}, "budget", "--dsn", url, "--instances", "3", "--max-concurrent", "4", "--max-queue", "2")
+	clitest.WantText(t, r.Stdout,
 		"per instance: 2 connections (its coordination session and its anchor)",
 		fmt.Sprintf("once: 4 connections (fleet %s: T = 4 for operations in all and the free server connections kept for them, whatever the members' shares (from BULKHEAD_FLEET=%s))", name, name),
 		"assumes: a member whose share is 0 keeps one idle server connection",
@@ -217,12 +183,7 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 		fmt.Sprintf("4 + 3 × 2 + 0 = 10 ≤ %d − %d = %d", maxConns, maxConns-available, available),
 		fmt.Sprintf("fleet %s, live: 2 instances, 4 slots held of T=4", name),
 		"share (slots)  connections (busy)",
-	}
-	for _, w := range want {
-		if !strings.Contains(r.Stdout, w) {
-			t.Errorf("output lacks %q:\n%s", w, r.Stdout)
-		}
-	}
+	)
 	// Each member's line: id, backend pid, client, since, share,
 	// connections (busy), what it reported.
 	for i, m := range ms {
@@ -282,17 +243,9 @@ func TestBudgetCountsAnAdaptivePolicyAtItsCeiling(t *testing.T) {
 // anchor, read from pg_locks.
 func TestBudgetCountsTheSessionsEachFleetMemberHoldsOutsideItsGate(t *testing.T) {
 	url := clitest.PostgresURL(t)
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	name := fmt.Sprintf("budget-own-%d", os.Getpid())
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second}
-	m, err := fleet.Join(name, stdlib.GetConnector(*cfg), p, fleet.Interval(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Gate().OpenDB().Close() // leaves the fleet
+	m := joinFleet(t, name, p)
 	if err := m.Sync(t.Context()); err != nil {
 		t.Fatal(err)
 	}

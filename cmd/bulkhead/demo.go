@@ -43,12 +43,9 @@ func (e *env) demo(ctx context.Context, args []string) int {
 	fs := e.NewFlagSet("demo", demoUsage, demoExamples)
 	dsn := fs.String("dsn", "", "database URL: postgres://... or mysql://...")
 	pi := e.AddPolicyFlags(fs)
-	if code, done := e.ParseFlags(fs, args); done {
+	set, code, done := pi.Parse(args)
+	if done {
 		return code
-	}
-	set := cli.FlagsSet(fs)
-	if err := pi.CheckUnused(set); err != nil {
-		return e.Fail(fmt.Errorf("demo: %w", err))
 	}
 	t, err := e.ResolveTarget(*dsn, set["dsn"])
 	if err != nil {

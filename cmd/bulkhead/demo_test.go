@@ -49,12 +49,7 @@ func TestDemoFlagOverridesDatabaseURL(t *testing.T) {
 }
 
 func TestDemoRejectsBadInput(t *testing.T) {
-	cases := []struct {
-		name string
-		vars map[string]string
-		args []string
-		want []string
-	}{
+	cases := []badInput{
 		{"unknown scheme", nil, []string{"--dsn", "mongodb://h/db"}, []string{"--dsn", `"mongodb://h/db"`, "postgres://", "mysql://"}},
 		{"not a URL", nil, []string{"--dsn", "host=x user=y"}, []string{"--dsn", `"host=x user=y"`, "not a URL", "postgres://"}},
 		{"empty flag", nil, []string{"--dsn", ""}, []string{"--dsn is empty", "postgres://"}},

@@ -152,10 +152,7 @@ func (e *env) parseLoad(args []string) (*loadConfig, int, bool) {
 	if err := cfg.out.Check(); err != nil {
 		return bad("%w", err)
 	}
-	r, err := pi.Resolve(set, bulkhead.DefaultPolicy)
-	if err == nil {
-		err = r.Check()
-	}
+	r, err := pi.ResolveChecked(set, bulkhead.DefaultPolicy, (*cli.Resolved).Check)
 	if err == nil {
 		err = cli.CheckWorkload(r, *workload, set)
 	}
@@ -316,7 +313,7 @@ func (e *env) runPhase(ctx context.Context, cfg *loadConfig, r *loadRun) (*runRe
 				cancel()
 				rec.ended(o, lat, err)
 				if o != cli.OutCompleted && cfg.backoff > 0 {
-					pause(stopStarting, cfg.backoff)
+					_ = cli.Sleep(stopStarting, cfg.backoff) // the loop sees stopStarting end
 				}
 			}
 		})
@@ -342,16 +339,6 @@ func (e *env) runPhase(ctx context.Context, cfg *loadConfig, r *loadRun) (*runRe
 		return nil, err
 	}
 	return res, nil
-}
-
-// pause waits d or until ctx ends.
-func pause(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }
 
 // sample records gauges every sampleInterval, polls the server monitor,

@@ -33,13 +33,10 @@ func wantTotalsAddUp(t *testing.T, r *runResult) {
 func TestLoadOnSQLiteAttemptsExactlyTheCountAndAddsUp(t *testing.T) {
 	dir := t.TempDir()
 	jsonPath, chartPath := filepath.Join(dir, "load.json"), filepath.Join(dir, "load.svg")
-	r := runCmd(t, nil, "load", "--clients", "4", "--count", "60",
+	r := runOK(t, nil, "load", "--clients", "4", "--count", "60",
 		"--max-concurrent", "2", "--max-queue", "1", "--queue-wait", "2ms", "--hold", "2ms",
 		"--deadline", "10s", "--backoff", "1ms", "--baseline", "--max-open-conns", "2",
 		"--progress", "0", "--json", jsonPath, "--chart", chartPath)
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
 	rep := clitest.ReadJSON[loadReport](t, jsonPath)
 	if len(rep.Runs) != 2 || rep.Runs[0].Name != "gated" || rep.Runs[1].Name != "baseline" {
 		t.Fatalf("runs %+v, want gated and baseline", rep.Runs)
@@ -72,12 +69,8 @@ func TestLoadOnSQLiteAttemptsExactlyTheCountAndAddsUp(t *testing.T) {
 		t.Errorf("baseline rejected %d, gate %+v, max open %d: it must run without the gate",
 			base.RejectedFull+base.RejectedTimeout, base.Gate, base.MaxOpenConns)
 	}
-	for _, want := range []string{"gated", "baseline", "attempted", "goodput", "latency p99", "queue wait p99",
-		fmt.Sprintf("gated: attempted 60 = completed %d", gated.Completed), "chart written to"} {
-		if !strings.Contains(r.Stdout, want) {
-			t.Errorf("table lacks %q:\n%s", want, r.Stdout)
-		}
-	}
+	clitest.WantText(t, r.Stdout, "gated", "baseline", "attempted", "goodput", "latency p99", "queue wait p99",
+		fmt.Sprintf("gated: attempted 60 = completed %d", gated.Completed), "chart written to")
 	if strings.Contains(r.Stdout, "server: most") {
 		t.Error("server rows shown for SQLite")
 	}
@@ -86,12 +79,9 @@ func TestLoadOnSQLiteAttemptsExactlyTheCountAndAddsUp(t *testing.T) {
 }
 
 func TestLoadOnSQLiteDoesCPUWorkAndWritesJSONToStdout(t *testing.T) {
-	r := runCmd(t, nil, "load", "--work", "cpu", "--cpu-rows", "500", "--clients", "2", "--count", "6",
+	r := runOK(t, nil, "load", "--work", "cpu", "--cpu-rows", "500", "--clients", "2", "--count", "6",
 		"--max-concurrent", "1", "--max-queue", "1", "--queue-wait", "10s", "--deadline", "30s",
 		"--progress", "0", "--json", "-")
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
 	rep := clitest.JSON[loadReport](t, r.Stdout) // the JSON alone
 	if len(rep.Runs) != 1 || rep.Runs[0].Work != "cpu" || rep.Runs[0].Attempted != 6 || !strings.Contains(r.Stderr, "CPU-bound query over 500 rows") {
 		t.Fatalf("runs %+v", rep.Runs)
@@ -153,10 +143,7 @@ func TestLoadProgressRewritesOneLineOnATerminal(t *testing.T) {
 }
 
 func TestLoadProgressIsPlainLinesOffATerminal(t *testing.T) {
-	r := runCmd(t, nil, "load", "--clients", "2", "--count", "10", "--hold", "1ms", "--deadline", "1m", "--progress", "1ns")
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
+	r := runOK(t, nil, "load", "--clients", "2", "--count", "10", "--hold", "1ms", "--deadline", "1m", "--progress", "1ns")
 	if strings.Contains(r.Stderr, "\r") || strings.Contains(r.Stderr, "\x1b") {
 		t.Fatalf("terminal control sequences off a terminal: %q", r.Stderr)
 	}
@@ -176,29 +163,17 @@ func TestLoadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
 	jsonPath, chartPath := filepath.Join(dir, "load.json"), filepath.Join(dir, "load.svg")
 	// A deadline far beyond any operation: no statement is cancelled, so
 	// the server sees exactly what the gate lets through.
-	r := runCmd(t, nil, "load", "--dsn", clitest.PostgresURL(t), "--clients", "8", "--duration", "1s",
+	r := runOK(t, nil, "load", "--dsn", clitest.PostgresURL(t), "--clients", "8", "--duration", "1s",
 		"--max-concurrent", "2", "--max-queue", "2", "--queue-wait", "5ms", "--hold", "10ms",
 		"--deadline", "30s", "--baseline", "--max-open-conns", "2", "--progress", "0",
 		"--json", jsonPath, "--chart", chartPath)
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
 	rep := clitest.ReadJSON[loadReport](t, jsonPath)
 	if len(rep.Runs) != 2 {
 		t.Fatalf("%d runs, want gated and baseline", len(rep.Runs))
 	}
 	for _, run := range rep.Runs {
 		wantTotalsAddUp(t, run)
-		if run.ServerMaxTransactions == nil || run.ServerMaxConnections == nil {
-			t.Fatalf("%s: no server counts (monitor error %q)", run.Name, run.ServerMonitorError)
-		}
-		// The monitor saw the run's transactions at all.
-		if *run.ServerMaxTransactions < 1 {
-			t.Errorf("%s: the monitor never saw a transaction", run.Name)
-		}
-		if *run.ServerMaxTransactions > 2 {
-			t.Errorf("%s: %d transactions on the server at once, want at most 2", run.Name, *run.ServerMaxTransactions)
-		}
+		clitest.WantServerTx(t, run.Name, run.ServerMaxTransactions, run.ServerMaxConnections, run.ServerMonitorError, 2)
 	}
 	// What bulkhead budget counts for B = 2: the operations running and
 	// the free server connections kept for them, B. For a moment there
@@ -222,12 +197,9 @@ func TestLoadOnPostgreSQLKeepsServerTransactionsWithinB(t *testing.T) {
 
 func TestLoadOnMariaDBAddsUp(t *testing.T) {
 	jsonPath := filepath.Join(t.TempDir(), "load.json")
-	r := runCmd(t, nil, "load", "--dsn", clitest.MySQLURL(t), "--clients", "4", "--count", "20",
+	runOK(t, nil, "load", "--dsn", clitest.MySQLURL(t), "--clients", "4", "--count", "20",
 		"--max-concurrent", "2", "--max-queue", "2", "--queue-wait", "10s", "--hold", "5ms",
 		"--deadline", "30s", "--progress", "0", "--json", jsonPath)
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
 	run := clitest.ReadJSON[loadReport](t, jsonPath).Runs[0]
 	wantTotalsAddUp(t, run)
 	if run.Attempted != 20 || run.Completed != 20 {
@@ -237,12 +209,7 @@ func TestLoadOnMariaDBAddsUp(t *testing.T) {
 
 func TestLoadRejectsBadInput(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing", "load.svg")
-	cases := []struct {
-		name string
-		vars map[string]string
-		args []string
-		want []string
-	}{
+	wantBadInput(t, "load", []badInput{
 		{"clients zero", nil, []string{"--clients", "0"}, []string{"--clients is 0"}},
 		{"clients not a number", nil, []string{"--clients", "many"}, []string{`"many"`, "-clients"}},
 		{"negative count", nil, []string{"--count", "-5"}, []string{"--count is -5"}},
@@ -265,31 +232,19 @@ func TestLoadRejectsBadInput(t *testing.T) {
 		{"bad dsn", nil, []string{"--dsn", "sqlserver://h/db"}, []string{"--dsn", "sqlserver://h/db", "postgres://"}},
 		{"unreachable", nil, []string{"--dsn", "postgres://postgres@127.0.0.1:1/test?sslmode=disable", "--progress", "0"},
 			[]string{"cannot connect", "postgres://postgres@127.0.0.1:1/test"}},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			r := runCmd(t, c.vars, append([]string{"load"}, c.args...)...)
-			clitest.WantOneLineError(t, r, append([]string{"load:"}, c.want...)...)
-		})
-	}
+	})
 }
 
 func TestLoadFlagsOverrideABadEnvironmentEntirely(t *testing.T) {
 	vars := map[string]string{cli.EnvMaxConcurrent: "four"}
-	r := runCmd(t, vars, "load", "--count", "2", "--clients", "1", "--hold", "0s", "--progress", "0",
+	runOK(t, vars, "load", "--count", "2", "--clients", "1", "--hold", "0s", "--progress", "0",
 		"--max-concurrent", "1", "--max-queue", "0", "--queue-wait", "0s")
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
 }
 
 func TestLoadTakesThePolicyFromTheEnvironment(t *testing.T) {
 	vars := map[string]string{cli.EnvMaxConcurrent: "3", cli.EnvMaxQueue: "5", cli.EnvQueueWait: "7ms"}
-	r := runCmd(t, vars, "load", "--count", "2", "--clients", "1", "--hold", "0s", "--progress", "0",
+	r := runOK(t, vars, "load", "--count", "2", "--clients", "1", "--hold", "0s", "--progress", "0",
 		"--max-queue", "1")
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
 	if !strings.Contains(r.Stdout, "B=3 Q=1 wait=7ms") {
 		t.Fatalf("want B and the wait from the environment, Q from the flag:\n%s", r.Stdout)
 	}

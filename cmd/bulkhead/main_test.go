@@ -23,6 +23,47 @@ type result = clitest.Result
 // process environment is not read), stderr not a terminal.
 var runCmd = program.Cmd
 
+// runOK is runCmd that stops the test unless the command exits 0.
+func runOK(t *testing.T, vars map[string]string, args ...string) result {
+	t.Helper()
+	r := runCmd(t, vars, args...)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %q\n%s", r.Code, r.Stderr, r.Stdout)
+	}
+	return r
+}
+
+// runQuiet is runOK that also stops the test unless stderr is empty.
+func runQuiet(t *testing.T, vars map[string]string, args ...string) result {
+	t.Helper()
+	r := runOK(t, vars, args...)
+	if r.Stderr != "" {
+		t.Fatalf("exit %d, stderr %q, want nothing\n%s", r.Code, r.Stderr, r.Stdout)
+	}
+	return r
+}
+
+// badInput is a command line that must fail: the environment, the
+// command's arguments and what its one-line error names.
+type badInput struct {
+	name string
+	vars map[string]string
+	args []string
+	want []string
+}
+
+// wantBadInput runs cmd with each case and checks that it fails with one
+// line naming "cmd:" and every want.
+func wantBadInput(t *testing.T, cmd string, cases []badInput) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := runCmd(t, c.vars, append([]string{cmd}, c.args...)...)
+			clitest.WantOneLineError(t, r, append([]string{cmd + ":"}, c.want...)...)
+		})
+	}
+}
+
 func TestEveryCommandHasHelpWithExamplesAndNamesBadFlags(t *testing.T) {
 	program.WantHelp(t, "demo", "load", "budget", "policy", "version")
 }

@@ -35,17 +35,11 @@ func (e *env) policy(_ context.Context, args []string) int {
 	fs := e.NewFlagSet("policy", policyUsage, policyExamples)
 	fs.String("dsn", "", "database URL (not used: the policy command connects to nothing)")
 	pi := e.AddPolicyFlags(fs)
-	if code, done := e.ParseFlags(fs, args); done {
+	set, code, done := pi.Parse(args)
+	if done {
 		return code
 	}
-	set := cli.FlagsSet(fs)
-	if set["dsn"] {
-		return e.Fail(fmt.Errorf("policy: --dsn does nothing in policy: %s", commands["policy"].Unused[cli.SetDSN]))
-	}
-	r, err := pi.Resolve(set, bulkhead.DefaultPolicy)
-	if err == nil {
-		err = r.Check()
-	}
+	r, err := pi.ResolveChecked(set, bulkhead.DefaultPolicy, (*cli.Resolved).Check)
 	if err != nil {
 		return e.Fail(fmt.Errorf("policy: %w", err))
 	}

@@ -21,10 +21,7 @@ import (
 )
 
 func TestPolicyPrintsTheDefaultsWhenNothingIsSet(t *testing.T) {
-	r := runCmd(t, nil, "policy")
-	if r.Code != cli.ExitOK || r.Stderr != "" {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
+	r := runQuiet(t, nil, "policy")
 	clitest.WantCells(t, r.Stdout,
 		"max concurrent (B) 10 default, BULKHEAD_MAX_CONCURRENT unset",
 		"max queue (Q) 10 default, BULKHEAD_MAX_QUEUE unset",
@@ -39,10 +36,7 @@ func TestPolicyPrintsTheDefaultsWhenNothingIsSet(t *testing.T) {
 
 func TestPolicyPrintsWhatTheEnvironmentSets(t *testing.T) {
 	vars := map[string]string{cli.EnvMaxConcurrent: "4", cli.EnvQueueWait: "20ms"}
-	r := runCmd(t, vars, "policy")
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
+	r := runOK(t, vars, "policy")
 	clitest.WantCells(t, r.Stdout,
 		"4 from BULKHEAD_MAX_CONCURRENT=4",
 		"10 default, BULKHEAD_MAX_QUEUE unset",
@@ -71,10 +65,7 @@ func TestPolicyReportsTheLibraryErrorNamingTheVariable(t *testing.T) {
 }
 
 func TestPolicyShowsTheFleetAndItsConnections(t *testing.T) {
-	r := runCmd(t, map[string]string{cli.EnvFleet: "orders", cli.EnvMaxConcurrent: "8"}, "policy", "--max-queue", "4")
-	if r.Code != cli.ExitOK || r.Stderr != "" {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
+	r := runQuiet(t, map[string]string{cli.EnvFleet: "orders", cli.EnvMaxConcurrent: "8"}, "policy", "--max-queue", "4")
 	clitest.WantCells(t, r.Stdout,
 		"fleet orders from BULKHEAD_FLEET=orders: B=8 and Q=4 are the whole fleet's",
 		"connections per instance its share of T, + 2 the fleet's: T = 8 for operations in all, + 2 per instance: its coordination session and its anchor",

@@ -84,10 +84,7 @@ func TestPolicySettingsAreFlagThenEnvironmentThenDefault(t *testing.T) {
 		cli.EnvMaxConcurrent: "3", cli.EnvMaxQueue: "5", cli.EnvQueueWait: "7ms",
 		cli.EnvDryRun: "true", cli.EnvWorkloads: "batch:2:1:5ms",
 	}
-	r := runCmd(t, vars, "policy", "--max-queue", "1", "--dry-run=false")
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
+	r := runOK(t, vars, "policy", "--max-queue", "1", "--dry-run=false")
 	clitest.WantCells(t, r.Stdout,
 		"max concurrent (B) 3 from BULKHEAD_MAX_CONCURRENT=3",
 		"max queue (Q) 1 from --max-queue",
@@ -235,10 +232,7 @@ func TestHelpShowsTheRealDefaults(t *testing.T) {
 }
 
 func TestPolicyShowsDryRunAndWorkloads(t *testing.T) {
-	r := runCmd(t, map[string]string{cli.EnvDryRun: "true", cli.EnvWorkloads: "report:1:0:0s,batch:2:4:50ms:-1"}, "policy")
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
+	r := runOK(t, map[string]string{cli.EnvDryRun: "true", cli.EnvWorkloads: "report:1:0:0s,batch:2:4:50ms:-1"}, "policy")
 	clitest.WantCells(t, r.Stdout,
 		"dry run true from BULKHEAD_DRY_RUN=true",
 		"workloads 2 from BULKHEAD_WORKLOADS=report:1:0:0s,batch:2:4:50ms:-1",
@@ -256,20 +250,14 @@ func TestPolicyShowsDryRunAndWorkloads(t *testing.T) {
 // Adaptive, as dry-run: flag > variable > default, and its floor shown
 // with it (1 unless given; none without adaptive).
 func TestPolicyShowsAdaptiveAndItsFloor(t *testing.T) {
-	r := runCmd(t, map[string]string{cli.EnvAdaptive: "true", cli.EnvMinConcurrent: "2"}, "policy", "--max-concurrent", "16")
-	if r.Code != cli.ExitOK || r.Stderr != "" {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
+	r := runQuiet(t, map[string]string{cli.EnvAdaptive: "true", cli.EnvMinConcurrent: "2"}, "policy", "--max-concurrent", "16")
 	clitest.WantCells(t, r.Stdout,
 		"adaptive true from BULKHEAD_ADAPTIVE=true: the B in force moves from 2 to B=16 by the hold times measured",
 		"min concurrent 2 from BULKHEAD_MIN_CONCURRENT=2",
 		"connections per instance 16 B = 16:", "adaptive: B=16 is the ceiling of the B in force",
 	)
 	// The flags override the variables, malformed ones too.
-	r = runCmd(t, map[string]string{cli.EnvAdaptive: "on", cli.EnvMinConcurrent: "+2"}, "policy", "--adaptive", "--min-concurrent", "3")
-	if r.Code != cli.ExitOK || r.Stderr != "" {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
+	r = runQuiet(t, map[string]string{cli.EnvAdaptive: "on", cli.EnvMinConcurrent: "+2"}, "policy", "--adaptive", "--min-concurrent", "3")
 	clitest.WantCells(t, r.Stdout, "adaptive true from --adaptive: the B in force moves from 3 to B=10", "min concurrent 3 from --min-concurrent")
 	r = runCmd(t, map[string]string{cli.EnvAdaptive: "true"}, "policy")
 	clitest.WantCells(t, r.Stdout, "adaptive true from BULKHEAD_ADAPTIVE=true: the B in force moves from 1 to B=10",
@@ -301,12 +289,9 @@ func TestPolicyShowsAdaptiveAndItsFloor(t *testing.T) {
 // JSON, and runs its gate with it.
 func TestLoadRunsAnAdaptiveGate(t *testing.T) {
 	jsonPath := t.TempDir() + "/load.json"
-	r := runCmd(t, map[string]string{cli.EnvAdaptive: "true", cli.EnvWorkloads: "batch:2:4:10s:-1"}, "load", "--clients", "4", "--count", "40",
+	r := runOK(t, map[string]string{cli.EnvAdaptive: "true", cli.EnvWorkloads: "batch:2:4:10s:-1"}, "load", "--clients", "4", "--count", "40",
 		"--max-concurrent", "3", "--min-concurrent", "2", "--max-queue", "4", "--queue-wait", "10s", "--hold", "1ms", "--deadline", "30s",
 		"--progress", "0", "--workload", "batch", "--json", jsonPath)
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
 	run := clitest.ReadJSON[loadReport](t, jsonPath).Runs[0]
 	wantTotalsAddUp(t, run)
 	if run.Policy == nil || *run.Policy != (cli.PolicyJSON{MaxConcurrent: 3, MaxQueue: 4, QueueWaitMs: 10000, Adaptive: true, MinConcurrent: 2}) {
@@ -322,11 +307,8 @@ func TestLoadRunsAnAdaptiveGate(t *testing.T) {
 // the gate counts it, in the table, the JSON and the totals.
 func TestLoadCountsTheRejectionsThatWouldMissTheirDeadline(t *testing.T) {
 	jsonPath := t.TempDir() + "/load.json"
-	r := runCmd(t, nil, "load", "--clients", "8", "--count", "60", "--max-concurrent", "1", "--max-queue", "8", "--queue-wait", "1s",
+	r := runOK(t, nil, "load", "--clients", "8", "--count", "60", "--max-concurrent", "1", "--max-queue", "8", "--queue-wait", "1s",
 		"--hold", "20ms", "--deadline", "30ms", "--backoff", "1ms", "--progress", "0", "--json", jsonPath)
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
 	run := clitest.ReadJSON[loadReport](t, jsonPath).Runs[0]
 	if err := run.checkTotals(); err != nil {
 		t.Error(err)
@@ -351,12 +333,9 @@ func TestLoadCountsTheRejectionsThatWouldMissTheirDeadline(t *testing.T) {
 
 func TestLoadHonoursDryRun(t *testing.T) {
 	jsonPath := t.TempDir() + "/load.json"
-	r := runCmd(t, map[string]string{cli.EnvDryRun: "true"}, "load", "--clients", "4", "--count", "40",
+	r := runOK(t, map[string]string{cli.EnvDryRun: "true"}, "load", "--clients", "4", "--count", "40",
 		"--max-concurrent", "1", "--max-queue", "0", "--queue-wait", "0s", "--hold", "1ms", "--deadline", "30s",
 		"--progress", "0", "--json", jsonPath)
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
 	run := clitest.ReadJSON[loadReport](t, jsonPath).Runs[0]
 	wantTotalsAddUp(t, run)
 	// Nothing is rejected: the gate counts what it would have rejected.
@@ -366,21 +345,14 @@ func TestLoadHonoursDryRun(t *testing.T) {
 	if run.Gate == nil || !run.Gate.DryRun || run.Policy == nil || !run.Policy.DryRun {
 		t.Errorf("gate %+v, policy %+v: not in dry-run", run.Gate, run.Policy)
 	}
-	for _, want := range []string{"B=1 Q=0 wait=0s dry-run", "dry run: would reject full", "dry run: would wait"} {
-		if !strings.Contains(r.Stdout, want) {
-			t.Errorf("table lacks %q:\n%s", want, r.Stdout)
-		}
-	}
+	clitest.WantText(t, r.Stdout, "B=1 Q=0 wait=0s dry-run", "dry run: would reject full", "dry run: would wait")
 }
 
 func TestLoadTagsItsOperationsWithTheWorkload(t *testing.T) {
 	jsonPath := t.TempDir() + "/load.json"
-	r := runCmd(t, map[string]string{cli.EnvWorkloads: "batch:1:1:10s"}, "load", "--clients", "3", "--count", "12",
+	r := runOK(t, map[string]string{cli.EnvWorkloads: "batch:1:1:10s"}, "load", "--clients", "3", "--count", "12",
 		"--max-concurrent", "2", "--max-queue", "2", "--queue-wait", "10s", "--hold", "1ms", "--deadline", "30s",
 		"--progress", "0", "--workload", "batch", "--json", jsonPath)
-	if r.Code != cli.ExitOK {
-		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
-	}
 	run := clitest.ReadJSON[loadReport](t, jsonPath).Runs[0]
 	wantTotalsAddUp(t, run)
 	if run.Workload != "batch" || !strings.Contains(r.Stdout, "workload batch B=1 Q=1 wait=10s") {

@@ -128,14 +128,7 @@ func Operation(t *Target, work string, hold time.Duration, cpuRows int) func(ctx
 			if err := one(ctx, tx); err != nil {
 				return err
 			}
-			t := time.NewTimer(hold)
-			defer t.Stop()
-			select {
-			case <-t.C:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			return Sleep(ctx, hold)
 		}
 	}
 	return func(ctx context.Context, db *sql.DB) error {
@@ -155,5 +148,17 @@ func scanOne(query string, args ...any) func(ctx context.Context, tx *sql.Tx) er
 	return func(ctx context.Context, tx *sql.Tx) error {
 		var v sql.NullInt64
 		return tx.QueryRowContext(ctx, query, args...).Scan(&v)
+	}
+}
+
+// Sleep waits d, or until ctx ends: then it returns ctx.Err().
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }

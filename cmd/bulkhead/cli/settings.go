@@ -176,123 +176,89 @@ func (e *Env) SettingsMatrix(cmds []string) string {
 	return out
 }
 
-// Flag values that know whether they were given, and say what they want
-// when they cannot be parsed.
-
-// OptInt is an integer flag: V is its value.
-type OptInt struct {
-	V   int
+// opt is a flag value that knows whether it was given and says what it
+// wants when it cannot parse a value: V is its value.
+type opt[T int | time.Duration | bool | string] struct {
+	V   T
 	set bool
 }
 
-func (o *OptInt) String() string {
+// OptInt is an integer flag: a decimal from -2^31 to 2^31-1.
+type OptInt = opt[int]
+
+func (o *opt[T]) String() string {
 	if o == nil || !o.set {
 		return ""
 	}
-	return strconv.Itoa(o.V)
+	return fmt.Sprint(o.V)
 }
 
-func (o *OptInt) Set(s string) error {
-	n, err := strconv.ParseInt(s, 10, 32)
-	if err != nil {
-		return errors.New("want a decimal integer")
-	}
-	o.V, o.set = int(n), true
-	return nil
-}
-
-func (o *OptInt) typeName() string { return "int" }
-
-type optDuration struct {
-	v   time.Duration
-	set bool
-}
-
-func (o *optDuration) String() string {
-	if o == nil || !o.set {
-		return ""
-	}
-	return o.v.String()
-}
-
-func (o *optDuration) Set(s string) error {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return errors.New("want a Go duration with a unit, such as 20ms")
-	}
-	o.v, o.set = d, true
-	return nil
-}
-
-func (o *optDuration) typeName() string { return "duration" }
-
-type optBool struct {
-	v   bool
-	set bool
-}
-
-func (o *optBool) String() string {
-	if o == nil || !o.set {
-		return ""
-	}
-	return strconv.FormatBool(o.v)
-}
-
-func (o *optBool) Set(s string) error {
-	switch s {
-	case "true":
-		o.v = true
-	case "false":
-		o.v = false
-	default:
-		return errors.New("want true or false")
+func (o *opt[T]) Set(s string) error {
+	switch v := any(&o.V).(type) {
+	case *int:
+		n, err := strconv.ParseInt(s, 10, 32)
+		if err != nil {
+			return errors.New("want a decimal integer")
+		}
+		*v = int(n)
+	case *time.Duration:
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return errors.New("want a Go duration with a unit, such as 20ms")
+		}
+		*v = d
+	case *bool:
+		if s != "true" && s != "false" {
+			return errors.New("want true or false")
+		}
+		*v = s == "true"
+	case *string:
+		*v = s
 	}
 	o.set = true
 	return nil
 }
 
-func (o *optBool) IsBoolFlag() bool { return true }
-func (o *optBool) typeName() string { return "" }
-
-type optString struct {
-	v   string
-	set bool
+// IsBoolFlag lets a bool flag stand alone, as --dry-run.
+func (o *opt[T]) IsBoolFlag() bool {
+	_, ok := any(o.V).(bool)
+	return ok
 }
 
-func (o *optString) String() string {
-	if o == nil {
-		return ""
+// typeName is the flag's type in help: none for a bool.
+func (o *opt[T]) typeName() string {
+	switch any(o.V).(type) {
+	case int:
+		return "int"
+	case time.Duration:
+		return "duration"
+	case string:
+		return "string"
 	}
-	return o.v
+	return ""
 }
-
-func (o *optString) Set(s string) error {
-	o.v, o.set = s, true
-	return nil
-}
-
-func (o *optString) typeName() string { return "string" }
 
 // PolicyInput is the policy part of a command line: the settings of
 // bulkhead.Policy and the fleet's name as flags, and which of them the
 // command uses.
 type PolicyInput struct {
 	e    *Env
+	fs   *flag.FlagSet
 	cmd  string
 	uses map[string]string // setting -> why it does nothing here
 	b, q OptInt
-	wait optDuration
-	dry  optBool
-	wl   optString
-	adpt optBool
+	wait opt[time.Duration]
+	dry  opt[bool]
+	wl   opt[string]
+	adpt opt[bool]
 	minB OptInt
-	flt  optString
+	flt  opt[string]
 }
 
 // AddPolicyFlags defines the policy flags on fs, whose name is the
 // command's.
 func (e *Env) AddPolicyFlags(fs *flag.FlagSet) *PolicyInput {
-	pi := &PolicyInput{e: e, cmd: fs.Name(), uses: e.Commands[fs.Name()].Unused}
+	pi := &PolicyInput{e: e, fs: fs, cmd: fs.Name(), uses: e.Commands[fs.Name()].Unused}
 	fs.Var(&pi.b, SetB, "B: operations running at once")
 	fs.Var(&pi.q, SetQ, "Q: operations admitted to wait for a permit")
 	fs.Var(&pi.wait, SetWait, "longest wait for a permit")
@@ -319,6 +285,18 @@ func (pi *PolicyInput) CheckUnused(set map[string]bool) error {
 		}
 	}
 	return nil
+}
+
+// Parse parses args into the command's flags (Env.Parse), then fails, as
+// "cmd: " and CheckUnused's error, on a flag the command does not use.
+func (pi *PolicyInput) Parse(args []string) (set map[string]bool, code int, done bool) {
+	if set, code, done = pi.e.Parse(pi.fs, args); done {
+		return nil, code, true
+	}
+	if err := pi.CheckUnused(set); err != nil {
+		return nil, pi.e.Fail(fmt.Errorf("%s: %w", pi.cmd, err)), true
+	}
+	return set, ExitOK, false
 }
 
 // source says where a setting's value came from.
@@ -453,22 +431,31 @@ func (pi *PolicyInput) Resolve(set map[string]bool, def bulkhead.Policy) (*Resol
 		if err != nil {
 			return nil, fmt.Errorf("%w (--%s overrides it)", err, s.Flag)
 		}
-		switch s.Flag {
-		case SetB:
-			r.P.MaxConcurrent = p.MaxConcurrent
-		case SetQ:
-			r.P.MaxQueue = p.MaxQueue
-		case SetWait:
-			r.P.QueueWait = p.QueueWait
-		case SetDryRun:
-			r.P.DryRun = p.DryRun
-		case SetWorkloads:
-			r.P.Workloads = p.Workloads
-		case SetAdaptive:
-			r.P.Adaptive = p.Adaptive
-		case SetMinB:
-			r.P.MinConcurrent = p.MinConcurrent
-		}
+		copyField[s.Flag](&r.P, &p)
+	}
+	return r, nil
+}
+
+// copyField copies the field of each policy setting from src to dst.
+var copyField = map[string]func(dst, src *bulkhead.Policy){
+	SetB:         func(dst, src *bulkhead.Policy) { dst.MaxConcurrent = src.MaxConcurrent },
+	SetQ:         func(dst, src *bulkhead.Policy) { dst.MaxQueue = src.MaxQueue },
+	SetWait:      func(dst, src *bulkhead.Policy) { dst.QueueWait = src.QueueWait },
+	SetDryRun:    func(dst, src *bulkhead.Policy) { dst.DryRun = src.DryRun },
+	SetWorkloads: func(dst, src *bulkhead.Policy) { dst.Workloads = src.Workloads },
+	SetAdaptive:  func(dst, src *bulkhead.Policy) { dst.Adaptive = src.Adaptive },
+	SetMinB:      func(dst, src *bulkhead.Policy) { dst.MinConcurrent = src.MinConcurrent },
+}
+
+// ResolveChecked is Resolve, then check (Resolved.Check or
+// Resolved.CheckAdaptive) on the policy it gives.
+func (pi *PolicyInput) ResolveChecked(set map[string]bool, def bulkhead.Policy, check func(*Resolved) error) (*Resolved, error) {
+	r, err := pi.Resolve(set, def)
+	if err == nil {
+		err = check(r)
+	}
+	if err != nil {
+		return nil, err
 	}
 	return r, nil
 }
@@ -478,42 +465,44 @@ func (pi *PolicyInput) fromFlag(name string, r *Resolved) error {
 	p := &r.P
 	switch name {
 	case SetB:
-		if pi.b.V < 1 {
-			return fmt.Errorf("--max-concurrent is %d, want an integer from 1 to %d", pi.b.V, math.MaxInt32)
-		}
 		p.MaxConcurrent = pi.b.V
+		return atLeast(name, pi.b.V, 1)
 	case SetQ:
-		if pi.q.V < 0 {
-			return fmt.Errorf("--max-queue is %d, want an integer from 0 to %d", pi.q.V, math.MaxInt32)
-		}
 		p.MaxQueue = pi.q.V
+		return atLeast(name, pi.q.V, 0)
 	case SetWait:
-		if pi.wait.v < 0 || pi.wait.v > bulkhead.MaxQueueWait {
-			return fmt.Errorf("--queue-wait is %v, want 0s to %v", pi.wait.v, bulkhead.MaxQueueWait)
+		if pi.wait.V < 0 || pi.wait.V > bulkhead.MaxQueueWait {
+			return fmt.Errorf("--queue-wait is %v, want 0s to %v", pi.wait.V, bulkhead.MaxQueueWait)
 		}
-		p.QueueWait = pi.wait.v
+		p.QueueWait = pi.wait.V
 	case SetDryRun:
-		p.DryRun = pi.dry.v
+		p.DryRun = pi.dry.V
 	case SetWorkloads:
 		// The library's parser, on the flag's text; its message then
 		// names the flag instead of the variable.
-		w, err := parseEnvAlone(EnvWorkloads, pi.wl.v)
+		w, err := parseEnvAlone(EnvWorkloads, pi.wl.V)
 		if err != nil {
 			return errors.New(strings.Replace(strings.TrimPrefix(err.Error(), "bulkhead: "), EnvWorkloads, "--workloads", 1))
 		}
 		p.Workloads = w.Workloads
 	case SetAdaptive:
-		p.Adaptive = pi.adpt.v
+		p.Adaptive = pi.adpt.V
 	case SetMinB:
-		if pi.minB.V < 1 {
-			return fmt.Errorf("--min-concurrent is %d, want an integer from 1 to %d", pi.minB.V, math.MaxInt32)
-		}
 		p.MinConcurrent = pi.minB.V
+		return atLeast(name, pi.minB.V, 1)
 	case SetFleet:
-		if err := checkFleetName(pi.flt.v); err != nil {
+		if err := checkFleetName(pi.flt.V); err != nil {
 			return fmt.Errorf("--fleet: %w", err)
 		}
-		r.Fleet = pi.flt.v
+		r.Fleet = pi.flt.V
+	}
+	return nil
+}
+
+// atLeast checks the value v of an integer flag against its least.
+func atLeast(flag string, v, least int) error {
+	if v < least {
+		return fmt.Errorf("--%s is %d, want an integer from %d to %d", flag, v, least, math.MaxInt32)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ package clitest
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"encoding/xml"
@@ -34,26 +35,24 @@ const (
 // -short the test is skipped.
 func PostgresURL(t *testing.T) string {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs PostgreSQL; skipped under -short")
-	}
-	if u := os.Getenv(EnvTestPostgres); u != "" {
-		return u
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	return serverURL(t, "PostgreSQL", EnvTestPostgres, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 }
 
 // MySQLURL returns the MariaDB/MySQL server for real-server tests. Under
 // -short the test is skipped.
 func MySQLURL(t *testing.T) string {
 	t.Helper()
+	return serverURL(t, "MariaDB", EnvTestMySQL, "mysql://root@127.0.0.1:3306/test")
+}
+
+// serverURL returns $env, else def; under -short it skips the test, which
+// needs the server named.
+func serverURL(t *testing.T, server, env, def string) string {
+	t.Helper()
 	if testing.Short() {
-		t.Skip("needs MariaDB; skipped under -short")
+		t.Skip("needs " + server + "; skipped under -short")
 	}
-	if u := os.Getenv(EnvTestMySQL); u != "" {
-		return u
-	}
-	return "mysql://root@127.0.0.1:3306/test"
+	return cmp.Or(os.Getenv(env), def)
 }
 
 // Result is what one command run printed and returned.
@@ -210,6 +209,32 @@ func WantCells(t *testing.T, out string, want ...string) {
 		if !strings.Contains(Squash(out), Squash(w)) {
 			t.Errorf("output lacks %q:\n%s", w, out)
 		}
+	}
+}
+
+// WantText checks that out contains every want, to the letter.
+func WantText(t *testing.T, out string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+}
+
+// WantServerTx checks the server counts of a run named run, taken by a
+// monitor of the server: present (else the test stops, with the monitor's
+// error), at least one transaction seen and at most b at once.
+func WantServerTx(t *testing.T, run string, maxTx, maxConns *int, monitorErr string, b int) {
+	t.Helper()
+	if maxTx == nil || maxConns == nil {
+		t.Fatalf("%s: no server counts (monitor error %q)", run, monitorErr)
+	}
+	if *maxTx < 1 {
+		t.Errorf("%s: the monitor never saw a transaction", run)
+	}
+	if *maxTx > b {
+		t.Errorf("%s: %d transactions on the server at once, want at most B = %d", run, *maxTx, b)
 	}
 }
 
