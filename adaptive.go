@@ -16,8 +16,9 @@ import "time"
 // concurrency), and up only if callers waited or were refused during it;
 // each move is judged on the first such window after it, and no other move
 // is made before: a step up is kept if it won at least upGain of what the
-// added operations could bring, a step down if it lost at most as much;
-// else it is undone and steps to that limit or beyond are not tried again
+// added operations could bring, or if callers did not wait at every
+// completion after it (it met their demand), a step down if it lost at
+// most upGain; else it is undone and steps to that limit or beyond are not tried again
 // for backoffMin windows, twice as many after each undo in a row, up to
 // backoffMax. From the floor the limit doubles while each doubling wins
 // slowGain of what it could (slow start). Past it, the operations waiting
@@ -33,13 +34,15 @@ type adaptive struct {
 	floor, ceil int
 
 	// The window being measured.
-	n      int     // completions
-	full   int     // of them, those that found every permit of the limit held
-	work   float64 // of them, the base holds of those done within their deadline, in seconds
-	held   float64 // their holds, in seconds
-	held2  float64 // the squares of their holds
-	unload float64 // the good ones' base hold ÷ hold, summed: 1 each with nothing queued
-	wanted bool    // callers waited or were refused during the window
+	n       int     // completions
+	full    int     // of them, those that found every permit of the limit held
+	work    float64 // of them, the base holds of those done within their deadline, in seconds
+	held    float64 // their holds, in seconds
+	held2   float64 // the squares of their holds
+	unload  float64 // the good ones' base hold ÷ hold, summed: 1 each with nothing queued
+	wanted  bool    // callers waited or were refused during the window
+	demand  int     // completions that found callers waiting, or refused since the one before
+	refused bool    // callers were refused since the last completion
 
 	slow        bool    // slow start: the limit doubles while doubling pays
 	from        int     // the limit before the move being judged; 0: none
@@ -90,7 +93,7 @@ const (
 func newAdaptive() *adaptive { return &adaptive{slow: true} }
 
 // want records a caller refused (in dry-run, one that would have waited).
-func (a *adaptive) want() { a.wanted = true }
+func (a *adaptive) want() { a.wanted, a.refused = true, true }
 
 // observe adds the completion of one operation under limit b, granted its
 // permit under limit from: it held its permits held, its class's base hold
@@ -101,8 +104,13 @@ func (a *adaptive) want() { a.wanted = true }
 // limit to put in force, and true if it differs from b.
 func (a *adaptive) observe(held, base time.Duration, from, b int, full, waited bool) (int, bool) {
 	a.wanted = a.wanted || waited
+	wanted := waited || a.refused
+	a.refused = false
 	if from != b {
 		return b, false
+	}
+	if wanted {
+		a.demand++
 	}
 	a.n++
 	if full {
@@ -121,8 +129,8 @@ func (a *adaptive) observe(held, base time.Duration, from, b int, full, waited b
 	}
 	rate := float64(b) * a.work / a.held
 	queued := float64(b) * (1 - a.unload/float64(a.n))
-	busy, wanted := float64(a.full) >= busyShare*float64(a.n), a.wanted
-	a.n, a.full, a.work, a.held, a.held2, a.unload, a.wanted = 0, 0, 0, 0, 0, 0, false
+	busy, wanted, met := float64(a.full) >= busyShare*float64(a.n), a.wanted, a.demand < a.n
+	a.n, a.full, a.work, a.held, a.held2, a.unload, a.wanted, a.demand = 0, 0, 0, 0, 0, 0, false, 0
 	a.upBlock, a.downBlock = max(a.upBlock-1, 0), max(a.downBlock-1, 0)
 	a.quiet++
 
@@ -131,7 +139,9 @@ func (a *adaptive) observe(held, base time.Duration, from, b int, full, waited b
 		a.from = 0
 		step := float64(b-from) / float64(from) // the share the change could win; negative down
 		a.last = Move{From: b, To: b, Why: "kept", Queued: queued, Gain: gain}
-		if gain < 1+upGain*step {
+		// A step up after which the callers did not wait at every
+		// completion met their demand: its goodput is their arrivals, kept.
+		if gain < 1+upGain*step && !(b > from && met) {
 			if b > from {
 				a.upBackoff = min(max(2*a.upBackoff, backoffMin), backoffMax)
 				a.upTop, a.upBlock, a.slow = b, a.upBackoff, false
@@ -145,7 +155,7 @@ func (a *adaptive) observe(held, base time.Duration, from, b int, full, waited b
 			return from, true
 		}
 		if b > from {
-			a.upBackoff, a.climb = 0, true
+			a.upBackoff, a.climb = 0, !met // climb on only while demand is unmet
 			a.slow = a.slow && gain >= 1+slowGain*step
 		} else {
 			a.downBackoff, a.climb = 0, false

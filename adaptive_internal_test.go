@@ -432,3 +432,36 @@ func TestAdaptiveOnAMixOfTransactionsThatNeverQueueGoesToTheCeiling(t *testing.T
 		}
 	})
 }
+
+// At a load the database can just take, a step up after which callers no
+// longer waited at every completion met their demand: the goodput it
+// measures is their arrivals, and the step is kept however little it won.
+func TestAdaptiveKeepsAStepUpThatMetTheCallersDemand(t *testing.T) {
+	a := newAdaptive()
+	a.floor, a.ceil = 1, 16
+	window := func(b int, held time.Duration, waitedEvery int) int {
+		nb := b
+		for i := range max(8, 4*b) {
+			if v, ok := a.observe(held, adWork, b, b, true, i%waitedEvery == 0); ok {
+				nb = v
+			}
+		}
+		return nb
+	}
+	if b := window(1, adWork, 1); b != 2 {
+		t.Fatalf("b after a window at the floor with callers always waiting: %d, want 2", b)
+	}
+	// At 2 the holds are 1.8 times as long: 1.1 times the goodput, under
+	// the eighth a step must win; but callers waited at every other
+	// completion only.
+	if b := window(2, adWork*18/10, 2); b != 2 || a.last.Why != "kept" {
+		t.Fatalf("b after the step up met the demand: %d (last move %+v), want 2, kept", b, a.last)
+	}
+	b := newAdaptive()
+	b.floor, b.ceil = 1, 16
+	a = b
+	window(1, adWork, 1)
+	if b := window(2, adWork*18/10, 1); b != 1 || a.last.Why != "undone" {
+		t.Fatalf("b after the same step with callers waiting at every completion: %d (last move %+v), want 1, undone", b, a.last)
+	}
+}
