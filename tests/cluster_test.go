@@ -319,23 +319,6 @@ func TestAfterARestartTheFirstOperationsFailNoMoreOftenThanThroughPlainDatabaseS
 	const idle = 4
 	p := bulkhead.Policy{MaxConcurrent: idle, MaxQueue: 0} // the gate keeps at most B free sessions
 	ctx := t.Context()
-	warm := func(db *sql.DB) {
-		t.Helper()
-		var conns []*sql.Conn
-		for range idle {
-			conn, err := db.Conn(ctx)
-			if err == nil {
-				err = conn.PingContext(ctx)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			conns = append(conns, conn)
-		}
-		for _, conn := range conns {
-			conn.Close()
-		}
-	}
 	// failures runs operations one after the other until one succeeds
 	// (bounded) and returns how many failed first.
 	failures := func(db *sql.DB) int {
@@ -375,7 +358,7 @@ func TestAfterARestartTheFirstOperationsFailNoMoreOftenThanThroughPlainDatabaseS
 	viaPgxgate := gPgx.OpenDB()
 	defer viaPgxgate.Close()
 	for _, db := range []*sql.DB{plain, std, viaPgxgate} {
-		warm(db)
+		pgWarm(t, ctx, db, idle)
 	}
 	if s1, s2 := gStd.Stats(), gPgx.Stats(); s1.IdleConns != idle || s2.IdleConns != idle {
 		t.Fatalf("idle server connections before the restart: %d and %d, want %d", s1.IdleConns, s2.IdleConns, idle)

@@ -436,27 +436,12 @@ func TestARejectionPingsNothingAlsoWhenThePooledConnectionNeedsAReset(t *testing
 		pings.Add(1)
 		return true
 	}))
-	g, err := bulkhead.New(inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := gateOn(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Minute})
 	ctx := pgTestCtx(t)
 	// Three used connections in database/sql's pool: the transaction
 	// takes one, the operation waiting for it another, and the third
 	// operation gets the last one, which database/sql resets before use.
-	var conns []*sql.Conn
-	for range 3 {
-		c, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		c.Close()
-	}
+	closeConns(takeConns(t, ctx, db, 3))
 	tx := pgBegin(t, ctx, db)
 	waiter := make(chan error, 1)
 	go func() {
@@ -466,7 +451,7 @@ func TestARejectionPingsNothingAlsoWhenThePooledConnectionNeedsAReset(t *testing
 	awaitState(t, "an operation waits", func() bool { return g.Stats().Waiting == 1 })
 	before := pings.Load()
 	start := time.Now()
-	_, err = db.ExecContext(ctx, "SELECT 1")
+	_, err := db.ExecContext(ctx, "SELECT 1")
 	took := time.Since(start)
 	if !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("second operation: %v, want admission full", err)
@@ -570,12 +555,7 @@ func TestSlowDialsAreKeptSoShortDeadlinesDoNotTurnTheGateIntoRejectEverything(t 
 	gateDialer := &relSlowDialer{delay: 300 * time.Millisecond}
 	cfg := relConfig(t)
 	cfg.DialFunc = gateDialer.dial
-	g, err := bulkhead.New(stdlib.GetConnector(*cfg), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := gateOn(t, stdlib.GetConnector(*cfg), p)
 	const ops = 40
 	tally := relShortDeadlines(t, db, workers, ops, time.Time{})
 	s := g.Stats()

@@ -133,19 +133,6 @@ func seamPlain(t *testing.T, inner driver.Connector) *sql.DB {
 	return db
 }
 
-// seamGated opens the gate's *sql.DB on inner, closed at the end of the
-// test.
-func seamGated(t *testing.T, inner driver.Connector, p bulkhead.Policy) (*bulkhead.Gate, *sql.DB) {
-	t.Helper()
-	g, err := bulkhead.New(inner, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return g, db
-}
-
 var seamPolicy = bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Minute}
 
 // seamJoin makes a member of the fleet name on inner, its loop's interval
@@ -187,7 +174,7 @@ func TestAPreparedStatementRefusedAtAdmissionOnPostgreSQLDialsAndPreparesNothing
 			spy := &seamSpy{inner: stdlib.GetConnector(*pgConfig(t))}
 			// The queue wait is an hour and no context ends: an execution
 			// that waited instead of being refused would hang the test.
-			g, db := seamGated(t, spy, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour})
+			g, db := gateOn(t, spy, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour})
 			db.SetMaxIdleConns(0)
 			mon := newMonitor(t)
 
@@ -321,7 +308,7 @@ func TestTwoPreparesOfOneTextLeaveAsManyServerStatementsThroughTheGateAsWithout(
 				if i == 0 {
 					db = seamPlain(t, inner)
 				} else {
-					_, db = seamGated(t, inner, seamPolicy)
+					_, db = gateOn(t, inner, seamPolicy)
 				}
 				if on == "sql.DB" {
 					counts[i] = steps(t, db)
@@ -361,7 +348,7 @@ func TestPgxBeforeAndAfterConnectRunOncePerExecWithNoIdleConnectionAsWithoutTheG
 		if i == 0 {
 			db = seamPlain(t, inner)
 		} else {
-			_, db = seamGated(t, inner, seamPolicy)
+			_, db = gateOn(t, inner, seamPolicy)
 		}
 		db.SetMaxIdleConns(0)
 		for range 2 {
@@ -401,19 +388,12 @@ func TestAPingAfterTheIdleBackendsWereKilledLeavesAsManyConnectionsAsWithoutTheG
 		var db *sql.DB
 		var g *bulkhead.Gate
 		if gated {
-			g, db = seamGated(t, inner, seamPolicy)
+			g, db = gateOn(t, inner, seamPolicy)
 		} else {
 			db = seamPlain(t, inner)
 		}
 		db.SetMaxIdleConns(2) // database/sql's default, which pgx's test runs with
-		var conns []*sql.Conn
-		for range 3 {
-			c, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			conns = append(conns, c)
-		}
+		conns := takeConns(t, ctx, db, 3)
 		if n := db.Stats().OpenConnections; n != 3 {
 			t.Fatalf("three *sql.Conn taken: %d open connections, want 3", n)
 		}
@@ -721,7 +701,7 @@ func TestRawOnMariaDBHandsAnExecerAndAQueryerThatRunMultipleStatements(t *testin
 			t.Errorf("drop %s: %v", table, err)
 		}
 	})
-	g, db := seamGated(t, inner, seamPolicy)
+	g, db := gateOn(t, inner, seamPolicy)
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)

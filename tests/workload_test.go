@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
-	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // wlLatency summarises waits: count, p50, p99, max.
@@ -47,7 +46,7 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	var mu sync.Mutex
 	var interactiveWaits []time.Duration
 	batchReleased := make(chan struct{}, batchWorkers)
-	g, db := openGatedWith(t, p, bulkhead.WithEvents(bulkhead.Events{
+	g, db := openGated(t, p, bulkhead.WithEvents(bulkhead.Events{
 		OnAdmit: func(e bulkhead.Event) {
 			if e.Workload == "" {
 				mu.Lock()
@@ -202,16 +201,4 @@ func pgTxSleep(ctx context.Context, db *sql.DB, secs string) error {
 		return err
 	}
 	return tx.Commit()
-}
-
-// openGatedWith is main_test.go's openGated with options.
-func openGatedWith(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
-	t.Helper()
-	g, err := bulkhead.New(stdlib.GetConnector(*pgConfig(t)), p, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return g, db
 }
