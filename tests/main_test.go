@@ -243,6 +243,27 @@ func (m *monitor) Active(t testing.TB) int {
 // Connections counts the test's server connections.
 func (m *monitor) Connections(t testing.TB) int { return m.count(t, "") }
 
+// pollServer calls look again and again in a goroutine of its own until
+// look returns false or the returned function is called; that function
+// returns once the goroutine has ended.
+func pollServer(look func() bool) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			if !look() {
+				return
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
 // awaitState waits until cond holds, polling state without sleeping. It
 // gives up, failing the test, only after a generous bound meant to turn a
 // hang into a failure, never to measure time.

@@ -40,49 +40,6 @@ func seamCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// seamSpy counts the dials and the Prepares that reach pgx. Its conns
-// embed *stdlib.Conn, so they offer exactly pgx's optional interfaces.
-type seamSpy struct {
-	inner    driver.Connector
-	dials    atomic.Int64
-	opened   atomic.Int64
-	closes   atomic.Int64
-	prepares atomic.Int64
-}
-
-func (s *seamSpy) Connect(ctx context.Context) (driver.Conn, error) {
-	s.dials.Add(1)
-	c, err := s.inner.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	s.opened.Add(1)
-	return &seamSpyConn{Conn: c.(*stdlib.Conn), spy: s}, nil
-}
-
-func (s *seamSpy) Driver() driver.Driver { return s.inner.Driver() }
-
-func (s *seamSpy) open() int64 { return s.opened.Load() - s.closes.Load() }
-
-type seamSpyConn struct {
-	*stdlib.Conn
-	spy *seamSpy
-}
-
-func (c *seamSpyConn) Close() error {
-	c.spy.closes.Add(1)
-	return c.Conn.Close()
-}
-
-func (c *seamSpyConn) Prepare(q string) (driver.Stmt, error) {
-	return c.PrepareContext(context.Background(), q)
-}
-
-func (c *seamSpyConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
-	c.spy.prepares.Add(1)
-	return c.Conn.PrepareContext(ctx, q)
-}
-
 // seamPgx returns the pgx connection behind what (*sql.Conn).Raw hands
 // over, plain or through the gate (and pgxgate).
 func seamPgx(dc any) (*pgx.Conn, error) {
@@ -171,7 +128,7 @@ func TestAPreparedStatementRefusedAtAdmissionOnPostgreSQLDialsAndPreparesNothing
 	for _, q := range []int{0, 1} {
 		t.Run(fmt.Sprintf("B=1,Q=%d", q), func(t *testing.T) {
 			ctx := seamCtx(t)
-			spy := &seamSpy{inner: stdlib.GetConnector(*pgConfig(t))}
+			spy := &relSpyConnector{inner: stdlib.GetConnector(*pgConfig(t))}
 			// The queue wait is an hour and no context ends: an execution
 			// that waited instead of being refused would hang the test.
 			g, db := gateOn(t, spy, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour})

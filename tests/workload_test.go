@@ -110,26 +110,18 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	})
 
 	var peakBatchServer atomic.Int64
-	pollDone := make(chan struct{})
-	go func() {
-		defer close(pollDone)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			var n int64
-			q := `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle'
-			        AND xact_start < statement_timestamp() AND query LIKE '%pg_sleep(0.2)%' AND pid <> pg_backend_pid()`
-			if err := m.db.QueryRowContext(ctx, q, m.app).Scan(&n); err != nil {
-				return
-			}
-			if n > peakBatchServer.Load() {
-				peakBatchServer.Store(n)
-			}
+	stopPoll := pollServer(func() bool {
+		var n int64
+		q := `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle'
+		        AND xact_start < statement_timestamp() AND query LIKE '%pg_sleep(0.2)%' AND pid <> pg_backend_pid()`
+		if err := m.db.QueryRowContext(ctx, q, m.app).Scan(&n); err != nil {
+			return false
 		}
-	}()
+		if n > peakBatchServer.Load() {
+			peakBatchServer.Store(n)
+		}
+		return true
+	})
 
 	var interactiveRejected, interactiveFailed atomic.Int64
 	var iwg sync.WaitGroup
@@ -152,7 +144,7 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	iwg.Wait()
 	close(stop)
 	wg.Wait()
-	<-pollDone
+	stopPoll()
 
 	ws, _ := g.WorkloadStats("batch")
 	s := g.Stats()
