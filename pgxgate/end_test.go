@@ -19,11 +19,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/httpgate"
-	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
 // endRig is a gate with B=1 on a table of one row, and the probe that the
@@ -81,18 +79,11 @@ func newEndRig(t *testing.T, variant string, viaPgxgate bool) *endRig {
 			r.atRelease.Add(1)
 		}
 	}})
-	var g *bulkhead.Gate
-	var err error
+	open := openDefault
 	if viaPgxgate {
-		g, err = pgxgate.New(cfg, p, ev)
-	} else {
-		g, err = bulkhead.New(stdlib.GetConnector(*cfg), p, ev)
+		open = openGate
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.g, r.db = g, g.OpenDB()
-	t.Cleanup(func() { r.db.Close() })
+	r.g, r.db = open(t, cfg, p, ev)
 	if _, err := r.ctl.db.Exec("CREATE TABLE " + r.table + " (id int PRIMARY KEY, v int)"); err != nil {
 		t.Fatal(err)
 	}
@@ -326,12 +317,7 @@ func TestWithPlainPgxTheServerMayOutliveThePermit(t *testing.T) {
 // reachable with errors.As; httpgate then answers 504 and 499.
 func TestACallerCutOffByItsContextGetsTheContextsErrorWithTheServersCode(t *testing.T) {
 	cfg, app := pgConfig(t, "ctxerr")
-	g, err := pgxgate.New(cfg, bulkhead.Policy{MaxConcurrent: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	_, db := openGate(t, cfg, bulkhead.Policy{MaxConcurrent: 1})
 	m := newMonitor(t)
 	for _, c := range []struct {
 		name   string

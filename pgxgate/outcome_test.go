@@ -15,7 +15,6 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/httpgate"
-	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
 // A COMMIT the server answered with an error has a known outcome: nothing
@@ -36,12 +35,7 @@ func TestACommitTheServerAnsweredWithAnErrorReturnsItAndKeepsTheConnection(t *te
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg, _ := pgConfig(t, "answered")
-			g, err := pgxgate.New(cfg, bulkhead.Policy{MaxConcurrent: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			db := g.OpenDB()
-			defer db.Close()
+			g, db := openGate(t, cfg, bulkhead.Policy{MaxConcurrent: 1})
 			ctl, other := newMonitor(t), newMonitor(t)
 			ctx := t.Context()
 			table := fmt.Sprintf("pgxgate_answered_%d_%s", os.Getpid(), c.code)
@@ -133,12 +127,7 @@ func TestACommitWhoseReplyIsLostIsAnUnknownOutcome(t *testing.T) {
 	var d lossyDialer
 	cfg.DialFunc = d.dial
 	t.Cleanup(d.closeAll) // pgx's background close waits 15 s for a reply that is never read
-	g, err := pgxgate.New(cfg, bulkhead.Policy{MaxConcurrent: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := openGate(t, cfg, bulkhead.Policy{MaxConcurrent: 1})
 	ctl := newMonitor(t)
 	ctx := t.Context()
 	table := fmt.Sprintf("pgxgate_lost_%d", os.Getpid())

@@ -10,7 +10,6 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/httpgate"
-	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
 // A COMMIT that gets no answer (its backend stopped with SIGSTOP before it
@@ -20,12 +19,7 @@ import (
 // back with the connection closed.
 func TestAnUnansweredCommitIsAnUnknownOutcomeNotTheCallersDeadline(t *testing.T) {
 	cfg, _ := pgConfig(t, "outcome")
-	g, err := pgxgate.New(cfg, bulkhead.Policy{MaxConcurrent: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := openGate(t, cfg, bulkhead.Policy{MaxConcurrent: 1})
 	ctx := t.Context()
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {

@@ -58,6 +58,34 @@ func pgConfig(t *testing.T, variant string) (*pgx.ConnConfig, string) {
 	return cfg, app
 }
 
+// openGate opens a gate with pgxgate.New on cfg; its *sql.DB is closed
+// when the test ends.
+func openGate(t *testing.T, cfg *pgx.ConnConfig, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	g, err := pgxgate.New(cfg, p, opts...)
+	return gateDB(t, g, err)
+}
+
+// openDefault opens a gate with bulkhead.New on stdlib.GetConnector(*cfg),
+// keeping cfg's context handling; its *sql.DB is closed when the test ends.
+func openDefault(t *testing.T, cfg *pgx.ConnConfig, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	g, err := bulkhead.New(stdlib.GetConnector(*cfg), p, opts...)
+	return gateDB(t, g, err)
+}
+
+// gateDB fails the test on err, else opens g's *sql.DB and closes it when
+// the test ends.
+func gateDB(t *testing.T, g *bulkhead.Gate, err error) (*bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	t.Cleanup(func() { db.Close() })
+	return g, db
+}
+
 // monitor is an ungated connection that counts an application's active
 // statements.
 type monitor struct{ db *sql.DB }
@@ -166,12 +194,7 @@ func cancelCompare(t *testing.T, what string, gated *bulkhead.Gate, db *sql.DB, 
 	n, closed, conns := cancelTries(t, m, db, app, tries)
 
 	cfg, appDefault := pgConfig(t, "dflt")
-	gd, err := bulkhead.New(stdlib.GetConnector(*cfg), gated.Policy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dbDefault := gd.OpenDB()
-	defer dbDefault.Close()
+	gd, dbDefault := openDefault(t, cfg, gated.Policy())
 	plain, plainClosed, plainConns := cancelTries(t, m, dbDefault, appDefault, tries)
 
 	t.Logf("cancelled calls after which the statement still ran on the server / pgx closed the connection: %s %d and %d of %d (%d server connections used), stdlib.GetConnector default %d and %d of %d (%d server connections used)",
@@ -197,23 +220,13 @@ var cancelPolicy = bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: tim
 func TestWaitForServerMakesACancelledStatementReturnOnlyAfterTheServerStoppedIt(t *testing.T) {
 	cfg, app := pgConfig(t, "wait")
 	pgxgate.WaitForServer(cfg)
-	g, err := bulkhead.New(stdlib.GetConnector(*cfg), cancelPolicy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := openDefault(t, cfg, cancelPolicy)
 	cancelCompare(t, "WaitForServer", g, db, app)
 }
 
 func TestNewMakesACancelledStatementReturnOnlyAfterTheServerStoppedIt(t *testing.T) {
 	cfg, app := pgConfig(t, "new")
-	g, err := pgxgate.New(cfg, cancelPolicy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := openGate(t, cfg, cancelPolicy)
 	cancelCompare(t, "pgxgate.New", g, db, app)
 }
 
@@ -252,12 +265,7 @@ func TestNewKeepsTheContextHandlerTheConfigSetsAndLeavesTheConfigUnchanged(t *te
 		built.Add(1)
 		return countingHandler{&pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}, &cancels}
 	}
-	g, err := pgxgate.New(cfg, bulkhead.Policy{MaxConcurrent: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	_, db := openGate(t, cfg, bulkhead.Policy{MaxConcurrent: 1})
 	cancelTries(t, m, db, app, 1)
 	if built.Load() == 0 || cancels.Load() != 1 {
 		t.Fatalf("the config's own handler was built %d times and handled %d cancellations, want it in use (1 cancellation)", built.Load(), cancels.Load())
@@ -388,12 +396,7 @@ func TestAFailedConnectionIsOneLineWithTheServersReasonAndIsCounted(t *testing.T
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := pgxgate.New(cfg, bulkhead.Policy{MaxConcurrent: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := openGate(t, cfg, bulkhead.Policy{MaxConcurrent: 1})
 	err = db.PingContext(t.Context())
 	if err == nil {
 		t.Fatal("ping as a role that does not exist succeeded")

@@ -4,6 +4,7 @@ package sloggate_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -79,26 +80,41 @@ func (h *recordLog) got() (lines, durs []string) {
 	return slices.Clone(h.lines), slices.Clone(h.durs)
 }
 
-func TestEventsLogsAdmitAndReleaseAtDebugAndRejectAtWarn(t *testing.T) {
-	h := &recordLog{min: slog.LevelDebug}
-	// B=1, Q=1 and a 1ns queue wait: a second operation while the first holds
-	// its permit is admitted, then rejected at once with a queue timeout.
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond},
-		bulkhead.WithEvents(sloggate.Events(slog.New(h))))
+// loggedDB opens a gate on a fake driver under p, logging its events to h;
+// the *sql.DB is closed when the test ends.
+func loggedDB(t *testing.T, h *recordLog, p bulkhead.Policy) *sql.DB {
+	t.Helper()
+	g, err := bulkhead.New(fakedb.New(), p, bulkhead.WithEvents(sloggate.Events(slog.New(h))))
 	if err != nil {
 		t.Fatal(err)
 	}
 	db := g.OpenDB()
-	defer db.Close()
-	ctx := t.Context()
+	t.Cleanup(func() { db.Close() })
+	return db
+}
 
+// rejectBehindTx begins a transaction on db, holding its one permit, and
+// fails the test unless a statement meanwhile is rejected with want. The
+// transaction is left open.
+func rejectBehindTx(t *testing.T, ctx context.Context, db *sql.DB, want error) *sql.Tx {
+	t.Helper()
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 1"); !errors.Is(err, bulkhead.ErrQueueTimeout) {
-		t.Fatalf("exec while the transaction holds the permit: %v, want ErrQueueTimeout", err)
+	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 1"); !errors.Is(err, want) {
+		t.Fatalf("exec while the transaction holds the permit: %v, want %v", err, want)
 	}
+	return tx
+}
+
+func TestEventsLogsAdmitAndReleaseAtDebugAndRejectAtWarn(t *testing.T) {
+	h := &recordLog{min: slog.LevelDebug}
+	// B=1, Q=1 and a 1ns queue wait: a second operation while the first holds
+	// its permit is admitted, then rejected at once with a queue timeout.
+	db := loggedDB(t, h, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
+	ctx := t.Context()
+	tx := rejectBehindTx(t, ctx, db, bulkhead.ErrQueueTimeout)
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
@@ -127,21 +143,9 @@ func TestEventsLogsARejectionWithTheOperationsKind(t *testing.T) {
 	h := &recordLog{min: slog.LevelDebug}
 	// B=1, Q=0: the transaction holds the one permit, so the statement
 	// is refused at admission.
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0},
-		bulkhead.WithEvents(sloggate.Events(slog.New(h))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
-	tx, err := db.BeginTx(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := loggedDB(t, h, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
+	tx := rejectBehindTx(t, t.Context(), db, bulkhead.ErrAdmissionFull)
 	defer tx.Rollback()
-	if _, err := db.ExecContext(t.Context(), "UPDATE t SET v = 1"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-		t.Fatalf("exec while the transaction holds the permit: %v, want ErrAdmissionFull", err)
-	}
 	lines, _ := h.got()
 	if want := "WARN bulkhead: rejected kind=statement reason=admission_full"; !slices.Contains(lines, want) {
 		t.Errorf("records %q lack %q", lines, want)
@@ -191,15 +195,10 @@ func TestEventsWithANilLoggerUsesTheDefaultLoggerAtEachEvent(t *testing.T) {
 
 func TestEventsNamesTheWorkloadAndTellsADryRunRejectionApart(t *testing.T) {
 	h := &recordLog{min: slog.LevelDebug}
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{
+	db := loggedDB(t, h, bulkhead.Policy{
 		MaxConcurrent: 1, DryRun: true,
 		Workloads: map[string]bulkhead.Workload{"reports": {MaxConcurrent: 1}},
-	}, bulkhead.WithEvents(sloggate.Events(slog.New(h))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	})
 	ctx := bulkhead.WithWorkload(t.Context(), "reports")
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {

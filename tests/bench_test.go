@@ -206,15 +206,10 @@ func BenchmarkSessionsInTurn(b *testing.B) {
 			db := sql.OpenDB(stdlib.GetConnector(*pgConfig(b)))
 			defer db.Close()
 			turn := make(chan *sql.Conn, n)
-			for range n {
-				c, err := db.Conn(ctx)
-				if err == nil {
-					err = c.PingContext(ctx)
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer c.Close()
+			conns := takeConns(b, ctx, db, n)
+			defer closeConns(conns)
+			pingConns(b, ctx, conns)
+			for _, c := range conns {
 				turn <- c
 			}
 			var left atomic.Int64

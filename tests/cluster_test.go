@@ -191,18 +191,12 @@ func TestCommittedRowsSurviveRestartCrashAndDowntime(t *testing.T) {
 			r := newRelRig(t, p, relRigOptions{cfg: c.config(t), serverURL: c.url})
 			table := r.table("")
 			ctx := r.ctx()
-			if err := relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 1) }); err != nil {
+			if err := r.insertTx(ctx, table, 1); err != nil {
 				t.Fatal(err)
 			}
 			// In flight at the restart: an open transaction with a row, and
 			// an autocommit statement running.
-			tx, err := r.db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := relInsert(ctx, tx, table, 2); err != nil {
-				t.Fatal(err)
-			}
+			tx := r.holdRow(ctx, table, 2)
 			running := make(chan error, 1)
 			go func() {
 				_, err := r.db.ExecContext(ctx, "SELECT pg_sleep(60)")
@@ -223,7 +217,7 @@ func TestCommittedRowsSurviveRestartCrashAndDowntime(t *testing.T) {
 				t.Errorf("P: Running=%d once the in-flight work failed", s.Running)
 			}
 			relUntilServes(r, "transaction after the restart", func(ctx context.Context) error {
-				return relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 3) })
+				return r.insertTx(ctx, table, 3)
 			})
 			r.wantIDs(table, 1, 3)
 			r.finish()
@@ -234,7 +228,7 @@ func TestCommittedRowsSurviveRestartCrashAndDowntime(t *testing.T) {
 		r := newRelRig(t, p, relRigOptions{cfg: c.config(t), serverURL: c.url})
 		table := r.table("")
 		ctx := r.ctx()
-		if err := relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 1) }); err != nil {
+		if err := r.insertTx(ctx, table, 1); err != nil {
 			t.Fatal(err)
 		}
 		// A fresh gated DB, so every call must dial.
@@ -319,23 +313,6 @@ func TestAfterARestartTheFirstOperationsFailNoMoreOftenThanThroughPlainDatabaseS
 	const idle = 4
 	p := bulkhead.Policy{MaxConcurrent: idle, MaxQueue: 0} // the gate keeps at most B free sessions
 	ctx := t.Context()
-	warm := func(db *sql.DB) {
-		t.Helper()
-		var conns []*sql.Conn
-		for range idle {
-			conn, err := db.Conn(ctx)
-			if err == nil {
-				err = conn.PingContext(ctx)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			conns = append(conns, conn)
-		}
-		for _, conn := range conns {
-			conn.Close()
-		}
-	}
 	// failures runs operations one after the other until one succeeds
 	// (bounded) and returns how many failed first.
 	failures := func(db *sql.DB) int {
@@ -375,7 +352,7 @@ func TestAfterARestartTheFirstOperationsFailNoMoreOftenThanThroughPlainDatabaseS
 	viaPgxgate := gPgx.OpenDB()
 	defer viaPgxgate.Close()
 	for _, db := range []*sql.DB{plain, std, viaPgxgate} {
-		warm(db)
+		pgWarm(t, ctx, db, idle)
 	}
 	if s1, s2 := gStd.Stats(), gPgx.Stats(); s1.IdleConns != idle || s2.IdleConns != idle {
 		t.Fatalf("idle server connections before the restart: %d and %d, want %d", s1.IdleConns, s2.IdleConns, idle)

@@ -52,22 +52,11 @@ func pgBegin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
 }
 
 // pgWarm leaves n idle connections in db's pool.
-func pgWarm(t *testing.T, ctx context.Context, db *sql.DB, n int) {
+func pgWarm(t testing.TB, ctx context.Context, db *sql.DB, n int) {
 	t.Helper()
-	conns := make([]*sql.Conn, n)
-	for i := range conns {
-		c, err := db.Conn(ctx)
-		if err == nil {
-			err = c.PingContext(ctx) // behind a gate, a *sql.Conn gets a server connection when first used
-		}
-		if err != nil {
-			t.Fatalf("open connection %d of %d: %v", i+1, n, err)
-		}
-		conns[i] = c
-	}
-	for _, c := range conns {
-		c.Close()
-	}
+	conns := takeConns(t, ctx, db, n)
+	pingConns(t, ctx, conns)
+	closeConns(conns)
 }
 
 // pgExpectIdle fails unless no operation holds or waits for a permit.
@@ -478,12 +467,7 @@ func pgCancelRequests(cfg *pgx.ConnConfig) *pgx.ConnConfig {
 func pgStorm(t *testing.T, inner driver.Connector, p bulkhead.Policy, inTx bool) (pgPeak, *pgTally, bulkhead.Stats) {
 	t.Helper()
 	ctx := pgTestCtx(t)
-	g, err := bulkhead.New(inner, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := gateOn(t, inner, p)
 	m := newMonitor(t)
 
 	const workers, ops = 6, 40
@@ -919,12 +903,7 @@ func TestServerConnectionsStayWithinTheRunningOperationsUnderOverload(t *testing
 	ctx := pgTestCtx(t)
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 20 * time.Millisecond}
 	spy := &relSpyConnector{inner: stdlib.GetConnector(*pgConfig(t))}
-	g, err := bulkhead.New(spy, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
+	g, db := gateOn(t, spy, p)
 	m := newMonitor(t)
 
 	const goroutines, each = 40, 60

@@ -100,12 +100,7 @@ func TestAnAutocommitStatementIsRefusedWhileTheConnectionsTransactionIsDying(t *
 			ok, lost, _, panicked := dyingTxRounds(t, setup, setup, plainTable, d.ph, rounds)
 			t.Logf("figures: plain database/sql: %d of %d INSERTs reported success, %d of them lost with the dying transaction; %d panicked in database/sql", ok, rounds, lost, panicked)
 
-			g, err := bulkhead.New(inner, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: 5 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			db := g.OpenDB()
-			defer db.Close()
+			g, db := gateOn(t, inner, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: 5 * time.Second})
 			ok, lost, refused, panicked := dyingTxRounds(t, db, setup, gatedTable, d.ph, rounds)
 			t.Logf("figures: gated: %d of %d INSERTs reported success, %d lost, %d refused with ErrTxStillOpen", ok, rounds, lost, refused)
 			if lost != 0 || panicked != 0 {

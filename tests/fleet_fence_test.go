@@ -28,36 +28,27 @@ import (
 func fleetPeak(t *testing.T, ctx context.Context, app string) func() (peak, looks int, seen string) {
 	t.Helper()
 	admin := adminDB(t)
-	stop, done := make(chan struct{}), make(chan struct{})
 	var peak, looks int
 	var seen string // the transactions at the peak
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
+	stop := pollServer(func() bool {
+		var n int
+		var detail string
+		err := admin.QueryRowContext(ctx, `SELECT count(*), coalesce(string_agg(pid || ':' || application_name || ':' || left(query, 40), ' | '), '') FROM pg_stat_activity
+			WHERE application_name IN ($1, $1 || '_child') AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()`, app).Scan(&n, &detail)
+		if err != nil {
+			if ctx.Err() == nil {
+				t.Error(err)
 			}
-			var n int
-			var detail string
-			err := admin.QueryRowContext(ctx, `SELECT count(*), coalesce(string_agg(pid || ':' || application_name || ':' || left(query, 40), ' | '), '') FROM pg_stat_activity
-				WHERE application_name IN ($1, $1 || '_child') AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()`, app).Scan(&n, &detail)
-			if err != nil {
-				if ctx.Err() == nil {
-					t.Error(err)
-				}
-				return
-			}
-			looks++
-			if n > peak {
-				peak, seen = n, detail
-			}
+			return false
 		}
-	}()
+		looks++
+		if n > peak {
+			peak, seen = n, detail
+		}
+		return true
+	})
 	return func() (int, int, string) {
-		close(stop)
-		<-done
+		stop()
 		return peak, looks, seen
 	}
 }

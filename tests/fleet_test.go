@@ -880,17 +880,10 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 						return
 					default:
 					}
-					err := func() error {
-						tx, err := db.BeginTx(ctx, nil)
-						if err != nil {
-							return err
-						}
-						if _, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.002)"); err != nil {
-							tx.Rollback()
-							return err
-						}
-						return tx.Commit()
-					}()
+					err := relWithTx(ctx, db, func(tx *sql.Tx) error {
+						_, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.002)")
+						return err
+					})
 					switch {
 					case err == nil:
 						if ran.Add(1) >= goal.Load() {
@@ -913,32 +906,24 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	// apart too, to say so when the bound breaks).
 	peak, peakTags, looks := 0, 0, 0
 	tag := "SELECT pg_advisory_lock_shared(" // fleet's sqlLockShared: the test's own connections, by application_name
-	pollDone := make(chan struct{})
-	go func() {
-		defer close(pollDone)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
+	stopPoll := pollServer(func() bool {
+		var n, tags int
+		err := admin.QueryRowContext(ctx, `SELECT count(*), count(*) FILTER (WHERE tagging)
+			FROM (SELECT state = 'active' AND starts_with(query, $2) AS tagging FROM pg_stat_activity
+			       WHERE application_name = $1 AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()) a`,
+			appName(t), tag).Scan(&n, &tags)
+		if err != nil {
+			if ctx.Err() == nil {
+				t.Error(err)
 			}
-			var n, tags int
-			err := admin.QueryRowContext(ctx, `SELECT count(*), count(*) FILTER (WHERE tagging)
-				FROM (SELECT state = 'active' AND starts_with(query, $2) AS tagging FROM pg_stat_activity
-				       WHERE application_name = $1 AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()) a`,
-				appName(t), tag).Scan(&n, &tags)
-			if err != nil {
-				if ctx.Err() == nil {
-					t.Error(err)
-				}
-				return
-			}
-			looks++
-			if n > peak {
-				peak, peakTags = n, tags
-			}
+			return false
 		}
-	}()
+		looks++
+		if n > peak {
+			peak, peakTags = n, tags
+		}
+		return true
+	})
 	var gs []*fleet.Member
 	var halts []func()
 	step := func() {
@@ -976,7 +961,7 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	}
 	close(stop)
 	wg.Wait()
-	<-pollDone
+	stopPoll()
 	t.Logf("%d transactions ran, %d rejected; %d looks at pg_stat_activity, peak %d (%d of them tags being taken)", ran.Load(), rejected.Load(), looks, peak, peakTags)
 	if peak > total {
 		t.Fatalf("the fleet had %d transactions open on the server at once, want at most T=%d", peak, total)

@@ -98,13 +98,7 @@ func (k *igTracker) most() int {
 // closed at the end of the test.
 func igGated(t *testing.T, inner driver.Connector, p bulkhead.Policy, k *igTracker) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
-	g, err := bulkhead.New(inner, p, bulkhead.WithEvents(k.events()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return g, db
+	return gateOn(t, inner, p, bulkhead.WithEvents(k.events()))
 }
 
 var igSeq atomic.Int64

@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
 	"net"
 	"os"
@@ -142,15 +143,53 @@ func pgConfig(t testing.TB) *pgx.ConnConfig {
 
 // openGated opens a gated *sql.DB on the test server with OpenDB's pool
 // settings, closed at the end of the test.
-func openGated(t testing.TB, p bulkhead.Policy) (*bulkhead.Gate, *sql.DB) {
+func openGated(t testing.TB, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
-	g, err := bulkhead.New(stdlib.GetConnector(*pgConfig(t)), p)
+	return gateOn(t, stdlib.GetConnector(*pgConfig(t)), p, opts...)
+}
+
+// gateOn opens a gated *sql.DB on inner with OpenDB's pool settings,
+// closed at the end of the test.
+func gateOn(t testing.TB, inner driver.Connector, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	g, err := bulkhead.New(inner, p, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	db := g.OpenDB()
 	t.Cleanup(func() { db.Close() })
 	return g, db
+}
+
+// takeConns takes n *sql.Conn from db at once; the caller closes them.
+func takeConns(t testing.TB, ctx context.Context, db *sql.DB, n int) []*sql.Conn {
+	t.Helper()
+	conns := make([]*sql.Conn, n)
+	for i := range conns {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatalf("take connection %d of %d: %v", i+1, n, err)
+		}
+		conns[i] = c
+	}
+	return conns
+}
+
+// pingConns pings each of conns: behind a gate, a *sql.Conn gets a server
+// connection when first used.
+func pingConns(t testing.TB, ctx context.Context, conns []*sql.Conn) {
+	t.Helper()
+	for i, c := range conns {
+		if err := c.PingContext(ctx); err != nil {
+			t.Fatalf("ping connection %d of %d: %v", i+1, len(conns), err)
+		}
+	}
+}
+
+func closeConns(conns []*sql.Conn) {
+	for _, c := range conns {
+		c.Close()
+	}
 }
 
 // monitor is a separate, ungated connection for reading pg_stat_activity.
@@ -203,6 +242,27 @@ func (m *monitor) Active(t testing.TB) int {
 
 // Connections counts the test's server connections.
 func (m *monitor) Connections(t testing.TB) int { return m.count(t, "") }
+
+// pollServer calls look again and again in a goroutine of its own until
+// look returns false or the returned function is called; that function
+// returns once the goroutine has ended.
+func pollServer(look func() bool) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			if !look() {
+				return
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}
 
 // awaitState waits until cond holds, polling state without sleeping. It
 // gives up, failing the test, only after a generous bound meant to turn a

@@ -105,14 +105,7 @@ func TestLatencyOnTheNetworkKeepsTheServerWithinB(t *testing.T) {
 			})
 		}()
 	}
-	var want []int64
-	for i := range callers {
-		if err := relAwait(t, "transaction through the slow network", errs); err != nil {
-			t.Errorf("transaction: %v", err)
-		}
-		want = append(want, int64(i))
-	}
-	r.wantIDs(table, want...)
+	r.wantCommitted(table, "transaction through the slow network", errs, callers)
 	if f := r.finish(); f.maxTx != b {
 		t.Errorf("S: at most %d transactions seen, want B=%d reached", f.maxTx, b)
 	}
@@ -152,6 +145,16 @@ const (
 // pgx ends a transaction with Exec(ctx, "commit"): without arguments it
 // goes as a simple Query message, 'Q', the length (4 + 7), "commit\x00".
 var relCommitMsg = []byte("Q\x00\x00\x00\x0bcommit\x00")
+
+// newRelFaultRig returns a rig under p whose server connections go through
+// a new relFaultDialer.
+func newRelFaultRig(t *testing.T, p bulkhead.Policy) (*relFaultDialer, *relRig) {
+	t.Helper()
+	d := newRelFaultDialer(t)
+	cfg := relConfig(t)
+	cfg.DialFunc = d.dial
+	return d, newRelRig(t, p, relRigOptions{cfg: cfg})
+}
 
 func newRelFaultDialer(t *testing.T) *relFaultDialer {
 	d := &relFaultDialer{}
@@ -248,23 +251,13 @@ func (c *relFaultConn) Write(b []byte) (int, error) {
 }
 
 func TestConnectionResetMidTransactionLosesOnlyUncommittedWork(t *testing.T) {
-	d := newRelFaultDialer(t)
-	cfg := relConfig(t)
-	cfg.DialFunc = d.dial
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second}
-	r := newRelRig(t, p, relRigOptions{cfg: cfg})
+	d, r := newRelFaultRig(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second})
 	table := r.table("")
 	ctx := r.ctx()
-	if err := relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 1) }); err != nil {
+	if err := r.insertTx(ctx, table, 1); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := r.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := relInsert(ctx, tx, table, 2); err != nil {
-		t.Fatal(err)
-	}
+	tx := r.holdRow(ctx, table, 2)
 	d.mode.Store(relReset)
 	if err := relInsert(ctx, tx, table, 3); err == nil {
 		t.Error("a statement on a reset connection succeeded")
@@ -279,7 +272,7 @@ func TestConnectionResetMidTransactionLosesOnlyUncommittedWork(t *testing.T) {
 		t.Errorf("P: Running=%d right after Commit returned", s.Running)
 	}
 	r.serverUntil("the server drops the reset session", "", 0)
-	if err := relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 4) }); err != nil {
+	if err := r.insertTx(ctx, table, 4); err != nil {
 		t.Errorf("transaction after the reset: %v", err)
 	}
 	r.wantIDs(table, 1, 4)
@@ -287,20 +280,10 @@ func TestConnectionResetMidTransactionLosesOnlyUncommittedWork(t *testing.T) {
 }
 
 func TestBlackholedNetworkEndsCallsAtTheirDeadlineAndGivesThePermitsBack(t *testing.T) {
-	d := newRelFaultDialer(t)
-	cfg := relConfig(t)
-	cfg.DialFunc = d.dial
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second}
-	r := newRelRig(t, p, relRigOptions{cfg: cfg})
+	d, r := newRelFaultRig(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second})
 	table := r.table("")
 	ctx := r.ctx()
-	tx, err := r.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := relInsert(ctx, tx, table, 1); err != nil {
-		t.Fatal(err)
-	}
+	tx := r.holdRow(ctx, table, 1)
 	// From now on nothing the client sends reaches the server, and a new
 	// connection's startup never gets an answer.
 	d.mode.Store(relBlackhole)
@@ -347,7 +330,7 @@ func TestBlackholedNetworkEndsCallsAtTheirDeadlineAndGivesThePermitsBack(t *test
 		return s.DialErrors == 1 && s.OpenConns == 0
 	})
 	r.serverUntil("the server drops the blackholed session", relTx, 0)
-	if err := relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 3) }); err != nil {
+	if err := r.insertTx(ctx, table, 3); err != nil {
 		t.Errorf("transaction after the blackhole: %v", err)
 	}
 	r.wantIDs(table, 3)
@@ -356,11 +339,7 @@ func TestBlackholedNetworkEndsCallsAtTheirDeadlineAndGivesThePermitsBack(t *test
 
 func TestAmbiguousCommitReleasesOnceAndIsNeverRetried(t *testing.T) {
 	const rounds = 10
-	d := newRelFaultDialer(t)
-	cfg := relConfig(t)
-	cfg.DialFunc = d.dial
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: 0}
-	r := newRelRig(t, p, relRigOptions{cfg: cfg})
+	d, r := newRelFaultRig(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: 0})
 	table := r.table("")
 	ctx := r.ctx()
 	outcomes := map[string]int{}
@@ -410,7 +389,7 @@ func TestAmbiguousCommitReleasesOnceAndIsNeverRetried(t *testing.T) {
 	}
 	t.Logf("figures: ambiguous commits (%d dials, pgx cancel requests included): %v", d.dials.Load(), outcomes)
 	// The gate and pool still work once the connection is gone.
-	if err := relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 100) }); err != nil {
+	if err := r.insertTx(ctx, table, 100); err != nil {
 		t.Errorf("transaction after the dropped commits: %v", err)
 	}
 	r.wantIDs(table, append(want, 100)...)
@@ -436,27 +415,12 @@ func TestARejectionPingsNothingAlsoWhenThePooledConnectionNeedsAReset(t *testing
 		pings.Add(1)
 		return true
 	}))
-	g, err := bulkhead.New(inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := gateOn(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Minute})
 	ctx := pgTestCtx(t)
 	// Three used connections in database/sql's pool: the transaction
 	// takes one, the operation waiting for it another, and the third
 	// operation gets the last one, which database/sql resets before use.
-	var conns []*sql.Conn
-	for range 3 {
-		c, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		c.Close()
-	}
+	closeConns(takeConns(t, ctx, db, 3))
 	tx := pgBegin(t, ctx, db)
 	waiter := make(chan error, 1)
 	go func() {
@@ -466,7 +430,7 @@ func TestARejectionPingsNothingAlsoWhenThePooledConnectionNeedsAReset(t *testing
 	awaitState(t, "an operation waits", func() bool { return g.Stats().Waiting == 1 })
 	before := pings.Load()
 	start := time.Now()
-	_, err = db.ExecContext(ctx, "SELECT 1")
+	_, err := db.ExecContext(ctx, "SELECT 1")
 	took := time.Since(start)
 	if !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("second operation: %v, want admission full", err)
@@ -570,12 +534,7 @@ func TestSlowDialsAreKeptSoShortDeadlinesDoNotTurnTheGateIntoRejectEverything(t 
 	gateDialer := &relSlowDialer{delay: 300 * time.Millisecond}
 	cfg := relConfig(t)
 	cfg.DialFunc = gateDialer.dial
-	g, err := bulkhead.New(stdlib.GetConnector(*cfg), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := gateOn(t, stdlib.GetConnector(*cfg), p)
 	const ops = 40
 	tally := relShortDeadlines(t, db, workers, ops, time.Time{})
 	s := g.Stats()

@@ -52,15 +52,16 @@ const relBound = 20 * time.Second
 // The spy: counts what reaches the driver.
 
 // relSpyConnector counts the Connect calls and the statements (BeginTx,
-// Exec, Query, Prepare) that reach pgx. Its conns embed *stdlib.Conn, so
-// they implement exactly pgx's optional interfaces and the gate sees the
-// same driver it would see without the spy.
+// Exec, Query, Prepare) that reach pgx, the Prepares apart too. Its conns
+// embed *stdlib.Conn, so they implement exactly pgx's optional interfaces
+// and the gate sees the same driver it would see without the spy.
 type relSpyConnector struct {
-	inner  driver.Connector
-	dials  atomic.Int64 // Connect calls
-	opened atomic.Int64 // connections they returned
-	closes atomic.Int64
-	stmts  atomic.Int64
+	inner    driver.Connector
+	dials    atomic.Int64 // Connect calls
+	opened   atomic.Int64 // connections they returned
+	closes   atomic.Int64
+	stmts    atomic.Int64
+	prepares atomic.Int64
 }
 
 func (s *relSpyConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -74,6 +75,9 @@ func (s *relSpyConnector) Connect(ctx context.Context) (driver.Conn, error) {
 }
 
 func (s *relSpyConnector) Driver() driver.Driver { return s.inner.Driver() }
+
+// open is the number of connections the spy returned and that are not closed.
+func (s *relSpyConnector) open() int64 { return s.opened.Load() - s.closes.Load() }
 
 type relSpyConn struct {
 	*stdlib.Conn
@@ -100,8 +104,13 @@ func (c *relSpyConn) QueryContext(ctx context.Context, q string, args []driver.N
 	return c.Conn.QueryContext(ctx, q, args)
 }
 
+func (c *relSpyConn) Prepare(q string) (driver.Stmt, error) {
+	return c.PrepareContext(context.Background(), q)
+}
+
 func (c *relSpyConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
 	c.spy.stmts.Add(1)
+	c.spy.prepares.Add(1)
 	return c.Conn.PrepareContext(ctx, q)
 }
 
@@ -439,6 +448,40 @@ func (r *relRig) table(extra string) string {
 	return name
 }
 
+// holdRow begins a transaction on r.db that inserts id into table and is
+// left open.
+func (r *relRig) holdRow(ctx context.Context, table string, id int64) *sql.Tx {
+	r.t.Helper()
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := relInsert(ctx, tx, table, id); err != nil {
+		r.t.Fatal(err)
+	}
+	return tx
+}
+
+// insertTx inserts id into table in a transaction of its own on r.db.
+func (r *relRig) insertTx(ctx context.Context, table string, id int64) error {
+	return relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, id) })
+}
+
+// wantCommitted waits for the n results on errs of transactions that
+// inserted their index into table, fails the test on each error, and then
+// wants ids 0 to n-1 in table.
+func (r *relRig) wantCommitted(table, what string, errs <-chan error, n int) {
+	r.t.Helper()
+	var want []int64
+	for i := range n {
+		if err := relAwait(r.t, what, errs); err != nil {
+			r.t.Errorf("%s: %v", what, err)
+		}
+		want = append(want, int64(i))
+	}
+	r.wantIDs(table, want...)
+}
+
 // ids returns the ids in table, ascending, read on the control connection.
 func (r *relRig) ids(table string) []int64 {
 	t := r.t
@@ -677,14 +720,7 @@ func TestSaturationNeverOpensMoreThanBTransactionsOnTheServer(t *testing.T) {
 			}
 
 			unlock()
-			var want []int64
-			for i := range admitted {
-				if err := relAwait(t, "saturated transaction", errs); err != nil {
-					t.Errorf("admitted transaction: %v", err)
-				}
-				want = append(want, int64(i))
-			}
-			r.wantIDs(table, want...)
+			r.wantCommitted(table, "saturated transaction", errs, admitted)
 			if f := r.finish(); f.maxTx != b {
 				t.Errorf("S: at most %d transactions seen, want exactly B=%d while saturated", f.maxTx, b)
 			}
@@ -1087,14 +1123,8 @@ func TestServerSideFaultsEndTheTransactionAndGiveThePermitsBack(t *testing.T) {
 			r := newRelRig(t, p, relRigOptions{})
 			table := r.table("")
 			ctx := r.ctx()
-			tx, err := r.db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := relInsert(ctx, tx, table, 1); err != nil {
-				t.Fatal(err)
-			}
-			err = f.run(ctx, r, tx)
+			tx := r.holdRow(ctx, table, 1)
+			err := f.run(ctx, r, tx)
 			if err == nil || (f.code != "" && relPgCode(err) != f.code) {
 				t.Errorf("statement hit by %s: err = %v (SQLSTATE %q), want SQLSTATE %q", f.name, err, relPgCode(err), f.code)
 			}
@@ -1108,7 +1138,7 @@ func TestServerSideFaultsEndTheTransactionAndGiveThePermitsBack(t *testing.T) {
 				t.Errorf("P: Running=%d right after Commit returned", s.Running)
 			}
 			// The gate and the pool still work: a new transaction commits.
-			if err := relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 2) }); err != nil {
+			if err := r.insertTx(ctx, table, 2); err != nil {
 				t.Errorf("transaction after %s: %v", f.name, err)
 			}
 			r.wantIDs(table, 2)
@@ -1296,7 +1326,7 @@ func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 			t.Errorf("P: Running=%d right after the failed Commit returned", s.Running)
 		}
 		// B=1, Q=0: the permit must be back for this to pass.
-		if err := relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 3) }); err != nil {
+		if err := r.insertTx(ctx, table, 3); err != nil {
 			t.Errorf("next transaction: %v", err)
 		}
 		r.wantIDs(table, 3)
@@ -1350,7 +1380,7 @@ func TestPanicInATransactionCallbackPropagatesAndReleases(t *testing.T) {
 		t.Fatalf("recovered %v, want the row loop's panic", v)
 	}
 	// B=1, Q=0: a held permit would make this an admission-full rejection.
-	if err := relWithTx(ctx, r.db, func(tx *sql.Tx) error { return relInsert(ctx, tx, table, 10) }); err != nil {
+	if err := r.insertTx(ctx, table, 10); err != nil {
 		t.Errorf("next transaction after the panics: %v", err)
 	}
 	r.wantIDs(table, 10)
@@ -1521,13 +1551,7 @@ func TestClosingTheDBMakesWaitersReturnErrClosedPromptly(t *testing.T) {
 	r := newRelRig(t, p, relRigOptions{})
 	table := r.table("")
 	ctx := r.ctx()
-	holder, err := r.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := relInsert(ctx, holder, table, 1); err != nil {
-		t.Fatal(err)
-	}
+	holder := r.holdRow(ctx, table, 1)
 	errs := make(chan error, q)
 	for i := range q {
 		go func() {

@@ -40,49 +40,6 @@ func seamCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// seamSpy counts the dials and the Prepares that reach pgx. Its conns
-// embed *stdlib.Conn, so they offer exactly pgx's optional interfaces.
-type seamSpy struct {
-	inner    driver.Connector
-	dials    atomic.Int64
-	opened   atomic.Int64
-	closes   atomic.Int64
-	prepares atomic.Int64
-}
-
-func (s *seamSpy) Connect(ctx context.Context) (driver.Conn, error) {
-	s.dials.Add(1)
-	c, err := s.inner.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	s.opened.Add(1)
-	return &seamSpyConn{Conn: c.(*stdlib.Conn), spy: s}, nil
-}
-
-func (s *seamSpy) Driver() driver.Driver { return s.inner.Driver() }
-
-func (s *seamSpy) open() int64 { return s.opened.Load() - s.closes.Load() }
-
-type seamSpyConn struct {
-	*stdlib.Conn
-	spy *seamSpy
-}
-
-func (c *seamSpyConn) Close() error {
-	c.spy.closes.Add(1)
-	return c.Conn.Close()
-}
-
-func (c *seamSpyConn) Prepare(q string) (driver.Stmt, error) {
-	return c.PrepareContext(context.Background(), q)
-}
-
-func (c *seamSpyConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
-	c.spy.prepares.Add(1)
-	return c.Conn.PrepareContext(ctx, q)
-}
-
 // seamPgx returns the pgx connection behind what (*sql.Conn).Raw hands
 // over, plain or through the gate (and pgxgate).
 func seamPgx(dc any) (*pgx.Conn, error) {
@@ -133,19 +90,6 @@ func seamPlain(t *testing.T, inner driver.Connector) *sql.DB {
 	return db
 }
 
-// seamGated opens the gate's *sql.DB on inner, closed at the end of the
-// test.
-func seamGated(t *testing.T, inner driver.Connector, p bulkhead.Policy) (*bulkhead.Gate, *sql.DB) {
-	t.Helper()
-	g, err := bulkhead.New(inner, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return g, db
-}
-
 var seamPolicy = bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Minute}
 
 // seamJoin makes a member of the fleet name on inner, its loop's interval
@@ -184,10 +128,10 @@ func TestAPreparedStatementRefusedAtAdmissionOnPostgreSQLDialsAndPreparesNothing
 	for _, q := range []int{0, 1} {
 		t.Run(fmt.Sprintf("B=1,Q=%d", q), func(t *testing.T) {
 			ctx := seamCtx(t)
-			spy := &seamSpy{inner: stdlib.GetConnector(*pgConfig(t))}
+			spy := &relSpyConnector{inner: stdlib.GetConnector(*pgConfig(t))}
 			// The queue wait is an hour and no context ends: an execution
 			// that waited instead of being refused would hang the test.
-			g, db := seamGated(t, spy, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour})
+			g, db := gateOn(t, spy, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour})
 			db.SetMaxIdleConns(0)
 			mon := newMonitor(t)
 
@@ -321,7 +265,7 @@ func TestTwoPreparesOfOneTextLeaveAsManyServerStatementsThroughTheGateAsWithout(
 				if i == 0 {
 					db = seamPlain(t, inner)
 				} else {
-					_, db = seamGated(t, inner, seamPolicy)
+					_, db = gateOn(t, inner, seamPolicy)
 				}
 				if on == "sql.DB" {
 					counts[i] = steps(t, db)
@@ -361,7 +305,7 @@ func TestPgxBeforeAndAfterConnectRunOncePerExecWithNoIdleConnectionAsWithoutTheG
 		if i == 0 {
 			db = seamPlain(t, inner)
 		} else {
-			_, db = seamGated(t, inner, seamPolicy)
+			_, db = gateOn(t, inner, seamPolicy)
 		}
 		db.SetMaxIdleConns(0)
 		for range 2 {
@@ -401,19 +345,12 @@ func TestAPingAfterTheIdleBackendsWereKilledLeavesAsManyConnectionsAsWithoutTheG
 		var db *sql.DB
 		var g *bulkhead.Gate
 		if gated {
-			g, db = seamGated(t, inner, seamPolicy)
+			g, db = gateOn(t, inner, seamPolicy)
 		} else {
 			db = seamPlain(t, inner)
 		}
 		db.SetMaxIdleConns(2) // database/sql's default, which pgx's test runs with
-		var conns []*sql.Conn
-		for range 3 {
-			c, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			conns = append(conns, c)
-		}
+		conns := takeConns(t, ctx, db, 3)
 		if n := db.Stats().OpenConnections; n != 3 {
 			t.Fatalf("three *sql.Conn taken: %d open connections, want 3", n)
 		}
@@ -721,7 +658,7 @@ func TestRawOnMariaDBHandsAnExecerAndAQueryerThatRunMultipleStatements(t *testin
 			t.Errorf("drop %s: %v", table, err)
 		}
 	})
-	g, db := seamGated(t, inner, seamPolicy)
+	g, db := gateOn(t, inner, seamPolicy)
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
-	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // wlLatency summarises waits: count, p50, p99, max.
@@ -47,7 +46,7 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	var mu sync.Mutex
 	var interactiveWaits []time.Duration
 	batchReleased := make(chan struct{}, batchWorkers)
-	g, db := openGatedWith(t, p, bulkhead.WithEvents(bulkhead.Events{
+	g, db := openGated(t, p, bulkhead.WithEvents(bulkhead.Events{
 		OnAdmit: func(e bulkhead.Event) {
 			if e.Workload == "" {
 				mu.Lock()
@@ -111,26 +110,18 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	})
 
 	var peakBatchServer atomic.Int64
-	pollDone := make(chan struct{})
-	go func() {
-		defer close(pollDone)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			var n int64
-			q := `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle'
-			        AND xact_start < statement_timestamp() AND query LIKE '%pg_sleep(0.2)%' AND pid <> pg_backend_pid()`
-			if err := m.db.QueryRowContext(ctx, q, m.app).Scan(&n); err != nil {
-				return
-			}
-			if n > peakBatchServer.Load() {
-				peakBatchServer.Store(n)
-			}
+	stopPoll := pollServer(func() bool {
+		var n int64
+		q := `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle'
+		        AND xact_start < statement_timestamp() AND query LIKE '%pg_sleep(0.2)%' AND pid <> pg_backend_pid()`
+		if err := m.db.QueryRowContext(ctx, q, m.app).Scan(&n); err != nil {
+			return false
 		}
-	}()
+		if n > peakBatchServer.Load() {
+			peakBatchServer.Store(n)
+		}
+		return true
+	})
 
 	var interactiveRejected, interactiveFailed atomic.Int64
 	var iwg sync.WaitGroup
@@ -153,7 +144,7 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	iwg.Wait()
 	close(stop)
 	wg.Wait()
-	<-pollDone
+	stopPoll()
 
 	ws, _ := g.WorkloadStats("batch")
 	s := g.Stats()
@@ -202,16 +193,4 @@ func pgTxSleep(ctx context.Context, db *sql.DB, secs string) error {
 		return err
 	}
 	return tx.Commit()
-}
-
-// openGatedWith is main_test.go's openGated with options.
-func openGatedWith(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
-	t.Helper()
-	g, err := bulkhead.New(stdlib.GetConnector(*pgConfig(t)), p, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return g, db
 }

@@ -1,7 +1,8 @@
-package mysql
+package outside // tests/outside/run sets the suite's package here
 
-// The gate arm of tests/outside/run: every *sql.DB the suite opens is
-// sql.OpenDB(bulkhead.Connector(the driver's connector, gatePolicy)).
+// The gate arm's helpers common to every suite: sql.Open and sql.OpenDB
+// become sql.OpenDB(bulkhead.Connector(the driver's connector, gatePolicy)).
+// A suite's own helpers of the arm are in SUITE/open_gate_test.go.
 
 import (
 	"context"
@@ -12,7 +13,8 @@ import (
 )
 
 // sql.Open(driverName, dsn) is sql.OpenDB of the driver's connector for
-// dsn (database/sql does exactly that for a driver.DriverContext; this
+// dsn (database/sql does exactly that for a driver.DriverContext: pgx's
+// connector also reads stdlib.RegisterConnConfig's names, the MySQL
 // driver's is NewConnector(ParseDSN(dsn))).
 func gateSQLOpen(driverName, dsn string) (*sql.DB, error) {
 	c, err := gateDriverConnector(driverName, dsn)
@@ -22,7 +24,7 @@ func gateSQLOpen(driverName, dsn string) (*sql.DB, error) {
 	return sql.OpenDB(bulkhead.Connector(c, gatePolicy)), nil
 }
 
-// sql.OpenDB(c), with c from NewConnector or a test's own connector.
+// sql.OpenDB(c), with c from the driver or a test's own connector.
 func gateSQLOpenDB(c driver.Connector) *sql.DB {
 	return sql.OpenDB(bulkhead.Connector(c, gatePolicy))
 }
