@@ -514,8 +514,9 @@ func (ps *passage) stop(ls []*budget) {
 // take takes an admission permit of l without waiting, then an execution
 // permit in order, waiting until ps's limit, ctx's end or l's close, and no
 // longer than the deadline less the hold (at once refused if the wait
-// expected makes it late). With admission full, it sheds the youngest
-// waiter of the lowest priority below its own, only if it would then wait.
+// expected makes it late). With admission full, it sheds the last waiter
+// in line (of the lowest priority, due last) if of a priority below its
+// own, only if it would then wait.
 // In dry-run it always takes both, setting ps.over if admission was full.
 // On failure it holds nothing of l; a permit granted as the wait ends is
 // handed on, never kept by a caller that fails.

@@ -43,8 +43,9 @@ type Workload struct {
 	MaxQueue      int           // Q of the workload; its B+Q at most the policy's B+Q
 	QueueWait     time.Duration // the workload's wait for its permits, in all
 	// Priority orders the global queue, higher first (no workload: 0). When
-	// the global admission is full, an operation sheds the youngest waiter of
-	// the lowest priority below its own, rejected with ErrAdmissionFull.
+	// the global admission is full, an operation sheds the last waiter in
+	// line (of the lowest priority, due last) if of a priority below its
+	// own, rejected with ErrAdmissionFull.
 	Priority int
 }
 
