@@ -30,7 +30,7 @@ import (
 var benchPolicy = Policy{MaxConcurrent: 1 << 16, MaxQueue: 1 << 16, QueueWait: MaxQueueWait}
 
 // BenchmarkSemaphore measures one acquire and release of an execution
-// slot: the limiter's (admission + execution permits) against a
+// slot: the budget's (admission + execution permits) against a
 // semaphore.Weighted's Acquire(1)+Release(1).
 //
 //   - path=uncontended: one goroutine, permits free.
@@ -53,10 +53,10 @@ func BenchmarkSemaphore(b *testing.B) {
 		}
 	})
 	b.Run("path=uncontended/sem=bulkhead", func(b *testing.B) {
-		l := newLimiter("", benchPolicy)
+		l := admBudget("", benchPolicy)
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := l.acquire(ctx); err != nil {
+			if _, err := admAcquire(ctx, l); err != nil {
 				b.Fatal(err)
 			}
 			l.release(0)
@@ -75,11 +75,11 @@ func BenchmarkSemaphore(b *testing.B) {
 		})
 	})
 	b.Run("path=parallel/sem=bulkhead", func(b *testing.B) {
-		l := newLimiter("", benchPolicy)
+		l := admBudget("", benchPolicy)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if _, err := l.acquire(ctx); err != nil {
+				if _, err := admAcquire(ctx, l); err != nil {
 					panic(err)
 				}
 				l.release(0)
@@ -99,11 +99,11 @@ func BenchmarkSemaphore(b *testing.B) {
 		})
 	})
 	b.Run("path=parallel-wait/sem=bulkhead", func(b *testing.B) {
-		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1 << 16, QueueWait: MaxQueueWait})
+		l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 1 << 16, QueueWait: MaxQueueWait})
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if _, err := l.acquire(ctx); err != nil {
+				if _, err := admAcquire(ctx, l); err != nil {
 					panic(err)
 				}
 				l.release(0)
@@ -122,14 +122,14 @@ func BenchmarkSemaphore(b *testing.B) {
 		}
 	})
 	b.Run("path=rejected/sem=bulkhead", func(b *testing.B) {
-		l := newLimiter("", Policy{MaxConcurrent: 1, QueueWait: MaxQueueWait})
-		if _, err := l.acquire(ctx); err != nil {
+		l := admBudget("", Policy{MaxConcurrent: 1, QueueWait: MaxQueueWait})
+		if _, err := admAcquire(ctx, l); err != nil {
 			b.Fatal(err)
 		}
 		defer l.release(0)
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := l.acquire(ctx); err == nil {
+			if _, err := admAcquire(ctx, l); err == nil {
 				b.Fatal("acquire succeeded with admission full")
 			}
 		}
@@ -233,9 +233,9 @@ func BenchmarkWaiterMemory(b *testing.B) {
 		})
 	})
 	b.Run("sem=bulkhead", func(b *testing.B) {
-		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: waiters, QueueWait: MaxQueueWait})
+		l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: waiters, QueueWait: MaxQueueWait})
 		acquire := func() {
-			if _, err := l.acquire(ctx); err != nil {
+			if _, err := admAcquire(ctx, l); err != nil {
 				panic(err)
 			}
 		}
@@ -243,8 +243,9 @@ func BenchmarkWaiterMemory(b *testing.B) {
 			hold: acquire,
 			wait: func() { acquire(); l.release(0) },
 			parked: func() int {
-				_, waiting := l.counts()
-				return waiting
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				return l.waiting
 			},
 			free: func() { l.release(0) },
 		})

@@ -40,15 +40,9 @@ func dlClass(d time.Duration) classRef {
 // dlAcquire takes both permits of l as a gate's passage does, with l's
 // queue wait, ctx's deadline and class c, counting the operation as admitted.
 func dlAcquire(ctx context.Context, l *budget, c classRef) (waited time.Duration, err error) {
-	l.mu.Lock()
-	ps := passage{limit: l.wait, class: c}
-	l.mu.Unlock()
+	ps := passage{class: c}
 	ps.deadline, _ = ctx.Deadline()
-	err = ps.acquire(ctx, []*budget{l})
-	if err == nil {
-		l.nAdmitted.Add(1)
-	}
-	return ps.waited(), err
+	return admPass(ctx, l, ps)
 }
 
 // dlGo starts dlAcquire in a goroutine; its result arrives on the channel.
@@ -138,7 +132,7 @@ func dlMissed(t *testing.T, what string, err error) *RejectedError {
 // not the context's error, counted apart, with no wait; the error says
 // what it was judged on.
 func TestADeadlineCloserThanItsClassesHoldIsRefusedAtOnce(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
+	l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
 	admMustAcquire(t, l)
 	c := dlClass(time.Hour)
 	dlSetRecent(l, time.Hour)
@@ -163,7 +157,7 @@ func TestADeadlineCloserThanItsClassesHoldIsRefusedAtOnce(t *testing.T) {
 // its turn whatever the holds: nothing is refused without evidence. One
 // with a deadline goes before one without.
 func TestWithoutADeadlineOrAnEstimateAnOperationWaitsItsTurn(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
+	l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
 	admMustAcquire(t, l)
 	dlSetRecent(l, time.Hour)
 	none := dlQueue(t, context.Background(), l, dlClass(time.Hour), 1)
@@ -182,7 +176,7 @@ func TestWithoutADeadlineOrAnEstimateAnOperationWaitsItsTurn(t *testing.T) {
 // that leaves room for its own hold but not for that wait is refused at
 // once.
 func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 2, MaxQueue: 8, QueueWait: time.Hour})
+	l := admBudget("", Policy{MaxConcurrent: 2, MaxQueue: 8, QueueWait: time.Hour})
 	admMustAcquire(t, l)
 	admMustAcquire(t, l)
 	dlSetRecent(l, 10*time.Minute)
@@ -217,7 +211,7 @@ func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
 // next.
 func TestAWaiterThatCanNoLongerMakeItsDeadlineIsSentAwayAtItsTurn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
+		l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
 		admMustAcquire(t, l)
 		c := dlClass(10 * time.Second)
 		w1 := dlGo(dlDeadline(t, 90*time.Second), l, c) // room for 10s now
@@ -261,7 +255,7 @@ func TestTheWaitIsBoundedByTheDeadlineLessItsClassesHold(t *testing.T) {
 			{time.Second, 100 * time.Millisecond, ErrWouldMissDeadline, 70 * time.Millisecond},
 			{50 * time.Millisecond, 100 * time.Millisecond, ErrQueueTimeout, 50 * time.Millisecond},
 		} {
-			l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: c.wait})
+			l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: c.wait})
 			admMustAcquire(t, l)
 			waited, err := dlAcquire(dlDeadline(t, c.deadline), l, dlClass(30*time.Millisecond))
 			var re *RejectedError
@@ -275,7 +269,7 @@ func TestTheWaitIsBoundedByTheDeadlineLessItsClassesHold(t *testing.T) {
 
 // Dry-run never refuses for a deadline.
 func TestDryRunNeverRejectsForADeadline(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, DryRun: true})
+	l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, DryRun: true})
 	admMustAcquire(t, l)
 	dlSetRecent(l, time.Hour)
 	if _, err := dlAcquire(dlDeadline(t, time.Minute), l, dlClass(time.Hour)); err != nil {
@@ -289,8 +283,8 @@ func TestDryRunNeverRejectsForADeadline(t *testing.T) {
 // A rejection for its deadline in the global budget gives back what the
 // operation held in its workload's.
 func TestADeadlineRejectionInTheSecondBudgetGivesBackTheFirstsPermits(t *testing.T) {
-	wl := newLimiter("batch", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
-	gl := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
+	wl := admBudget("batch", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
+	gl := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
 	admMustAcquire(t, gl)
 	dlSetRecent(gl, time.Hour)
 	ps := passage{limit: time.Hour, class: dlClass(time.Hour)}
