@@ -42,8 +42,7 @@ func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
 	done := make([]<-chan error, b)
 	for i := range b {
 		name := fmt.Sprintf("%s-full%d", tag, i)
-		done[i] = r.exec(bg, name)
-		r.await(t, name)
+		done[i] = r.start(t, bg, name)
 	}
 	if s := r.g.Stats(); s.Running != b || s.Waiting != 0 {
 		t.Fatalf("%d running at once: stats %+v", b, s)
@@ -75,8 +74,7 @@ func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testi
 	bg := context.Background()
 	var held []<-chan error
 	for i := range 4 {
-		held = append(held, r.exec(bg, fmt.Sprintf("h%d", i)))
-		r.await(t, fmt.Sprintf("h%d", i))
+		held = append(held, r.start(t, bg, fmt.Sprintf("h%d", i)))
 	}
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 2})
 	if s := r.g.Stats(); s.MaxConcurrent != 2 || s.MaxQueue != 0 || s.Running != 4 {
@@ -86,16 +84,14 @@ func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testi
 	// new B run.
 	var n1 <-chan error
 	for i, running := range []int{3, 2, 1} {
-		r.finish(fmt.Sprintf("h%d", i))
-		wlOK(t, "held", held[i])
+		r.done(t, fmt.Sprintf("h%d", i), held[i])
 		if running >= 2 {
 			if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 				t.Fatalf("new op with %d running and B=2: %v, want admission full", running, err)
 			}
 			continue
 		}
-		n1 = r.exec(bg, "n1")
-		r.await(t, "n1")
+		n1 = r.start(t, bg, "n1")
 	}
 	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("new op with h3 and n1 running, B=2: %v, want admission full", err)
@@ -113,24 +109,20 @@ func TestShrinkingWithAQueueMakesNewWorkWaitUntilRunningWorkIsBelowTheNewB(t *te
 	bg := context.Background()
 	var held []<-chan error
 	for i := range 4 {
-		held = append(held, r.exec(bg, fmt.Sprintf("h%d", i)))
-		r.await(t, fmt.Sprintf("h%d", i))
+		held = append(held, r.start(t, bg, fmt.Sprintf("h%d", i)))
 	}
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: bulkhead.MaxQueueWait})
 	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("new op with 4 admitted and B+Q=4: %v, want admission full", err)
 	}
-	r.finish("h0")
-	wlOK(t, "h0", held[0])
+	r.done(t, "h0", held[0])
 	w1 := r.exec(bg, "w1") // 3 running, B=2: admitted, waits
 	awaitState(t, "w1 waits", func() bool { return r.g.Stats().Waiting == 1 })
-	r.finish("h1")
-	wlOK(t, "h1", held[1])
+	r.done(t, "h1", held[1])
 	if s := r.g.Stats(); s.Running != 2 || s.Waiting != 1 || r.hasEntered("w1") {
 		t.Fatalf("2 running with B=2: %+v, w1 entered %v; want w1 still waiting", s, r.hasEntered("w1"))
 	}
-	r.finish("h2")
-	wlOK(t, "h2", held[2])
+	r.done(t, "h2", held[2])
 	r.await(t, "w1") // 1 running: w1 gets the permit
 	r.finish("h3")
 	r.finish("w1")
@@ -143,8 +135,7 @@ func TestShrinkingWithAQueueMakesNewWorkWaitUntilRunningWorkIsBelowTheNewB(t *te
 func TestGrowingWakesWaitersInFIFOOrder(t *testing.T) {
 	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 3, QueueWait: bulkhead.MaxQueueWait})
 	bg := context.Background()
-	h0 := r.exec(bg, "h0")
-	r.await(t, "h0")
+	h0 := r.start(t, bg, "h0")
 	var ws []<-chan error
 	for i := 1; i <= 3; i++ {
 		ws = append(ws, r.exec(bg, fmt.Sprintf("w%d", i)))
@@ -186,17 +177,14 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 		wlRejected(t, what, err, bulkhead.ErrAdmissionFull, "batch", r.wstats(t, "batch").MaxConcurrent, 0)
 	}
 
-	u1 := r.exec(bg, "u1")
-	r.await(t, "u1")
+	u1 := r.start(t, bg, "u1")
 	// Added while untagged work runs.
 	rzSet(t, r.g, withBatch(bulkhead.Workload{MaxConcurrent: 1}))
-	b1 := r.exec(batch, "b1")
-	r.await(t, "b1")
+	b1 := r.start(t, batch, "b1")
 	refused("batch at B=1")
 	// Grown: the next one runs.
 	rzSet(t, r.g, withBatch(bulkhead.Workload{MaxConcurrent: 2}))
-	b2 := r.exec(batch, "b2")
-	r.await(t, "b2")
+	b2 := r.start(t, batch, "b2")
 	// Shrunk under two running: both go on, new batch work waits for
 	// fewer than one to run.
 	rzSet(t, r.g, withBatch(bulkhead.Workload{MaxConcurrent: 1}))
@@ -204,13 +192,10 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 		t.Fatalf("batch after shrinking under 2 running: %+v", ws)
 	}
 	refused("batch with 2 running, B=1")
-	r.finish("b1")
-	wlOK(t, "b1", b1)
+	r.done(t, "b1", b1)
 	refused("batch with 1 running, B=1")
-	r.finish("b2")
-	wlOK(t, "b2", b2)
-	b3 := r.exec(batch, "b3")
-	r.await(t, "b3")
+	r.done(t, "b2", b2)
+	b3 := r.start(t, batch, "b3")
 
 	// Removed while b3 runs: b3 ends under the old budget; batch-tagged
 	// work now passes the global budget alone.
@@ -218,8 +203,7 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 	if _, ok := r.g.WorkloadStats("batch"); ok {
 		t.Fatal("WorkloadStats(batch) is ok after the workload was removed")
 	}
-	b4 := r.exec(batch, "b4")
-	r.await(t, "b4")
+	b4 := r.start(t, batch, "b4")
 	r.finish("b3")
 	wlOK(t, "b3, ended after its workload was removed", b3)
 	if s := r.g.Stats(); s.Running != 2 {
@@ -265,14 +249,12 @@ func TestAnOperationQueuedInAWorkloadThatIsRemovedRunsWhenItsOldBudgetFrees(t *t
 		if r.hasEntered("b2") {
 			t.Fatal("removing the workload let its queued operation run beside the one holding its permit")
 		}
-		r.finish("b1")
-		wlOK(t, "b1", b1)
+		r.done(t, "b1", b1)
 		synctest.Wait()
 		if !r.hasEntered("b2") {
 			t.Fatal("the queued operation of the removed workload did not get the permit b1 gave back")
 		}
-		r.finish("b2")
-		wlOK(t, "b2", b2)
+		r.done(t, "b2", b2)
 		r.balanced(t)
 	})
 }
@@ -312,8 +294,7 @@ func TestAnInvalidSetPolicyChangesNothing(t *testing.T) {
 	// The limits in force are still the old ones: batch at its B=1.
 	_, err := r.db.ExecContext(bulkhead.WithWorkload(context.Background(), "batch"), "quick")
 	wlRejected(t, "batch op after the invalid policies", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
-	r.finish("h1")
-	wlOK(t, "h1", h1)
+	r.done(t, "h1", h1)
 	r.balanced(t)
 	rzFull(t, r, 2, "after")
 }
@@ -479,8 +460,7 @@ func TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations(t *testi
 	withBatch := bulkhead.Policy{MaxConcurrent: 4, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
 	r := wlOpen(t, withBatch)
 	batch := bulkhead.WithWorkload(context.Background(), "batch")
-	b1 := r.exec(batch, "b1")
-	r.await(t, "b1")
+	b1 := r.start(t, batch, "b1")
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4})
 	rzSet(t, r.g, withBatch)
 	if ws := r.wstats(t, "batch"); ws.Running != 1 {
@@ -488,8 +468,7 @@ func TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations(t *testi
 	}
 	_, err := r.db.ExecContext(batch, "quick")
 	wlRejected(t, "second batch op with b1 still running", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
-	r.finish("b1")
-	wlOK(t, "b1", b1)
+	r.done(t, "b1", b1)
 	r.balanced(t)
 }
 
@@ -519,8 +498,7 @@ func TestClosingTheGateMakesAnOperationQueuedInARemovedWorkloadReturnErrClosed(t
 		default:
 			t.Fatal("an operation queued in a removed workload still waits after Gate.Close")
 		}
-		r.finish("b1")
-		wlOK(t, "b1", b1)
+		r.done(t, "b1", b1)
 	})
 }
 
@@ -547,17 +525,14 @@ func TestCapUntilFallsToItsFallbackWhenTheLeaseRunsOut(t *testing.T) {
 		if s := r.g.Stats(); s.MaxConcurrent != 1 || s.Running != 2 {
 			t.Fatalf("after the lease: stats %+v, want B=1 with the 2 running kept", s)
 		}
-		r.finish("a")
-		wlOK(t, "a", a)
+		r.done(t, "a", a)
 		synctest.Wait()
 		if r.hasEntered("c") {
 			t.Fatal("c started with 1 running and a fallback of 1")
 		}
-		r.finish("b")
-		wlOK(t, "b", b)
+		r.done(t, "b", b)
 		r.await(t, "c")
-		r.finish("c")
-		wlOK(t, "c", c)
+		r.done(t, "c", c)
 		// README: ErrLeaseExpired, a fleet member's lease ran out before the
 		// operation started.
 		rzCause(t, "fallback", rzFull(t, r, 1, "fallback"), bulkhead.ErrLeaseExpired)

@@ -91,15 +91,30 @@ func (r *wlRig) gateLocked(name string) chan struct{} {
 	return ch
 }
 
-// exec starts db.ExecContext(ctx, "hold "+name) on a goroutine.
-func (r *wlRig) exec(ctx context.Context, name string) <-chan error {
+// spawn runs f on a goroutine; its result arrives on the channel.
+func (r *wlRig) spawn(f func() error) <-chan error {
 	ch := make(chan error, 1)
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		_, err := r.db.ExecContext(ctx, "hold "+name)
-		ch <- err
+		ch <- f()
 	}()
+	return ch
+}
+
+// exec starts db.ExecContext(ctx, "hold "+name) on a goroutine.
+func (r *wlRig) exec(ctx context.Context, name string) <-chan error {
+	return r.spawn(func() error {
+		_, err := r.db.ExecContext(ctx, "hold "+name)
+		return err
+	})
+}
+
+// start starts exec and returns once the operation runs in the driver.
+func (r *wlRig) start(t *testing.T, ctx context.Context, name string) <-chan error {
+	t.Helper()
+	ch := r.exec(ctx, name)
+	r.await(t, name)
 	return ch
 }
 
@@ -107,23 +122,17 @@ func (r *wlRig) exec(ctx context.Context, name string) <-chan error {
 // (the transaction holds the permits, the statement takes none) and
 // commits.
 func (r *wlRig) tx(ctx context.Context, name string) <-chan error {
-	ch := make(chan error, 1)
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
+	return r.spawn(func() error {
 		tx, err := r.db.BeginTx(ctx, nil)
 		if err != nil {
-			ch <- err
-			return
+			return err
 		}
 		if _, err := tx.ExecContext(ctx, "hold "+name); err != nil {
 			tx.Rollback()
-			ch <- err
-			return
+			return err
 		}
-		ch <- tx.Commit()
-	}()
-	return ch
+		return tx.Commit()
+	})
 }
 
 // finish lets the held operation name return.
@@ -191,6 +200,14 @@ func wlRecv(t *testing.T, what string, ch <-chan error) error {
 	}
 }
 
+// done lets the held operation name return and fails the test unless it
+// returned nil on ch.
+func (r *wlRig) done(t *testing.T, name string, ch <-chan error) {
+	t.Helper()
+	r.finish(name)
+	wlOK(t, name, ch)
+}
+
 func wlOK(t *testing.T, what string, ch <-chan error) {
 	t.Helper()
 	if err := wlRecv(t, what, ch); err != nil {
@@ -208,8 +225,7 @@ func TestAWorkloadAtItsLimitRejectsItsOwnWorkWhileUntaggedWorkIsStillAdmitted(t 
 	bg := context.Background()
 	batch := bulkhead.WithWorkload(bg, "batch")
 
-	b1 := r.exec(batch, "b1")
-	r.await(t, "b1")
+	b1 := r.start(t, batch, "b1")
 	execs := r.fc.Count(fakedb.OpExec)
 	_, err := r.db.ExecContext(batch, "quick")
 	re := wlRejected(t, "second batch op", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
@@ -347,8 +363,7 @@ func TestAWorkloadQueueTimeoutNamesTheWorkloadAndCountsInItsStats(t *testing.T) 
 		if s.RejectedTimeout != 1 || s.WaitCount != 1 || s.WaitDuration != 40*time.Millisecond {
 			t.Fatalf("global stats %+v: want the workload's timeout counted too", s)
 		}
-		r.finish("b1")
-		wlOK(t, "b1", b1)
+		r.done(t, "b1", b1)
 		r.balanced(t)
 	})
 }
@@ -377,8 +392,7 @@ func TestAWorkloadsQueueWaitCoversItsWaitForBothBudgets(t *testing.T) {
 		}
 		// b1 ends: its global permit goes to u2, first in the global
 		// queue; b2 gets the workload's permit and queues for a global one.
-		r.finish("b1")
-		wlOK(t, "b1", b1)
+		r.done(t, "b1", b1)
 		synctest.Wait()
 		if !r.hasEntered("u2") || r.hasEntered("b2") {
 			t.Fatalf("entered %v: want u2 to run and b2 to wait", r.enteredOrder())
@@ -428,13 +442,11 @@ func TestEventsNameTheBudgetsWorkloadConsistentlyForAnUnknownName(t *testing.T) 
 	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 1, Workloads: wlBatch.Workloads},
 		bulkhead.WithEvents(bulkhead.Events{OnAdmit: rec, OnReject: rec, OnRelease: rec}))
 	ghost := bulkhead.WithWorkload(context.Background(), "ghost")
-	g1 := r.exec(ghost, "g1")
-	r.await(t, "g1")
+	g1 := r.start(t, ghost, "g1")
 	if _, err := r.db.ExecContext(ghost, "quick"); !errors.Is(err, bulkhead.ErrRejected) {
 		t.Fatalf("second op: %v, want a rejection", err)
 	}
-	r.finish("g1")
-	wlOK(t, "g1", g1)
+	r.done(t, "g1", g1)
 	mu.Lock()
 	defer mu.Unlock()
 	if len(seen) != 3 {
@@ -464,8 +476,7 @@ func TestARejectionByTheGlobalBudgetCountsInTheWorkloadsStats(t *testing.T) {
 	if ws := r.wstats(t, "batch"); ws.RejectedTimeout != 1 {
 		t.Fatalf("batch stats %+v: want the global rejection of its op counted (RejectedTimeout 1)", ws)
 	}
-	r.finish("u1")
-	wlOK(t, "u1", u1)
+	r.done(t, "u1", u1)
 }
 
 func TestClosingTheGateMakesAnOperationQueuedForItsWorkloadReturnErrClosed(t *testing.T) {
@@ -514,8 +525,7 @@ func TestOperationsQueuedInAWorkloadLeaveTheGlobalPermitsToOtherWork(t *testing.
 			r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour,
 				Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour, Priority: prio}}})
 			batch := bulkhead.WithWorkload(context.Background(), "batch")
-			b1 := r.exec(batch, "b1")
-			r.await(t, "b1")
+			b1 := r.start(t, batch, "b1")
 			b2 := r.exec(batch, "b2")
 			awaitState(t, "b2 queued in batch", func() bool { return r.wstats(t, "batch").Waiting == 1 })
 			b3 := r.exec(batch, "b3")
@@ -572,14 +582,12 @@ func TestAHigherPriorityArrivalShedsNobodyWhenItWouldBeRefusedAtOnce(t *testing.
 
 		// l runs 100ms (its hold is measured: it waited), with u2 and l2
 		// behind it; then a deadline of 20ms cannot be made.
-		r.finish("u")
-		wlOK(t, "u", u)
+		r.done(t, "u", u)
 		synctest.Wait()
 		u2 := r.exec(bg, "u2")
 		synctest.Wait()
 		time.Sleep(100 * time.Millisecond)
-		r.finish("l")
-		wlOK(t, "l", l)
+		r.done(t, "l", l)
 		synctest.Wait()
 		l2 := r.exec(low, "l2")
 		synctest.Wait()
