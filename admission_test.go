@@ -150,6 +150,17 @@ func admPass(ctx context.Context, l *budget, ps passage) (waited time.Duration, 
 	return ps.waited(), err
 }
 
+// admBubbleHeld is admBubbleBudget with n operations admitted and
+// running.
+func admBubbleHeld(t *testing.T, p Policy, n int) *budget {
+	t.Helper()
+	l := admBubbleBudget(t, p)
+	for range n {
+		admMustAcquire(t, l)
+	}
+	return l
+}
+
 func admMustAcquire(t *testing.T, l *budget) {
 	t.Helper()
 	if w, err := admAcquire(context.Background(), l); err != nil || w != 0 {
@@ -182,9 +193,7 @@ func TestLimiterAcquiresAndReleasesPermitsWithoutWaiting(t *testing.T) {
 
 func TestAdmissionFullRejectsAtOnceWithThePreallocatedError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := admBubbleBudget(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour})
-		admMustAcquire(t, l)
-		admMustAcquire(t, l)
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, 2)
 		ctx, cancel := context.WithCancel(context.Background())
 		queued := admGo(ctx, l)
 		synctest.Wait()
@@ -239,8 +248,7 @@ func TestAdmissionFullRejectsAtOnceWithThePreallocatedError(t *testing.T) {
 func TestWaitersAreGrantedPermitsInArrivalOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 6
-		l := admBubbleBudget(t, Policy{MaxConcurrent: 1, MaxQueue: n, QueueWait: time.Hour})
-		admMustAcquire(t, l)
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: n, QueueWait: time.Hour}, 1)
 		granted := make(chan int, n)
 		finish := make([]chan struct{}, n)
 		errs := make(chan error, n)
@@ -298,8 +306,7 @@ func TestWaitersAreGrantedPermitsInArrivalOrder(t *testing.T) {
 func TestQueueTimeoutRejectsAndGivesBackOnlyTheAdmissionPermit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const wait = 100 * time.Millisecond
-		l := admBubbleBudget(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: wait})
-		admMustAcquire(t, l)
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: wait}, 1)
 		waited, err := admAcquire(context.Background(), l) // fake time passes while it waits
 		var re *RejectedError
 		if !errors.As(err, &re) {
@@ -354,8 +361,7 @@ func TestZeroQueueWaitRejectsWithoutWaiting(t *testing.T) {
 
 func TestContextCanceledWhileQueuedReturnsTheContextError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := admBubbleBudget(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
-		admMustAcquire(t, l)
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, 1)
 		ctx, cancel := context.WithCancel(context.Background())
 		res := admGo(ctx, l)
 		synctest.Wait()
@@ -404,8 +410,7 @@ func TestAlreadyCanceledContextTakesNothing(t *testing.T) {
 
 func TestContextDeadlineWhileQueuedReturnsDeadlineExceeded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := admBubbleBudget(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 100 * time.Millisecond})
-		admMustAcquire(t, l)
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 100 * time.Millisecond}, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 		defer cancel()
 		waited, err := admAcquire(ctx, l)
@@ -428,9 +433,7 @@ func TestContextDeadlineWhileQueuedReturnsDeadlineExceeded(t *testing.T) {
 
 func TestCloseMakesWaitersAndNewOperationsReturnErrClosed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := admBubbleBudget(t, Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Hour})
-		admMustAcquire(t, l)
-		admMustAcquire(t, l)
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Hour}, 2)
 		w1 := admGo(context.Background(), l)
 		w2 := admGo(context.Background(), l)
 		synctest.Wait()
@@ -472,8 +475,7 @@ func TestCloseMakesWaitersAndNewOperationsReturnErrClosed(t *testing.T) {
 func TestWaiterQueuedAtCloseGetsErrClosedEvenIfAPermitIsReleasedRightAfter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		for i := range 200 {
-			l := admBubbleBudget(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
-			admMustAcquire(t, l)
+			l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour}, 1)
 			res := admGo(context.Background(), l)
 			synctest.Wait()
 			l.close()
@@ -498,8 +500,7 @@ func TestPermitGrantedAsTheWaitEndsIsHandedOn(t *testing.T) {
 	for _, next := range []bool{true, false} {
 		t.Run(fmt.Sprint("next waiter ", next), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				l := admBubbleBudget(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
-				admMustAcquire(t, l)
+				l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, 1)
 				ctx, cancel := context.WithCancel(context.Background())
 				first := admGo(ctx, l)
 				synctest.Wait()
@@ -559,8 +560,7 @@ func TestReleasingMoreThanHeldPanicsAsABug(t *testing.T) {
 func TestStatsCountersAddUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const wait = 100 * time.Millisecond
-		l := admBubbleBudget(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: wait})
-		admMustAcquire(t, l) // admitted 1
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: wait}, 1) // admitted 1
 
 		// Two waiters time out together after 100ms; a third is refused.
 		t1, t2 := admGo(context.Background(), l), admGo(context.Background(), l)
@@ -729,8 +729,7 @@ func TestCloseRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 	counts := admRaceCounts{}
 	synctest.Test(t, func(t *testing.T) {
 		for i := range iterations {
-			l := admBubbleBudget(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
-			admMustAcquire(t, l)
+			l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, 1)
 			first := admGo(context.Background(), l)
 			synctest.Wait()
 			second := admGo(context.Background(), l)

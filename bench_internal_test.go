@@ -62,54 +62,38 @@ func BenchmarkSemaphore(b *testing.B) {
 			l.release(0)
 		}
 	})
-	b.Run("path=parallel/sem=xsync", func(b *testing.B) {
-		s := semaphore.NewWeighted(int64(benchPolicy.MaxConcurrent))
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := s.Acquire(ctx, 1); err != nil {
-					panic(err)
+	for _, path := range []struct {
+		name string
+		p    Policy
+	}{
+		{"parallel", benchPolicy},
+		{"parallel-wait", Policy{MaxConcurrent: 1, MaxQueue: 1 << 16, QueueWait: MaxQueueWait}},
+	} {
+		b.Run("path="+path.name+"/sem=xsync", func(b *testing.B) {
+			s := semaphore.NewWeighted(int64(path.p.MaxConcurrent))
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := s.Acquire(ctx, 1); err != nil {
+						panic(err)
+					}
+					s.Release(1)
 				}
-				s.Release(1)
-			}
+			})
 		})
-	})
-	b.Run("path=parallel/sem=bulkhead", func(b *testing.B) {
-		l := admBudget("", benchPolicy)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, err := admAcquire(ctx, l); err != nil {
-					panic(err)
+		b.Run("path="+path.name+"/sem=bulkhead", func(b *testing.B) {
+			l := admBudget("", path.p)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := admAcquire(ctx, l); err != nil {
+						panic(err)
+					}
+					l.release(0)
 				}
-				l.release(0)
-			}
+			})
 		})
-	})
-	b.Run("path=parallel-wait/sem=xsync", func(b *testing.B) {
-		s := semaphore.NewWeighted(1)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := s.Acquire(ctx, 1); err != nil {
-					panic(err)
-				}
-				s.Release(1)
-			}
-		})
-	})
-	b.Run("path=parallel-wait/sem=bulkhead", func(b *testing.B) {
-		l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 1 << 16, QueueWait: MaxQueueWait})
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, err := admAcquire(ctx, l); err != nil {
-					panic(err)
-				}
-				l.release(0)
-			}
-		})
-	})
+	}
 	b.Run("path=rejected/sem=xsync", func(b *testing.B) {
 		s := semaphore.NewWeighted(1)
 		s.Acquire(ctx, 1)

@@ -305,31 +305,28 @@ func TestAClassEstimateIsTheMedianOfItsLastHoldsThatNoOutlierLifts(t *testing.T)
 	e := newEstimator()
 	r := e.ref(classKey{kind: KindExec, text: "work"}, true)
 	now := time.Now()
-	obs := func(d time.Duration, n int) {
-		for range n {
-			e.observe(r, d, false, false, now, now)
+	type holds struct {
+		d time.Duration
+		n int
+	}
+	for _, step := range []struct {
+		add  []holds
+		want time.Duration
+		when string
+	}{
+		{[]holds{{time.Millisecond, 1}}, time.Millisecond, "after one hold of 1ms"},
+		{[]holds{{time.Second, 1}}, time.Millisecond, "after 1ms then 1s (one outlier lifts nothing)"},
+		{[]holds{{time.Millisecond, 6}, {time.Second, 3}}, time.Millisecond, "with 3 of its last 8 holds at 1s"},
+		{[]holds{{time.Second, 2}}, time.Second, "with 5 of its last 8 holds at 1s"},
+	} {
+		for _, h := range step.add {
+			for range h.n {
+				e.observe(r, h.d, false, false, now, now)
+			}
 		}
-	}
-	est := func() time.Duration {
-		d, _ := r.estimate(now)
-		return d
-	}
-	obs(time.Millisecond, 1)
-	if est() != time.Millisecond {
-		t.Fatalf("estimate %v after one hold of 1ms, want 1ms", est())
-	}
-	obs(time.Second, 1)
-	if est() != time.Millisecond {
-		t.Fatalf("estimate %v after 1ms then 1s, want 1ms: one outlier lifts nothing", est())
-	}
-	obs(time.Millisecond, 6)
-	obs(time.Second, 3)
-	if est() != time.Millisecond {
-		t.Fatalf("estimate %v with 3 of its last 8 holds at 1s, want 1ms", est())
-	}
-	obs(time.Second, 2)
-	if est() != time.Second {
-		t.Fatalf("estimate %v with 5 of its last 8 holds at 1s, want 1s", est())
+		if d, _ := r.estimate(now); d != step.want {
+			t.Fatalf("estimate %v %s, want %v", d, step.when, step.want)
+		}
 	}
 }
 
