@@ -39,11 +39,7 @@ func rzSet(t *testing.T, g *bulkhead.Gate, p bulkhead.Policy) {
 func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
 	t.Helper()
 	bg := context.Background()
-	done := make([]<-chan error, b)
-	for i := range b {
-		name := fmt.Sprintf("%s-full%d", tag, i)
-		done[i] = r.start(t, bg, name)
-	}
+	done := r.startN(t, bg, tag+"-full", b)
 	if s := r.g.Stats(); s.Running != b || s.Waiting != 0 {
 		t.Fatalf("%d running at once: stats %+v", b, s)
 	}
@@ -52,8 +48,7 @@ func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
 		t.Fatalf("operation %d with B=%d: %v, want a rejection", b+1, b, err)
 	}
 	for i := range b {
-		r.finish(fmt.Sprintf("%s-full%d", tag, i))
-		wlOK(t, "full", done[i])
+		r.done(t, fmt.Sprintf("%s-full%d", tag, i), done[i])
 	}
 	if s := r.g.Stats(); s.Running != 0 || s.Waiting != 0 {
 		t.Fatalf("after the full round: stats %+v", s)
@@ -72,10 +67,7 @@ func rzCause(t *testing.T, tag string, err, cause error) {
 func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testing.T) {
 	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 4})
 	bg := context.Background()
-	var held []<-chan error
-	for i := range 4 {
-		held = append(held, r.start(t, bg, fmt.Sprintf("h%d", i)))
-	}
+	held := r.startN(t, bg, "h", 4)
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 2})
 	if s := r.g.Stats(); s.MaxConcurrent != 2 || s.MaxQueue != 0 || s.Running != 4 {
 		t.Fatalf("after shrinking to B=2 under 4 running: %+v, want the new limits and the 4 still running", s)
@@ -96,10 +88,8 @@ func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testi
 	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("new op with h3 and n1 running, B=2: %v, want admission full", err)
 	}
-	r.finish("h3")
-	r.finish("n1")
-	wlOK(t, "h3", held[3])
-	wlOK(t, "n1", n1)
+	r.done(t, "h3", held[3])
+	r.done(t, "n1", n1)
 	r.balanced(t)
 	rzFull(t, r, 2, "after")
 }
@@ -107,10 +97,7 @@ func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testi
 func TestShrinkingWithAQueueMakesNewWorkWaitUntilRunningWorkIsBelowTheNewB(t *testing.T) {
 	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: bulkhead.MaxQueueWait})
 	bg := context.Background()
-	var held []<-chan error
-	for i := range 4 {
-		held = append(held, r.start(t, bg, fmt.Sprintf("h%d", i)))
-	}
+	held := r.startN(t, bg, "h", 4)
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: bulkhead.MaxQueueWait})
 	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("new op with 4 admitted and B+Q=4: %v, want admission full", err)
@@ -124,10 +111,8 @@ func TestShrinkingWithAQueueMakesNewWorkWaitUntilRunningWorkIsBelowTheNewB(t *te
 	}
 	r.done(t, "h2", held[2])
 	r.await(t, "w1") // 1 running: w1 gets the permit
-	r.finish("h3")
-	r.finish("w1")
-	wlOK(t, "h3", held[3])
-	wlOK(t, "w1", w1)
+	r.done(t, "h3", held[3])
+	r.done(t, "w1", w1)
 	r.balanced(t)
 	rzFull(t, r, 2, "after")
 }
@@ -236,14 +221,7 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 // not for anything else.
 func TestAnOperationQueuedInAWorkloadThatIsRemovedRunsWhenItsOldBudgetFrees(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour,
-			Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour}}}
-		r := wlOpen(t, p)
-		batch := bulkhead.WithWorkload(context.Background(), "batch")
-		b1 := r.exec(batch, "b1")
-		synctest.Wait()
-		b2 := r.exec(batch, "b2")
-		synctest.Wait()
+		r, _, b1, b2 := wlBatchQueued(t, 4, time.Hour)
 		rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
 		synctest.Wait()
 		if r.hasEntered("b2") {
@@ -477,14 +455,7 @@ func TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations(t *testi
 // no longer reaches.
 func TestClosingTheGateMakesAnOperationQueuedInARemovedWorkloadReturnErrClosed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour,
-			Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour}}}
-		r := wlOpen(t, p)
-		batch := bulkhead.WithWorkload(context.Background(), "batch")
-		b1 := r.exec(batch, "b1")
-		synctest.Wait()
-		b2 := r.exec(batch, "b2")
-		synctest.Wait()
+		r, _, b1, b2 := wlBatchQueued(t, 4, time.Hour)
 		rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
 		if err := r.g.Close(); err != nil {
 			t.Fatal(err)

@@ -110,12 +110,38 @@ func (r *wlRig) exec(ctx context.Context, name string) <-chan error {
 	})
 }
 
+// wlBatchQueued opens a rig in a synctest bubble with B=Q=n and a
+// workload "batch" of B=Q=1, all with queue wait wait; b1 holds the
+// batch permit and b2 waits for it, both run with the batch context.
+func wlBatchQueued(t *testing.T, n int, wait time.Duration) (r *wlRig, batch context.Context, b1, b2 <-chan error) {
+	t.Helper()
+	r = wlOpen(t, bulkhead.Policy{MaxConcurrent: n, MaxQueue: n, QueueWait: wait,
+		Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: wait}}})
+	batch = bulkhead.WithWorkload(context.Background(), "batch")
+	b1 = r.exec(batch, "b1")
+	synctest.Wait()
+	b2 = r.exec(batch, "b2")
+	synctest.Wait()
+	return r, batch, b1, b2
+}
+
 // start starts exec and returns once the operation runs in the driver.
 func (r *wlRig) start(t *testing.T, ctx context.Context, name string) <-chan error {
 	t.Helper()
 	ch := r.exec(ctx, name)
 	r.await(t, name)
 	return ch
+}
+
+// startN starts n operations named prefix0 to prefix(n-1) one after
+// another, each running in the driver before the next starts.
+func (r *wlRig) startN(t *testing.T, ctx context.Context, prefix string, n int) []<-chan error {
+	t.Helper()
+	chs := make([]<-chan error, n)
+	for i := range n {
+		chs[i] = r.start(t, ctx, fmt.Sprintf("%s%d", prefix, i))
+	}
+	return chs
 }
 
 // tx starts a transaction on a goroutine that runs "hold "+name inside it
@@ -285,8 +311,7 @@ func TestAWorkloadTransactionHoldsTheWorkloadsPermitUntilCommit(t *testing.T) {
 func TestUntaggedWorkAndWorkNamingAnUnknownWorkloadPassTheGlobalBudgetAlone(t *testing.T) {
 	r := wlOpen(t, wlBatch)
 	bg := context.Background()
-	b1 := r.exec(bulkhead.WithWorkload(bg, "batch"), "b1")
-	r.await(t, "b1")
+	b1 := r.start(t, bulkhead.WithWorkload(bg, "batch"), "b1")
 	ghost := bulkhead.WithWorkload(bg, "ghost")
 	g1, g2 := r.exec(ghost, "g1"), r.exec(ghost, "g2")
 	r.await(t, "g1")
@@ -469,8 +494,7 @@ func TestARejectionByTheGlobalBudgetCountsInTheWorkloadsStats(t *testing.T) {
 	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
 	r := wlOpen(t, p)
 	bg := context.Background()
-	u1 := r.exec(bg, "u1") // the only global execution permit
-	r.await(t, "u1")
+	u1 := r.start(t, bg, "u1") // the only global execution permit
 	_, err := r.db.ExecContext(bulkhead.WithWorkload(bg, "batch"), "quick")
 	wlRejected(t, "batch op with no global permit free", err, bulkhead.ErrQueueTimeout, "", 1, 1)
 	if ws := r.wstats(t, "batch"); ws.RejectedTimeout != 1 {
@@ -481,14 +505,7 @@ func TestARejectionByTheGlobalBudgetCountsInTheWorkloadsStats(t *testing.T) {
 
 func TestClosingTheGateMakesAnOperationQueuedForItsWorkloadReturnErrClosed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: bulkhead.MaxQueueWait,
-			Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait}}}
-		r := wlOpen(t, p)
-		batch := bulkhead.WithWorkload(context.Background(), "batch")
-		b1 := r.exec(batch, "b1")
-		synctest.Wait()
-		b2 := r.exec(batch, "b2") // queued for the workload's permit
-		synctest.Wait()
+		r, batch, b1, b2 := wlBatchQueued(t, 2, bulkhead.MaxQueueWait) // b2 queued for the workload's permit
 		if ws := r.wstats(t, "batch"); ws.Waiting != 1 {
 			t.Fatalf("batch stats %+v: want b2 queued", ws)
 		}
