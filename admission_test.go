@@ -91,6 +91,14 @@ func admGo(ctx context.Context, l *budget) <-chan admResult {
 	return ch
 }
 
+// admQueued starts admGo in a synctest bubble and returns once every
+// goroutine of the bubble is blocked: the operation queued, or done.
+func admQueued(ctx context.Context, l *budget) <-chan admResult {
+	ch := admGo(ctx, l)
+	synctest.Wait()
+	return ch
+}
+
 // admPoll receives from ch if a result is there.
 func admPoll(ch <-chan admResult) (admResult, bool) {
 	select {
@@ -195,8 +203,7 @@ func TestAdmissionFullRejectsAtOnceWithThePreallocatedError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := admBubbleHeld(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, 2)
 		ctx, cancel := context.WithCancel(context.Background())
-		queued := admGo(ctx, l)
-		synctest.Wait()
+		queued := admQueued(ctx, l)
 		admCheck(t, l, 2, 1)
 
 		start := time.Now()
@@ -363,8 +370,7 @@ func TestContextCanceledWhileQueuedReturnsTheContextError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, 1)
 		ctx, cancel := context.WithCancel(context.Background())
-		res := admGo(ctx, l)
-		synctest.Wait()
+		res := admQueued(ctx, l)
 		admCheck(t, l, 1, 1)
 		time.Sleep(10 * time.Millisecond) // advance the fake clock
 		cancel()
@@ -435,8 +441,7 @@ func TestCloseMakesWaitersAndNewOperationsReturnErrClosed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := admBubbleHeld(t, Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Hour}, 2)
 		w1 := admGo(context.Background(), l)
-		w2 := admGo(context.Background(), l)
-		synctest.Wait()
+		w2 := admQueued(context.Background(), l)
 		admCheck(t, l, 2, 2)
 		start := time.Now()
 		l.close()
@@ -476,8 +481,7 @@ func TestWaiterQueuedAtCloseGetsErrClosedEvenIfAPermitIsReleasedRightAfter(t *te
 	synctest.Test(t, func(t *testing.T) {
 		for i := range 200 {
 			l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour}, 1)
-			res := admGo(context.Background(), l)
-			synctest.Wait()
+			res := admQueued(context.Background(), l)
 			l.close()
 			l.release(0)
 			r := <-res
@@ -502,8 +506,7 @@ func TestPermitGrantedAsTheWaitEndsIsHandedOn(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, 1)
 				ctx, cancel := context.WithCancel(context.Background())
-				first := admGo(ctx, l)
-				synctest.Wait()
+				first := admQueued(ctx, l)
 				var second <-chan admResult
 				if next {
 					second = admGo(context.Background(), l)
@@ -577,8 +580,7 @@ func TestStatsCountersAddUp(t *testing.T) {
 		// A waiter granted after 30ms, and one canceled after 10ms.
 		g := admGo(context.Background(), l)
 		ctx, cancel := context.WithCancel(context.Background())
-		c := admGo(ctx, l)
-		synctest.Wait()
+		c := admQueued(ctx, l)
 		time.Sleep(10 * time.Millisecond)
 		cancel()
 		if r := <-c; r.err != context.Canceled || r.waited != 10*time.Millisecond {
@@ -638,10 +640,8 @@ func TestCancellationRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 			admMustAcquire(t, l)
 			acquires++
 			ctx, cancel := context.WithCancel(context.Background())
-			first := admGo(ctx, l)
-			synctest.Wait()
-			second := admGo(context.Background(), l)
-			synctest.Wait()
+			first := admQueued(ctx, l)
+			second := admQueued(context.Background(), l)
 			admCheck(t, l, 1, 2)
 
 			start := make(chan struct{})
@@ -730,10 +730,8 @@ func TestCloseRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		for i := range iterations {
 			l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, 1)
-			first := admGo(context.Background(), l)
-			synctest.Wait()
-			second := admGo(context.Background(), l)
-			synctest.Wait()
+			first := admQueued(context.Background(), l)
+			second := admQueued(context.Background(), l)
 
 			start := make(chan struct{})
 			var wg sync.WaitGroup
