@@ -73,6 +73,26 @@ func smAdmitted(t *testing.T, e *fkEnv, st *sql.Stmt, free func()) {
 	e.balanced(t)
 }
 
+// smCutOff runs an Exec on e whose caller gives up while the driver is
+// in op, and fails the test unless the Exec returns context.Canceled;
+// op then goes on.
+func smCutOff(t *testing.T, e *fkEnv, op fakedb.Op, what string) {
+	t.Helper()
+	b := e.fc.Block(op)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.db.ExecContext(ctx, "UPDATE t")
+		done <- err
+	}()
+	b.Wait(1)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("%s: %v, want context.Canceled", what, err)
+	}
+	b.Release()
+}
+
 // database/sql re-prepares a *sql.Stmt on each connection it runs it on,
 // before the execution reaches the gate. Once database/sql has closed the
 // connections that held the statement (here: no idle connection kept), an
@@ -277,19 +297,7 @@ func TestAResetCutOffByTheCallersContextIsNoDeadConnection(t *testing.T) {
 	if _, err := e.db.Exec("UPDATE t"); err != nil {
 		t.Fatal(err)
 	}
-	b := e.fc.Block(fakedb.OpResetSession)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(ctx, "UPDATE t")
-		done <- err
-	}()
-	b.Wait(1)
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("exec: %v, want context.Canceled", err)
-	}
-	b.Release()
+	smCutOff(t, e, fakedb.OpResetSession, "exec")
 	pings := e.fc.Count(fakedb.OpPing)
 	if _, err := e.db.Exec("UPDATE t"); err != nil {
 		t.Fatal(err)
@@ -446,19 +454,7 @@ func TestServerConnectionsNeverOutnumberDatabaseSQLsConnections(t *testing.T) {
 // gate, database/sql's Connect is cut off with its caller.)
 func TestADialItsCallerGaveUpOnServesTheNextCaller(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
-	b := e.fc.Block(fakedb.OpConnect)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(ctx, "UPDATE t")
-		done <- err
-	}()
-	b.Wait(1)
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("exec cut off while dialing: %v, want context.Canceled", err)
-	}
-	b.Release()
+	smCutOff(t, e, fakedb.OpConnect, "exec cut off while dialing")
 	awaitState(t, "the dial's connection is idle", func() bool { return e.g.Stats().IdleConns == 1 })
 	if _, err := e.db.Exec("UPDATE t"); err != nil {
 		t.Fatal(err)
