@@ -133,32 +133,32 @@ func BenchmarkGatePermit(b *testing.B) {
 		b.Cleanup(func() { g.Close() })
 		return g
 	}
-	b.Run("path=global", func(b *testing.B) {
-		g := newGate(b, benchPolicy)
-		ctx := context.Background()
-		b.ReportAllocs()
-		for b.Loop() {
-			var p permit
-			if err := g.acquire(ctx, KindExec, "", &p); err != nil {
-				b.Fatal(err)
+	withBatch := benchPolicy
+	withBatch.Workloads = map[string]Workload{"batch": {MaxConcurrent: 1 << 10, MaxQueue: 1 << 10, QueueWait: time.Second}}
+	for _, path := range []struct {
+		name     string
+		p        Policy
+		workload string
+	}{
+		{"global", benchPolicy, ""},
+		{"workload", withBatch, "batch"},
+	} {
+		b.Run("path="+path.name, func(b *testing.B) {
+			g := newGate(b, path.p)
+			ctx := context.Background()
+			if path.workload != "" {
+				ctx = WithWorkload(ctx, path.workload)
 			}
-			g.release(&p)
-		}
-	})
-	b.Run("path=workload", func(b *testing.B) {
-		p := benchPolicy
-		p.Workloads = map[string]Workload{"batch": {MaxConcurrent: 1 << 10, MaxQueue: 1 << 10, QueueWait: time.Second}}
-		g := newGate(b, p)
-		ctx := WithWorkload(context.Background(), "batch")
-		b.ReportAllocs()
-		for b.Loop() {
-			var p permit
-			if err := g.acquire(ctx, KindExec, "", &p); err != nil {
-				b.Fatal(err)
+			b.ReportAllocs()
+			for b.Loop() {
+				var p permit
+				if err := g.acquire(ctx, KindExec, "", &p); err != nil {
+					b.Fatal(err)
+				}
+				g.release(&p)
 			}
-			g.release(&p)
-		}
-	})
+		})
+	}
 	b.Run("path=parallel", func(b *testing.B) {
 		g := newGate(b, benchPolicy)
 		ctx := context.Background()

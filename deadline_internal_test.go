@@ -519,6 +519,15 @@ type dlWork struct {
 	lock    chan struct{} // nil: not held
 }
 
+// dlWorkGate is dlGate with its driver's work run by a new dlWork.
+func dlWorkGate(t *testing.T, p Policy, opts ...Option) (*dlWork, *Gate, *sql.DB, *fakedb.Connector) {
+	t.Helper()
+	w := new(dlWork)
+	g, db, fc := dlGate(t, p, opts...)
+	fc.SetHook(w.hook)
+	return w, g, db, fc
+}
+
 func (w *dlWork) hook(ctx context.Context, op fakedb.Op, query string) error {
 	d, ok := strings.CutPrefix(query, "sleep ")
 	if !ok || op != fakedb.OpExec {
@@ -630,9 +639,7 @@ func (l *dlLoad) run(db *sql.DB, n int, stop <-chan struct{}, next func(i int) (
 func TestTheGateRefusesAnOperationThatWouldMissItsDeadlineWithoutReachingTheDriver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var ev dlRejects
-		var w dlWork
-		g, db, fc := dlGate(t, dlEveryOneMeasured(1), ev.option())
-		fc.SetHook(w.hook)
+		_, g, db, fc := dlWorkGate(t, dlEveryOneMeasured(1), ev.option())
 		// Measured: a statement that holds a minute, and a transaction
 		// given 65s that holds a minute.
 		if _, err := db.ExecContext(context.Background(), "sleep 1m"); err != nil {
@@ -694,9 +701,7 @@ func dlEveryOneMeasured(b int) Policy {
 // its own hold is never refused while it need not wait.
 func TestInAMixNoCallIsRefusedWhoseDeadlineIsTenTimesItsOwnHold(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var w dlWork
-		g, db, fc := dlGate(t, dlEveryOneMeasured(4))
-		fc.SetHook(w.hook)
+		_, g, db, _ := dlWorkGate(t, dlEveryOneMeasured(4))
 		var load dlLoad
 		stop := make(chan struct{})
 		load.run(db, 4, stop, func(i int) (string, time.Duration) {
@@ -720,9 +725,7 @@ func TestInAMixNoCallIsRefusedWhoseDeadlineIsTenTimesItsOwnHold(t *testing.T) {
 // ones that alone get through a queue the short ones are refused from.
 func TestAShortTransactionIsJudgedByTheShortOnesNotByTheLongOnesThatGetThrough(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var w dlWork
-		g, db, fc := dlGate(t, Policy{MaxConcurrent: 2, MaxQueue: 16, QueueWait: 100 * time.Millisecond})
-		fc.SetHook(w.hook)
+		_, g, db, _ := dlWorkGate(t, Policy{MaxConcurrent: 2, MaxQueue: 16, QueueWait: 100 * time.Millisecond})
 		var shortOK, shortLate, judgedLong atomic.Int64
 		var wg sync.WaitGroup
 		for i := range 2500 {
@@ -772,9 +775,7 @@ func TestAfterOneStatementAThousandTimesSlowerNoCallWithTenTimesItsHoldIsRefused
 	for _, slow := range []string{"sleep 1s", "sleep 1ms"} { // another text, then the same one
 		t.Run(slow, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				var w dlWork
-				g, db, fc := dlGate(t, dlEveryOneMeasured(2))
-				fc.SetHook(w.hook)
+				w, g, db, _ := dlWorkGate(t, dlEveryOneMeasured(2))
 				var load dlLoad
 				stop := make(chan struct{})
 				load.run(db, 2, stop, func(i int) (string, time.Duration) {
@@ -967,9 +968,7 @@ func TestTheFastPathMeasuresTheOperationThatTakesTheLastPermit(t *testing.T) {
 func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var ev dlRejects
-		var w dlWork
-		g, db, fc := dlGate(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, ev.option())
-		fc.SetHook(w.hook)
+		_, g, db, fc := dlWorkGate(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, ev.option())
 		r := g.est.ref(classKey{kind: KindExec, text: "sleep 1ms"}, true)
 		now := time.Now()
 		for range holdSamples {
@@ -1004,9 +1003,7 @@ func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *te
 // time in arrival order, those without a deadline last.
 func TestWaitersAreServedEarliestDeadlineFirst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var w dlWork
-		_, db, fc := dlGate(t, Policy{MaxConcurrent: 1, MaxQueue: 8, QueueWait: time.Hour})
-		fc.SetHook(w.hook)
+		_, _, db, _ := dlWorkGate(t, Policy{MaxConcurrent: 1, MaxQueue: 8, QueueWait: time.Hour})
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			if _, err := db.ExecContext(context.Background(), "sleep 1s"); err != nil {
