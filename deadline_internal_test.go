@@ -244,7 +244,7 @@ func TestAWaiterThatCanNoLongerMakeItsDeadlineIsSentAwayAtItsTurn(t *testing.T) 
 
 // A waiter waits no longer than its deadline less its class's hold, and
 // is then refused with ErrWouldMissDeadline; when the queue wait ends
-// first, it is a queue timeout as before.
+// first, it is a queue timeout.
 func TestTheWaitIsBoundedByTheDeadlineLessItsClassesHold(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		for _, c := range []struct {
@@ -972,7 +972,7 @@ func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *te
 		r := g.est.ref(classKey{kind: KindExec, text: "sleep 1ms"}, true)
 		now := time.Now()
 		for range holdSamples {
-			g.est.observe(r, time.Minute, false, false, now, now) // it used to hold a minute
+			g.est.observe(r, time.Minute, false, false, now, now) // its class held a minute
 		}
 		execs := fc.Count(fakedb.OpExec)
 		ctx := dlDeadline(t, time.Second)

@@ -431,9 +431,8 @@ func TestConcurrentResizingNeverLosesOrInventsPermits(t *testing.T) {
 }
 
 // A workload removed by SetPolicy and added again while its operations
-// still run must count them: "no permit invented". The gate builds a
-// fresh budget for the name instead, so the workload runs its old
-// operations plus a full new B.
+// still run counts them ("no permit invented"): they and the new ones
+// together stay within its B.
 func TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations(t *testing.T) {
 	withBatch := bulkhead.Policy{MaxConcurrent: 4, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
 	r := wlOpen(t, withBatch)

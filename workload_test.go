@@ -4,8 +4,7 @@ package bulkhead_test
 
 // Workloads (Policy.Workloads, WithWorkload, WorkloadStats): each named
 // workload has its own budget inside the global one. Deterministic tests on
-// the fake driver, and the batch-versus-interactive test on
-// PostgreSQL.
+// the fake driver.
 
 import (
 	"context"
