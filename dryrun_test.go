@@ -8,7 +8,6 @@ package bulkhead_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -136,13 +135,9 @@ func TestSwitchingDryRunOffWithMoreRunningThanBMakesNewWorkWaitOrBeRejectedUntil
 	if s := r.g.Stats(); s.DryRun || s.Running != 3 {
 		t.Fatalf("after switching dry-run off: %+v", s)
 	}
-	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-		t.Fatalf("new op with 3 running, B+Q=2: %v, want admission full", err)
-	}
+	r.refusedFull(t, "new op with 3 running, B+Q=2")
 	r.done(t, "h0", held[0])
-	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-		t.Fatalf("new op with 2 running, B+Q=2: %v, want admission full", err)
-	}
+	r.refusedFull(t, "new op with 2 running, B+Q=2")
 	r.done(t, "h1", held[1])
 	// One runs, B=1: the new op is admitted and waits.
 	w := r.exec(bg, "w")

@@ -78,16 +78,12 @@ func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testi
 	for i, running := range []int{3, 2, 1} {
 		r.done(t, fmt.Sprintf("h%d", i), held[i])
 		if running >= 2 {
-			if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-				t.Fatalf("new op with %d running and B=2: %v, want admission full", running, err)
-			}
+			r.refusedFull(t, fmt.Sprintf("new op with %d running and B=2", running))
 			continue
 		}
 		n1 = r.start(t, bg, "n1")
 	}
-	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-		t.Fatalf("new op with h3 and n1 running, B=2: %v, want admission full", err)
-	}
+	r.refusedFull(t, "new op with h3 and n1 running, B=2")
 	r.done(t, "h3", held[3])
 	r.done(t, "n1", n1)
 	r.balanced(t)
@@ -99,9 +95,7 @@ func TestShrinkingWithAQueueMakesNewWorkWaitUntilRunningWorkIsBelowTheNewB(t *te
 	bg := context.Background()
 	held := r.startN(t, bg, "h", 4)
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: bulkhead.MaxQueueWait})
-	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-		t.Fatalf("new op with 4 admitted and B+Q=4: %v, want admission full", err)
-	}
+	r.refusedFull(t, "new op with 4 admitted and B+Q=4")
 	r.done(t, "h0", held[0])
 	w1 := r.exec(bg, "w1") // 3 running, B=2: admitted, waits
 	awaitState(t, "w1 waits", func() bool { return r.g.Stats().Waiting == 1 })
@@ -194,10 +188,7 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 	if s := r.g.Stats(); s.Running != 2 {
 		t.Fatalf("global after b3 ended: %+v, want u1 and b4 running", s)
 	}
-	r.finish("u1")
-	r.finish("b4")
-	wlOK(t, "u1", u1)
-	wlOK(t, "b4", b4)
+	r.doneAll(t, []string{"u1", "b4"}, u1, b4)
 	r.balanced(t)
 
 	// Added again once its operations ended: exactly its B.
@@ -209,10 +200,7 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 	r.await(t, "b5")
 	r.await(t, "b6")
 	refused("re-added batch at B=2")
-	r.finish("b5")
-	r.finish("b6")
-	wlOK(t, "b5", b5)
-	wlOK(t, "b6", b6)
+	r.doneAll(t, []string{"b5", "b6"}, b5, b6)
 	r.balanced(t)
 	rzFull(t, r, 4, "after")
 }
@@ -597,10 +585,7 @@ func TestAGateCappedToNoPermitRejectsAtOnceAndKeepsNobodyWaiting(t *testing.T) {
 		if re.Waited != 0 || time.Since(start) != 0 {
 			t.Fatalf("the new operation waited %v, want a refusal at once", re.Waited)
 		}
-		r.finish("a")
-		r.finish("b")
-		wlOK(t, "a", a)
-		wlOK(t, "b", b)
+		r.doneAll(t, []string{"a", "b"}, a, b)
 		if err := <-capped; err != nil {
 			t.Fatalf("Cap: %v, want nil once the running work ended", err)
 		}

@@ -124,6 +124,15 @@ func wlBatchQueued(t *testing.T, n int, wait time.Duration) (r *wlRig, batch con
 	return r, batch, b1, b2
 }
 
+// refusedFull fails the test unless a new operation is refused with
+// ErrAdmissionFull; what says when.
+func (r *wlRig) refusedFull(t *testing.T, what string) {
+	t.Helper()
+	if _, err := r.db.ExecContext(context.Background(), "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("%s: %v, want admission full", what, err)
+	}
+}
+
 // start starts exec and returns once the operation runs in the driver.
 func (r *wlRig) start(t *testing.T, ctx context.Context, name string) <-chan error {
 	t.Helper()
@@ -233,6 +242,18 @@ func (r *wlRig) done(t *testing.T, name string, ch <-chan error) {
 	wlOK(t, name, ch)
 }
 
+// doneAll lets the held operations names return, then fails the test
+// unless each returned nil on its channel of chs, in the same order.
+func (r *wlRig) doneAll(t *testing.T, names []string, chs ...<-chan error) {
+	t.Helper()
+	for _, n := range names {
+		r.finish(n)
+	}
+	for i, ch := range chs {
+		wlOK(t, names[i], ch)
+	}
+}
+
 func wlOK(t *testing.T, what string, ch <-chan error) {
 	t.Helper()
 	if err := wlRecv(t, what, ch); err != nil {
@@ -277,12 +298,7 @@ func TestAWorkloadAtItsLimitRejectsItsOwnWorkWhileUntaggedWorkIsStillAdmitted(t 
 	if s.Running != 3 || s.Admitted != 3 || s.RejectedFull != 2 {
 		t.Fatalf("global stats %+v: want Running 3, Admitted 3, RejectedFull 2", s)
 	}
-	for _, n := range []string{"b1", "u1", "u2"} {
-		r.finish(n)
-	}
-	wlOK(t, "b1", b1)
-	wlOK(t, "u1", u1)
-	wlOK(t, "u2", u2)
+	r.doneAll(t, []string{"b1", "u1", "u2"}, b1, u1, u2)
 	r.balanced(t)
 	if ws := r.wstats(t, "batch"); ws.Running != 0 || ws.Waiting != 0 {
 		t.Fatalf("batch stats after the end %+v: want nothing running or waiting", ws)
@@ -323,12 +339,7 @@ func TestUntaggedWorkAndWorkNamingAnUnknownWorkloadPassTheGlobalBudgetAlone(t *t
 	if _, ok := r.g.WorkloadStats(""); ok {
 		t.Fatal(`WorkloadStats("") is ok`)
 	}
-	for _, n := range []string{"b1", "g1", "g2"} {
-		r.finish(n)
-	}
-	wlOK(t, "b1", b1)
-	wlOK(t, "g1", g1)
-	wlOK(t, "g2", g2)
+	r.doneAll(t, []string{"b1", "g1", "g2"}, b1, g1, g2)
 	r.balanced(t)
 	if ws := r.wstats(t, "batch"); ws.Admitted != 1 {
 		t.Fatalf("batch stats %+v: the unknown workload's ops counted in batch", ws)
@@ -429,10 +440,7 @@ func TestAWorkloadsQueueWaitCoversItsWaitForBothBudgets(t *testing.T) {
 		if ws := r.wstats(t, "batch"); ws.Running != 0 || ws.Waiting != 0 {
 			t.Fatalf("batch stats %+v: the failed op kept a workload permit", ws)
 		}
-		r.finish("u1")
-		r.finish("u2")
-		wlOK(t, "u1", u1)
-		wlOK(t, "u2", u2)
+		r.doneAll(t, []string{"u1", "u2"}, u1, u2)
 		r.balanced(t)
 	})
 }
@@ -555,12 +563,7 @@ func TestOperationsQueuedInAWorkloadLeaveTheGlobalPermitsToOtherWork(t *testing.
 			if s := r.g.Stats(); s.RejectedFull != 0 || s.Running != 1 || s.Waiting != 0 {
 				t.Fatalf("global stats %+v: want nothing refused, b1 alone running, nobody waiting", s)
 			}
-			r.finish("b1")
-			r.finish("b2")
-			r.finish("b3")
-			wlOK(t, "b1", b1)
-			wlOK(t, "b2", b2)
-			wlOK(t, "b3", b3)
+			r.doneAll(t, []string{"b1", "b2", "b3"}, b1, b2, b3)
 			if ws := r.wstats(t, "batch"); ws.RejectedFull != 0 || ws.Admitted != 3 {
 				t.Fatalf("batch stats %+v: want its three operations admitted, none shed", ws)
 			}
@@ -622,10 +625,7 @@ func TestAHigherPriorityArrivalShedsNobodyWhenItWouldBeRefusedAtOnce(t *testing.
 		if ws := r.wstats(t, "low"); ws.RejectedFull != 0 {
 			t.Fatalf("low stats %+v: want nothing of it shed", ws)
 		}
-		r.finish("u2")
-		r.finish("l2")
-		wlOK(t, "u2", u2)
-		wlOK(t, "l2", l2)
+		r.doneAll(t, []string{"u2", "l2"}, u2, l2)
 		r.balanced(t)
 	})
 }
