@@ -4,7 +4,7 @@ package bulkhead
 
 // Policy.Adaptive and Policy.MinConcurrent: Validate, and
 // BULKHEAD_ADAPTIVE and BULKHEAD_MIN_CONCURRENT. polCheckMessage,
-// polLookup and samePolicy come from policy_test.go.
+// polEnviron and samePolicy come from policy_test.go.
 
 import (
 	"strconv"

@@ -16,42 +16,41 @@ import (
 	"time"
 )
 
-// Tests of the unexported limiter. Tests that need time to pass run in a
+// Tests of the unexported budget. Tests that need time to pass run in a
 // synctest bubble, where the clock is fake: a wait of 100ms takes exactly
 // 100ms of fake time and no real time, and synctest.Wait tells when every
 // other goroutine is blocked (for example queued for a permit).
 
-// admState is the limiter's state, read under its lock.
+// admState is the budget's state, read under its lock.
 type admState struct {
 	free, waiting int
 	admitted      int64
 	listLen       int
 }
 
-func admRead(l *limiter) admState {
+func admRead(l *budget) admState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
 	for w := l.head; w != nil; w = w.next {
 		n++
 	}
-	free, waiting := l.counts()
-	return admState{free: free, waiting: waiting, admitted: int64(l.admitted), listLen: n}
+	return admState{free: l.b - l.running, waiting: l.waiting, admitted: int64(l.admitted), listLen: n}
 }
 
-// admCheck fails the test unless the limiter holds exactly running
+// admCheck fails the test unless the budget holds exactly running
 // execution permits and waiting queued operations, and its invariants hold.
-func admCheck(t *testing.T, l *limiter, running, waiting int) {
+func admCheck(t *testing.T, l *budget, running, waiting int) {
 	t.Helper()
 	s := admRead(l)
 	if s.free != l.b-running || s.waiting != waiting || s.admitted != int64(running+waiting) || s.listLen != waiting {
-		t.Fatalf("limiter state %+v, want free=%d waiting=%d admitted=%d (B=%d Q=%d)",
+		t.Fatalf("budget state %+v, want free=%d waiting=%d admitted=%d (B=%d Q=%d)",
 			s, l.b-running, waiting, running+waiting, l.b, l.q)
 	}
 	admInvariants(t, l, s)
 }
 
-func admInvariants(t *testing.T, l *limiter, s admState) {
+func admInvariants(t *testing.T, l *budget, s admState) {
 	t.Helper()
 	switch {
 	case s.free < 0 || s.free > l.b:
@@ -69,8 +68,8 @@ func admInvariants(t *testing.T, l *limiter, s admState) {
 	}
 }
 
-// admStats returns the limiter's Stats.
-func admStats(l *limiter) Stats {
+// admStats returns the budget's Stats.
+func admStats(l *budget) Stats {
 	var s Stats
 	l.stats(&s)
 	return s
@@ -83,12 +82,20 @@ type admResult struct {
 }
 
 // admGo starts acquire in a goroutine; its result arrives on the channel.
-func admGo(ctx context.Context, l *limiter) <-chan admResult {
+func admGo(ctx context.Context, l *budget) <-chan admResult {
 	ch := make(chan admResult, 1)
 	go func() {
-		w, err := l.acquire(ctx)
+		w, err := admAcquire(ctx, l)
 		ch <- admResult{w, err}
 	}()
+	return ch
+}
+
+// admQueued starts admGo in a synctest bubble and returns once every
+// goroutine of the bubble is blocked: the operation queued, or done.
+func admQueued(ctx context.Context, l *budget) <-chan admResult {
+	ch := admGo(ctx, l)
+	synctest.Wait()
 	return ch
 }
 
@@ -115,24 +122,62 @@ func admWaitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// admBubbleLimiter returns a limiter for a synctest bubble, closed at the
+// admBubbleBudget returns a budget for a synctest bubble, closed at the
 // end of the test so that a failing test leaves no goroutine queued (the
 // bubble would report a deadlock instead of the failure).
-func admBubbleLimiter(t *testing.T, p Policy) *limiter {
-	l := newLimiter("", p)
+func admBubbleBudget(t *testing.T, p Policy) *budget {
+	l := admBudget("", p)
 	t.Cleanup(l.close)
 	return l
 }
 
-func admMustAcquire(t *testing.T, l *limiter) {
+// admBudget returns a budget named name with p's limits, as a gate
+// without workloads holds it.
+func admBudget(name string, p Policy) *budget {
+	l := newBudget(name)
+	l.resize(p.MaxConcurrent, p.MaxQueue, p.QueueWait, p.DryRun, 0)
+	return l
+}
+
+// admAcquire takes both permits of l with l's queue wait, as a gate
+// without workloads does, counting the operation as admitted.
+func admAcquire(ctx context.Context, l *budget) (waited time.Duration, err error) {
+	return admPass(ctx, l, passage{})
+}
+
+// admPass takes both permits of l for ps with l's queue wait, counting
+// the operation as admitted; waited is the time it spent waiting.
+func admPass(ctx context.Context, l *budget, ps passage) (waited time.Duration, err error) {
+	l.mu.Lock()
+	ps.limit = l.wait
+	l.mu.Unlock()
+	err = ps.acquire(ctx, []*budget{l})
+	if err == nil {
+		l.nAdmitted.Add(1)
+	}
+	return ps.waited(), err
+}
+
+// admBubbleHeld is admBubbleBudget with n operations admitted and
+// running.
+func admBubbleHeld(t *testing.T, p Policy, n int) *budget {
 	t.Helper()
-	if w, err := l.acquire(context.Background()); err != nil || w != 0 {
+	l := admBubbleBudget(t, p)
+	for range n {
+		admMustAcquire(t, l)
+	}
+	return l
+}
+
+func admMustAcquire(t *testing.T, l *budget) {
+	t.Helper()
+	if w, err := admAcquire(context.Background(), l); err != nil || w != 0 {
 		t.Fatalf("acquire = %v, %v; want 0, nil", w, err)
 	}
 }
 
 func TestLimiterAcquiresAndReleasesPermitsWithoutWaiting(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Second})
+	l := admBudget("", Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Second})
 	admCheck(t, l, 0, 0)
 	admMustAcquire(t, l)
 	admCheck(t, l, 1, 0)
@@ -156,16 +201,13 @@ func TestLimiterAcquiresAndReleasesPermitsWithoutWaiting(t *testing.T) {
 
 func TestAdmissionFullRejectsAtOnceWithThePreallocatedError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := admBubbleLimiter(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour})
-		admMustAcquire(t, l)
-		admMustAcquire(t, l)
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, 2)
 		ctx, cancel := context.WithCancel(context.Background())
-		queued := admGo(ctx, l)
-		synctest.Wait()
+		queued := admQueued(ctx, l)
 		admCheck(t, l, 2, 1)
 
 		start := time.Now()
-		waited, err := l.acquire(context.Background())
+		waited, err := admAcquire(context.Background(), l)
 		if err == nil {
 			t.Fatal("acquire with admission full succeeded")
 		}
@@ -193,7 +235,7 @@ func TestAdmissionFullRejectsAtOnceWithThePreallocatedError(t *testing.T) {
 			t.Fatalf("message %q, want %q", got, want)
 		}
 		admCheck(t, l, 2, 1) // nothing taken
-		if allocs := testing.AllocsPerRun(100, func() { _, _ = l.acquire(context.Background()) }); allocs != 0 {
+		if allocs := testing.AllocsPerRun(100, func() { _, _ = admAcquire(context.Background(), l) }); allocs != 0 {
 			t.Errorf("a rejection at admission allocates %v times, want 0", allocs)
 		}
 		if s := admStats(l); s.RejectedFull != 102 || s.Admitted != 2 || s.Waiting != 1 {
@@ -213,8 +255,7 @@ func TestAdmissionFullRejectsAtOnceWithThePreallocatedError(t *testing.T) {
 func TestWaitersAreGrantedPermitsInArrivalOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 6
-		l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: n, QueueWait: time.Hour})
-		admMustAcquire(t, l)
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: n, QueueWait: time.Hour}, 1)
 		granted := make(chan int, n)
 		finish := make([]chan struct{}, n)
 		errs := make(chan error, n)
@@ -223,7 +264,7 @@ func TestWaitersAreGrantedPermitsInArrivalOrder(t *testing.T) {
 		for i := range n {
 			finish[i] = make(chan struct{})
 			go func() {
-				if _, err := l.acquire(context.Background()); err != nil {
+				if _, err := admAcquire(context.Background(), l); err != nil {
 					errs <- err
 					return
 				}
@@ -272,9 +313,8 @@ func TestWaitersAreGrantedPermitsInArrivalOrder(t *testing.T) {
 func TestQueueTimeoutRejectsAndGivesBackOnlyTheAdmissionPermit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const wait = 100 * time.Millisecond
-		l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: wait})
-		admMustAcquire(t, l)
-		waited, err := l.acquire(context.Background()) // fake time passes while it waits
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: wait}, 1)
+		waited, err := admAcquire(context.Background(), l) // fake time passes while it waits
 		var re *RejectedError
 		if !errors.As(err, &re) {
 			t.Fatalf("err = %v, want a *RejectedError", err)
@@ -303,9 +343,9 @@ func TestQueueTimeoutRejectsAndGivesBackOnlyTheAdmissionPermit(t *testing.T) {
 }
 
 func TestZeroQueueWaitRejectsWithoutWaiting(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 0})
+	l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 0})
 	admMustAcquire(t, l)
-	waited, err := l.acquire(context.Background())
+	waited, err := admAcquire(context.Background(), l)
 	var re *RejectedError
 	if !errors.As(err, &re) || !errors.Is(err, ErrQueueTimeout) || !errors.Is(err, ErrRejected) {
 		t.Fatalf("err = %v, want a queue-timeout rejection", err)
@@ -328,11 +368,9 @@ func TestZeroQueueWaitRejectsWithoutWaiting(t *testing.T) {
 
 func TestContextCanceledWhileQueuedReturnsTheContextError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
-		admMustAcquire(t, l)
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, 1)
 		ctx, cancel := context.WithCancel(context.Background())
-		res := admGo(ctx, l)
-		synctest.Wait()
+		res := admQueued(ctx, l)
 		admCheck(t, l, 1, 1)
 		time.Sleep(10 * time.Millisecond) // advance the fake clock
 		cancel()
@@ -356,16 +394,16 @@ func TestContextCanceledWhileQueuedReturnsTheContextError(t *testing.T) {
 }
 
 func TestAlreadyCanceledContextTakesNothing(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: time.Second})
+	l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := l.acquire(ctx); err != context.Canceled {
+	if _, err := admAcquire(ctx, l); err != context.Canceled {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
 	admCheck(t, l, 0, 0)
 	// Also when admission is full: the context is looked at first.
 	admMustAcquire(t, l)
-	if _, err := l.acquire(ctx); err != context.Canceled {
+	if _, err := admAcquire(ctx, l); err != context.Canceled {
 		t.Fatalf("err with admission full = %v, want context.Canceled", err)
 	}
 	admCheck(t, l, 1, 0)
@@ -378,11 +416,10 @@ func TestAlreadyCanceledContextTakesNothing(t *testing.T) {
 
 func TestContextDeadlineWhileQueuedReturnsDeadlineExceeded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 100 * time.Millisecond})
-		admMustAcquire(t, l)
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 100 * time.Millisecond}, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 		defer cancel()
-		waited, err := l.acquire(ctx)
+		waited, err := admAcquire(ctx, l)
 		if err != context.DeadlineExceeded {
 			t.Fatalf("err = %v, want context.DeadlineExceeded", err)
 		}
@@ -402,12 +439,9 @@ func TestContextDeadlineWhileQueuedReturnsDeadlineExceeded(t *testing.T) {
 
 func TestCloseMakesWaitersAndNewOperationsReturnErrClosed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := admBubbleLimiter(t, Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Hour})
-		admMustAcquire(t, l)
-		admMustAcquire(t, l)
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Hour}, 2)
 		w1 := admGo(context.Background(), l)
-		w2 := admGo(context.Background(), l)
-		synctest.Wait()
+		w2 := admQueued(context.Background(), l)
 		admCheck(t, l, 2, 2)
 		start := time.Now()
 		l.close()
@@ -422,11 +456,11 @@ func TestCloseMakesWaitersAndNewOperationsReturnErrClosed(t *testing.T) {
 			t.Fatalf("waiters took %v of fake time to see the close, want none", d)
 		}
 		admCheck(t, l, 2, 0)
-		if _, err := l.acquire(context.Background()); err != ErrClosed {
+		if _, err := admAcquire(context.Background(), l); err != ErrClosed {
 			t.Fatalf("acquire after close with admission free = %v, want ErrClosed", err)
 		}
 		l.release(0) // running operations still give their permits back
-		if _, err := l.acquire(context.Background()); err != ErrClosed {
+		if _, err := admAcquire(context.Background(), l); err != ErrClosed {
 			t.Fatalf("acquire after close with a permit free = %v, want ErrClosed", err)
 		}
 		l.release(0)
@@ -446,10 +480,8 @@ func TestCloseMakesWaitersAndNewOperationsReturnErrClosed(t *testing.T) {
 func TestWaiterQueuedAtCloseGetsErrClosedEvenIfAPermitIsReleasedRightAfter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		for i := range 200 {
-			l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
-			admMustAcquire(t, l)
-			res := admGo(context.Background(), l)
-			synctest.Wait()
+			l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour}, 1)
+			res := admQueued(context.Background(), l)
 			l.close()
 			l.release(0)
 			r := <-res
@@ -472,11 +504,9 @@ func TestPermitGrantedAsTheWaitEndsIsHandedOn(t *testing.T) {
 	for _, next := range []bool{true, false} {
 		t.Run(fmt.Sprint("next waiter ", next), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
-				admMustAcquire(t, l)
+				l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, 1)
 				ctx, cancel := context.WithCancel(context.Background())
-				first := admGo(ctx, l)
-				synctest.Wait()
+				first := admQueued(ctx, l)
 				var second <-chan admResult
 				if next {
 					second = admGo(context.Background(), l)
@@ -516,7 +546,7 @@ func TestPermitGrantedAsTheWaitEndsIsHandedOn(t *testing.T) {
 }
 
 func TestReleasingMoreThanHeldPanicsAsABug(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 2, MaxQueue: 0, QueueWait: 0})
+	l := admBudget("", Policy{MaxConcurrent: 2, MaxQueue: 0, QueueWait: 0})
 	admMustAcquire(t, l)
 	l.release(0)
 	defer func() {
@@ -533,13 +563,12 @@ func TestReleasingMoreThanHeldPanicsAsABug(t *testing.T) {
 func TestStatsCountersAddUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const wait = 100 * time.Millisecond
-		l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: wait})
-		admMustAcquire(t, l) // admitted 1
+		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: wait}, 1) // admitted 1
 
 		// Two waiters time out together after 100ms; a third is refused.
 		t1, t2 := admGo(context.Background(), l), admGo(context.Background(), l)
 		synctest.Wait()
-		if _, err := l.acquire(context.Background()); !errors.Is(err, ErrAdmissionFull) {
+		if _, err := admAcquire(context.Background(), l); !errors.Is(err, ErrAdmissionFull) {
 			t.Fatalf("third acquire = %v, want admission full", err)
 		}
 		for _, ch := range []<-chan admResult{t1, t2} {
@@ -551,8 +580,7 @@ func TestStatsCountersAddUp(t *testing.T) {
 		// A waiter granted after 30ms, and one canceled after 10ms.
 		g := admGo(context.Background(), l)
 		ctx, cancel := context.WithCancel(context.Background())
-		c := admGo(ctx, l)
-		synctest.Wait()
+		c := admQueued(ctx, l)
 		time.Sleep(10 * time.Millisecond)
 		cancel()
 		if r := <-c; r.err != context.Canceled || r.waited != 10*time.Millisecond {
@@ -566,7 +594,7 @@ func TestStatsCountersAddUp(t *testing.T) {
 		admCheck(t, l, 1, 0)
 
 		// An already canceled context counts as canceled too.
-		if _, err := l.acquire(ctx); err != context.Canceled {
+		if _, err := admAcquire(ctx, l); err != context.Canceled {
 			t.Fatalf("acquire with canceled ctx = %v", err)
 		}
 		l.release(0)
@@ -606,16 +634,14 @@ func TestCancellationRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 	const iterations = 2000
 	counts := admRaceCounts{}
 	synctest.Test(t, func(t *testing.T) {
-		l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
+		l := admBubbleBudget(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
 		acquires, releases := 0, 0
 		for i := range iterations {
 			admMustAcquire(t, l)
 			acquires++
 			ctx, cancel := context.WithCancel(context.Background())
-			first := admGo(ctx, l)
-			synctest.Wait()
-			second := admGo(context.Background(), l)
-			synctest.Wait()
+			first := admQueued(ctx, l)
+			second := admQueued(context.Background(), l)
 			admCheck(t, l, 1, 2)
 
 			start := make(chan struct{})
@@ -666,7 +692,7 @@ func TestQueueTimeoutRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 	counts := admRaceCounts{}
 	total := Stats{}
 	for i := range iterations {
-		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Duration(1+i%64) * time.Microsecond})
+		l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Duration(1+i%64) * time.Microsecond})
 		admMustAcquire(t, l)
 		res := admGo(context.Background(), l)
 		// Release once the waiter is queued, or has already timed out.
@@ -703,12 +729,9 @@ func TestCloseRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 	counts := admRaceCounts{}
 	synctest.Test(t, func(t *testing.T) {
 		for i := range iterations {
-			l := admBubbleLimiter(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour})
-			admMustAcquire(t, l)
-			first := admGo(context.Background(), l)
-			synctest.Wait()
-			second := admGo(context.Background(), l)
-			synctest.Wait()
+			l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, 1)
+			first := admQueued(context.Background(), l)
+			second := admQueued(context.Background(), l)
 
 			start := make(chan struct{})
 			var wg sync.WaitGroup
@@ -736,7 +759,7 @@ func TestCloseRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 			if s.Admitted != int64(1+granted) || s.Canceled != int64(2-granted) {
 				t.Fatalf("iteration %d: stats %+v with %d granted", i, s, granted)
 			}
-			if _, err := l.acquire(context.Background()); err != ErrClosed {
+			if _, err := admAcquire(context.Background(), l); err != ErrClosed {
 				t.Fatalf("iteration %d: acquire after close = %v", i, err)
 			}
 		}
@@ -744,7 +767,7 @@ func TestCloseRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 	t.Logf("waiter outcomes over %d races: %v", iterations, counts)
 }
 
-// admModel is a reference model of the limiter for the random test.
+// admModel is a reference model of the budget for the random test.
 type admModel struct {
 	b, q    int
 	wait    time.Duration
@@ -763,7 +786,7 @@ type admModelWaiter struct {
 
 // TestLimiterMatchesAModelUnderRandomOperations runs random sequences of
 // acquire, release, cancel, clock advance and close on the fake clock and,
-// after every step, compares each operation's outcome, the limiter's state
+// after every step, compares each operation's outcome, the budget's state
 // and its Stats with a simple model, and checks the invariants
 // 0 <= free <= B, admitted <= B+Q, waiting <= Q.
 func TestLimiterMatchesAModelUnderRandomOperations(t *testing.T) {
@@ -783,7 +806,7 @@ func admRunModel(t *testing.T, seed int64, steps int) {
 	waits := []time.Duration{0, 20 * time.Millisecond, 50 * time.Millisecond}
 	m := &admModel{b: 1 + rng.Intn(3), q: rng.Intn(4), wait: waits[rng.Intn(len(waits))]}
 	m.want = Stats{MaxConcurrent: m.b, MaxQueue: m.q, QueueWait: m.wait}
-	l := admBubbleLimiter(t, Policy{MaxConcurrent: m.b, MaxQueue: m.q, QueueWait: m.wait})
+	l := admBubbleBudget(t, Policy{MaxConcurrent: m.b, MaxQueue: m.q, QueueWait: m.wait})
 	t.Logf("B=%d Q=%d wait=%v", m.b, m.q, m.wait)
 
 	expect := func(step int, w *admModelWaiter, what string, match func(admResult) bool, waited time.Duration) {

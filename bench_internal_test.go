@@ -30,7 +30,7 @@ import (
 var benchPolicy = Policy{MaxConcurrent: 1 << 16, MaxQueue: 1 << 16, QueueWait: MaxQueueWait}
 
 // BenchmarkSemaphore measures one acquire and release of an execution
-// slot: the limiter's (admission + execution permits) against a
+// slot: the budget's (admission + execution permits) against a
 // semaphore.Weighted's Acquire(1)+Release(1).
 //
 //   - path=uncontended: one goroutine, permits free.
@@ -53,63 +53,47 @@ func BenchmarkSemaphore(b *testing.B) {
 		}
 	})
 	b.Run("path=uncontended/sem=bulkhead", func(b *testing.B) {
-		l := newLimiter("", benchPolicy)
+		l := admBudget("", benchPolicy)
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := l.acquire(ctx); err != nil {
+			if _, err := admAcquire(ctx, l); err != nil {
 				b.Fatal(err)
 			}
 			l.release(0)
 		}
 	})
-	b.Run("path=parallel/sem=xsync", func(b *testing.B) {
-		s := semaphore.NewWeighted(int64(benchPolicy.MaxConcurrent))
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := s.Acquire(ctx, 1); err != nil {
-					panic(err)
+	for _, path := range []struct {
+		name string
+		p    Policy
+	}{
+		{"parallel", benchPolicy},
+		{"parallel-wait", Policy{MaxConcurrent: 1, MaxQueue: 1 << 16, QueueWait: MaxQueueWait}},
+	} {
+		b.Run("path="+path.name+"/sem=xsync", func(b *testing.B) {
+			s := semaphore.NewWeighted(int64(path.p.MaxConcurrent))
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := s.Acquire(ctx, 1); err != nil {
+						panic(err)
+					}
+					s.Release(1)
 				}
-				s.Release(1)
-			}
+			})
 		})
-	})
-	b.Run("path=parallel/sem=bulkhead", func(b *testing.B) {
-		l := newLimiter("", benchPolicy)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, err := l.acquire(ctx); err != nil {
-					panic(err)
+		b.Run("path="+path.name+"/sem=bulkhead", func(b *testing.B) {
+			l := admBudget("", path.p)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := admAcquire(ctx, l); err != nil {
+						panic(err)
+					}
+					l.release(0)
 				}
-				l.release(0)
-			}
+			})
 		})
-	})
-	b.Run("path=parallel-wait/sem=xsync", func(b *testing.B) {
-		s := semaphore.NewWeighted(1)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := s.Acquire(ctx, 1); err != nil {
-					panic(err)
-				}
-				s.Release(1)
-			}
-		})
-	})
-	b.Run("path=parallel-wait/sem=bulkhead", func(b *testing.B) {
-		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1 << 16, QueueWait: MaxQueueWait})
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, err := l.acquire(ctx); err != nil {
-					panic(err)
-				}
-				l.release(0)
-			}
-		})
-	})
+	}
 	b.Run("path=rejected/sem=xsync", func(b *testing.B) {
 		s := semaphore.NewWeighted(1)
 		s.Acquire(ctx, 1)
@@ -122,14 +106,14 @@ func BenchmarkSemaphore(b *testing.B) {
 		}
 	})
 	b.Run("path=rejected/sem=bulkhead", func(b *testing.B) {
-		l := newLimiter("", Policy{MaxConcurrent: 1, QueueWait: MaxQueueWait})
-		if _, err := l.acquire(ctx); err != nil {
+		l := admBudget("", Policy{MaxConcurrent: 1, QueueWait: MaxQueueWait})
+		if _, err := admAcquire(ctx, l); err != nil {
 			b.Fatal(err)
 		}
 		defer l.release(0)
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := l.acquire(ctx); err == nil {
+			if _, err := admAcquire(ctx, l); err == nil {
 				b.Fatal("acquire succeeded with admission full")
 			}
 		}
@@ -149,32 +133,32 @@ func BenchmarkGatePermit(b *testing.B) {
 		b.Cleanup(func() { g.Close() })
 		return g
 	}
-	b.Run("path=global", func(b *testing.B) {
-		g := newGate(b, benchPolicy)
-		ctx := context.Background()
-		b.ReportAllocs()
-		for b.Loop() {
-			var p permit
-			if err := g.acquire(ctx, KindExec, "", &p); err != nil {
-				b.Fatal(err)
+	withBatch := benchPolicy
+	withBatch.Workloads = map[string]Workload{"batch": {MaxConcurrent: 1 << 10, MaxQueue: 1 << 10, QueueWait: time.Second}}
+	for _, path := range []struct {
+		name     string
+		p        Policy
+		workload string
+	}{
+		{"global", benchPolicy, ""},
+		{"workload", withBatch, "batch"},
+	} {
+		b.Run("path="+path.name, func(b *testing.B) {
+			g := newGate(b, path.p)
+			ctx := context.Background()
+			if path.workload != "" {
+				ctx = WithWorkload(ctx, path.workload)
 			}
-			g.release(&p)
-		}
-	})
-	b.Run("path=workload", func(b *testing.B) {
-		p := benchPolicy
-		p.Workloads = map[string]Workload{"batch": {MaxConcurrent: 1 << 10, MaxQueue: 1 << 10, QueueWait: time.Second}}
-		g := newGate(b, p)
-		ctx := WithWorkload(context.Background(), "batch")
-		b.ReportAllocs()
-		for b.Loop() {
-			var p permit
-			if err := g.acquire(ctx, KindExec, "", &p); err != nil {
-				b.Fatal(err)
+			b.ReportAllocs()
+			for b.Loop() {
+				var p permit
+				if err := g.acquire(ctx, KindExec, "", &p); err != nil {
+					b.Fatal(err)
+				}
+				g.release(&p)
 			}
-			g.release(&p)
-		}
-	})
+		})
+	}
 	b.Run("path=parallel", func(b *testing.B) {
 		g := newGate(b, benchPolicy)
 		ctx := context.Background()
@@ -233,9 +217,9 @@ func BenchmarkWaiterMemory(b *testing.B) {
 		})
 	})
 	b.Run("sem=bulkhead", func(b *testing.B) {
-		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: waiters, QueueWait: MaxQueueWait})
+		l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: waiters, QueueWait: MaxQueueWait})
 		acquire := func() {
-			if _, err := l.acquire(ctx); err != nil {
+			if _, err := admAcquire(ctx, l); err != nil {
 				panic(err)
 			}
 		}
@@ -243,8 +227,9 @@ func BenchmarkWaiterMemory(b *testing.B) {
 			hold: acquire,
 			wait: func() { acquire(); l.release(0) },
 			parked: func() int {
-				_, waiting := l.counts()
-				return waiting
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				return l.waiting
 			},
 			free: func() { l.release(0) },
 		})

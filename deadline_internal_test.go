@@ -40,15 +40,9 @@ func dlClass(d time.Duration) classRef {
 // dlAcquire takes both permits of l as a gate's passage does, with l's
 // queue wait, ctx's deadline and class c, counting the operation as admitted.
 func dlAcquire(ctx context.Context, l *budget, c classRef) (waited time.Duration, err error) {
-	l.mu.Lock()
-	ps := passage{limit: l.wait, class: c}
-	l.mu.Unlock()
+	ps := passage{class: c}
 	ps.deadline, _ = ctx.Deadline()
-	err = ps.acquire(ctx, []*budget{l})
-	if err == nil {
-		l.nAdmitted.Add(1)
-	}
-	return ps.waited(), err
+	return admPass(ctx, l, ps)
 }
 
 // dlGo starts dlAcquire in a goroutine; its result arrives on the channel.
@@ -138,7 +132,7 @@ func dlMissed(t *testing.T, what string, err error) *RejectedError {
 // not the context's error, counted apart, with no wait; the error says
 // what it was judged on.
 func TestADeadlineCloserThanItsClassesHoldIsRefusedAtOnce(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
+	l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
 	admMustAcquire(t, l)
 	c := dlClass(time.Hour)
 	dlSetRecent(l, time.Hour)
@@ -163,7 +157,7 @@ func TestADeadlineCloserThanItsClassesHoldIsRefusedAtOnce(t *testing.T) {
 // its turn whatever the holds: nothing is refused without evidence. One
 // with a deadline goes before one without.
 func TestWithoutADeadlineOrAnEstimateAnOperationWaitsItsTurn(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
+	l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
 	admMustAcquire(t, l)
 	dlSetRecent(l, time.Hour)
 	none := dlQueue(t, context.Background(), l, dlClass(time.Hour), 1)
@@ -182,7 +176,7 @@ func TestWithoutADeadlineOrAnEstimateAnOperationWaitsItsTurn(t *testing.T) {
 // that leaves room for its own hold but not for that wait is refused at
 // once.
 func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 2, MaxQueue: 8, QueueWait: time.Hour})
+	l := admBudget("", Policy{MaxConcurrent: 2, MaxQueue: 8, QueueWait: time.Hour})
 	admMustAcquire(t, l)
 	admMustAcquire(t, l)
 	dlSetRecent(l, 10*time.Minute)
@@ -217,7 +211,7 @@ func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
 // next.
 func TestAWaiterThatCanNoLongerMakeItsDeadlineIsSentAwayAtItsTurn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
+		l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
 		admMustAcquire(t, l)
 		c := dlClass(10 * time.Second)
 		w1 := dlGo(dlDeadline(t, 90*time.Second), l, c) // room for 10s now
@@ -250,7 +244,7 @@ func TestAWaiterThatCanNoLongerMakeItsDeadlineIsSentAwayAtItsTurn(t *testing.T) 
 
 // A waiter waits no longer than its deadline less its class's hold, and
 // is then refused with ErrWouldMissDeadline; when the queue wait ends
-// first, it is a queue timeout as before.
+// first, it is a queue timeout.
 func TestTheWaitIsBoundedByTheDeadlineLessItsClassesHold(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		for _, c := range []struct {
@@ -261,7 +255,7 @@ func TestTheWaitIsBoundedByTheDeadlineLessItsClassesHold(t *testing.T) {
 			{time.Second, 100 * time.Millisecond, ErrWouldMissDeadline, 70 * time.Millisecond},
 			{50 * time.Millisecond, 100 * time.Millisecond, ErrQueueTimeout, 50 * time.Millisecond},
 		} {
-			l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: c.wait})
+			l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: c.wait})
 			admMustAcquire(t, l)
 			waited, err := dlAcquire(dlDeadline(t, c.deadline), l, dlClass(30*time.Millisecond))
 			var re *RejectedError
@@ -275,7 +269,7 @@ func TestTheWaitIsBoundedByTheDeadlineLessItsClassesHold(t *testing.T) {
 
 // Dry-run never refuses for a deadline.
 func TestDryRunNeverRejectsForADeadline(t *testing.T) {
-	l := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, DryRun: true})
+	l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, DryRun: true})
 	admMustAcquire(t, l)
 	dlSetRecent(l, time.Hour)
 	if _, err := dlAcquire(dlDeadline(t, time.Minute), l, dlClass(time.Hour)); err != nil {
@@ -289,8 +283,8 @@ func TestDryRunNeverRejectsForADeadline(t *testing.T) {
 // A rejection for its deadline in the global budget gives back what the
 // operation held in its workload's.
 func TestADeadlineRejectionInTheSecondBudgetGivesBackTheFirstsPermits(t *testing.T) {
-	wl := newLimiter("batch", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
-	gl := newLimiter("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
+	wl := admBudget("batch", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
+	gl := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
 	admMustAcquire(t, gl)
 	dlSetRecent(gl, time.Hour)
 	ps := passage{limit: time.Hour, class: dlClass(time.Hour)}
@@ -311,31 +305,28 @@ func TestAClassEstimateIsTheMedianOfItsLastHoldsThatNoOutlierLifts(t *testing.T)
 	e := newEstimator()
 	r := e.ref(classKey{kind: KindExec, text: "work"}, true)
 	now := time.Now()
-	obs := func(d time.Duration, n int) {
-		for range n {
-			e.observe(r, d, false, false, now, now)
+	type holds struct {
+		d time.Duration
+		n int
+	}
+	for _, step := range []struct {
+		add  []holds
+		want time.Duration
+		when string
+	}{
+		{[]holds{{time.Millisecond, 1}}, time.Millisecond, "after one hold of 1ms"},
+		{[]holds{{time.Second, 1}}, time.Millisecond, "after 1ms then 1s (one outlier lifts nothing)"},
+		{[]holds{{time.Millisecond, 6}, {time.Second, 3}}, time.Millisecond, "with 3 of its last 8 holds at 1s"},
+		{[]holds{{time.Second, 2}}, time.Second, "with 5 of its last 8 holds at 1s"},
+	} {
+		for _, h := range step.add {
+			for range h.n {
+				e.observe(r, h.d, false, false, now, now)
+			}
 		}
-	}
-	est := func() time.Duration {
-		d, _ := r.estimate(now)
-		return d
-	}
-	obs(time.Millisecond, 1)
-	if est() != time.Millisecond {
-		t.Fatalf("estimate %v after one hold of 1ms, want 1ms", est())
-	}
-	obs(time.Second, 1)
-	if est() != time.Millisecond {
-		t.Fatalf("estimate %v after 1ms then 1s, want 1ms: one outlier lifts nothing", est())
-	}
-	obs(time.Millisecond, 6)
-	obs(time.Second, 3)
-	if est() != time.Millisecond {
-		t.Fatalf("estimate %v with 3 of its last 8 holds at 1s, want 1ms", est())
-	}
-	obs(time.Second, 2)
-	if est() != time.Second {
-		t.Fatalf("estimate %v with 5 of its last 8 holds at 1s, want 1s", est())
+		if d, _ := r.estimate(now); d != step.want {
+			t.Fatalf("estimate %v %s, want %v", d, step.when, step.want)
+		}
 	}
 }
 
@@ -528,6 +519,15 @@ type dlWork struct {
 	lock    chan struct{} // nil: not held
 }
 
+// dlWorkGate is dlGate with its driver's work run by a new dlWork.
+func dlWorkGate(t *testing.T, p Policy, opts ...Option) (*dlWork, *Gate, *sql.DB, *fakedb.Connector) {
+	t.Helper()
+	w := new(dlWork)
+	g, db, fc := dlGate(t, p, opts...)
+	fc.SetHook(w.hook)
+	return w, g, db, fc
+}
+
 func (w *dlWork) hook(ctx context.Context, op fakedb.Op, query string) error {
 	d, ok := strings.CutPrefix(query, "sleep ")
 	if !ok || op != fakedb.OpExec {
@@ -639,9 +639,7 @@ func (l *dlLoad) run(db *sql.DB, n int, stop <-chan struct{}, next func(i int) (
 func TestTheGateRefusesAnOperationThatWouldMissItsDeadlineWithoutReachingTheDriver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var ev dlRejects
-		var w dlWork
-		g, db, fc := dlGate(t, dlEveryOneMeasured(1), ev.option())
-		fc.SetHook(w.hook)
+		_, g, db, fc := dlWorkGate(t, dlEveryOneMeasured(1), ev.option())
 		// Measured: a statement that holds a minute, and a transaction
 		// given 65s that holds a minute.
 		if _, err := db.ExecContext(context.Background(), "sleep 1m"); err != nil {
@@ -703,9 +701,7 @@ func dlEveryOneMeasured(b int) Policy {
 // its own hold is never refused while it need not wait.
 func TestInAMixNoCallIsRefusedWhoseDeadlineIsTenTimesItsOwnHold(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var w dlWork
-		g, db, fc := dlGate(t, dlEveryOneMeasured(4))
-		fc.SetHook(w.hook)
+		_, g, db, _ := dlWorkGate(t, dlEveryOneMeasured(4))
 		var load dlLoad
 		stop := make(chan struct{})
 		load.run(db, 4, stop, func(i int) (string, time.Duration) {
@@ -729,9 +725,7 @@ func TestInAMixNoCallIsRefusedWhoseDeadlineIsTenTimesItsOwnHold(t *testing.T) {
 // ones that alone get through a queue the short ones are refused from.
 func TestAShortTransactionIsJudgedByTheShortOnesNotByTheLongOnesThatGetThrough(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var w dlWork
-		g, db, fc := dlGate(t, Policy{MaxConcurrent: 2, MaxQueue: 16, QueueWait: 100 * time.Millisecond})
-		fc.SetHook(w.hook)
+		_, g, db, _ := dlWorkGate(t, Policy{MaxConcurrent: 2, MaxQueue: 16, QueueWait: 100 * time.Millisecond})
 		var shortOK, shortLate, judgedLong atomic.Int64
 		var wg sync.WaitGroup
 		for i := range 2500 {
@@ -781,9 +775,7 @@ func TestAfterOneStatementAThousandTimesSlowerNoCallWithTenTimesItsHoldIsRefused
 	for _, slow := range []string{"sleep 1s", "sleep 1ms"} { // another text, then the same one
 		t.Run(slow, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				var w dlWork
-				g, db, fc := dlGate(t, dlEveryOneMeasured(2))
-				fc.SetHook(w.hook)
+				w, g, db, _ := dlWorkGate(t, dlEveryOneMeasured(2))
 				var load dlLoad
 				stop := make(chan struct{})
 				load.run(db, 2, stop, func(i int) (string, time.Duration) {
@@ -976,13 +968,11 @@ func TestTheFastPathMeasuresTheOperationThatTakesTheLastPermit(t *testing.T) {
 func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var ev dlRejects
-		var w dlWork
-		g, db, fc := dlGate(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, ev.option())
-		fc.SetHook(w.hook)
+		_, g, db, fc := dlWorkGate(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, ev.option())
 		r := g.est.ref(classKey{kind: KindExec, text: "sleep 1ms"}, true)
 		now := time.Now()
 		for range holdSamples {
-			g.est.observe(r, time.Minute, false, false, now, now) // it used to hold a minute
+			g.est.observe(r, time.Minute, false, false, now, now) // its class held a minute
 		}
 		execs := fc.Count(fakedb.OpExec)
 		ctx := dlDeadline(t, time.Second)
@@ -1013,9 +1003,7 @@ func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *te
 // time in arrival order, those without a deadline last.
 func TestWaitersAreServedEarliestDeadlineFirst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var w dlWork
-		_, db, fc := dlGate(t, Policy{MaxConcurrent: 1, MaxQueue: 8, QueueWait: time.Hour})
-		fc.SetHook(w.hook)
+		_, _, db, _ := dlWorkGate(t, Policy{MaxConcurrent: 1, MaxQueue: 8, QueueWait: time.Hour})
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			if _, err := db.ExecContext(context.Background(), "sleep 1s"); err != nil {

@@ -261,36 +261,37 @@ func TestEveryDriverConnBehavesThroughTheGateAsThroughDatabaseSQLAlone(t *testin
 	}
 }
 
-func TestEveryDriverStmtBehavesThroughTheGateAsThroughDatabaseSQLAlone(t *testing.T) {
-	var absent fakedb.StmtIface
-	for _, c := range fakedb.ConnVariants() { // its Execers, Queryers and NamedValueChecker change the statement's part
-		for _, m := range fakedb.StmtVariants() {
+// fkCompareEach runs fkCompare for each variant m of what under each
+// driver conn of conns, set giving a connector m; it fails unless some
+// variant lacks each interface of all.
+func fkCompareEach[M fakedb.StmtIface | fakedb.RowsIface](t *testing.T, what string, conns []fakedb.ConnIface, variants []M, all M, set func(*fakedb.Connector, M)) {
+	t.Helper()
+	var absent M
+	for _, c := range conns {
+		for _, m := range variants {
 			plain, gated := fakedb.New(), fakedb.New()
 			plain.Conn, gated.Conn = c, c
-			plain.Stmt, gated.Stmt = m, m
-			fkCompare(t, "driver conn "+c.String()+", stmt "+m.String(), plain, gated)
-			absent |= fakedb.StmtAll &^ m
+			set(plain, m)
+			set(gated, m)
+			fkCompare(t, fmt.Sprintf("driver conn %v, %s %v", c, what, m), plain, gated)
+			absent |= all &^ m
 		}
 	}
-	if absent != fakedb.StmtAll {
-		t.Fatalf("no variant lacks %v", fakedb.StmtAll&^absent)
+	if absent != all {
+		t.Fatalf("no variant lacks %v", all&^absent)
 	}
 }
 
+func TestEveryDriverStmtBehavesThroughTheGateAsThroughDatabaseSQLAlone(t *testing.T) {
+	// The conn's Execers, Queryers and NamedValueChecker change the statement's part.
+	fkCompareEach(t, "stmt", fakedb.ConnVariants(), fakedb.StmtVariants(), fakedb.StmtAll,
+		func(fc *fakedb.Connector, m fakedb.StmtIface) { fc.Stmt = m })
+}
+
 func TestEveryDriverRowsBehaveThroughTheGateAsThroughDatabaseSQLAlone(t *testing.T) {
-	var absent fakedb.RowsIface
-	for _, c := range []fakedb.ConnIface{fakedb.ConnAll, 0} { // rows of a query, and of database/sql's prepared fallback
-		for _, m := range fakedb.RowsVariants() {
-			plain, gated := fakedb.New(), fakedb.New()
-			plain.Conn, gated.Conn = c, c
-			plain.Rows, gated.Rows = m, m
-			fkCompare(t, "driver conn "+c.String()+", rows "+m.String(), plain, gated)
-			absent |= fakedb.RowsAll &^ m
-		}
-	}
-	if absent != fakedb.RowsAll {
-		t.Fatalf("no variant lacks %v", fakedb.RowsAll&^absent)
-	}
+	// Rows of a query, and of database/sql's prepared fallback.
+	fkCompareEach(t, "rows", []fakedb.ConnIface{fakedb.ConnAll, 0}, fakedb.RowsVariants(), fakedb.RowsAll,
+		func(fc *fakedb.Connector, m fakedb.RowsIface) { fc.Rows = m })
 }
 
 func TestUnwrapReturnsTheDriversOwnConnFromRaw(t *testing.T) {
@@ -1157,23 +1158,10 @@ func TestAdmissionsMinusReleasesInEventsNeverExceedB(t *testing.T) {
 			},
 		}))
 	ctx := context.Background()
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for range workers {
-		wg.Go(func() {
-			for range each {
-				if _, err := e.db.ExecContext(ctx, "UPDATE t"); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	inParallel(t, workers, each, func() error {
+		_, err := e.db.ExecContext(ctx, "UPDATE t")
+		return err
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if held != 0 || most > b || most == 0 {

@@ -8,7 +8,6 @@ package bulkhead_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -44,8 +43,7 @@ func drHold(t *testing.T, r *wlRig, ctx context.Context, prefix string, n int) [
 	var chs []<-chan error
 	for i := range n {
 		name := fmt.Sprintf("%s%d", prefix, i)
-		chs = append(chs, r.exec(ctx, name))
-		r.await(t, name)
+		chs = append(chs, r.start(t, ctx, name))
 	}
 	return chs
 }
@@ -137,27 +135,19 @@ func TestSwitchingDryRunOffWithMoreRunningThanBMakesNewWorkWaitOrBeRejectedUntil
 	if s := r.g.Stats(); s.DryRun || s.Running != 3 {
 		t.Fatalf("after switching dry-run off: %+v", s)
 	}
-	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-		t.Fatalf("new op with 3 running, B+Q=2: %v, want admission full", err)
-	}
-	r.finish("h0")
-	wlOK(t, "h0", held[0])
-	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-		t.Fatalf("new op with 2 running, B+Q=2: %v, want admission full", err)
-	}
-	r.finish("h1")
-	wlOK(t, "h1", held[1])
+	r.refusedFull(t, "new op with 3 running, B+Q=2")
+	r.done(t, "h0", held[0])
+	r.refusedFull(t, "new op with 2 running, B+Q=2")
+	r.done(t, "h1", held[1])
 	// One runs, B=1: the new op is admitted and waits.
 	w := r.exec(bg, "w")
 	awaitState(t, "w waits", func() bool { return r.g.Stats().Waiting == 1 })
 	if r.hasEntered("w") {
 		t.Fatal("w runs beside h2 with B=1")
 	}
-	r.finish("h2")
-	wlOK(t, "h2", held[2])
+	r.done(t, "h2", held[2])
 	r.await(t, "w")
-	r.finish("w")
-	wlOK(t, "w", w)
+	r.done(t, "w", w)
 	r.balanced(t)
 	rzFull(t, r, 1, "after")
 }
@@ -167,8 +157,7 @@ func TestSwitchingDryRunOnLetsEveryWaiterRunAtOnce(t *testing.T) {
 		Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait}}}
 	r := wlOpen(t, p)
 	bg := context.Background()
-	h := r.exec(bg, "h")
-	r.await(t, "h")
+	h := r.start(t, bg, "h")
 	w1 := r.exec(bg, "w1")
 	awaitState(t, "w1 waits", func() bool { return r.g.Stats().Waiting == 1 })
 	w2 := r.exec(bulkhead.WithWorkload(bg, "batch"), "w2") // waits for the global permit, holding batch's

@@ -5,6 +5,7 @@ package bulkhead_test
 import (
 	"os"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,5 +28,28 @@ func awaitState(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("gave up waiting until %s", what)
 		}
 		runtime.Gosched()
+	}
+}
+
+// inParallel runs f each times on each of workers goroutines, a goroutine
+// stopping at its first error, and fails the test on any error.
+func inParallel(t *testing.T, workers, each int, f func() error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				if err := f(); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 }

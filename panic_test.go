@@ -4,6 +4,7 @@ package bulkhead_test
 
 import (
 	"context"
+	"database/sql"
 	"log/slog"
 	"strings"
 	"testing"
@@ -12,6 +13,31 @@ import (
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
 )
+
+// pnOpen opens a gate of B=1 with opts on a new fake driver; the DB is
+// closed at the end of the test.
+func pnOpen(t *testing.T, opts ...bulkhead.Option) (*fakedb.Connector, *bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	fc := fakedb.New()
+	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 1}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := g.OpenDB()
+	t.Cleanup(func() { db.Close() })
+	return fc, g, db
+}
+
+// pnMustPanic fails the test unless f panics.
+func pnMustPanic(t *testing.T, f func()) {
+	t.Helper()
+	defer func() {
+		if v := recover(); v == nil {
+			t.Error("the driver's panic did not propagate")
+		}
+	}()
+	f()
+}
 
 // A panicking event callback (a metrics or logging bug) must not cost the
 // gate a permit or a connection slot: it runs between taking permits and
@@ -32,13 +58,7 @@ func TestAPanicInAnEventCallbackIsLoggedAndLosesNoPermitOrConnection(t *testing.
 		{"OnRelease", bulkhead.Events{OnRelease: panicky}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			fc := fakedb.New()
-			g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 1}, bulkhead.WithEvents(c.ev))
-			if err != nil {
-				t.Fatal(err)
-			}
-			db := g.OpenDB()
-			defer db.Close()
+			_, g, db := pnOpen(t, bulkhead.WithEvents(c.ev))
 			ctx := context.Background()
 			for i := range 3 { // B+Q=1: a lost permit or slot would reject the next round
 				if _, err := db.ExecContext(ctx, "UPDATE x"); err != nil {
@@ -67,26 +87,13 @@ func TestAPanicInAnEventCallbackIsLoggedAndLosesNoPermitOrConnection(t *testing.
 // against B+Q: the gate closes it, and database/sql's next use of it gets
 // driver.ErrBadConn and dials anew.
 func TestADriverPanicInResetSessionLosesNoConnectionSlot(t *testing.T) {
-	fc := fakedb.New()
-	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	fc, g, db := pnOpen(t)
 	ctx := context.Background()
 	if _, err := db.ExecContext(ctx, "UPDATE x"); err != nil {
 		t.Fatal(err)
 	}
 	fc.PanicNext(fakedb.OpResetSession, 1, "driver bug")
-	func() {
-		defer func() {
-			if v := recover(); v == nil {
-				t.Error("the driver's panic did not propagate")
-			}
-		}()
-		db.ExecContext(ctx, "UPDATE x")
-	}()
+	pnMustPanic(t, func() { db.ExecContext(ctx, "UPDATE x") })
 	if got := g.Stats().OpenConns; got != 0 {
 		t.Errorf("after the panic the gate counts %d open connections, want 0 (the lost one closed)", got)
 	}
@@ -102,27 +109,14 @@ func TestADriverPanicInResetSessionLosesNoConnectionSlot(t *testing.T) {
 // then abandons the transaction (its context never ends, so database/sql
 // never rolls it back) must not keep the transaction's permits for ever.
 func TestADriverPanicInsideATransactionGivesTheTransactionsPermitsBack(t *testing.T) {
-	fc := fakedb.New()
-	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	fc, g, db := pnOpen(t)
 	ctx := context.Background()
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fc.PanicNext(fakedb.OpExec, 1, "driver bug")
-	func() {
-		defer func() {
-			if v := recover(); v == nil {
-				t.Error("the driver's panic did not propagate")
-			}
-		}()
-		tx.ExecContext(ctx, "UPDATE x")
-	}()
+	pnMustPanic(t, func() { tx.ExecContext(ctx, "UPDATE x") })
 	if s := g.Stats(); s.Running != 0 || s.OpenConns != 0 {
 		t.Errorf("after the panic: Running %d, OpenConns %d; want 0, 0", s.Running, s.OpenConns)
 	}

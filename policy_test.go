@@ -5,9 +5,11 @@ package bulkhead
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/big"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -78,12 +80,14 @@ func polCheckMessage(t *testing.T, err error, want ...string) {
 	}
 }
 
-// polLookup is a lookup over a map: absent keys are unset.
-func polLookup(env map[string]string) func(string) (string, bool) {
-	return func(k string) (string, bool) {
-		v, ok := env[k]
-		return v, ok
+// polEnviron is env as os.Environ lists it, in key order: absent keys
+// are unset.
+func polEnviron(env map[string]string) []string {
+	var environ []string
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		environ = append(environ, k+"="+env[k])
 	}
+	return environ
 }
 
 const (
@@ -105,14 +109,14 @@ func TestPolicyFromLookupRejectsMalformedValues(t *testing.T) {
 		values []string
 		want   string
 	}{
-		{EnvMaxConcurrent, append(counts, "0", "00"), fmt.Sprintf(polWantCount, 1)},
-		{EnvMaxQueue, counts, fmt.Sprintf(polWantCount, 0)},
-		{EnvQueueWait, waits, polWantWait},
+		{envB, append(counts, "0", "00"), fmt.Sprintf(polWantCount, 1)},
+		{envQ, counts, fmt.Sprintf(polWantCount, 0)},
+		{envWait, waits, polWantWait},
 	}
 	for _, c := range cases {
 		for _, v := range c.values {
 			t.Run(c.name+"="+strconv.Quote(v), func(t *testing.T) {
-				p, err := PolicyFromLookup(DefaultPolicy, polLookup(map[string]string{c.name: v}))
+				p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(map[string]string{c.name: v}))
 				if err == nil {
 					t.Fatalf("%s=%q: got policy %+v, want an error", c.name, v, p)
 				}
@@ -133,12 +137,12 @@ func TestPolicyFromLookupRejectsMalformedValues(t *testing.T) {
 // "-0s" as zero, so parseWait must refuse a leading '-' itself.
 func TestPolicyFromLookupRejectsANegativeZeroQueueWait(t *testing.T) {
 	for _, v := range []string{"-0", "-0s", "-0ms", "-0.0s", "-0h0m"} {
-		p, err := PolicyFromLookup(DefaultPolicy, polLookup(map[string]string{EnvQueueWait: v}))
+		p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(map[string]string{envWait: v}))
 		if err == nil {
-			t.Errorf("%s=%q: got %+v, want an error", EnvQueueWait, v, p)
+			t.Errorf("%s=%q: got %+v, want an error", envWait, v, p)
 			continue
 		}
-		polCheckMessage(t, err, EnvQueueWait+"="+strconv.Quote(v), polWantWait)
+		polCheckMessage(t, err, envWait+"="+strconv.Quote(v), polWantWait)
 	}
 }
 
@@ -149,28 +153,28 @@ func TestPolicyFromLookupParsesValidValues(t *testing.T) {
 		want Policy
 	}{
 		{nil, base},
-		{map[string]string{"BULKHEAD_OTHER": "x", "bulkhead_max_queue": "-1"}, base},
-		{map[string]string{EnvMaxConcurrent: "1"}, Policy{MaxConcurrent: 1, MaxQueue: 3, QueueWait: 42 * time.Millisecond}},
-		{map[string]string{EnvMaxConcurrent: "0004"}, Policy{MaxConcurrent: 4, MaxQueue: 3, QueueWait: 42 * time.Millisecond}},
-		{map[string]string{EnvMaxQueue: "0"}, Policy{MaxConcurrent: 7, MaxQueue: 0, QueueWait: 42 * time.Millisecond}},
-		{map[string]string{EnvMaxQueue: "00"}, Policy{MaxConcurrent: 7, MaxQueue: 0, QueueWait: 42 * time.Millisecond}},
-		{map[string]string{EnvQueueWait: "0", EnvMaxQueue: "0"}, Policy{MaxConcurrent: 7, MaxQueue: 0, QueueWait: 0}},
-		{map[string]string{EnvQueueWait: "0s", EnvMaxQueue: "0"}, Policy{MaxConcurrent: 7, MaxQueue: 0, QueueWait: 0}},
-		{map[string]string{EnvQueueWait: "1h"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: time.Hour}},
-		{map[string]string{EnvQueueWait: "59m59.999999999s"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: time.Hour - time.Nanosecond}},
-		{map[string]string{EnvQueueWait: "1.5s"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: 1500 * time.Millisecond}},
-		{map[string]string{EnvQueueWait: "250us"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: 250 * time.Microsecond}},
-		{map[string]string{EnvQueueWait: "250µs"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: 250 * time.Microsecond}},
-		{map[string]string{EnvQueueWait: "1m30s"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: 90 * time.Second}},
-		{map[string]string{EnvMaxConcurrent: "20", EnvMaxQueue: "40", EnvQueueWait: "50ms"}, Policy{MaxConcurrent: 20, MaxQueue: 40, QueueWait: 50 * time.Millisecond}},
-		{map[string]string{EnvMaxConcurrent: "2147483647", EnvMaxQueue: "0"}, Policy{MaxConcurrent: math.MaxInt32, MaxQueue: 0, QueueWait: 42 * time.Millisecond}},
-		{map[string]string{EnvMaxConcurrent: "1", EnvMaxQueue: "2147483646"}, Policy{MaxConcurrent: 1, MaxQueue: math.MaxInt32 - 1, QueueWait: 42 * time.Millisecond}},
+		{map[string]string{"BULKHEAD_TEST_OTHER": "x", "bulkhead_max_queue": "-1"}, base},
+		{map[string]string{envB: "1"}, Policy{MaxConcurrent: 1, MaxQueue: 3, QueueWait: 42 * time.Millisecond}},
+		{map[string]string{envB: "0004"}, Policy{MaxConcurrent: 4, MaxQueue: 3, QueueWait: 42 * time.Millisecond}},
+		{map[string]string{envQ: "0"}, Policy{MaxConcurrent: 7, MaxQueue: 0, QueueWait: 42 * time.Millisecond}},
+		{map[string]string{envQ: "00"}, Policy{MaxConcurrent: 7, MaxQueue: 0, QueueWait: 42 * time.Millisecond}},
+		{map[string]string{envWait: "0", envQ: "0"}, Policy{MaxConcurrent: 7, MaxQueue: 0, QueueWait: 0}},
+		{map[string]string{envWait: "0s", envQ: "0"}, Policy{MaxConcurrent: 7, MaxQueue: 0, QueueWait: 0}},
+		{map[string]string{envWait: "1h"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: time.Hour}},
+		{map[string]string{envWait: "59m59.999999999s"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: time.Hour - time.Nanosecond}},
+		{map[string]string{envWait: "1.5s"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: 1500 * time.Millisecond}},
+		{map[string]string{envWait: "250us"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: 250 * time.Microsecond}},
+		{map[string]string{envWait: "250µs"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: 250 * time.Microsecond}},
+		{map[string]string{envWait: "1m30s"}, Policy{MaxConcurrent: 7, MaxQueue: 3, QueueWait: 90 * time.Second}},
+		{map[string]string{envB: "20", envQ: "40", envWait: "50ms"}, Policy{MaxConcurrent: 20, MaxQueue: 40, QueueWait: 50 * time.Millisecond}},
+		{map[string]string{envB: "2147483647", envQ: "0"}, Policy{MaxConcurrent: math.MaxInt32, MaxQueue: 0, QueueWait: 42 * time.Millisecond}},
+		{map[string]string{envB: "1", envQ: "2147483646"}, Policy{MaxConcurrent: 1, MaxQueue: math.MaxInt32 - 1, QueueWait: 42 * time.Millisecond}},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.env), func(t *testing.T) {
-			got, err := PolicyFromLookup(base, polLookup(tt.env))
+			got, err := PolicyFromEnviron(base, polEnviron(tt.env))
 			if err != nil || !samePolicy(got, tt.want) {
-				t.Fatalf("PolicyFromLookup = %+v, %v; want %+v, nil", got, err, tt.want)
+				t.Fatalf("PolicyFromEnviron = %+v, %v; want %+v, nil", got, err, tt.want)
 			}
 		})
 	}
@@ -179,16 +183,16 @@ func TestPolicyFromLookupParsesValidValues(t *testing.T) {
 // Each value is in range, but together B+Q overflow: the error names both
 // variables and their values.
 func TestPolicyFromLookupRejectsLimitsThatOverflowTogether(t *testing.T) {
-	env := map[string]string{EnvMaxConcurrent: "2147483647", EnvMaxQueue: "1"}
-	p, err := PolicyFromLookup(DefaultPolicy, polLookup(env))
+	env := map[string]string{envB: "2147483647", envQ: "1"}
+	p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(env))
 	if err == nil {
 		t.Fatalf("got %+v, want an error", p)
 	}
 	polCheckMessage(t, err, "MaxConcurrent+MaxQueue", `BULKHEAD_MAX_CONCURRENT="2147483647"`, `BULKHEAD_MAX_QUEUE="1"`)
 
 	// Only Q set: B comes from the base policy.
-	env = map[string]string{EnvMaxQueue: "2147483647"}
-	if p, err := PolicyFromLookup(DefaultPolicy, polLookup(env)); err == nil {
+	env = map[string]string{envQ: "2147483647"}
+	if p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(env)); err == nil {
 		t.Fatalf("got %+v, want an error", p)
 	} else {
 		polCheckMessage(t, err, "MaxConcurrent+MaxQueue is 10+2147483647", `BULKHEAD_MAX_QUEUE="2147483647"`)
@@ -197,13 +201,13 @@ func TestPolicyFromLookupRejectsLimitsThatOverflowTogether(t *testing.T) {
 
 func TestPolicyFromLookupRejectsAnInvalidBasePolicy(t *testing.T) {
 	base := Policy{MaxConcurrent: 0, MaxQueue: 1, QueueWait: time.Second}
-	p, err := PolicyFromLookup(base, polLookup(nil))
+	p, err := PolicyFromEnviron(base, polEnviron(nil))
 	if err == nil {
 		t.Fatalf("got %+v, want an error", p)
 	}
 	polCheckMessage(t, err, "MaxConcurrent is 0")
 	// A valid variable repairs it.
-	p, err = PolicyFromLookup(base, polLookup(map[string]string{EnvMaxConcurrent: "3"}))
+	p, err = PolicyFromEnviron(base, polEnviron(map[string]string{envB: "3"}))
 	if err != nil || !samePolicy(p, Policy{MaxConcurrent: 3, MaxQueue: 1, QueueWait: time.Second}) {
 		t.Fatalf("got %+v, %v; want B=3 Q=1", p, err)
 	}
@@ -212,7 +216,7 @@ func TestPolicyFromLookupRejectsAnInvalidBasePolicy(t *testing.T) {
 // BULKHEAD_QUEUE_WAIT=0 alone leaves the default queue of 10 that nobody
 // may wait in: an error naming the three variables, not a silent queue.
 func TestPolicyFromLookupRejectsAQueueWaitOfZeroWithAQueue(t *testing.T) {
-	p, err := PolicyFromLookup(DefaultPolicy, polLookup(map[string]string{EnvQueueWait: "0"}))
+	p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(map[string]string{envWait: "0"}))
 	if err == nil {
 		t.Fatalf("got %+v, want an error", p)
 	}
@@ -220,14 +224,14 @@ func TestPolicyFromLookupRejectsAQueueWaitOfZeroWithAQueue(t *testing.T) {
 }
 
 func TestPolicyFromEnvReadsTheProcessEnvironment(t *testing.T) {
-	t.Setenv(EnvMaxConcurrent, "3")
-	t.Setenv(EnvMaxQueue, "5")
-	t.Setenv(EnvQueueWait, "250ms")
+	t.Setenv(envB, "3")
+	t.Setenv(envQ, "5")
+	t.Setenv(envWait, "250ms")
 	p, err := PolicyFromEnv()
 	if want := (Policy{MaxConcurrent: 3, MaxQueue: 5, QueueWait: 250 * time.Millisecond}); err != nil || !samePolicy(p, want) {
 		t.Fatalf("PolicyFromEnv = %+v, %v; want %+v", p, err, want)
 	}
-	t.Setenv(EnvQueueWait, "")
+	t.Setenv(envWait, "")
 	if _, err := PolicyFromEnv(); err == nil {
 		t.Fatal("PolicyFromEnv with BULKHEAD_QUEUE_WAIT set but empty succeeded")
 	} else {
@@ -261,7 +265,7 @@ func polStrictWait(v string) (time.Duration, bool) {
 	return d, true
 }
 
-// FuzzPolicyFromLookup checks PolicyFromLookup against the strict readings
+// FuzzPolicyFromLookup checks PolicyFromEnviron against the strict readings
 // above. unset has one bit per variable (B, Q, wait) that leaves it unset.
 // Property: either the error matches ErrInvalidPolicy, is one line
 // starting with "bulkhead:", and names the first bad variable with its
@@ -275,37 +279,37 @@ func FuzzPolicyFromLookup(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b, q, w string, unset uint8) {
 		base := Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond}
 		env := map[string]string{}
-		names := []string{EnvMaxConcurrent, EnvMaxQueue, EnvQueueWait}
+		names := []string{envB, envQ, envWait}
 		for i, v := range []string{b, q, w} {
 			if unset&(1<<i) == 0 {
 				env[names[i]] = v
 			}
 		}
 		want, bad := base, ""
-		if v, ok := env[EnvMaxConcurrent]; ok {
+		if v, ok := env[envB]; ok {
 			n, ok := polStrictCount(v, 1)
 			want.MaxConcurrent = n
 			if !ok && bad == "" {
-				bad = EnvMaxConcurrent
+				bad = envB
 			}
 		}
-		if v, ok := env[EnvMaxQueue]; ok {
+		if v, ok := env[envQ]; ok {
 			n, ok := polStrictCount(v, 0)
 			want.MaxQueue = n
 			if !ok && bad == "" {
-				bad = EnvMaxQueue
+				bad = envQ
 			}
 		}
-		if v, ok := env[EnvQueueWait]; ok {
+		if v, ok := env[envWait]; ok {
 			d, ok := polStrictWait(v)
 			want.QueueWait = d
 			if !ok && bad == "" {
-				bad = EnvQueueWait
+				bad = envWait
 			}
 		}
 		overflow := bad == "" && int64(want.MaxConcurrent)+int64(want.MaxQueue) > math.MaxInt32
 
-		got, err := PolicyFromLookup(base, polLookup(env))
+		got, err := PolicyFromEnviron(base, polEnviron(env))
 		if err != nil {
 			if !errors.Is(err, ErrInvalidPolicy) {
 				t.Fatalf("error %v does not match ErrInvalidPolicy", err)

@@ -39,12 +39,7 @@ func rzSet(t *testing.T, g *bulkhead.Gate, p bulkhead.Policy) {
 func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
 	t.Helper()
 	bg := context.Background()
-	done := make([]<-chan error, b)
-	for i := range b {
-		name := fmt.Sprintf("%s-full%d", tag, i)
-		done[i] = r.exec(bg, name)
-		r.await(t, name)
-	}
+	done := r.startN(t, bg, tag+"-full", b)
 	if s := r.g.Stats(); s.Running != b || s.Waiting != 0 {
 		t.Fatalf("%d running at once: stats %+v", b, s)
 	}
@@ -53,8 +48,7 @@ func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
 		t.Fatalf("operation %d with B=%d: %v, want a rejection", b+1, b, err)
 	}
 	for i := range b {
-		r.finish(fmt.Sprintf("%s-full%d", tag, i))
-		wlOK(t, "full", done[i])
+		r.done(t, fmt.Sprintf("%s-full%d", tag, i), done[i])
 	}
 	if s := r.g.Stats(); s.Running != 0 || s.Waiting != 0 {
 		t.Fatalf("after the full round: stats %+v", s)
@@ -73,11 +67,7 @@ func rzCause(t *testing.T, tag string, err, cause error) {
 func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testing.T) {
 	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 4})
 	bg := context.Background()
-	var held []<-chan error
-	for i := range 4 {
-		held = append(held, r.exec(bg, fmt.Sprintf("h%d", i)))
-		r.await(t, fmt.Sprintf("h%d", i))
-	}
+	held := r.startN(t, bg, "h", 4)
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 2})
 	if s := r.g.Stats(); s.MaxConcurrent != 2 || s.MaxQueue != 0 || s.Running != 4 {
 		t.Fatalf("after shrinking to B=2 under 4 running: %+v, want the new limits and the 4 still running", s)
@@ -86,24 +76,16 @@ func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testi
 	// new B run.
 	var n1 <-chan error
 	for i, running := range []int{3, 2, 1} {
-		r.finish(fmt.Sprintf("h%d", i))
-		wlOK(t, "held", held[i])
+		r.done(t, fmt.Sprintf("h%d", i), held[i])
 		if running >= 2 {
-			if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-				t.Fatalf("new op with %d running and B=2: %v, want admission full", running, err)
-			}
+			r.refusedFull(t, fmt.Sprintf("new op with %d running and B=2", running))
 			continue
 		}
-		n1 = r.exec(bg, "n1")
-		r.await(t, "n1")
+		n1 = r.start(t, bg, "n1")
 	}
-	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-		t.Fatalf("new op with h3 and n1 running, B=2: %v, want admission full", err)
-	}
-	r.finish("h3")
-	r.finish("n1")
-	wlOK(t, "h3", held[3])
-	wlOK(t, "n1", n1)
+	r.refusedFull(t, "new op with h3 and n1 running, B=2")
+	r.done(t, "h3", held[3])
+	r.done(t, "n1", n1)
 	r.balanced(t)
 	rzFull(t, r, 2, "after")
 }
@@ -111,31 +93,20 @@ func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testi
 func TestShrinkingWithAQueueMakesNewWorkWaitUntilRunningWorkIsBelowTheNewB(t *testing.T) {
 	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: bulkhead.MaxQueueWait})
 	bg := context.Background()
-	var held []<-chan error
-	for i := range 4 {
-		held = append(held, r.exec(bg, fmt.Sprintf("h%d", i)))
-		r.await(t, fmt.Sprintf("h%d", i))
-	}
+	held := r.startN(t, bg, "h", 4)
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: bulkhead.MaxQueueWait})
-	if _, err := r.db.ExecContext(bg, "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
-		t.Fatalf("new op with 4 admitted and B+Q=4: %v, want admission full", err)
-	}
-	r.finish("h0")
-	wlOK(t, "h0", held[0])
+	r.refusedFull(t, "new op with 4 admitted and B+Q=4")
+	r.done(t, "h0", held[0])
 	w1 := r.exec(bg, "w1") // 3 running, B=2: admitted, waits
 	awaitState(t, "w1 waits", func() bool { return r.g.Stats().Waiting == 1 })
-	r.finish("h1")
-	wlOK(t, "h1", held[1])
+	r.done(t, "h1", held[1])
 	if s := r.g.Stats(); s.Running != 2 || s.Waiting != 1 || r.hasEntered("w1") {
 		t.Fatalf("2 running with B=2: %+v, w1 entered %v; want w1 still waiting", s, r.hasEntered("w1"))
 	}
-	r.finish("h2")
-	wlOK(t, "h2", held[2])
+	r.done(t, "h2", held[2])
 	r.await(t, "w1") // 1 running: w1 gets the permit
-	r.finish("h3")
-	r.finish("w1")
-	wlOK(t, "h3", held[3])
-	wlOK(t, "w1", w1)
+	r.done(t, "h3", held[3])
+	r.done(t, "w1", w1)
 	r.balanced(t)
 	rzFull(t, r, 2, "after")
 }
@@ -143,8 +114,7 @@ func TestShrinkingWithAQueueMakesNewWorkWaitUntilRunningWorkIsBelowTheNewB(t *te
 func TestGrowingWakesWaitersInFIFOOrder(t *testing.T) {
 	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 3, QueueWait: bulkhead.MaxQueueWait})
 	bg := context.Background()
-	h0 := r.exec(bg, "h0")
-	r.await(t, "h0")
+	h0 := r.start(t, bg, "h0")
 	var ws []<-chan error
 	for i := 1; i <= 3; i++ {
 		ws = append(ws, r.exec(bg, fmt.Sprintf("w%d", i)))
@@ -186,17 +156,14 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 		wlRejected(t, what, err, bulkhead.ErrAdmissionFull, "batch", r.wstats(t, "batch").MaxConcurrent, 0)
 	}
 
-	u1 := r.exec(bg, "u1")
-	r.await(t, "u1")
+	u1 := r.start(t, bg, "u1")
 	// Added while untagged work runs.
 	rzSet(t, r.g, withBatch(bulkhead.Workload{MaxConcurrent: 1}))
-	b1 := r.exec(batch, "b1")
-	r.await(t, "b1")
+	b1 := r.start(t, batch, "b1")
 	refused("batch at B=1")
 	// Grown: the next one runs.
 	rzSet(t, r.g, withBatch(bulkhead.Workload{MaxConcurrent: 2}))
-	b2 := r.exec(batch, "b2")
-	r.await(t, "b2")
+	b2 := r.start(t, batch, "b2")
 	// Shrunk under two running: both go on, new batch work waits for
 	// fewer than one to run.
 	rzSet(t, r.g, withBatch(bulkhead.Workload{MaxConcurrent: 1}))
@@ -204,13 +171,10 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 		t.Fatalf("batch after shrinking under 2 running: %+v", ws)
 	}
 	refused("batch with 2 running, B=1")
-	r.finish("b1")
-	wlOK(t, "b1", b1)
+	r.done(t, "b1", b1)
 	refused("batch with 1 running, B=1")
-	r.finish("b2")
-	wlOK(t, "b2", b2)
-	b3 := r.exec(batch, "b3")
-	r.await(t, "b3")
+	r.done(t, "b2", b2)
+	b3 := r.start(t, batch, "b3")
 
 	// Removed while b3 runs: b3 ends under the old budget; batch-tagged
 	// work now passes the global budget alone.
@@ -218,17 +182,13 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 	if _, ok := r.g.WorkloadStats("batch"); ok {
 		t.Fatal("WorkloadStats(batch) is ok after the workload was removed")
 	}
-	b4 := r.exec(batch, "b4")
-	r.await(t, "b4")
+	b4 := r.start(t, batch, "b4")
 	r.finish("b3")
 	wlOK(t, "b3, ended after its workload was removed", b3)
 	if s := r.g.Stats(); s.Running != 2 {
 		t.Fatalf("global after b3 ended: %+v, want u1 and b4 running", s)
 	}
-	r.finish("u1")
-	r.finish("b4")
-	wlOK(t, "u1", u1)
-	wlOK(t, "b4", b4)
+	r.doneAll(t, []string{"u1", "b4"}, u1, b4)
 	r.balanced(t)
 
 	// Added again once its operations ended: exactly its B.
@@ -240,10 +200,7 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 	r.await(t, "b5")
 	r.await(t, "b6")
 	refused("re-added batch at B=2")
-	r.finish("b5")
-	r.finish("b6")
-	wlOK(t, "b5", b5)
-	wlOK(t, "b6", b6)
+	r.doneAll(t, []string{"b5", "b6"}, b5, b6)
 	r.balanced(t)
 	rzFull(t, r, 4, "after")
 }
@@ -252,27 +209,18 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 // not for anything else.
 func TestAnOperationQueuedInAWorkloadThatIsRemovedRunsWhenItsOldBudgetFrees(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour,
-			Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour}}}
-		r := wlOpen(t, p)
-		batch := bulkhead.WithWorkload(context.Background(), "batch")
-		b1 := r.exec(batch, "b1")
-		synctest.Wait()
-		b2 := r.exec(batch, "b2")
-		synctest.Wait()
+		r, _, b1, b2 := wlBatchQueued(t, 4, time.Hour)
 		rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
 		synctest.Wait()
 		if r.hasEntered("b2") {
 			t.Fatal("removing the workload let its queued operation run beside the one holding its permit")
 		}
-		r.finish("b1")
-		wlOK(t, "b1", b1)
+		r.done(t, "b1", b1)
 		synctest.Wait()
 		if !r.hasEntered("b2") {
 			t.Fatal("the queued operation of the removed workload did not get the permit b1 gave back")
 		}
-		r.finish("b2")
-		wlOK(t, "b2", b2)
+		r.done(t, "b2", b2)
 		r.balanced(t)
 	})
 }
@@ -312,8 +260,7 @@ func TestAnInvalidSetPolicyChangesNothing(t *testing.T) {
 	// The limits in force are still the old ones: batch at its B=1.
 	_, err := r.db.ExecContext(bulkhead.WithWorkload(context.Background(), "batch"), "quick")
 	wlRejected(t, "batch op after the invalid policies", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
-	r.finish("h1")
-	wlOK(t, "h1", h1)
+	r.done(t, "h1", h1)
 	r.balanced(t)
 	rzFull(t, r, 2, "after")
 }
@@ -472,15 +419,13 @@ func TestConcurrentResizingNeverLosesOrInventsPermits(t *testing.T) {
 }
 
 // A workload removed by SetPolicy and added again while its operations
-// still run must count them: "no permit invented". The gate builds a
-// fresh budget for the name instead, so the workload runs its old
-// operations plus a full new B.
+// still run counts them ("no permit invented"): they and the new ones
+// together stay within its B.
 func TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations(t *testing.T) {
 	withBatch := bulkhead.Policy{MaxConcurrent: 4, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
 	r := wlOpen(t, withBatch)
 	batch := bulkhead.WithWorkload(context.Background(), "batch")
-	b1 := r.exec(batch, "b1")
-	r.await(t, "b1")
+	b1 := r.start(t, batch, "b1")
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4})
 	rzSet(t, r.g, withBatch)
 	if ws := r.wstats(t, "batch"); ws.Running != 1 {
@@ -488,8 +433,7 @@ func TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations(t *testi
 	}
 	_, err := r.db.ExecContext(batch, "quick")
 	wlRejected(t, "second batch op with b1 still running", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
-	r.finish("b1")
-	wlOK(t, "b1", b1)
+	r.done(t, "b1", b1)
 	r.balanced(t)
 }
 
@@ -498,14 +442,7 @@ func TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations(t *testi
 // no longer reaches.
 func TestClosingTheGateMakesAnOperationQueuedInARemovedWorkloadReturnErrClosed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour,
-			Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour}}}
-		r := wlOpen(t, p)
-		batch := bulkhead.WithWorkload(context.Background(), "batch")
-		b1 := r.exec(batch, "b1")
-		synctest.Wait()
-		b2 := r.exec(batch, "b2")
-		synctest.Wait()
+		r, _, b1, b2 := wlBatchQueued(t, 4, time.Hour)
 		rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
 		if err := r.g.Close(); err != nil {
 			t.Fatal(err)
@@ -519,8 +456,7 @@ func TestClosingTheGateMakesAnOperationQueuedInARemovedWorkloadReturnErrClosed(t
 		default:
 			t.Fatal("an operation queued in a removed workload still waits after Gate.Close")
 		}
-		r.finish("b1")
-		wlOK(t, "b1", b1)
+		r.done(t, "b1", b1)
 	})
 }
 
@@ -547,17 +483,14 @@ func TestCapUntilFallsToItsFallbackWhenTheLeaseRunsOut(t *testing.T) {
 		if s := r.g.Stats(); s.MaxConcurrent != 1 || s.Running != 2 {
 			t.Fatalf("after the lease: stats %+v, want B=1 with the 2 running kept", s)
 		}
-		r.finish("a")
-		wlOK(t, "a", a)
+		r.done(t, "a", a)
 		synctest.Wait()
 		if r.hasEntered("c") {
 			t.Fatal("c started with 1 running and a fallback of 1")
 		}
-		r.finish("b")
-		wlOK(t, "b", b)
+		r.done(t, "b", b)
 		r.await(t, "c")
-		r.finish("c")
-		wlOK(t, "c", c)
+		r.done(t, "c", c)
 		// README: ErrLeaseExpired, a fleet member's lease ran out before the
 		// operation started.
 		rzCause(t, "fallback", rzFull(t, r, 1, "fallback"), bulkhead.ErrLeaseExpired)
@@ -652,10 +585,7 @@ func TestAGateCappedToNoPermitRejectsAtOnceAndKeepsNobodyWaiting(t *testing.T) {
 		if re.Waited != 0 || time.Since(start) != 0 {
 			t.Fatalf("the new operation waited %v, want a refusal at once", re.Waited)
 		}
-		r.finish("a")
-		r.finish("b")
-		wlOK(t, "a", a)
-		wlOK(t, "b", b)
+		r.doneAll(t, []string{"a", "b"}, a, b)
 		if err := <-capped; err != nil {
 			t.Fatalf("Cap: %v, want nil once the running work ended", err)
 		}

@@ -22,6 +22,77 @@ import (
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 )
 
+// smFill fills the admission of e's gate of B=1 and Q=q (0 or 1): a
+// transaction runs and, with Q=1, an Exec waits. free commits the
+// transaction and fails the test unless the waiting Exec succeeds.
+func smFill(t *testing.T, e *fkEnv, q int) (free func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan error, 1)
+	if q == 1 {
+		go func() {
+			_, err := e.db.ExecContext(ctx, "UPDATE t")
+			waiting <- err
+		}()
+		awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
+	}
+	return func() {
+		t.Helper()
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if q == 1 {
+			if err := <-waiting; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// smRefused runs st with admission full and returns the dials and
+// Prepares it caused and its error.
+func smRefused(e *fkEnv, st *sql.Stmt) (dials, prepares int64, err error) {
+	d0, p0 := e.fc.Count(fakedb.OpConnect), e.fc.Count(fakedb.OpPrepare)
+	_, err = st.ExecContext(context.Background(), 2)
+	return e.fc.Count(fakedb.OpConnect) - d0, e.fc.Count(fakedb.OpPrepare) - p0, err
+}
+
+// smAdmitted frees admission, fails the test unless st then runs, closes
+// st and checks that e's gate holds nothing.
+func smAdmitted(t *testing.T, e *fkEnv, st *sql.Stmt, free func()) {
+	t.Helper()
+	free()
+	if _, err := st.ExecContext(context.Background(), 3); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	e.balanced(t)
+}
+
+// smCutOff runs an Exec on e whose caller gives up while the driver is
+// in op, and fails the test unless the Exec returns context.Canceled;
+// op then goes on.
+func smCutOff(t *testing.T, e *fkEnv, op fakedb.Op, what string) {
+	t.Helper()
+	b := e.fc.Block(op)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.db.ExecContext(ctx, "UPDATE t")
+		done <- err
+	}()
+	b.Wait(1)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("%s: %v, want context.Canceled", what, err)
+	}
+	b.Release()
+}
+
 // database/sql re-prepares a *sql.Stmt on each connection it runs it on,
 // before the execution reaches the gate. Once database/sql has closed the
 // connections that held the statement (here: no idle connection kept), an
@@ -42,45 +113,20 @@ func TestARefusedPreparedStatementExecutionSendsNothingAfterDatabaseSQLClosedIts
 		if n := e.fc.Open(); n != 0 {
 			t.Fatalf("Q=%d: %d server connections open with no idle connection kept, want 0", q, n)
 		}
-		// B running (a transaction) and Q waiting: admission is full.
-		tx, err := e.db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		waiting := make(chan error, 1)
-		if q == 1 {
-			go func() {
-				_, err := e.db.ExecContext(ctx, "UPDATE t")
-				waiting <- err
-			}()
-			awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
-		}
-		dials, prepares := e.fc.Count(fakedb.OpConnect), e.fc.Count(fakedb.OpPrepare)
+		free := smFill(t, e, q)
 		start := time.Now()
-		_, err = st.ExecContext(ctx, 2)
+		d, p, err := smRefused(e, st)
 		if !errors.Is(err, bulkhead.ErrAdmissionFull) {
 			t.Fatalf("Q=%d: the statement's execution: %v, want ErrAdmissionFull", q, err)
 		}
-		if d, p := e.fc.Count(fakedb.OpConnect)-dials, e.fc.Count(fakedb.OpPrepare)-prepares; d != 0 || p != 0 {
+		if d != 0 || p != 0 {
 			t.Fatalf("Q=%d: the refused execution dialed %d server connections and sent %d Prepare, want none", q, d, p)
 		}
 		if waited := time.Since(start); waited > 10*time.Second {
 			t.Fatalf("Q=%d: refused after %v", q, waited)
 		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
-		if q == 1 {
-			if err := <-waiting; err != nil {
-				t.Fatal(err)
-			}
-		}
 		// Admitted, it is prepared on the server connection that runs it.
-		if _, err := st.ExecContext(ctx, 3); err != nil {
-			t.Fatal(err)
-		}
-		st.Close()
-		e.balanced(t)
+		smAdmitted(t, e, st, free)
 	}
 }
 
@@ -251,19 +297,7 @@ func TestAResetCutOffByTheCallersContextIsNoDeadConnection(t *testing.T) {
 	if _, err := e.db.Exec("UPDATE t"); err != nil {
 		t.Fatal(err)
 	}
-	b := e.fc.Block(fakedb.OpResetSession)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(ctx, "UPDATE t")
-		done <- err
-	}()
-	b.Wait(1)
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("exec: %v, want context.Canceled", err)
-	}
-	b.Release()
+	smCutOff(t, e, fakedb.OpResetSession, "exec")
 	pings := e.fc.Count(fakedb.OpPing)
 	if _, err := e.db.Exec("UPDATE t"); err != nil {
 		t.Fatal(err)
@@ -420,19 +454,7 @@ func TestServerConnectionsNeverOutnumberDatabaseSQLsConnections(t *testing.T) {
 // gate, database/sql's Connect is cut off with its caller.)
 func TestADialItsCallerGaveUpOnServesTheNextCaller(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
-	b := e.fc.Block(fakedb.OpConnect)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(ctx, "UPDATE t")
-		done <- err
-	}()
-	b.Wait(1)
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("exec cut off while dialing: %v, want context.Canceled", err)
-	}
-	b.Release()
+	smCutOff(t, e, fakedb.OpConnect, "exec cut off while dialing")
 	awaitState(t, "the dial's connection is idle", func() bool { return e.g.Stats().IdleConns == 1 })
 	if _, err := e.db.Exec("UPDATE t"); err != nil {
 		t.Fatal(err)
@@ -541,40 +563,16 @@ func TestARefusedPreparedStatementSendsNoPrepareAfterThousandsOfOtherTexts(t *te
 				t.Fatal(err)
 			}
 			prepareOthers(c.others, "after")
-			tx, err := e.db.BeginTx(ctx, nil) // B running
-			if err != nil {
-				t.Fatal(err)
-			}
-			waiting := make(chan error, 1)
-			if q == 1 { // and Q waiting: admission is full
-				go func() {
-					_, err := e.db.ExecContext(ctx, "UPDATE t")
-					waiting <- err
-				}()
-				awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
-			}
-			dials, prepares := e.fc.Count(fakedb.OpConnect), e.fc.Count(fakedb.OpPrepare)
-			_, err = st.ExecContext(ctx, 2)
+			free := smFill(t, e, q)
+			d, p, err := smRefused(e, st)
 			var re *bulkhead.RejectedError
 			if !errors.As(err, &re) || re.Cause != bulkhead.ErrAdmissionFull && !(q == 0 && re.Cause == bulkhead.ErrQueueTimeout) || re.Waited != 0 {
 				t.Fatalf("%s, Q=%d: the statement's execution: %v, want a rejection at once", c.name, q, err)
 			}
-			if d, p := e.fc.Count(fakedb.OpConnect)-dials, e.fc.Count(fakedb.OpPrepare)-prepares; d != 0 || p != 0 {
+			if d != 0 || p != 0 {
 				t.Fatalf("%s, Q=%d: the refused execution dialed %d server connections and sent %d Prepare, want none", c.name, q, d, p)
 			}
-			if err := tx.Commit(); err != nil {
-				t.Fatal(err)
-			}
-			if q == 1 {
-				if err := <-waiting; err != nil {
-					t.Fatal(err)
-				}
-			}
-			if _, err := st.ExecContext(ctx, 3); err != nil {
-				t.Fatal(err)
-			}
-			st.Close()
-			e.balanced(t)
+			smAdmitted(t, e, st, free)
 		}
 	}
 }

@@ -41,10 +41,9 @@ func TestOpenDBReturnsTheSameDBEveryTimeAndClosingItClosesTheGate(t *testing.T) 
 	}
 }
 
-// The README's old GORM snippet opened a second pool next to the quick
-// start's: the first pool's idle connections then held every connection
-// slot, and the second was refused at zero load. Server connections now
-// belong to the gate, idle ones to whichever pool needs one.
+// Two pools on one gate (a GORM pool beside the quick start's): server
+// connections belong to the gate, idle ones to whichever pool needs one,
+// so the first pool's idle connections never refuse the second at zero load.
 func TestASecondPoolOnTheSameGateIsNotStarvedByTheFirstsIdleConnections(t *testing.T) {
 	fc := fakedb.New()
 	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Second})
@@ -95,8 +94,8 @@ func TestASecondPoolOnTheSameGateIsNotStarvedByTheFirstsIdleConnections(t *testi
 }
 
 // Under overload every rejection is an operation's: its kind and workload
-// reach OnReject, and the workload's stats count it. (Refusals at the dial
-// used to be reported as kind "connect" with no workload.)
+// reach OnReject, and the workload's stats count it, refusals at the dial
+// included.
 func TestEveryRejectionIsAttributedToItsOperationsKindAndWorkload(t *testing.T) {
 	var mu sync.Mutex
 	var got []bulkhead.Event

@@ -71,6 +71,17 @@ func spareExecs(t *testing.T, fc *fakedb.Connector, db *sql.DB, n int) {
 	wg.Wait()
 }
 
+// spareSerial runs n Execs on db one after another, failing the test on
+// any error.
+func spareSerial(t *testing.T, db *sql.DB, n int) {
+	t.Helper()
+	for range n {
+		if _, err := db.Exec("UPDATE t"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestWithBSessionsOpenAnOperationTakesTheSessionGivenBackRatherThanDialing(t *testing.T) {
 	defer setLingerWait(time.Hour)() // the give-back comes first, however slow the machine
 	fc, g, db, c := spareRig(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, true)
@@ -120,18 +131,12 @@ func TestAfterBShrinksTheSessionsBeyondItAreClosedAsTheyComeBack(t *testing.T) {
 	if err := g.SetPolicy(Policy{MaxConcurrent: 2, MaxQueue: 0}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec("UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	spareSerial(t, db, 1)
 	if s := g.Stats(); fc.Open() != 2 || s.OpenConns != 2 || s.IdleConns != 2 {
 		t.Fatalf("after one Exec under B=2: %d sessions open, stats %+v; want 2, the one given back closed", fc.Open(), s)
 	}
 	spareExecs(t, fc, db, 2)
-	for range 5 {
-		if _, err := db.Exec("UPDATE t"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	spareSerial(t, db, 5)
 	if s := g.Stats(); s.Dials != 3 || fc.Open() != 2 {
 		t.Fatalf("%+v, %d open: want no dial after the shrink and 2 sessions", s, fc.Open())
 	}
@@ -143,9 +148,7 @@ func TestASessionKeptBetweenOperationsCausesNoDialChurn(t *testing.T) {
 	defer c.Close()
 	for range 10 {
 		spareExecs(t, fc, db, 2)
-		if _, err := db.Exec("UPDATE t"); err != nil {
-			t.Fatal(err)
-		}
+		spareSerial(t, db, 1)
 	}
 	if s := g.Stats(); s.Dials != 3 || fc.Open() != 3 {
 		t.Fatalf("%+v, %d open: want the kept session and B=2 others, dialed once", s, fc.Open())
@@ -162,9 +165,7 @@ func TestAConnectionTakenBackTwiceByDatabaseSQLKeepsItsSession(t *testing.T) {
 	defer c.Close()
 	db.SetMaxOpenConns(2) // above B+Q, as the README allows: c and one more
 	ctx := context.Background()
-	if _, err := db.Exec("UPDATE t"); err != nil { // the second session
-		t.Fatal(err)
-	}
+	spareSerial(t, db, 1) // the second session
 	for range 20 {
 		b := fc.Block(fakedb.OpExec)
 		ran := make(chan error, 1)

@@ -7,7 +7,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"io"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -89,38 +88,23 @@ func TestNumInputIsAskedOnlyWhileTheConnectionThatPreparedItIsHeld(t *testing.T)
 	defer st.Close()
 
 	const workers, each = 8, 50
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for range workers {
-		wg.Go(func() {
-			for range each {
-				// Each goroutine's *sql.Conn is its own logical connection:
-				// database/sql prepares the statement on it and asks its
-				// NumInput there, concurrently with the others.
-				conn, err := db.Conn(ctx)
-				if err != nil {
-					errs <- err
-					return
-				}
-				_, err = conn.ExecContext(ctx, "UPDATE t SET n = n + 1 WHERE id = ?", 1)
-				if err == nil {
-					_, err = st.ExecContext(ctx, 1)
-				}
-				if cerr := conn.Close(); err == nil {
-					err = cerr
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	// Each call's *sql.Conn is its own logical connection: database/sql
+	// prepares the statement on it and asks its NumInput there,
+	// concurrently with the others.
+	inParallel(t, workers, each, func() error {
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		_, err = conn.ExecContext(ctx, "UPDATE t SET n = n + 1 WHERE id = ?", 1)
+		if err == nil {
+			_, err = st.ExecContext(ctx, 1)
+		}
+		if cerr := conn.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
 	// At most once per driver statement (the prepared one, once per server
 	// connection that ran it, and database/sql's fallback's, prepared for
 	// each Exec on a connection without Execer).

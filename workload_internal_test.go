@@ -25,10 +25,10 @@ import (
 // wliCheckBudget returns an error if l's state breaks a limit: more
 // admission permits held than B+Q, more execution permits than B, or an
 // idle permit while operations wait.
-func wliCheckBudget(l *limiter) error {
+func wliCheckBudget(l *budget) error {
 	l.mu.Lock()
 	adm, maxAdm := int64(l.admitted), int64(l.b+l.q)
-	free, waiting := l.counts()
+	free, waiting := l.b-l.running, l.waiting
 	b := l.b
 	l.mu.Unlock()
 	switch {
@@ -83,7 +83,7 @@ func TestConcurrentWorkloadsNeverExceedTheGlobalOrTheirOwnLimits(t *testing.T) {
 			}
 			defer c.Add(-1)
 		}
-		for _, l := range []*limiter{g.global, wls["a"], wls["b"]} {
+		for _, l := range []*budget{g.global, wls["a"], wls["b"]} {
 			if err := wliCheckBudget(l); err != nil {
 				fail(err)
 			}
@@ -160,7 +160,7 @@ func TestConcurrentWorkloadsNeverExceedTheGlobalOrTheirOwnLimits(t *testing.T) {
 	wliAwaitIdle(t, g)
 	s := g.Stats()
 	t.Logf("%d checks inside gated work; outcomes %+v; global %+v", checks.Load(), sum, s)
-	for _, l := range []*limiter{g.global, wls["a"], wls["b"]} {
+	for _, l := range []*budget{g.global, wls["a"], wls["b"]} {
 		if st := admRead(l); st.free != l.b || st.waiting != 0 || st.admitted != 0 || st.listLen != 0 {
 			t.Fatalf("budget %q after the end: %+v, want every permit back (free=%d)", l.name, st, l.b)
 		}
@@ -190,15 +190,22 @@ func TestConcurrentWorkloadsNeverExceedTheGlobalOrTheirOwnLimits(t *testing.T) {
 	}
 }
 
+// wliAdmitted returns the admission permits l holds.
+func wliAdmitted(l *budget) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.admitted
+}
+
 // wliAwaitIdle waits until no budget of g holds a permit, giving up after
 // a bound meant to turn a leak into a failure, never to measure time.
 func wliAwaitIdle(t *testing.T, g *Gate) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		idle := g.global.admittedN() == 0
+		idle := wliAdmitted(g.global) == 0
 		for _, l := range *g.workloads.Load() {
-			idle = idle && l.admittedN() == 0
+			idle = idle && wliAdmitted(l) == 0
 		}
 		if idle {
 			return

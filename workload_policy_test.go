@@ -3,7 +3,7 @@
 package bulkhead
 
 // BULKHEAD_WORKLOADS and BULKHEAD_DRY_RUN, and Policy.Validate of
-// workloads. polCheckMessage and polLookup come from policy_test.go.
+// workloads. polCheckMessage and polEnviron come from policy_test.go.
 
 import (
 	"math"
@@ -26,25 +26,25 @@ func TestWorkloadsAndDryRunFromTheEnvironmentParseValidValues(t *testing.T) {
 		env  map[string]string
 		want Policy
 	}{
-		{"two workloads", DefaultPolicy, map[string]string{EnvWorkloads: "batch:2:4:50ms,report:1:0:0s"},
+		{"two workloads", DefaultPolicy, map[string]string{envWorkloads: "batch:2:4:50ms,report:1:0:0s"},
 			Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond, Workloads: map[string]Workload{
 				"batch": {MaxConcurrent: 2, MaxQueue: 4, QueueWait: 50 * time.Millisecond}, "report": {MaxConcurrent: 1}}}},
-		{"names of digits, _ and -, 64 long", DefaultPolicy, map[string]string{EnvWorkloads: "a-1_b:1:0:1h," + name64 + ":10:10:1s"},
+		{"names of digits, _ and -, 64 long", DefaultPolicy, map[string]string{envWorkloads: "a-1_b:1:0:1h," + name64 + ":10:10:1s"},
 			Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond, Workloads: map[string]Workload{
 				"a-1_b": {MaxConcurrent: 1, QueueWait: time.Hour}, name64: {MaxConcurrent: 10, MaxQueue: 10, QueueWait: time.Second}}}},
 		{"a workload checked against B from the environment", DefaultPolicy,
-			map[string]string{EnvWorkloads: "big:15:0:0s", EnvMaxConcurrent: "20"},
+			map[string]string{envWorkloads: "big:15:0:0s", envB: "20"},
 			Policy{MaxConcurrent: 20, MaxQueue: 10, QueueWait: 100 * time.Millisecond, Workloads: map[string]Workload{"big": {MaxConcurrent: 15}}}},
-		{"empty: no workloads", withBase, map[string]string{EnvWorkloads: ""},
+		{"empty: no workloads", withBase, map[string]string{envWorkloads: ""},
 			Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond, DryRun: true, Workloads: map[string]Workload{}}},
 		{"unset: the base's", withBase, map[string]string{}, withBase},
-		{"dry-run true", DefaultPolicy, map[string]string{EnvDryRun: "true"},
+		{"dry-run true", DefaultPolicy, map[string]string{envDryRun: "true"},
 			Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond, DryRun: true}},
-		{"dry-run false over a base's true", withBase, map[string]string{EnvDryRun: "false"},
+		{"dry-run false over a base's true", withBase, map[string]string{envDryRun: "false"},
 			Policy{MaxConcurrent: 10, MaxQueue: 10, QueueWait: 100 * time.Millisecond, Workloads: withBase.Workloads}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := PolicyFromLookup(c.base, polLookup(c.env))
+			got, err := PolicyFromEnviron(c.base, polEnviron(c.env))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -64,59 +64,59 @@ func TestMalformedWorkloadsAndDryRunValuesAreErrorsNamingTheVariableAndTheValue(
 		want []string // besides "bulkhead: ", ErrInvalidPolicy and one line
 	}{
 		// Entries.
-		{EnvWorkloads, "batch", []string{`BULKHEAD_WORKLOADS="batch"`, `entry "batch"`, wantEntry}},
-		{EnvWorkloads, "batch:2:4", []string{`BULKHEAD_WORKLOADS="batch:2:4"`, wantEntry}},
-		{EnvWorkloads, "batch:2:4:50ms:1:2", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms:1:2"`, wantEntry}},
+		{envWorkloads, "batch", []string{`BULKHEAD_WORKLOADS="batch"`, `entry "batch"`, wantEntry}},
+		{envWorkloads, "batch:2:4", []string{`BULKHEAD_WORKLOADS="batch:2:4"`, wantEntry}},
+		{envWorkloads, "batch:2:4:50ms:1:2", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms:1:2"`, wantEntry}},
 		// Priorities.
-		{EnvWorkloads, "batch:2:4:50ms:101", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms:101"`, `workload "batch" priority "101"`, "want an integer from -100 to 100"}},
-		{EnvWorkloads, "batch:2:4:50ms:+1", []string{`priority "+1"`, "want an integer from -100 to 100"}},
-		{EnvWorkloads, "batch:2:4:50ms:", []string{`priority ""`}},
-		{EnvWorkloads, "batch:2:4:50ms:high", []string{`priority "high"`}},
-		{EnvWorkloads, "batch:2:4:50ms,", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms,"`, `entry ""`, wantEntry}},
-		{EnvWorkloads, ",batch:2:4:50ms", []string{`BULKHEAD_WORKLOADS=",batch:2:4:50ms"`, `entry ""`}},
-		{EnvWorkloads, "batch:2:4:50ms;report:1:0:0s", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms;report:1:0:0s"`, wantEntry}},
-		{EnvWorkloads, "batch:2:4:50ms\nreport:1:0:0s", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms\nreport:1:0:0s"`}},
+		{envWorkloads, "batch:2:4:50ms:101", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms:101"`, `workload "batch" priority "101"`, "want an integer from -100 to 100"}},
+		{envWorkloads, "batch:2:4:50ms:+1", []string{`priority "+1"`, "want an integer from -100 to 100"}},
+		{envWorkloads, "batch:2:4:50ms:", []string{`priority ""`}},
+		{envWorkloads, "batch:2:4:50ms:high", []string{`priority "high"`}},
+		{envWorkloads, "batch:2:4:50ms,", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms,"`, `entry ""`, wantEntry}},
+		{envWorkloads, ",batch:2:4:50ms", []string{`BULKHEAD_WORKLOADS=",batch:2:4:50ms"`, `entry ""`}},
+		{envWorkloads, "batch:2:4:50ms;report:1:0:0s", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms;report:1:0:0s"`, wantEntry}},
+		{envWorkloads, "batch:2:4:50ms\nreport:1:0:0s", []string{`BULKHEAD_WORKLOADS="batch:2:4:50ms\nreport:1:0:0s"`}},
 		// Names.
-		{EnvWorkloads, "Batch:2:4:50ms", []string{`BULKHEAD_WORKLOADS="Batch:2:4:50ms"`, `workload name "Batch"`, wantName}},
-		{EnvWorkloads, " batch:2:4:50ms", []string{`BULKHEAD_WORKLOADS=" batch:2:4:50ms"`, `workload name " batch"`}},
-		{EnvWorkloads, ":2:4:50ms", []string{`BULKHEAD_WORKLOADS=":2:4:50ms"`, `workload name ""`}},
-		{EnvWorkloads, "b\u00e4tch:2:4:50ms", []string{"BULKHEAD_WORKLOADS=\"b\u00e4tch:2:4:50ms\"", wantName}},
-		{EnvWorkloads, strings.Repeat("a", 65) + ":1:0:0s", []string{`BULKHEAD_WORKLOADS="` + strings.Repeat("a", 65), wantName}},
-		{EnvWorkloads, "batch:1:0:0s,report:1:0:0s,batch:2:0:0s", []string{`BULKHEAD_WORKLOADS="batch:1:0:0s,report:1:0:0s,batch:2:0:0s"`, `workload "batch" appears twice`}},
+		{envWorkloads, "Batch:2:4:50ms", []string{`BULKHEAD_WORKLOADS="Batch:2:4:50ms"`, `workload name "Batch"`, wantName}},
+		{envWorkloads, " batch:2:4:50ms", []string{`BULKHEAD_WORKLOADS=" batch:2:4:50ms"`, `workload name " batch"`}},
+		{envWorkloads, ":2:4:50ms", []string{`BULKHEAD_WORKLOADS=":2:4:50ms"`, `workload name ""`}},
+		{envWorkloads, "b\u00e4tch:2:4:50ms", []string{"BULKHEAD_WORKLOADS=\"b\u00e4tch:2:4:50ms\"", wantName}},
+		{envWorkloads, strings.Repeat("a", 65) + ":1:0:0s", []string{`BULKHEAD_WORKLOADS="` + strings.Repeat("a", 65), wantName}},
+		{envWorkloads, "batch:1:0:0s,report:1:0:0s,batch:2:0:0s", []string{`BULKHEAD_WORKLOADS="batch:1:0:0s,report:1:0:0s,batch:2:0:0s"`, `workload "batch" appears twice`}},
 		// B.
-		{EnvWorkloads, "batch:0:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"0"`, "want a decimal integer from 1"}},
-		{EnvWorkloads, "batch:+2:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"+2"`}},
-		{EnvWorkloads, "batch:-1:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"-1"`}},
-		{EnvWorkloads, "batch: 2:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `" 2"`}},
-		{EnvWorkloads, "batch:2.0:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"2.0"`}},
-		{EnvWorkloads, "batch:0x2:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"0x2"`}},
-		{EnvWorkloads, "batch:99999999999:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"99999999999"`}},
-		{EnvWorkloads, "batch::4:50ms", []string{"BULKHEAD_WORKLOADS batch B", "empty"}},
+		{envWorkloads, "batch:0:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"0"`, "want a decimal integer from 1"}},
+		{envWorkloads, "batch:+2:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"+2"`}},
+		{envWorkloads, "batch:-1:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"-1"`}},
+		{envWorkloads, "batch: 2:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `" 2"`}},
+		{envWorkloads, "batch:2.0:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"2.0"`}},
+		{envWorkloads, "batch:0x2:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"0x2"`}},
+		{envWorkloads, "batch:99999999999:4:50ms", []string{"BULKHEAD_WORKLOADS batch B", `"99999999999"`}},
+		{envWorkloads, "batch::4:50ms", []string{"BULKHEAD_WORKLOADS batch B", "empty"}},
 		// Q.
-		{EnvWorkloads, "batch:2:-1:50ms", []string{"BULKHEAD_WORKLOADS batch Q", `"-1"`, "want a decimal integer from 0"}},
-		{EnvWorkloads, "batch:2:1e3:50ms", []string{"BULKHEAD_WORKLOADS batch Q", `"1e3"`}},
-		{EnvWorkloads, "batch:2::50ms", []string{"BULKHEAD_WORKLOADS batch Q", "empty"}},
+		{envWorkloads, "batch:2:-1:50ms", []string{"BULKHEAD_WORKLOADS batch Q", `"-1"`, "want a decimal integer from 0"}},
+		{envWorkloads, "batch:2:1e3:50ms", []string{"BULKHEAD_WORKLOADS batch Q", `"1e3"`}},
+		{envWorkloads, "batch:2::50ms", []string{"BULKHEAD_WORKLOADS batch Q", "empty"}},
 		// Wait.
-		{EnvWorkloads, "batch:2:4:50", []string{"BULKHEAD_WORKLOADS batch wait", `"50"`, "want a Go duration with a unit"}},
-		{EnvWorkloads, "batch:2:4:-1ms", []string{"BULKHEAD_WORKLOADS batch wait", `"-1ms"`}},
-		{EnvWorkloads, "batch:2:4:-0s", []string{"BULKHEAD_WORKLOADS batch wait", `"-0s"`}},
-		{EnvWorkloads, "batch:2:4:+1s", []string{"BULKHEAD_WORKLOADS batch wait", `"+1s"`}},
-		{EnvWorkloads, "batch:2:4:2h", []string{"BULKHEAD_WORKLOADS batch wait", `"2h"`, "to 1h0m0s"}},
-		{EnvWorkloads, "batch:2:4:50ms ", []string{"BULKHEAD_WORKLOADS batch wait", `"50ms "`}},
-		{EnvWorkloads, "batch:2:4:", []string{"BULKHEAD_WORKLOADS batch wait", "empty"}},
+		{envWorkloads, "batch:2:4:50", []string{"BULKHEAD_WORKLOADS batch wait", `"50"`, "want a Go duration with a unit"}},
+		{envWorkloads, "batch:2:4:-1ms", []string{"BULKHEAD_WORKLOADS batch wait", `"-1ms"`}},
+		{envWorkloads, "batch:2:4:-0s", []string{"BULKHEAD_WORKLOADS batch wait", `"-0s"`}},
+		{envWorkloads, "batch:2:4:+1s", []string{"BULKHEAD_WORKLOADS batch wait", `"+1s"`}},
+		{envWorkloads, "batch:2:4:2h", []string{"BULKHEAD_WORKLOADS batch wait", `"2h"`, "to 1h0m0s"}},
+		{envWorkloads, "batch:2:4:50ms ", []string{"BULKHEAD_WORKLOADS batch wait", `"50ms "`}},
+		{envWorkloads, "batch:2:4:", []string{"BULKHEAD_WORKLOADS batch wait", "empty"}},
 		// Dry-run: true or false, nothing else.
-		{EnvDryRun, "", []string{`BULKHEAD_DRY_RUN=""`, "want true or false"}},
-		{EnvDryRun, "1", []string{`BULKHEAD_DRY_RUN="1"`, "want true or false"}},
-		{EnvDryRun, "0", []string{`BULKHEAD_DRY_RUN="0"`}},
-		{EnvDryRun, "TRUE", []string{`BULKHEAD_DRY_RUN="TRUE"`}},
-		{EnvDryRun, "True", []string{`BULKHEAD_DRY_RUN="True"`}},
-		{EnvDryRun, "t", []string{`BULKHEAD_DRY_RUN="t"`}},
-		{EnvDryRun, "yes", []string{`BULKHEAD_DRY_RUN="yes"`}},
-		{EnvDryRun, " true", []string{`BULKHEAD_DRY_RUN=" true"`}},
-		{EnvDryRun, "true\n", []string{`BULKHEAD_DRY_RUN="true\n"`}},
+		{envDryRun, "", []string{`BULKHEAD_DRY_RUN=""`, "want true or false"}},
+		{envDryRun, "1", []string{`BULKHEAD_DRY_RUN="1"`, "want true or false"}},
+		{envDryRun, "0", []string{`BULKHEAD_DRY_RUN="0"`}},
+		{envDryRun, "TRUE", []string{`BULKHEAD_DRY_RUN="TRUE"`}},
+		{envDryRun, "True", []string{`BULKHEAD_DRY_RUN="True"`}},
+		{envDryRun, "t", []string{`BULKHEAD_DRY_RUN="t"`}},
+		{envDryRun, "yes", []string{`BULKHEAD_DRY_RUN="yes"`}},
+		{envDryRun, " true", []string{`BULKHEAD_DRY_RUN=" true"`}},
+		{envDryRun, "true\n", []string{`BULKHEAD_DRY_RUN="true\n"`}},
 	} {
 		t.Run(c.env+"="+strconv.Quote(c.v), func(t *testing.T) {
-			p, err := PolicyFromLookup(DefaultPolicy, polLookup(map[string]string{c.env: c.v}))
+			p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(map[string]string{c.env: c.v}))
 			if err == nil {
 				t.Fatalf("got %+v, want an error", p)
 			}
@@ -136,11 +136,11 @@ func TestWorkloadsFromTheEnvironmentThatDoNotFitThePolicyNameTheVariable(t *test
 		env  map[string]string
 		want []string
 	}{
-		{map[string]string{EnvWorkloads: "batch:11:0:0s"}, []string{`BULKHEAD_WORKLOADS="batch:11:0:0s"`, `workload "batch": MaxConcurrent is 11`}},
-		{map[string]string{EnvWorkloads: "batch:10:11:0s"}, []string{`BULKHEAD_WORKLOADS="batch:10:11:0s"`, `workload "batch": MaxQueue is 11`}},
-		{map[string]string{EnvWorkloads: "batch:2:0:0s", EnvMaxConcurrent: "1"}, []string{`BULKHEAD_WORKLOADS="batch:2:0:0s"`, `BULKHEAD_MAX_CONCURRENT="1"`}},
+		{map[string]string{envWorkloads: "batch:11:0:0s"}, []string{`BULKHEAD_WORKLOADS="batch:11:0:0s"`, `workload "batch": MaxConcurrent is 11`}},
+		{map[string]string{envWorkloads: "batch:10:11:0s"}, []string{`BULKHEAD_WORKLOADS="batch:10:11:0s"`, `workload "batch": MaxQueue is 11`}},
+		{map[string]string{envWorkloads: "batch:2:0:0s", envB: "1"}, []string{`BULKHEAD_WORKLOADS="batch:2:0:0s"`, `BULKHEAD_MAX_CONCURRENT="1"`}},
 	} {
-		_, err := PolicyFromLookup(DefaultPolicy, polLookup(c.env))
+		_, err := PolicyFromEnviron(DefaultPolicy, polEnviron(c.env))
 		if err == nil {
 			t.Fatalf("%v: want an error", c.env)
 		}
@@ -155,11 +155,11 @@ func TestWorkloadsFromTheEnvironmentThatDoNotFitThePolicyAreErrors(t *testing.T)
 		env  map[string]string
 		want []string
 	}{
-		{map[string]string{EnvWorkloads: "batch:11:0:0s"}, []string{`workload "batch": MaxConcurrent is 11, want 1 to the policy's 10`}},
-		{map[string]string{EnvWorkloads: "batch:10:11:0s"}, []string{`workload "batch": MaxQueue is 11, want 0 to 10 (its B+Q within the policy's 20)`}},
-		{map[string]string{EnvWorkloads: "batch:2:0:0s", EnvMaxConcurrent: "1"}, []string{`MaxConcurrent is 2, want 1 to the policy's 1`, `BULKHEAD_MAX_CONCURRENT="1"`}},
+		{map[string]string{envWorkloads: "batch:11:0:0s"}, []string{`workload "batch": MaxConcurrent is 11, want 1 to the policy's 10`}},
+		{map[string]string{envWorkloads: "batch:10:11:0s"}, []string{`workload "batch": MaxQueue is 11, want 0 to 10 (its B+Q within the policy's 20)`}},
+		{map[string]string{envWorkloads: "batch:2:0:0s", envB: "1"}, []string{`MaxConcurrent is 2, want 1 to the policy's 1`, `BULKHEAD_MAX_CONCURRENT="1"`}},
 	} {
-		p, err := PolicyFromLookup(DefaultPolicy, polLookup(c.env))
+		p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(c.env))
 		if err == nil {
 			t.Fatalf("%v: got %+v, want an error", c.env, p)
 		}

@@ -4,8 +4,7 @@ package bulkhead_test
 
 // Workloads (Policy.Workloads, WithWorkload, WorkloadStats): each named
 // workload has its own budget inside the global one. Deterministic tests on
-// the fake driver, and the issue's batch-versus-interactive test on
-// PostgreSQL.
+// the fake driver.
 
 import (
 	"context"
@@ -91,39 +90,83 @@ func (r *wlRig) gateLocked(name string) chan struct{} {
 	return ch
 }
 
-// exec starts db.ExecContext(ctx, "hold "+name) on a goroutine.
-func (r *wlRig) exec(ctx context.Context, name string) <-chan error {
+// spawn runs f on a goroutine; its result arrives on the channel.
+func (r *wlRig) spawn(f func() error) <-chan error {
 	ch := make(chan error, 1)
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		_, err := r.db.ExecContext(ctx, "hold "+name)
-		ch <- err
+		ch <- f()
 	}()
 	return ch
+}
+
+// exec starts db.ExecContext(ctx, "hold "+name) on a goroutine.
+func (r *wlRig) exec(ctx context.Context, name string) <-chan error {
+	return r.spawn(func() error {
+		_, err := r.db.ExecContext(ctx, "hold "+name)
+		return err
+	})
+}
+
+// wlBatchQueued opens a rig in a synctest bubble with B=Q=n and a
+// workload "batch" of B=Q=1, all with queue wait wait; b1 holds the
+// batch permit and b2 waits for it, both run with the batch context.
+func wlBatchQueued(t *testing.T, n int, wait time.Duration) (r *wlRig, batch context.Context, b1, b2 <-chan error) {
+	t.Helper()
+	r = wlOpen(t, bulkhead.Policy{MaxConcurrent: n, MaxQueue: n, QueueWait: wait,
+		Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: wait}}})
+	batch = bulkhead.WithWorkload(context.Background(), "batch")
+	b1 = r.exec(batch, "b1")
+	synctest.Wait()
+	b2 = r.exec(batch, "b2")
+	synctest.Wait()
+	return r, batch, b1, b2
+}
+
+// refusedFull fails the test unless a new operation is refused with
+// ErrAdmissionFull; what says when.
+func (r *wlRig) refusedFull(t *testing.T, what string) {
+	t.Helper()
+	if _, err := r.db.ExecContext(context.Background(), "quick"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
+		t.Fatalf("%s: %v, want admission full", what, err)
+	}
+}
+
+// start starts exec and returns once the operation runs in the driver.
+func (r *wlRig) start(t *testing.T, ctx context.Context, name string) <-chan error {
+	t.Helper()
+	ch := r.exec(ctx, name)
+	r.await(t, name)
+	return ch
+}
+
+// startN starts n operations named prefix0 to prefix(n-1) one after
+// another, each running in the driver before the next starts.
+func (r *wlRig) startN(t *testing.T, ctx context.Context, prefix string, n int) []<-chan error {
+	t.Helper()
+	chs := make([]<-chan error, n)
+	for i := range n {
+		chs[i] = r.start(t, ctx, fmt.Sprintf("%s%d", prefix, i))
+	}
+	return chs
 }
 
 // tx starts a transaction on a goroutine that runs "hold "+name inside it
 // (the transaction holds the permits, the statement takes none) and
 // commits.
 func (r *wlRig) tx(ctx context.Context, name string) <-chan error {
-	ch := make(chan error, 1)
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
+	return r.spawn(func() error {
 		tx, err := r.db.BeginTx(ctx, nil)
 		if err != nil {
-			ch <- err
-			return
+			return err
 		}
 		if _, err := tx.ExecContext(ctx, "hold "+name); err != nil {
 			tx.Rollback()
-			ch <- err
-			return
+			return err
 		}
-		ch <- tx.Commit()
-	}()
-	return ch
+		return tx.Commit()
+	})
 }
 
 // finish lets the held operation name return.
@@ -191,6 +234,26 @@ func wlRecv(t *testing.T, what string, ch <-chan error) error {
 	}
 }
 
+// done lets the held operation name return and fails the test unless it
+// returned nil on ch.
+func (r *wlRig) done(t *testing.T, name string, ch <-chan error) {
+	t.Helper()
+	r.finish(name)
+	wlOK(t, name, ch)
+}
+
+// doneAll lets the held operations names return, then fails the test
+// unless each returned nil on its channel of chs, in the same order.
+func (r *wlRig) doneAll(t *testing.T, names []string, chs ...<-chan error) {
+	t.Helper()
+	for _, n := range names {
+		r.finish(n)
+	}
+	for i, ch := range chs {
+		wlOK(t, names[i], ch)
+	}
+}
+
 func wlOK(t *testing.T, what string, ch <-chan error) {
 	t.Helper()
 	if err := wlRecv(t, what, ch); err != nil {
@@ -208,8 +271,7 @@ func TestAWorkloadAtItsLimitRejectsItsOwnWorkWhileUntaggedWorkIsStillAdmitted(t 
 	bg := context.Background()
 	batch := bulkhead.WithWorkload(bg, "batch")
 
-	b1 := r.exec(batch, "b1")
-	r.await(t, "b1")
+	b1 := r.start(t, batch, "b1")
 	execs := r.fc.Count(fakedb.OpExec)
 	_, err := r.db.ExecContext(batch, "quick")
 	re := wlRejected(t, "second batch op", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
@@ -236,12 +298,7 @@ func TestAWorkloadAtItsLimitRejectsItsOwnWorkWhileUntaggedWorkIsStillAdmitted(t 
 	if s.Running != 3 || s.Admitted != 3 || s.RejectedFull != 2 {
 		t.Fatalf("global stats %+v: want Running 3, Admitted 3, RejectedFull 2", s)
 	}
-	for _, n := range []string{"b1", "u1", "u2"} {
-		r.finish(n)
-	}
-	wlOK(t, "b1", b1)
-	wlOK(t, "u1", u1)
-	wlOK(t, "u2", u2)
+	r.doneAll(t, []string{"b1", "u1", "u2"}, b1, u1, u2)
 	r.balanced(t)
 	if ws := r.wstats(t, "batch"); ws.Running != 0 || ws.Waiting != 0 {
 		t.Fatalf("batch stats after the end %+v: want nothing running or waiting", ws)
@@ -269,8 +326,7 @@ func TestAWorkloadTransactionHoldsTheWorkloadsPermitUntilCommit(t *testing.T) {
 func TestUntaggedWorkAndWorkNamingAnUnknownWorkloadPassTheGlobalBudgetAlone(t *testing.T) {
 	r := wlOpen(t, wlBatch)
 	bg := context.Background()
-	b1 := r.exec(bulkhead.WithWorkload(bg, "batch"), "b1")
-	r.await(t, "b1")
+	b1 := r.start(t, bulkhead.WithWorkload(bg, "batch"), "b1")
 	ghost := bulkhead.WithWorkload(bg, "ghost")
 	g1, g2 := r.exec(ghost, "g1"), r.exec(ghost, "g2")
 	r.await(t, "g1")
@@ -283,12 +339,7 @@ func TestUntaggedWorkAndWorkNamingAnUnknownWorkloadPassTheGlobalBudgetAlone(t *t
 	if _, ok := r.g.WorkloadStats(""); ok {
 		t.Fatal(`WorkloadStats("") is ok`)
 	}
-	for _, n := range []string{"b1", "g1", "g2"} {
-		r.finish(n)
-	}
-	wlOK(t, "b1", b1)
-	wlOK(t, "g1", g1)
-	wlOK(t, "g2", g2)
+	r.doneAll(t, []string{"b1", "g1", "g2"}, b1, g1, g2)
 	r.balanced(t)
 	if ws := r.wstats(t, "batch"); ws.Admitted != 1 {
 		t.Fatalf("batch stats %+v: the unknown workload's ops counted in batch", ws)
@@ -347,8 +398,7 @@ func TestAWorkloadQueueTimeoutNamesTheWorkloadAndCountsInItsStats(t *testing.T) 
 		if s.RejectedTimeout != 1 || s.WaitCount != 1 || s.WaitDuration != 40*time.Millisecond {
 			t.Fatalf("global stats %+v: want the workload's timeout counted too", s)
 		}
-		r.finish("b1")
-		wlOK(t, "b1", b1)
+		r.done(t, "b1", b1)
 		r.balanced(t)
 	})
 }
@@ -377,8 +427,7 @@ func TestAWorkloadsQueueWaitCoversItsWaitForBothBudgets(t *testing.T) {
 		}
 		// b1 ends: its global permit goes to u2, first in the global
 		// queue; b2 gets the workload's permit and queues for a global one.
-		r.finish("b1")
-		wlOK(t, "b1", b1)
+		r.done(t, "b1", b1)
 		synctest.Wait()
 		if !r.hasEntered("u2") || r.hasEntered("b2") {
 			t.Fatalf("entered %v: want u2 to run and b2 to wait", r.enteredOrder())
@@ -391,10 +440,7 @@ func TestAWorkloadsQueueWaitCoversItsWaitForBothBudgets(t *testing.T) {
 		if ws := r.wstats(t, "batch"); ws.Running != 0 || ws.Waiting != 0 {
 			t.Fatalf("batch stats %+v: the failed op kept a workload permit", ws)
 		}
-		r.finish("u1")
-		r.finish("u2")
-		wlOK(t, "u1", u1)
-		wlOK(t, "u2", u2)
+		r.doneAll(t, []string{"u1", "u2"}, u1, u2)
 		r.balanced(t)
 	})
 }
@@ -428,13 +474,11 @@ func TestEventsNameTheBudgetsWorkloadConsistentlyForAnUnknownName(t *testing.T) 
 	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 1, Workloads: wlBatch.Workloads},
 		bulkhead.WithEvents(bulkhead.Events{OnAdmit: rec, OnReject: rec, OnRelease: rec}))
 	ghost := bulkhead.WithWorkload(context.Background(), "ghost")
-	g1 := r.exec(ghost, "g1")
-	r.await(t, "g1")
+	g1 := r.start(t, ghost, "g1")
 	if _, err := r.db.ExecContext(ghost, "quick"); !errors.Is(err, bulkhead.ErrRejected) {
 		t.Fatalf("second op: %v, want a rejection", err)
 	}
-	r.finish("g1")
-	wlOK(t, "g1", g1)
+	r.done(t, "g1", g1)
 	mu.Lock()
 	defer mu.Unlock()
 	if len(seen) != 3 {
@@ -457,27 +501,18 @@ func TestARejectionByTheGlobalBudgetCountsInTheWorkloadsStats(t *testing.T) {
 	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
 	r := wlOpen(t, p)
 	bg := context.Background()
-	u1 := r.exec(bg, "u1") // the only global execution permit
-	r.await(t, "u1")
+	u1 := r.start(t, bg, "u1") // the only global execution permit
 	_, err := r.db.ExecContext(bulkhead.WithWorkload(bg, "batch"), "quick")
 	wlRejected(t, "batch op with no global permit free", err, bulkhead.ErrQueueTimeout, "", 1, 1)
 	if ws := r.wstats(t, "batch"); ws.RejectedTimeout != 1 {
 		t.Fatalf("batch stats %+v: want the global rejection of its op counted (RejectedTimeout 1)", ws)
 	}
-	r.finish("u1")
-	wlOK(t, "u1", u1)
+	r.done(t, "u1", u1)
 }
 
 func TestClosingTheGateMakesAnOperationQueuedForItsWorkloadReturnErrClosed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: bulkhead.MaxQueueWait,
-			Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait}}}
-		r := wlOpen(t, p)
-		batch := bulkhead.WithWorkload(context.Background(), "batch")
-		b1 := r.exec(batch, "b1")
-		synctest.Wait()
-		b2 := r.exec(batch, "b2") // queued for the workload's permit
-		synctest.Wait()
+		r, batch, b1, b2 := wlBatchQueued(t, 2, bulkhead.MaxQueueWait) // b2 queued for the workload's permit
 		if ws := r.wstats(t, "batch"); ws.Waiting != 1 {
 			t.Fatalf("batch stats %+v: want b2 queued", ws)
 		}
@@ -514,8 +549,7 @@ func TestOperationsQueuedInAWorkloadLeaveTheGlobalPermitsToOtherWork(t *testing.
 			r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour,
 				Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour, Priority: prio}}})
 			batch := bulkhead.WithWorkload(context.Background(), "batch")
-			b1 := r.exec(batch, "b1")
-			r.await(t, "b1")
+			b1 := r.start(t, batch, "b1")
 			b2 := r.exec(batch, "b2")
 			awaitState(t, "b2 queued in batch", func() bool { return r.wstats(t, "batch").Waiting == 1 })
 			b3 := r.exec(batch, "b3")
@@ -529,12 +563,7 @@ func TestOperationsQueuedInAWorkloadLeaveTheGlobalPermitsToOtherWork(t *testing.
 			if s := r.g.Stats(); s.RejectedFull != 0 || s.Running != 1 || s.Waiting != 0 {
 				t.Fatalf("global stats %+v: want nothing refused, b1 alone running, nobody waiting", s)
 			}
-			r.finish("b1")
-			r.finish("b2")
-			r.finish("b3")
-			wlOK(t, "b1", b1)
-			wlOK(t, "b2", b2)
-			wlOK(t, "b3", b3)
+			r.doneAll(t, []string{"b1", "b2", "b3"}, b1, b2, b3)
 			if ws := r.wstats(t, "batch"); ws.RejectedFull != 0 || ws.Admitted != 3 {
 				t.Fatalf("batch stats %+v: want its three operations admitted, none shed", ws)
 			}
@@ -572,14 +601,12 @@ func TestAHigherPriorityArrivalShedsNobodyWhenItWouldBeRefusedAtOnce(t *testing.
 
 		// l runs 100ms (its hold is measured: it waited), with u2 and l2
 		// behind it; then a deadline of 20ms cannot be made.
-		r.finish("u")
-		wlOK(t, "u", u)
+		r.done(t, "u", u)
 		synctest.Wait()
 		u2 := r.exec(bg, "u2")
 		synctest.Wait()
 		time.Sleep(100 * time.Millisecond)
-		r.finish("l")
-		wlOK(t, "l", l)
+		r.done(t, "l", l)
 		synctest.Wait()
 		l2 := r.exec(low, "l2")
 		synctest.Wait()
@@ -598,10 +625,7 @@ func TestAHigherPriorityArrivalShedsNobodyWhenItWouldBeRefusedAtOnce(t *testing.
 		if ws := r.wstats(t, "low"); ws.RejectedFull != 0 {
 			t.Fatalf("low stats %+v: want nothing of it shed", ws)
 		}
-		r.finish("u2")
-		r.finish("l2")
-		wlOK(t, "u2", u2)
-		wlOK(t, "l2", l2)
+		r.doneAll(t, []string{"u2", "l2"}, u2, l2)
 		r.balanced(t)
 	})
 }
