@@ -403,12 +403,11 @@ func TestHoldsOfOperationsNotRefusedDoNotPutAProbeOff(t *testing.T) {
 	})
 }
 
-// While its work is refused, a class lets one operation go every probeGap
-// (or, once one went, probeGap after its deadline), twice as long after
-// each probe that found the work as slow, up to maxProbeGap; a probe that
-// held under half the estimate restarts it, and holds of operations
-// started before that tell nothing. A hold cut off at its deadline only
-// raises the estimate.
+// While its work is refused, a class lets one operation go probeGap after
+// the first refusal, then probeGap after the last probe ended, however slow
+// the probes found the work; a probe that held under the estimate restarts
+// it, and holds of operations started before that tell nothing. A hold cut
+// off at its deadline only raises the estimate.
 func TestARefusedClassLetsAProbeGoAndAFastOneRestartsItsEstimate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEstimator()
@@ -425,17 +424,15 @@ func TestARefusedClassLetsAProbeGoAndAFastOneRestartsItsEstimate(t *testing.T) {
 		if !refused() {
 			t.Fatal("the first refusal: let go, want it refused")
 		}
-		// Probes at probeGap after the deadline of the one before, the gap
-		// doubling while they find the work as slow, up to maxProbeGap.
-		for _, gap := range []time.Duration{probeGap, 2 * probeGap, maxProbeGap, maxProbeGap} {
-			time.Sleep(gap - time.Millisecond)
+		for i := range 4 { // probes that find the work as slow
+			time.Sleep(probeGap - time.Millisecond)
 			if !refused() {
-				t.Fatalf("before the gap of %v: let go, want it refused", gap)
+				t.Fatalf("before probe %d: let go, want it refused", i)
 			}
 			time.Sleep(time.Millisecond)
 			probe := time.Now()
 			if refused() {
-				t.Fatalf("at the gap of %v: refused, want it let go as a probe", gap)
+				t.Fatalf("probeGap after the last probe ended, probe %d: refused, want it let go", i)
 			}
 			time.Sleep(time.Second) // cut off at its deadline: only a lower bound, as slow
 			e.observe(r, time.Second, true, true, probe, time.Now())
@@ -443,10 +440,10 @@ func TestARefusedClassLetsAProbeGoAndAFastOneRestartsItsEstimate(t *testing.T) {
 				t.Fatalf("estimate %v after a probe cut off at 1s, want 2s still", d)
 			}
 		}
-		time.Sleep(maxProbeGap)
+		time.Sleep(probeGap)
 		probe := time.Now()
 		if refused() {
-			t.Fatal("at maxProbeGap: refused, want a probe")
+			t.Fatal("at probeGap: refused, want a probe")
 		}
 		time.Sleep(5 * time.Millisecond)
 		e.observe(r, 5*time.Millisecond, false, true, probe, time.Now()) // the probe: fast

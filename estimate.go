@@ -19,20 +19,20 @@ import (
 // every operation running). It refuses work only
 // on fresh evidence: it is not used once its last hold is older than
 // staleAfter (or four times itself), and while it refuses a class's work
-// one operation goes as a probe every probeGap, twice that after each probe
-// that found the work as slow, up to maxProbeGap; a probe that held less
-// than the estimate restarts it. So a database fast again is believed
-// within maxProbeGap and that probe's own hold.
+// one operation goes as a probe probeGap after the last one ended (or its
+// deadline came); a probe that held less than the estimate restarts it. So
+// a database fast again is believed within probeGap, the last probe's
+// deadline and the next probe's own hold.
 
 const (
 	// holdSamples is how many holds of a class its estimate is the median of.
 	holdSamples = 8
 	// classSets×2 classes are kept, each set's least recently measured out.
 	classSets = 128
-	// probeGap is how soon a class whose work is refused lets one operation go.
+	// probeGap is how soon a class whose work is refused lets one operation
+	// go: a probe costs one operation's work, and waiting longer to send it
+	// costs every refused one once the database is fast again.
 	probeGap = 250 * time.Millisecond
-	// maxProbeGap bounds the gap between probes that find the work as slow.
-	maxProbeGap = time.Second
 	// staleAfter is the least age of a class's last hold past which its
 	// estimate refuses nothing; staleHolds, the age in estimates.
 	staleAfter = time.Second
@@ -72,7 +72,6 @@ type class struct {
 	since    time.Time     // holds of operations started before it tell nothing (a restart)
 	refusing time.Time     // since when its work is refused; zero: it is not
 	probeAt  time.Time     // while refusing, when the next probe may go
-	gap      time.Duration // the gap to the next probe; 0: probeGap
 }
 
 type classSet struct {
@@ -145,7 +144,7 @@ func (r classRef) estimate(now time.Time) (time.Duration, bool) {
 // judge reports whether an operation of the class due at dl, expected to
 // wait ahead before it holds its permits from now, is refused as late, and
 // the estimate it was judged by. An operation let through ends the class's
-// refusals; while they go on, one goes every gap whatever its deadline, a
+// refusals; while they go on, one goes every probeGap whatever its deadline, a
 // probe, measured.
 func (r classRef) judge(now, dl time.Time, ahead time.Duration) (refuse bool, est time.Duration) {
 	if r.c == nil {
@@ -159,23 +158,16 @@ func (r classRef) judge(now, dl time.Time, ahead time.Duration) (refuse bool, es
 	}
 	switch {
 	case !now.Add(ahead + c.est).After(dl):
-		c.refusing, c.gap = time.Time{}, 0
+		c.refusing = time.Time{}
 		return false, c.est
 	case c.refusing.IsZero():
-		c.refusing, c.probeAt = now, now.Add(c.gapLocked())
+		c.refusing, c.probeAt = now, now.Add(probeGap)
 		return true, c.est
 	case now.Before(c.probeAt):
 		return true, c.est
 	}
-	c.probeAt = later(now, dl).Add(c.gapLocked()) // the next one, once this one is done or cut off
+	c.probeAt = later(now, dl).Add(probeGap) // the next one, once this one is done or cut off
 	return false, c.est
-}
-
-func (c *class) gapLocked() time.Duration {
-	if c.gap == 0 {
-		return probeGap
-	}
-	return c.gap
 }
 
 // freshLocked reports whether c's estimate may refuse work at now.
@@ -207,10 +199,9 @@ func (e *estimator) observe(r classRef, held time.Duration, cut, probe bool, sta
 	}
 	if probe && !c.refusing.IsZero() {
 		if !cut && held < c.est {
-			c.n, c.next, c.cut, c.since, c.refusing, c.gap = 0, 0, 0, start, time.Time{}, 0
+			c.n, c.next, c.cut, c.since, c.refusing = 0, 0, 0, start, time.Time{}
 		} else {
-			c.gap = min(2*c.gapLocked(), maxProbeGap)
-			c.probeAt = now.Add(c.gap)
+			c.probeAt = now.Add(probeGap)
 		}
 	}
 	if cut {

@@ -351,7 +351,7 @@ func TestOnPostgreSQLAfterALockCallsRunAgainWithinASecondOfItsRelease(t *testing
 	// The promise is a time bound: calls run again within a second of the
 	// release. The statements the lock held complete at its release, and
 	// their holds replace the cut-off ones; else a refusing class lets a
-	// probe go at most 1 s (maxProbeGap) after the last, and a fast probe
+	// probe go 250 ms (probeGap) after the last ended, and a fast probe
 	// restarts its estimate. 1.5 s leaves half a second to a busy 2-core
 	// machine under -race, where a probe may be scheduled late; before the
 	// per-class estimates no call ran for the 2.5 s after the release.
