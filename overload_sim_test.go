@@ -1,0 +1,304 @@
+//go:build go1.25
+
+package bulkhead
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+)
+
+// The promises of adaptive B and of the README's rule for B, Q and the
+// queue wait, kept by callers arriving on their own (open loop, 100 ms
+// deadlines) through database/sql at a fake database whose cores share
+// their time among the operations running, in a synctest bubble: every
+// configuration sees the same arrivals.
+
+// psDB is a database of cores sharing their time among what runs
+// (processor sharing): an Exec of "work D" needs D of one core's time,
+// times scale.
+type psDB struct {
+	cores int
+	mu    sync.Mutex
+	scale float64
+	ops   map[*psOp]struct{}
+	last  time.Time
+	next  *time.Timer
+}
+
+type psOp struct {
+	left float64 // core time still needed, in nanoseconds
+	done chan struct{}
+}
+
+func (s *psDB) hook(ctx context.Context, op fakedb.Op, query string) error {
+	d, ok := strings.CutPrefix(query, "work ")
+	if !ok || op != fakedb.OpExec {
+		return nil
+	}
+	need, err := time.ParseDuration(d)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.advanceLocked()
+	o := &psOp{left: float64(need) * s.scale, done: make(chan struct{})}
+	s.ops[o] = struct{}{}
+	s.scheduleLocked()
+	s.mu.Unlock()
+	select {
+	case <-o.done:
+		return nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.ops[o]; !ok {
+		return nil // done as the context ended
+	}
+	s.advanceLocked()
+	delete(s.ops, o)
+	s.scheduleLocked()
+	return ctx.Err()
+}
+
+// rateLocked is the share of a core each operation running gets.
+func (s *psDB) rateLocked() float64 { return min(1, float64(s.cores)/float64(len(s.ops))) }
+
+// advanceLocked takes the time since the last change off the work left,
+// and ends the operations done.
+func (s *psDB) advanceLocked() {
+	now := time.Now()
+	if len(s.ops) > 0 {
+		ran := float64(now.Sub(s.last)) * s.rateLocked()
+		for o := range s.ops {
+			if o.left -= ran; o.left < 1 {
+				close(o.done)
+				delete(s.ops, o)
+			}
+		}
+	}
+	s.last = now
+}
+
+// scheduleLocked sets the timer to the next end of an operation.
+func (s *psDB) scheduleLocked() {
+	if s.next != nil {
+		s.next.Stop()
+		s.next = nil
+	}
+	if len(s.ops) == 0 {
+		return
+	}
+	least := math.Inf(1)
+	for o := range s.ops {
+		least = min(least, o.left)
+	}
+	s.next = time.AfterFunc(time.Duration(math.Ceil(least/s.rateLocked())), func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.advanceLocked()
+		s.scheduleLocked()
+	})
+}
+
+type psKind struct {
+	work     time.Duration
+	weight   float64
+	deadline time.Duration // 0: psDeadline
+}
+
+type psShape struct {
+	name  string
+	cores int
+	kinds []psKind
+}
+
+// capacity is what the cores do per second of the shape's mean work.
+func (sh psShape) capacity() float64 {
+	var mean, all float64
+	for _, k := range sh.kinds {
+		mean += k.work.Seconds() * k.weight
+		all += k.weight
+	}
+	return float64(sh.cores) / (mean / all)
+}
+
+const psDeadline = 100 * time.Millisecond
+
+// psRule is the README's rule: QueueWait = D − 2·B/C, MaxQueue = max(B, ⌊C·QueueWait⌋).
+func psRule(b int, c float64) Policy {
+	wait := max(psDeadline-time.Duration(2*float64(b)/c*float64(time.Second)), 0).Round(time.Millisecond)
+	if wait == 0 {
+		return Policy{MaxConcurrent: b}
+	}
+	return Policy{MaxConcurrent: b, MaxQueue: max(b, int(math.Floor(c*wait.Seconds()))), QueueWait: wait}
+}
+
+func psAdaptive() Policy {
+	return Policy{MaxConcurrent: 16, MaxQueue: 64, QueueWait: psDeadline, Adaptive: true}
+}
+
+type psRun struct {
+	arrived, good int
+	byCause       map[string]int
+	step          time.Duration
+	arrivedAt     []int // per step
+	goodAt        []int // of those arriving in each step
+}
+
+func (r psRun) goodput(from, to time.Duration) float64 {
+	g := 0
+	for i := int(from / r.step); i < int(to/r.step) && i < len(r.goodAt); i++ {
+		g += r.goodAt[i]
+	}
+	return float64(g) / (to - from).Seconds()
+}
+
+// runPS sends the shape's requests at load × its capacity for length to a
+// gate of policy p; at shift (0: never) the work per request doubles.
+func runPS(t *testing.T, sh psShape, p Policy, load float64, length, shift time.Duration) psRun {
+	var out psRun
+	synctest.Test(t, func(t *testing.T) {
+		db := &psDB{cores: sh.cores, scale: 1, ops: map[*psOp]struct{}{}, last: time.Now()}
+		_, sqldb, fc := dlGate(t, p)
+		fc.SetHook(db.hook)
+		rng := rand.New(rand.NewPCG(1, 2))
+		var all float64
+		for _, k := range sh.kinds {
+			all += k.weight
+		}
+		rate := load * sh.capacity()
+		out = psRun{byCause: map[string]int{}, step: 250 * time.Millisecond}
+		n := int(length / out.step)
+		out.arrivedAt, out.goodAt = make([]int, n), make([]int, n)
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		start := time.Now()
+		for {
+			time.Sleep(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+			at := time.Since(start)
+			if at >= length {
+				break
+			}
+			if shift > 0 && at >= shift && db.scale == 1 {
+				db.mu.Lock()
+				db.scale = 2
+				db.mu.Unlock()
+			}
+			pick, k := rng.Float64()*all, sh.kinds[0]
+			for _, k = range sh.kinds {
+				if pick -= k.weight; pick < 0 {
+					break
+				}
+			}
+			i := int(at / out.step)
+			out.arrived++
+			out.arrivedAt[i]++
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(k.deadline, psDeadline))
+				defer cancel()
+				_, err := sqldb.ExecContext(ctx, "work "+k.work.String())
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil:
+					out.good++
+					out.goodAt[i]++
+				case errors.Is(err, ErrWouldMissDeadline):
+					out.byCause["late"]++
+				case errors.Is(err, ErrAdmissionFull):
+					out.byCause["full"]++
+				case errors.Is(err, ErrQueueTimeout):
+					out.byCause["timeout"]++
+				case errors.Is(err, context.DeadlineExceeded):
+					out.byCause["cut off"]++
+				default:
+					t.Errorf("unexpected error: %v", err)
+				}
+			})
+		}
+		wg.Wait()
+		sqldb.Close()
+	})
+	return out
+}
+
+var psShapes = []psShape{
+	{name: "cpu", cores: 2, kinds: []psKind{{6 * time.Millisecond, 1, 0}, {8 * time.Millisecond, 1, 0}, {10 * time.Millisecond, 1, 0}}},
+	// a tenth of the requests are reports given 30 times the time, as
+	// experiments' --shape mix
+	{name: "mix", cores: 2, kinds: []psKind{{2 * time.Millisecond, 9, 0}, {60 * time.Millisecond, 1, 30 * psDeadline}}},
+}
+
+// psLength is each run's length; its first second is the cold start.
+const psLength = 3 * time.Second
+
+// Adaptive B gets at least nine tenths of the best static B's goodput,
+// from a cold start within a second; at the database's capacity the
+// README's rule (B its cores) and adaptive B serve nineteen twentieths of
+// the arrivals (docs/design.md). Goodput: requests done within their
+// deadlines.
+func TestAdaptiveBGetsNineTenthsOfTheBestStaticBWithCallersDeadlines(t *testing.T) {
+	for _, sh := range psShapes {
+		for _, load := range []float64{1, 3, 6} {
+			t.Run(fmt.Sprintf("%s/%g×C", sh.name, load), func(t *testing.T) {
+				c := sh.capacity()
+				best, bestB, byB := 0.0, 0, map[int]psRun{}
+				for _, b := range []int{1, 2, 4, 8, 16} {
+					r := runPS(t, sh, psRule(b, c), load, psLength, 0)
+					byB[b] = r
+					if g := r.goodput(0, psLength); g > best {
+						best, bestB = g, b
+					}
+				}
+				a := runPS(t, sh, psAdaptive(), load, psLength, 0)
+				if g := a.goodput(0, psLength); g < 0.9*best {
+					t.Errorf("adaptive: %.0f/s (%v), %.2f of the best static B's (%d: %.0f/s)", g, a.byCause, g/best, bestB, best)
+				}
+				if g := a.goodput(0, time.Second); g < 0.9*best {
+					t.Errorf("adaptive from a cold start: %.0f/s in the first second, %.2f of the best static B's", g, g/best)
+				}
+				t.Logf("adaptive %.2f of the best static B's goodput (B=%d), %.2f in the first second; %d of %d arrivals %v; the rule's B: %d %v",
+					a.goodput(0, psLength)/best, bestB, a.goodput(0, time.Second)/best, a.good, a.arrived, a.byCause, byB[sh.cores].good, byB[sh.cores].byCause)
+				if load != 1 {
+					return
+				}
+				for name, r := range map[string]psRun{"adaptive": a, fmt.Sprintf("the rule's B=%d", sh.cores): byB[sh.cores]} {
+					if r.good < r.arrived*95/100 {
+						t.Errorf("%s at capacity: %d of %d arrivals done in time (%v), want 0.95", name, r.good, r.arrived, r.byCause)
+					}
+				}
+			})
+		}
+	}
+}
+
+// After the work doubles mid-run, the gate gets at least 0.85 of the new
+// capacity within half a second, with B by the rule and adaptive
+// (docs/design.md).
+func TestAfterTheWorkDoublesTheGateGetsMostOfTheNewCapacity(t *testing.T) {
+	sh := psShapes[0]
+	c := sh.capacity()
+	const shift = time.Second
+	for _, load := range []float64{1, 3} {
+		for name, p := range map[string]Policy{"adaptive": psAdaptive(), "the rule's": psRule(sh.cores, c)} {
+			r := runPS(t, sh, p, load, psLength, shift)
+			g := r.goodput(shift+time.Second/2, psLength)
+			t.Logf("%g×C, %s B: %.0f/s after the shift, %.2f of the new capacity %.0f/s", load, name, g, g/(c/2), c/2)
+			if g < 0.85*c/2 {
+				t.Errorf("%g×C, %s B: %.0f/s done in time after the work doubled, %.2f of the new capacity (%.0f/s); %v", load, name, g, g/(c/2), c/2, r.byCause)
+			}
+		}
+	}
+}
