@@ -14,8 +14,8 @@ import "time"
 // limit moves only on a window in which at least three quarters of the
 // completions found every permit held (otherwise the holds tell of a lower
 // concurrency), and up only if callers waited or were refused during it;
-// each move is judged on the first such window after it, and no other move
-// is made before: a step up is kept if it won at least upGain of what the
+// each move is judged on the first such window after it, against the mean
+// of the windows since the move before, and no other move is made before: a step up is kept if it won at least upGain of what the
 // added operations could bring, or if callers did not wait at every
 // completion after it (it met their demand), a step down if it lost at
 // most upGain; else it is undone and steps to that limit or beyond are not tried again
@@ -47,6 +47,8 @@ type adaptive struct {
 	slow        bool    // slow start: the limit doubles while doubling pays
 	from        int     // the limit before the move being judged; 0: none
 	fromRate    float64 // the throughput at from
+	rates       float64 // the throughputs of the busy windows since the last move, summed
+	nRates      int     // and counted
 	upTop       int     // a step up to it or above is blocked for upBlock windows (an undone one tried it)
 	upBlock     int
 	downBottom  int // likewise a step down to it or below
@@ -152,6 +154,7 @@ func (a *adaptive) observe(held, base time.Duration, from, b int, full, waited b
 				a.downBottom, a.downBlock = b, a.downBackoff
 			}
 			a.last, a.quiet = Move{From: b, To: from, Why: "undone", Queued: queued, Gain: gain}, 0
+			a.rates, a.nRates = 0, 0
 			return from, true
 		}
 		if b > from {
@@ -164,6 +167,8 @@ func (a *adaptive) observe(held, base time.Duration, from, b int, full, waited b
 	if !busy {
 		return b, false
 	}
+	a.rates += rate
+	a.nRates++
 	up := wanted && b < a.ceil && (a.upBlock == 0 || b+1 < a.upTop)
 	down := b > a.floor && (a.downBlock == 0 || b-1 > a.downBottom)
 	nb, why := b, ""
@@ -187,7 +192,11 @@ func (a *adaptive) observe(held, base time.Duration, from, b int, full, waited b
 	if nb == b {
 		return b, false
 	}
-	a.from, a.fromRate, a.quiet = b, rate, 0
+	// The move is judged against the mean of the windows since the last
+	// one: the window that called for it is chosen by its holds, and its
+	// throughput alone would favour the move.
+	a.from, a.fromRate, a.quiet = b, a.rates/float64(a.nRates), 0
+	a.rates, a.nRates = 0, 0
 	a.last = Move{From: b, To: nb, Why: why, Queued: queued}
 	return nb, true
 }

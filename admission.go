@@ -194,6 +194,10 @@ const (
 	// gapWeight is the gap average's memory, in grants: a few holds of each
 	// of a few permits, so that one long hold does not set it.
 	gapWeight = 8
+	// waitSpare is the holds of its class a waiter must still have before
+	// its deadline: one to run in, one for a hold longer than the median
+	// or a turn later than expected (the README's rule for QueueWait).
+	waitSpare = 2
 )
 
 // ceilingLocked is the most b may be: the limit set, which Policy.Adaptive moves b below.
@@ -513,7 +517,7 @@ func (ps *passage) stop(ls []*budget) {
 
 // take takes an admission permit of l without waiting, then an execution
 // permit in order, waiting until ps's limit, ctx's end or l's close, and no
-// longer than the deadline less the hold (at once refused if the wait
+// longer than the deadline less twice the hold (at once refused if the wait
 // expected makes it late). With admission full, it sheds the last waiter
 // in line (of the lowest priority, due last) if of a priority below its
 // own, only if it would then wait.
@@ -667,7 +671,8 @@ type waitEnd struct {
 // deadline, ps.late says why). A deadline bounds the wait by the class's
 // hold: those ahead and this one are served after about (ahead+1) times
 // the gap between two grants the queue measured (before any, h/b with h
-// the budget's median hold), and it must then hold its permits in time.
+// the budget's median hold), and it must then hold its permits in time;
+// it waits until waitSpare holds before its deadline at most.
 func (l *budget) planLocked(ps *passage, now time.Time) (waitEnd, time.Duration) {
 	start := ps.start
 	if start.IsZero() {
@@ -690,8 +695,8 @@ func (l *budget) planLocked(ps *passage, now time.Time) (waitEnd, time.Duration)
 		if now.Add(ahead + e).After(ps.deadline) {
 			ps.late = lateness{hold: e, ahead: ahead, left: ps.deadline.Sub(now)}
 			end = waitEnd{now, ErrWouldMissDeadline} // refused at once
-		} else if last := ps.deadline.Add(-e); last.Before(end.at) {
-			ps.late = lateness{hold: e, left: e}
+		} else if last := ps.deadline.Add(-waitSpare * e); last.Before(end.at) {
+			ps.late = lateness{hold: e, left: waitSpare * e}
 			end = waitEnd{last, ErrWouldMissDeadline}
 		}
 	}

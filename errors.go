@@ -53,7 +53,8 @@ type RejectedError struct {
 	Waited           time.Duration // time spent waiting; 0 for ErrAdmissionFull
 	// ErrWouldMissDeadline: what it was judged on. Hold is the hold its kind
 	// of work takes (the median of its last ones), Ahead the wait expected
-	// before its turn, Left the time left until its deadline: Ahead+Hold > Left.
+	// before its turn, Left the time left until its deadline: Ahead+Hold >
+	// Left; or, for a waiter whose turn had not come, Left = 2×Hold.
 	Hold, Ahead, Left time.Duration
 }
 
@@ -67,6 +68,10 @@ func (e *RejectedError) Error() string {
 	case ErrQueueTimeout:
 		return fmt.Sprintf("bulkhead: queue wait timed out%s after %v: %s", budget, e.Waited, held)
 	case ErrWouldMissDeadline:
+		if e.Ahead+e.Hold <= e.Left {
+			return fmt.Sprintf("bulkhead: would miss its deadline%s: still waiting after %v with %v left, twice what its kind of work holds its permits: %s",
+				budget, e.Waited, e.Left, held)
+		}
 		return fmt.Sprintf("bulkhead: would miss its deadline%s after a wait of %v: %v left, its kind of work holds its permits %v after about %v more of waiting: %s",
 			budget, e.Waited, e.Left, e.Hold, e.Ahead, held)
 	case ErrLeaseExpired:

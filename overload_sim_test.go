@@ -28,12 +28,14 @@ import (
 // (processor sharing): an Exec of "work D" needs D of one core's time,
 // times scale.
 type psDB struct {
-	cores int
-	mu    sync.Mutex
-	scale float64
-	ops   map[*psOp]struct{}
-	last  time.Time
-	next  *time.Timer
+	cores  int
+	mu     sync.Mutex
+	scale  float64
+	jitter float64 // σ of the log of each operation's work factor
+	rng    *rand.Rand
+	ops    map[*psOp]struct{}
+	last   time.Time
+	next   *time.Timer
 }
 
 type psOp struct {
@@ -53,6 +55,9 @@ func (s *psDB) hook(ctx context.Context, op fakedb.Op, query string) error {
 	s.mu.Lock()
 	s.advanceLocked()
 	o := &psOp{left: float64(need) * s.scale, done: make(chan struct{})}
+	if s.jitter > 0 {
+		o.left *= math.Exp(s.jitter*s.rng.NormFloat64() - s.jitter*s.jitter/2)
+	}
 	s.ops[o] = struct{}{}
 	s.scheduleLocked()
 	s.mu.Unlock()
@@ -119,9 +124,10 @@ type psKind struct {
 }
 
 type psShape struct {
-	name  string
-	cores int
-	kinds []psKind
+	name   string
+	cores  int
+	kinds  []psKind
+	jitter float64
 }
 
 // capacity is what the cores do per second of the shape's mean work.
@@ -155,6 +161,8 @@ type psRun struct {
 	step          time.Duration
 	arrivedAt     []int // per step
 	goodAt        []int // of those arriving in each step
+	limits        []int // B in force at the end of each step
+	moves         []string
 }
 
 func (r psRun) goodput(from, to time.Duration) float64 {
@@ -170,8 +178,8 @@ func (r psRun) goodput(from, to time.Duration) float64 {
 func runPS(t *testing.T, sh psShape, p Policy, load float64, length, shift time.Duration) psRun {
 	var out psRun
 	synctest.Test(t, func(t *testing.T) {
-		db := &psDB{cores: sh.cores, scale: 1, ops: map[*psOp]struct{}{}, last: time.Now()}
-		_, sqldb, fc := dlGate(t, p)
+		db := &psDB{cores: sh.cores, scale: 1, jitter: sh.jitter, rng: rand.New(rand.NewPCG(3, 4)), ops: map[*psOp]struct{}{}, last: time.Now()}
+		g, sqldb, fc := dlGate(t, p)
 		fc.SetHook(db.hook)
 		rng := rand.New(rand.NewPCG(1, 2))
 		var all float64
@@ -203,6 +211,11 @@ func runPS(t *testing.T, sh psShape, p Policy, load float64, length, shift time.
 				}
 			}
 			i := int(at / out.step)
+			for len(out.limits) < i {
+				out.limits = append(out.limits, g.Stats().MaxConcurrent)
+				m := g.Stats().LastMove
+				out.moves = append(out.moves, fmt.Sprintf("%d→%d %s q%.1f g%.2f", m.From, m.To, m.Why, m.Queued, m.Gain))
+			}
 			out.arrived++
 			out.arrivedAt[i]++
 			wg.Go(func() {
@@ -238,6 +251,7 @@ var psShapes = []psShape{
 	{name: "cpu", cores: 2, kinds: []psKind{{6 * time.Millisecond, 1, 0}, {8 * time.Millisecond, 1, 0}, {10 * time.Millisecond, 1, 0}}},
 	// a tenth of the requests are reports given 30 times the time, as
 	// experiments' --shape mix
+	{name: "noisy", cores: 2, kinds: []psKind{{8 * time.Millisecond, 1, 0}}, jitter: 0.5},
 	{name: "mix", cores: 2, kinds: []psKind{{2 * time.Millisecond, 9, 0}, {60 * time.Millisecond, 1, 30 * psDeadline}}},
 }
 
@@ -271,6 +285,10 @@ func TestAdaptiveBGetsNineTenthsOfTheBestStaticBWithCallersDeadlines(t *testing.
 				}
 				t.Logf("adaptive %.2f of the best static B's goodput (B=%d), %.2f in the first second; %d of %d arrivals %v; the rule's B: %d %v",
 					a.goodput(0, psLength)/best, bestB, a.goodput(0, time.Second)/best, a.good, a.arrived, a.byCause, byB[sh.cores].good, byB[sh.cores].byCause)
+				for _, b := range []int{1, 2, 4, 8, 16} {
+					t.Logf("static %d: %.0f/s %v", b, byB[b].goodput(0, psLength), byB[b].byCause)
+				}
+				t.Logf("adaptive B %v %v", a.limits, a.moves)
 				if load != 1 {
 					return
 				}
