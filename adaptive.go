@@ -9,7 +9,7 @@ import "time"
 // queued, estimate.go), so that which classes a window happened to hold
 // does not move it; one cut off at its deadline did no work. A
 // window is max(8, 4·limit) completions of operations granted their
-// permits under the limit, and a quarter as many in effect when their
+// permits under the limit, and half as many in effect when their
 // holds differ ((Σheld)²/Σheld²: a few long operations weigh as few); the
 // limit moves only on a window in which at least three quarters of the
 // completions found every permit held (otherwise the holds tell of a lower
@@ -81,7 +81,7 @@ type Move struct {
 const (
 	windowMin    = 8       // the fewest completions a window counts: fewer say more of the draw than of the limit
 	windowPer    = 4       // and per permit of the limit, so that each permit turns over a few times
-	effShare     = 0.25    // the share of a window's completions that must count in effect ((Σheld)²/Σheld²)
+	effShare     = 0.5     // the share of a window's completions that must count in effect ((Σheld)²/Σheld²)
 	busyShare    = 0.75    // the share of a window's completions that must find every permit held
 	downQueued   = 1       // operations waiting inside the database above which the limit steps down
 	upQueued     = 1.0 / 3 // and under which it steps up: room that one more operation would use
