@@ -91,6 +91,16 @@ func (e *fkEnv) balanced(t *testing.T) {
 
 var fkB1 = bulkhead.Policy{MaxConcurrent: 1}
 
+// fkBegin begins a transaction on db, failing the test if it cannot.
+func fkBegin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
+	t.Helper()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
 // fkRaw runs f with the driver conn that (*sql.Conn).Raw hands out: the
 // wrapper.
 func fkRaw(t *testing.T, db *sql.DB, f func(dc any)) {
@@ -320,11 +330,8 @@ func TestUnwrapReturnsTheDriversOwnConnFromRaw(t *testing.T) {
 func TestTheArticleDemoOnTheFakeDriverRejectsTheSecondOperationAndCommits42(t *testing.T) {
 	ctx := context.Background()
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = e.db.ExecContext(ctx, "UPDATE t")
+	tx := fkBegin(t, ctx, e.db)
+	_, err := e.db.ExecContext(ctx, "UPDATE t")
 	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, bulkhead.ErrAdmissionFull) || errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("second operation: %v, want an admission-full rejection", err)
 	}
@@ -375,10 +382,7 @@ func TestATransactionHoldsItsPermitsUntilTheDriversCommitOrRollbackReturned(t *t
 		op fakedb.Op
 		f  func(*sql.Tx) error
 	}{{fakedb.OpCommit, (*sql.Tx).Commit}, {fakedb.OpRollback, (*sql.Tx).Rollback}} {
-		tx, err := e.db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := fkBegin(t, ctx, e.db)
 		e.running(t, 1, "transaction begun")
 		fkBlocked(t, e.fc, end.op, func() error { return end.f(tx) }, func() {
 			e.running(t, 1, "inside the driver's "+end.op.String())
@@ -505,10 +509,7 @@ func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dbStmt.Close()
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, e.db)
 	before := e.g.Stats()
 	if _, err := tx.ExecContext(ctx, "UPDATE t"); err != nil {
 		t.Fatalf("exec in tx: %v", err)
@@ -548,10 +549,7 @@ func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
 func TestACancelledTransactionIsReleasedOnceByDatabaseSQLsRollback(t *testing.T) {
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
 	ctx, cancel := context.WithCancel(context.Background())
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, e.db)
 	b := e.fc.Block(fakedb.OpRollback)
 	cancel()
 	b.Wait(1) // database/sql's goroutine is in the driver's Rollback
@@ -760,11 +758,8 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 	// A queue timeout: the driver never sees the statement, and database/sql
 	// neither retries it nor dials again.
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Millisecond})
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = e.db.ExecContext(ctx, "UPDATE t")
+	tx := fkBegin(t, ctx, e.db)
+	_, err := e.db.ExecContext(ctx, "UPDATE t")
 	if !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("got %v, want a queue timeout", err)
 	}
@@ -923,10 +918,7 @@ func TestTheErrSkipFallbackChecksArgumentsWithTheStatementsCheckerAsDatabaseSQLD
 func TestClosingTheDBMakesAQueuedOperationReturnErrClosed(t *testing.T) {
 	ctx := context.Background()
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait})
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, e.db)
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.db.ExecContext(ctx, "UPDATE t")
@@ -937,7 +929,7 @@ func TestClosingTheDBMakesAQueuedOperationReturnErrClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	// With an hour of queue wait, only the close can end the wait.
-	err = <-done
+	err := <-done
 	if !errors.Is(err, bulkhead.ErrClosed) || errors.Is(err, bulkhead.ErrRejected) {
 		t.Fatalf("queued exec after db.Close: %v, want ErrClosed, not a rejection", err)
 	}
@@ -1067,10 +1059,7 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 	if err := e.db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := e.db.BeginTx(ctx, nil) // holds the execution permit
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, e.db) // holds the execution permit
 	c, err := e.db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -1174,10 +1163,7 @@ func TestHoldWarningReportsAnOperationHeldLongerThanTheLimit(t *testing.T) {
 	const limit = time.Microsecond
 	reports := make(chan bulkhead.Event, 1)
 	e := fkOpen(t, nil, fkB1, bulkhead.WithHoldWarning(limit, func(ev bulkhead.Event) { reports <- ev }))
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, e.db)
 	ev := <-reports // the transaction stays open until the report came
 	if ev.Kind != bulkhead.KindTx || ev.Held != limit {
 		t.Fatalf("report %+v, want a transaction held %v", ev, limit)

@@ -43,10 +43,7 @@ func TestReasonLabelNamesBothRejectionCausesAndNothingElse(t *testing.T) {
 	}
 	db := g.OpenDB()
 	defer db.Close()
-	tx, err := db.BeginTx(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, t.Context(), db)
 	defer tx.Rollback()
 	_, timeout := db.ExecContext(t.Context(), "UPDATE t SET v = 1")
 	for _, c := range []struct {

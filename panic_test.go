@@ -111,10 +111,7 @@ func TestADriverPanicInResetSessionLosesNoConnectionSlot(t *testing.T) {
 func TestADriverPanicInsideATransactionGivesTheTransactionsPermitsBack(t *testing.T) {
 	fc, g, db := pnOpen(t)
 	ctx := context.Background()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, db)
 	fc.PanicNext(fakedb.OpExec, 1, "driver bug")
 	pnMustPanic(t, func() { tx.ExecContext(ctx, "UPDATE x") })
 	if s := g.Stats(); s.Running != 0 || s.OpenConns != 0 {

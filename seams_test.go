@@ -28,10 +28,7 @@ import (
 func smFill(t *testing.T, e *fkEnv, q int) (free func()) {
 	t.Helper()
 	ctx := context.Background()
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, e.db)
 	waiting := make(chan error, 1)
 	if q == 1 {
 		go func() {
@@ -140,10 +137,7 @@ func TestARefusedExecOnADriverWithoutExecerSendsNothing(t *testing.T) {
 	if _, err := e.db.ExecContext(ctx, "UPDATE t SET v = ?", 1); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, e.db)
 	prepares := fc.Count(fakedb.OpPrepare)
 	if _, err := e.db.ExecContext(ctx, "UPDATE t SET v = ?", 2); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("exec: %v, want ErrAdmissionFull", err)
