@@ -490,7 +490,8 @@ func TestClassesAreBoundedAndAnEvictedOneRecordsNothing(t *testing.T) {
 
 // ---- through a gate on the fake driver ----
 
-// dlGate opens a gate on a fake driver, closed at the end of the test.
+// dlGate opens a gate on a new fake driver and its *sql.DB, closed (and
+// the gate with it) at the end of the test.
 func dlGate(t *testing.T, p Policy, opts ...Option) (*Gate, *sql.DB, *fakedb.Connector) {
 	t.Helper()
 	fc := fakedb.New()
