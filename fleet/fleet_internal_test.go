@@ -919,8 +919,9 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 	})
 }
 
-// The test's view of a member, as the tests were written for a gate with
-// a fleet inside: Stats has the gate's and, in Fleet, the member's.
+// fgate is a member with its gate's *sql.DB, seen as one gate: Stats has
+// the gate's and, in Fleet, the member's; tPolicy is a gate's policy with
+// the fleet's name.
 
 type tPolicy struct {
 	MaxConcurrent int
