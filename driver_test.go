@@ -69,6 +69,17 @@ func (e *fkEnv) running(t *testing.T, want int, when string) {
 	}
 }
 
+// exec runs an Exec of query on e's DB on a goroutine; its error arrives
+// on the channel.
+func (e *fkEnv) exec(ctx context.Context, query string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.db.ExecContext(ctx, query)
+		done <- err
+	}()
+	return done
+}
+
 // awaitRelease waits for the next release of permits, made on any
 // goroutine, and then until nothing runs: OnRelease is called just before
 // the permits are given back.
@@ -765,11 +776,7 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 	}
 	errs = append(errs, err)
 	// Admission full: the transaction runs, an operation waits.
-	waiter := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(bulkhead.WithQueueWait(ctx, time.Hour), "UPDATE t")
-		waiter <- err
-	}()
+	waiter := e.exec(bulkhead.WithQueueWait(ctx, time.Hour), "UPDATE t")
 	awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
 	_, err = e.db.ExecContext(ctx, "UPDATE t")
 	if !errors.Is(err, bulkhead.ErrAdmissionFull) {
@@ -919,11 +926,7 @@ func TestClosingTheDBMakesAQueuedOperationReturnErrClosed(t *testing.T) {
 	ctx := context.Background()
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait})
 	tx := fkBegin(t, ctx, e.db)
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(ctx, "UPDATE t")
-		done <- err
-	}()
+	done := e.exec(ctx, "UPDATE t")
 	awaitState(t, "the exec waits for a permit", func() bool { return e.g.Stats().Waiting == 1 })
 	if err := e.db.Close(); err != nil {
 		t.Fatal(err)
@@ -1065,11 +1068,7 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 		t.Fatal(err)
 	}
 	defer c.Close()
-	waiter := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(bulkhead.WithQueueWait(ctx, time.Hour), "UPDATE t")
-		waiter <- err
-	}()
+	waiter := e.exec(bulkhead.WithQueueWait(ctx, time.Hour), "UPDATE t")
 	awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
 	if _, err := e.db.ExecContext(ctx, "UPDATE t"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("exec with B running and Q waiting: %v, want admission full", err)

@@ -528,11 +528,7 @@ func TestAnOperationLetInUnderALeaseThatRanOutSendsNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		dial := fc.Block(fakedb.OpConnect)
-		done := make(chan error, 1)
-		go func() {
-			_, err := e.db.ExecContext(bg, "quick")
-			done <- err
-		}()
+		done := e.exec(bg, "quick")
 		dial.Wait(1)
 		time.Sleep(2 * time.Second) // the fake clock: the lease runs out during the dial
 		if s := e.g.Stats(); s.MaxConcurrent != 0 {

@@ -29,12 +29,9 @@ func smFill(t *testing.T, e *fkEnv, q int) (free func()) {
 	t.Helper()
 	ctx := context.Background()
 	tx := fkBegin(t, ctx, e.db)
-	waiting := make(chan error, 1)
+	var waiting <-chan error
 	if q == 1 {
-		go func() {
-			_, err := e.db.ExecContext(ctx, "UPDATE t")
-			waiting <- err
-		}()
+		waiting = e.exec(ctx, "UPDATE t")
 		awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
 	}
 	return func() {
@@ -77,11 +74,7 @@ func smCutOff(t *testing.T, e *fkEnv, op fakedb.Op, what string) {
 	t.Helper()
 	b := e.fc.Block(op)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(ctx, "UPDATE t")
-		done <- err
-	}()
+	done := e.exec(ctx, "UPDATE t")
 	b.Wait(1)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
