@@ -102,6 +102,17 @@ func (e *fkEnv) balanced(t *testing.T) {
 
 var fkB1 = bulkhead.Policy{MaxConcurrent: 1}
 
+// fkMustExec runs query on x (a *sql.DB, *sql.Conn or *sql.Tx), failing
+// the test on an error.
+func fkMustExec(t *testing.T, ctx context.Context, x interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, query string, args ...any) {
+	t.Helper()
+	if _, err := x.ExecContext(ctx, query, args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // fkBegin begins a transaction on db, failing the test if it cannot.
 func fkBegin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
 	t.Helper()
@@ -1056,9 +1067,7 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 			OnReject:  record("reject"),
 			OnRelease: record("release"),
 		}))
-	if _, err := e.db.ExecContext(ctx, "UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, ctx, e.db, "UPDATE t")
 	if err := e.db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)); err != nil {
 		t.Fatal(err)
 	}

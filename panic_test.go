@@ -76,9 +76,7 @@ func TestADriverPanicInResetSessionLosesNoConnectionSlot(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
 	fc, g, db := e.fc, e.g, e.db
 	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, "UPDATE x"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, ctx, db, "UPDATE x")
 	fc.PanicNext(fakedb.OpResetSession, 1, "driver bug")
 	pnMustPanic(t, func() { db.ExecContext(ctx, "UPDATE x") })
 	if got := g.Stats().OpenConns; got != 0 {

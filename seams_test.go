@@ -127,9 +127,7 @@ func TestARefusedExecOnADriverWithoutExecerSendsNothing(t *testing.T) {
 	fc := fakedb.New()
 	fc.Conn = fakedb.ConnAll &^ (fakedb.ConnExecerContext | fakedb.ConnExecer)
 	e := fkOpen(t, fc, fkB1)
-	if _, err := e.db.ExecContext(ctx, "UPDATE t SET v = ?", 1); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, ctx, e.db, "UPDATE t SET v = ?", 1)
 	tx := fkBegin(t, ctx, e.db)
 	prepares := fc.Count(fakedb.OpPrepare)
 	if _, err := e.db.ExecContext(ctx, "UPDATE t SET v = ?", 2); !errors.Is(err, bulkhead.ErrAdmissionFull) {
@@ -186,9 +184,7 @@ func TestWithNoIdleConnectionKeptEachOperationDialsAsWithoutTheGate(t *testing.T
 	e := fkOpen(t, nil, fkB1)
 	e.db.SetMaxIdleConns(0)
 	for range 3 {
-		if _, err := e.db.Exec("UPDATE t"); err != nil {
-			t.Fatal(err)
-		}
+		fkMustExec(t, context.Background(), e.db, "UPDATE t")
 	}
 	if n, open := e.fc.Count(fakedb.OpConnect), e.fc.Open(); n != 3 || open != 0 {
 		t.Fatalf("%d dials, %d open, want 3 and 0", n, open)
@@ -201,9 +197,7 @@ func TestServerConnectionsFollowDatabaseSQLsConnMaxLifetime(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
 	e.db.SetConnMaxLifetime(time.Nanosecond)
 	for range 3 {
-		if _, err := e.db.Exec("UPDATE t"); err != nil {
-			t.Fatal(err)
-		}
+		fkMustExec(t, context.Background(), e.db, "UPDATE t")
 	}
 	if n, open, s := e.fc.Count(fakedb.OpConnect), e.fc.Open(), e.db.Stats(); n != 3 || open > s.OpenConnections {
 		t.Fatalf("%d dials, %d server connections open, database/sql %+v: want 3 dials and no more server connections than database/sql's", n, open, s)
@@ -281,14 +275,10 @@ func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *tes
 // not pinged.
 func TestAResetCutOffByTheCallersContextIsNoDeadConnection(t *testing.T) {
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
-	if _, err := e.db.Exec("UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, context.Background(), e.db, "UPDATE t")
 	smCutOff(t, e, fakedb.OpResetSession, "exec")
 	pings := e.fc.Count(fakedb.OpPing)
-	if _, err := e.db.Exec("UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, context.Background(), e.db, "UPDATE t")
 	if s := e.g.Stats(); s.BadConns != 0 || e.fc.Count(fakedb.OpConnect) != 1 || e.fc.Count(fakedb.OpPing) != pings {
 		t.Fatalf("%+v, %d dials, %d pings: want no bad connection, one dial, no ping", s, e.fc.Count(fakedb.OpConnect), e.fc.Count(fakedb.OpPing)-pings)
 	}
@@ -369,9 +359,7 @@ func TestPingWorksOnAGateCappedAtZero(t *testing.T) {
 	if err := e.g.Cap(context.Background(), -1, -1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.db.Exec("UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, context.Background(), e.db, "UPDATE t")
 }
 
 // Cap returns once the operations beyond the new limit ended.
@@ -443,9 +431,7 @@ func TestADialItsCallerGaveUpOnServesTheNextCaller(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
 	smCutOff(t, e, fakedb.OpConnect, "exec cut off while dialing")
 	awaitState(t, "the dial's connection is idle", func() bool { return e.g.Stats().IdleConns == 1 })
-	if _, err := e.db.Exec("UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, context.Background(), e.db, "UPDATE t")
 	if n := e.fc.Count(fakedb.OpConnect); n != 1 {
 		t.Fatalf("%d dials, want 1: the next caller got the first dial's connection", n)
 	}
@@ -466,9 +452,7 @@ func TestASQLConnDialsAtItsFirstUse(t *testing.T) {
 	if n := e.fc.Count(fakedb.OpConnect); n != 0 {
 		t.Fatalf("db.Conn dialed %d server connections, want 0", n)
 	}
-	if _, err := c.ExecContext(context.Background(), "UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, context.Background(), c, "UPDATE t")
 	if n := e.fc.Count(fakedb.OpConnect); n != 1 {
 		t.Fatalf("%d dials after the first statement, want 1", n)
 	}
@@ -500,9 +484,7 @@ func TestConnInitRunsOnceOnEachServerConnectionWithinThePermitsOfItsFirstOperati
 		t.Fatalf("%d server connections open after a failed init, want 0", open)
 	}
 	for range 3 {
-		if _, err := e.db.Exec("UPDATE t"); err != nil {
-			t.Fatal(err)
-		}
+		fkMustExec(t, context.Background(), e.db, "UPDATE t")
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -26,9 +26,7 @@ func TestOpenDBReturnsTheSameDBEveryTimeAndClosingItClosesTheGate(t *testing.T) 
 	if again := g.OpenDB(); again != db {
 		t.Fatal("a second OpenDB opened another pool")
 	}
-	if _, err := db.Exec("UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, context.Background(), db, "UPDATE t")
 	db.Close()
 	if again := g.OpenDB(); again != db {
 		t.Fatal("OpenDB after Close opened another pool on the closed gate")
@@ -161,9 +159,7 @@ func TestAConnectionsServerConnectionStaysWithItAndClosesWithIt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.ExecContext(ctx, "UPDATE t"); err != nil {
-			t.Fatal(err)
-		}
+		fkMustExec(t, ctx, c, "UPDATE t")
 		conns = append(conns, c)
 	}
 	if n := fc.Open(); n != 4 {
