@@ -113,6 +113,16 @@ func fkMustExec(t *testing.T, ctx context.Context, x interface {
 	}
 }
 
+// fkConn takes a connection of db, failing the test if it cannot.
+func fkConn(t *testing.T, ctx context.Context, db *sql.DB) *sql.Conn {
+	t.Helper()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // fkBegin begins a transaction on db, failing the test if it cannot.
 func fkBegin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
 	t.Helper()
@@ -128,10 +138,7 @@ func fkBegin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
 func fkRaw(t *testing.T, db *sql.DB, f func(dc any)) {
 	t.Helper()
 	ctx := context.Background()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := fkConn(t, ctx, db)
 	defer c.Close()
 	if err := c.Raw(func(dc any) error { f(dc); return nil }); err != nil {
 		t.Fatal(err)
@@ -807,10 +814,7 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 
 	// Admission full at the wrapper: a nested operation on a pinned conn.
 	e1 := fkOpen(t, nil, fkB1)
-	c, err := e1.db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := fkConn(t, ctx, e1.db)
 	rows, err := c.QueryContext(ctx, "SELECT 1")
 	if err != nil {
 		t.Fatal(err)
@@ -1072,10 +1076,7 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 		t.Fatal(err)
 	}
 	tx := fkBegin(t, ctx, e.db) // holds the execution permit
-	c, err := e.db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := fkConn(t, ctx, e.db)
 	defer c.Close()
 	waiter := e.exec(bulkhead.WithQueueWait(ctx, time.Hour), "UPDATE t")
 	awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
@@ -1088,10 +1089,7 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 	if err := <-waiter; err != nil {
 		t.Fatal(err)
 	}
-	tx, err = e.db.BeginTx(ctx, nil) // holds the execution permit again
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx = fkBegin(t, ctx, e.db) // holds the execution permit again
 	if _, err := c.ExecContext(ctx, "UPDATE t"); !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("exec on the pinned conn: %v, want a queue timeout", err)
 	}

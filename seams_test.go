@@ -225,10 +225,7 @@ func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *tes
 		}
 		var conns []*sql.Conn
 		for range 3 {
-			c, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := fkConn(t, ctx, db)
 			if err := c.PingContext(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -255,10 +252,7 @@ func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *tes
 		// stale one discarded on the way).
 		var two []*sql.Conn
 		for range 2 {
-			c, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := fkConn(t, ctx, db)
 			two = append(two, c)
 		}
 		if s := db.Stats(); s.OpenConnections != 2 || s.InUse != 2 {
@@ -292,12 +286,9 @@ func TestUnwrapReturnsTheDialsErrorWhenNoServerConnectionCanBeHad(t *testing.T) 
 	dialErr := errors.New("connection refused")
 	e := fkOpen(t, nil, fkB1)
 	e.fc.FailNext(fakedb.OpConnect, 1, dialErr)
-	c, err := e.db.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := fkConn(t, context.Background(), e.db)
 	defer c.Close()
-	err = c.Raw(func(dc any) error {
+	err := c.Raw(func(dc any) error {
 		inner, err := bulkhead.Unwrap(dc)
 		if inner != nil {
 			t.Errorf("Unwrap gave %v with %v", inner, err)
@@ -444,10 +435,7 @@ func TestADialItsCallerGaveUpOnServesTheNextCaller(t *testing.T) {
 // connection comes with the *sql.Conn's first use.
 func TestASQLConnDialsAtItsFirstUse(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
-	c, err := e.db.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := fkConn(t, context.Background(), e.db)
 	defer c.Close()
 	if n := e.fc.Count(fakedb.OpConnect); n != 0 {
 		t.Fatalf("db.Conn dialed %d server connections, want 0", n)

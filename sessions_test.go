@@ -155,10 +155,7 @@ func TestAConnectionsServerConnectionStaysWithItAndClosesWithIt(t *testing.T) {
 	// the order they were opened), then all given back, 4 last.
 	var conns []*sql.Conn
 	for range 4 {
-		c, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := fkConn(t, ctx, db)
 		fkMustExec(t, ctx, c, "UPDATE t")
 		conns = append(conns, c)
 	}
