@@ -102,37 +102,6 @@ func (e *fkEnv) balanced(t *testing.T) {
 
 var fkB1 = bulkhead.Policy{MaxConcurrent: 1}
 
-// fkMustExec runs query on x (a *sql.DB, *sql.Conn or *sql.Tx), failing
-// the test on an error.
-func fkMustExec(t *testing.T, ctx context.Context, x interface {
-	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}, query string, args ...any) {
-	t.Helper()
-	if _, err := x.ExecContext(ctx, query, args...); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// fkConn takes a connection of db, failing the test if it cannot.
-func fkConn(t *testing.T, ctx context.Context, db *sql.DB) *sql.Conn {
-	t.Helper()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-// fkBegin begins a transaction on db, failing the test if it cannot.
-func fkBegin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
-	t.Helper()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tx
-}
-
 // fkRaw runs f with the driver conn that (*sql.Conn).Raw hands out: the
 // wrapper.
 func fkRaw(t *testing.T, db *sql.DB, f func(dc any)) {
