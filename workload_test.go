@@ -254,6 +254,14 @@ func (r *wlRig) doneAll(t *testing.T, names []string, chs ...<-chan error) {
 	}
 }
 
+// doneN is doneAll for the operations startN started with prefix.
+func (r *wlRig) doneN(t *testing.T, prefix string, chs []<-chan error) {
+	t.Helper()
+	for i, ch := range chs {
+		r.done(t, fmt.Sprintf("%s%d", prefix, i), ch)
+	}
+}
+
 func wlOK(t *testing.T, what string, ch <-chan error) {
 	t.Helper()
 	if err := wlRecv(t, what, ch); err != nil {
