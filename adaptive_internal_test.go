@@ -268,10 +268,10 @@ func TestAdaptiveStaysWithinItsBoundsUnderArbitraryHolds(t *testing.T) {
 // A step up needs callers waiting or refused.
 func TestAdaptiveJudgesAMoveOnlyOnAWindowOfPermitsHeld(t *testing.T) {
 	for _, c := range []struct {
-		name       string
-		full, want bool
-		b          int
-	}{{"every permit held", true, true, 1}, {"permits idle", false, true, 2}} {
+		name string
+		full bool
+		b    int
+	}{{"every permit held", true, 1}, {"permits idle", false, 2}} {
 		a := newAdaptive()
 		a.floor, a.ceil = 1, 16
 		window := func(b int, held time.Duration, full, waited bool) int {
