@@ -124,14 +124,7 @@ func TestAdaptivePolicyFromTheEnvironmentRejectsMalformedValues(t *testing.T) {
 			if c.env == envMinName {
 				environ = append(environ, envAdaptiveName+"=true")
 			}
-			p, err := PolicyFromEnviron(DefaultPolicy, environ)
-			if err == nil {
-				t.Fatalf("PolicyFromEnviron(%q) = %+v, want an error", environ, p)
-			}
-			if !samePolicy(p, Policy{}) {
-				t.Errorf("with an error the policy is %+v, want the zero Policy", p)
-			}
-			polCheckMessage(t, err, c.want...)
+			polRejects(t, DefaultPolicy, environ, c.want...)
 		})
 	}
 }
@@ -153,13 +146,7 @@ func TestAdaptivePolicyFromTheEnvironmentThatDoesNotValidateNamesTheVariables(t 
 		{"a floor above B from the environment", []string{envMinName + "=4", envAdaptiveName + "=true", "BULKHEAD_MAX_CONCURRENT=3"},
 			[]string{"MinConcurrent is 4, want 0 to MaxConcurrent (3)", `BULKHEAD_MIN_CONCURRENT="4"`, `BULKHEAD_MAX_CONCURRENT="3"`}},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			p, err := PolicyFromEnviron(DefaultPolicy, c.environ)
-			if err == nil {
-				t.Fatalf("PolicyFromEnviron(%q) = %+v, want an error", c.environ, p)
-			}
-			polCheckMessage(t, err, c.want...)
-		})
+		t.Run(c.name, func(t *testing.T) { polRejects(t, DefaultPolicy, c.environ, c.want...) })
 	}
 }
 
@@ -170,10 +157,7 @@ func TestAdaptivePolicyMisspeltVariablesNameTheNearestKnownOne(t *testing.T) {
 		{"BULKHEAD_ADAPTIV", envAdaptiveName},
 		{"BULKHEAD_MIN_CONCURENT", envMinName},
 	} {
-		_, err := PolicyFromEnviron(DefaultPolicy, []string{c.typo + "=true"})
-		if err == nil {
-			t.Fatalf("%s=true: no error", c.typo)
-		}
-		polCheckMessage(t, err, "unknown environment variable "+c.typo, "did you mean "+c.near+"?", envAdaptiveName, envMinName)
+		polRejects(t, DefaultPolicy, []string{c.typo + "=true"},
+			"unknown environment variable "+c.typo, "did you mean "+c.near+"?", envAdaptiveName, envMinName)
 	}
 }

@@ -310,87 +310,97 @@ func TestWaitersAreGrantedPermitsInArrivalOrder(t *testing.T) {
 	})
 }
 
+// A queue wait that ends without an execution permit is a queue-timeout
+// rejection after exactly the queue wait (on the fake clock): the waiter
+// took no permit and the holder keeps its own; with a queue wait of 0 it
+// waits for nothing, and a free permit is still taken at once.
 func TestQueueTimeoutRejectsAndGivesBackOnlyTheAdmissionPermit(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		const wait = 100 * time.Millisecond
-		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: wait}, 1)
-		waited, err := admAcquire(context.Background(), l) // fake time passes while it waits
-		var re *RejectedError
-		if !errors.As(err, &re) {
-			t.Fatalf("err = %v, want a *RejectedError", err)
-		}
-		if !errors.Is(err, ErrRejected) || !errors.Is(err, ErrQueueTimeout) || errors.Is(err, ErrAdmissionFull) || errors.Is(err, driver.ErrBadConn) {
-			t.Fatalf("err %v matches the wrong sentinels", err)
-		}
-		if waited <= 0 || re.Waited != waited {
-			t.Fatalf("waited %v, Waited %v; want equal and > 0", waited, re.Waited)
-		}
-		// On the fake clock the wait is exactly QueueWait.
-		if waited != wait {
-			t.Fatalf("waited %v of fake time, want %v", waited, wait)
-		}
-		if got, want := err.Error(), "bulkhead: queue wait timed out after 100ms: 1 running + 1 waiting of B=1, Q=1"; got != want {
-			t.Fatalf("message %q, want %q", got, want)
-		}
-		admCheck(t, l, 1, 0) // the holder keeps its permits; the waiter took none
-		s := admStats(l)
-		if s.RejectedTimeout != 1 || s.WaitCount != 1 || s.WaitDuration != wait || s.Admitted != 1 || s.Canceled != 0 {
-			t.Fatalf("stats %+v, want 1 timeout, 1 wait of %v, 1 admitted", s, wait)
-		}
-		l.release(0)
-		admCheck(t, l, 0, 0)
-	})
+	for _, c := range []struct {
+		wait      time.Duration
+		waitCount int64
+		msg       string
+	}{
+		{100 * time.Millisecond, 1, "bulkhead: queue wait timed out after 100ms: 1 running + 1 waiting of B=1, Q=1"},
+		{0, 0, "bulkhead: queue wait timed out after 0s: 1 running + 0 waiting of B=1, Q=1"},
+	} {
+		t.Run(c.wait.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: c.wait}, 1)
+				waited, err := admAcquire(context.Background(), l) // fake time passes while it waits
+				var re *RejectedError
+				if !errors.As(err, &re) {
+					t.Fatalf("err = %v, want a *RejectedError", err)
+				}
+				if !errors.Is(err, ErrRejected) || !errors.Is(err, ErrQueueTimeout) || errors.Is(err, ErrAdmissionFull) || errors.Is(err, driver.ErrBadConn) {
+					t.Fatalf("err %v matches the wrong sentinels", err)
+				}
+				if waited != c.wait || re.Waited != waited {
+					t.Fatalf("waited %v, Waited %v; want %v each", waited, re.Waited, c.wait)
+				}
+				if got := err.Error(); got != c.msg {
+					t.Fatalf("message %q, want %q", got, c.msg)
+				}
+				admCheck(t, l, 1, 0) // the holder keeps its permits; the waiter took none
+				s := admStats(l)
+				if s.RejectedTimeout != 1 || s.WaitCount != c.waitCount || s.WaitDuration != c.wait || s.Admitted != 1 || s.Canceled != 0 {
+					t.Fatalf("stats %+v, want 1 timeout, %d wait of %v, 1 admitted", s, c.waitCount, c.wait)
+				}
+				l.release(0)
+				admMustAcquire(t, l) // a free permit is taken at once, whatever the queue wait
+				l.release(0)
+				admCheck(t, l, 0, 0)
+			})
+		})
+	}
 }
 
-func TestZeroQueueWaitRejectsWithoutWaiting(t *testing.T) {
-	l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 0})
-	admMustAcquire(t, l)
-	waited, err := admAcquire(context.Background(), l)
-	var re *RejectedError
-	if !errors.As(err, &re) || !errors.Is(err, ErrQueueTimeout) || !errors.Is(err, ErrRejected) {
-		t.Fatalf("err = %v, want a queue-timeout rejection", err)
+// A context that ends while its operation is queued ends the wait with
+// the context's own error, not a rejection, after exactly the time it
+// waited, and takes nothing: cancelled after 10ms with an hour of queue
+// wait, or its deadline of 30ms coming before a queue wait of 100ms.
+func TestAContextEndingWhileQueuedReturnsTheContextError(t *testing.T) {
+	for _, c := range []struct {
+		want     error
+		p        Policy
+		after    time.Duration // when the context ends
+		deadline bool          // it ends by its deadline, else by its cancel
+	}{
+		{context.Canceled, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, 10 * time.Millisecond, false},
+		{context.DeadlineExceeded, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 100 * time.Millisecond}, 30 * time.Millisecond, true},
+	} {
+		t.Run(c.want.Error(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				l := admBubbleHeld(t, c.p, 1)
+				ctx, cancel := context.WithCancel(context.Background())
+				if c.deadline {
+					ctx, cancel = context.WithTimeout(context.Background(), c.after)
+				}
+				defer cancel()
+				res := admQueued(ctx, l)
+				admCheck(t, l, 1, 1)
+				if !c.deadline {
+					time.Sleep(c.after) // advance the fake clock
+					cancel()
+				}
+				r := <-res
+				if r.err != c.want {
+					t.Fatalf("err = %v, want %v itself", r.err, c.want)
+				}
+				if errors.Is(r.err, ErrRejected) {
+					t.Fatalf("%v matches ErrRejected", r.err)
+				}
+				if r.waited != c.after {
+					t.Fatalf("waited %v of fake time, want %v", r.waited, c.after)
+				}
+				admCheck(t, l, 1, 0)
+				if s := admStats(l); s.Canceled != 1 || s.RejectedTimeout != 0 || s.WaitCount != 1 || s.WaitDuration != c.after {
+					t.Fatalf("stats %+v, want 1 canceled after a wait of %v", s, c.after)
+				}
+				l.release(0)
+				admCheck(t, l, 0, 0)
+			})
+		})
 	}
-	if waited != 0 || re.Waited != 0 {
-		t.Fatalf("waited %v / %v, want 0", waited, re.Waited)
-	}
-	if got, want := err.Error(), "bulkhead: queue wait timed out after 0s: 1 running + 0 waiting of B=1, Q=1"; got != want {
-		t.Fatalf("message %q, want %q", got, want)
-	}
-	admCheck(t, l, 1, 0)
-	if s := admStats(l); s.RejectedTimeout != 1 || s.WaitCount != 0 || s.WaitDuration != 0 {
-		t.Fatalf("stats %+v, want 1 timeout and no wait counted", s)
-	}
-	l.release(0)
-	admMustAcquire(t, l) // a free permit is still taken at once with QueueWait 0
-	l.release(0)
-	admCheck(t, l, 0, 0)
-}
-
-func TestContextCanceledWhileQueuedReturnsTheContextError(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Hour}, 1)
-		ctx, cancel := context.WithCancel(context.Background())
-		res := admQueued(ctx, l)
-		admCheck(t, l, 1, 1)
-		time.Sleep(10 * time.Millisecond) // advance the fake clock
-		cancel()
-		r := <-res
-		if r.err != context.Canceled {
-			t.Fatalf("err = %v, want context.Canceled itself", r.err)
-		}
-		if errors.Is(r.err, ErrRejected) {
-			t.Fatal("a cancellation matches ErrRejected")
-		}
-		if r.waited != 10*time.Millisecond {
-			t.Fatalf("waited %v of fake time, want 10ms", r.waited)
-		}
-		admCheck(t, l, 1, 0)
-		if s := admStats(l); s.Canceled != 1 || s.RejectedTimeout != 0 || s.WaitCount != 1 || s.WaitDuration != 10*time.Millisecond {
-			t.Fatalf("stats %+v, want 1 canceled after a 10ms wait", s)
-		}
-		l.release(0)
-		admCheck(t, l, 0, 0)
-	})
 }
 
 func TestAlreadyCanceledContextTakesNothing(t *testing.T) {
@@ -412,29 +422,6 @@ func TestAlreadyCanceledContextTakesNothing(t *testing.T) {
 	}
 	l.release(0)
 	admCheck(t, l, 0, 0)
-}
-
-func TestContextDeadlineWhileQueuedReturnsDeadlineExceeded(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		l := admBubbleHeld(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 100 * time.Millisecond}, 1)
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
-		defer cancel()
-		waited, err := admAcquire(ctx, l)
-		if err != context.DeadlineExceeded {
-			t.Fatalf("err = %v, want context.DeadlineExceeded", err)
-		}
-		if errors.Is(err, ErrRejected) {
-			t.Fatal("a deadline matches ErrRejected")
-		}
-		if waited != 30*time.Millisecond {
-			t.Fatalf("waited %v of fake time, want the 30ms deadline", waited)
-		}
-		admCheck(t, l, 1, 0)
-		if s := admStats(l); s.Canceled != 1 || s.RejectedTimeout != 0 {
-			t.Fatalf("stats %+v, want 1 canceled, 0 timeouts", s)
-		}
-		l.release(0)
-	})
 }
 
 func TestCloseMakesWaitersAndNewOperationsReturnErrClosed(t *testing.T) {

@@ -25,15 +25,21 @@ import (
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 )
 
-// dlClass returns a class of a new estimator whose last holds were all d,
-// measured now.
-func dlClass(d time.Duration) classRef {
+// dlEstimated returns a new estimator and its class "work", whose last
+// holds were all d, measured now.
+func dlEstimated(d time.Duration) (*estimator, classRef) {
 	e := newEstimator()
 	r := e.ref(classKey{kind: KindExec, text: "work"}, true)
 	now := time.Now()
 	for range holdSamples {
 		e.observe(r, d, false, false, now, now)
 	}
+	return e, r
+}
+
+// dlClass is the class of dlEstimated(d).
+func dlClass(d time.Duration) classRef {
+	_, r := dlEstimated(d)
 	return r
 }
 
@@ -338,11 +344,7 @@ func TestAClassEstimateIsTheMedianOfItsLastHoldsThatNoOutlierLifts(t *testing.T)
 // off every operation running is one outlier.
 func TestOneStallThatCutsOffAllThatRunsDoesNotLiftTheEstimate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newEstimator()
-		r := e.ref(classKey{kind: KindExec, text: "work"}, true)
-		for range holdSamples {
-			e.observe(r, time.Millisecond, false, false, time.Now(), time.Now())
-		}
+		e, r := dlEstimated(time.Millisecond)
 		start := time.Now()
 		time.Sleep(20 * time.Millisecond) // a stall: four running, each cut off at its 20ms deadline
 		for range 4 {
@@ -386,11 +388,7 @@ func TestAnEstimateWithNoRecentHoldRefusesNothing(t *testing.T) {
 // do not put the next probe off.
 func TestHoldsOfOperationsNotRefusedDoNotPutAProbeOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newEstimator()
-		r := e.ref(classKey{kind: KindExec, text: "work"}, true)
-		for range holdSamples {
-			e.observe(r, 200*time.Millisecond, false, false, time.Now(), time.Now())
-		}
+		e, r := dlEstimated(200 * time.Millisecond)
 		left := 100 * time.Millisecond
 		if late, _ := r.judge(time.Now(), time.Now().Add(left), 0); !late {
 			t.Fatal("100ms left for work of 200ms: let go, want it refused")
@@ -413,12 +411,8 @@ func TestHoldsOfOperationsNotRefusedDoNotPutAProbeOff(t *testing.T) {
 // off at its deadline only raises the estimate.
 func TestARefusedClassLetsAProbeGoAndAFastOneRestartsItsEstimate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newEstimator()
-		r := e.ref(classKey{kind: KindExec, text: "work"}, true)
-		old := time.Now()
-		for range holdSamples {
-			e.observe(r, 2*time.Second, false, false, old, old)
-		}
+		e, r := dlEstimated(2 * time.Second)
+		old := time.Now() // of the holds: the fake clock has not moved
 		due := func() time.Time { return time.Now().Add(time.Second) }
 		refused := func() bool {
 			late, _ := r.judge(time.Now(), due(), 0)
@@ -493,7 +487,8 @@ func TestClassesAreBoundedAndAnEvictedOneRecordsNothing(t *testing.T) {
 
 // ---- through a gate on the fake driver ----
 
-// dlGate opens a gate on a fake driver, closed at the end of the test.
+// dlGate opens a gate on a new fake driver and its *sql.DB, closed (and
+// the gate with it) at the end of the test.
 func dlGate(t *testing.T, p Policy, opts ...Option) (*Gate, *sql.DB, *fakedb.Connector) {
 	t.Helper()
 	fc := fakedb.New()

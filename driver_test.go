@@ -69,6 +69,17 @@ func (e *fkEnv) running(t *testing.T, want int, when string) {
 	}
 }
 
+// exec runs an Exec of query on e's DB on a goroutine; its error arrives
+// on the channel.
+func (e *fkEnv) exec(ctx context.Context, query string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.db.ExecContext(ctx, query)
+		done <- err
+	}()
+	return done
+}
+
 // awaitRelease waits for the next release of permits, made on any
 // goroutine, and then until nothing runs: OnRelease is called just before
 // the permits are given back.
@@ -96,10 +107,7 @@ var fkB1 = bulkhead.Policy{MaxConcurrent: 1}
 func fkRaw(t *testing.T, db *sql.DB, f func(dc any)) {
 	t.Helper()
 	ctx := context.Background()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := fkConn(t, ctx, db)
 	defer c.Close()
 	if err := c.Raw(func(dc any) error { f(dc); return nil }); err != nil {
 		t.Fatal(err)
@@ -320,11 +328,8 @@ func TestUnwrapReturnsTheDriversOwnConnFromRaw(t *testing.T) {
 func TestTheArticleDemoOnTheFakeDriverRejectsTheSecondOperationAndCommits42(t *testing.T) {
 	ctx := context.Background()
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = e.db.ExecContext(ctx, "UPDATE t")
+	tx := fkBegin(t, ctx, e.db)
+	_, err := e.db.ExecContext(ctx, "UPDATE t")
 	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, bulkhead.ErrAdmissionFull) || errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("second operation: %v, want an admission-full rejection", err)
 	}
@@ -375,10 +380,7 @@ func TestATransactionHoldsItsPermitsUntilTheDriversCommitOrRollbackReturned(t *t
 		op fakedb.Op
 		f  func(*sql.Tx) error
 	}{{fakedb.OpCommit, (*sql.Tx).Commit}, {fakedb.OpRollback, (*sql.Tx).Rollback}} {
-		tx, err := e.db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := fkBegin(t, ctx, e.db)
 		e.running(t, 1, "transaction begun")
 		fkBlocked(t, e.fc, end.op, func() error { return end.f(tx) }, func() {
 			e.running(t, 1, "inside the driver's "+end.op.String())
@@ -505,10 +507,7 @@ func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dbStmt.Close()
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, e.db)
 	before := e.g.Stats()
 	if _, err := tx.ExecContext(ctx, "UPDATE t"); err != nil {
 		t.Fatalf("exec in tx: %v", err)
@@ -548,10 +547,7 @@ func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
 func TestACancelledTransactionIsReleasedOnceByDatabaseSQLsRollback(t *testing.T) {
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
 	ctx, cancel := context.WithCancel(context.Background())
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, e.db)
 	b := e.fc.Block(fakedb.OpRollback)
 	cancel()
 	b.Wait(1) // database/sql's goroutine is in the driver's Rollback
@@ -760,21 +756,14 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 	// A queue timeout: the driver never sees the statement, and database/sql
 	// neither retries it nor dials again.
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Millisecond})
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = e.db.ExecContext(ctx, "UPDATE t")
+	tx := fkBegin(t, ctx, e.db)
+	_, err := e.db.ExecContext(ctx, "UPDATE t")
 	if !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("got %v, want a queue timeout", err)
 	}
 	errs = append(errs, err)
 	// Admission full: the transaction runs, an operation waits.
-	waiter := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(bulkhead.WithQueueWait(ctx, time.Hour), "UPDATE t")
-		waiter <- err
-	}()
+	waiter := e.exec(bulkhead.WithQueueWait(ctx, time.Hour), "UPDATE t")
 	awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
 	_, err = e.db.ExecContext(ctx, "UPDATE t")
 	if !errors.Is(err, bulkhead.ErrAdmissionFull) {
@@ -794,10 +783,7 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 
 	// Admission full at the wrapper: a nested operation on a pinned conn.
 	e1 := fkOpen(t, nil, fkB1)
-	c, err := e1.db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := fkConn(t, ctx, e1.db)
 	rows, err := c.QueryContext(ctx, "SELECT 1")
 	if err != nil {
 		t.Fatal(err)
@@ -923,21 +909,14 @@ func TestTheErrSkipFallbackChecksArgumentsWithTheStatementsCheckerAsDatabaseSQLD
 func TestClosingTheDBMakesAQueuedOperationReturnErrClosed(t *testing.T) {
 	ctx := context.Background()
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait})
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(ctx, "UPDATE t")
-		done <- err
-	}()
+	tx := fkBegin(t, ctx, e.db)
+	done := e.exec(ctx, "UPDATE t")
 	awaitState(t, "the exec waits for a permit", func() bool { return e.g.Stats().Waiting == 1 })
 	if err := e.db.Close(); err != nil {
 		t.Fatal(err)
 	}
 	// With an hour of queue wait, only the close can end the wait.
-	err = <-done
+	err := <-done
 	if !errors.Is(err, bulkhead.ErrClosed) || errors.Is(err, bulkhead.ErrRejected) {
 		t.Fatalf("queued exec after db.Close: %v, want ErrClosed, not a rejection", err)
 	}
@@ -1061,26 +1040,14 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 			OnReject:  record("reject"),
 			OnRelease: record("release"),
 		}))
-	if _, err := e.db.ExecContext(ctx, "UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, ctx, e.db, "UPDATE t")
 	if err := e.db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := e.db.BeginTx(ctx, nil) // holds the execution permit
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := e.db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, e.db) // holds the execution permit
+	c := fkConn(t, ctx, e.db)
 	defer c.Close()
-	waiter := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(bulkhead.WithQueueWait(ctx, time.Hour), "UPDATE t")
-		waiter <- err
-	}()
+	waiter := e.exec(bulkhead.WithQueueWait(ctx, time.Hour), "UPDATE t")
 	awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
 	if _, err := e.db.ExecContext(ctx, "UPDATE t"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("exec with B running and Q waiting: %v, want admission full", err)
@@ -1091,10 +1058,7 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 	if err := <-waiter; err != nil {
 		t.Fatal(err)
 	}
-	tx, err = e.db.BeginTx(ctx, nil) // holds the execution permit again
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx = fkBegin(t, ctx, e.db) // holds the execution permit again
 	if _, err := c.ExecContext(ctx, "UPDATE t"); !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("exec on the pinned conn: %v, want a queue timeout", err)
 	}
@@ -1174,10 +1138,7 @@ func TestHoldWarningReportsAnOperationHeldLongerThanTheLimit(t *testing.T) {
 	const limit = time.Microsecond
 	reports := make(chan bulkhead.Event, 1)
 	e := fkOpen(t, nil, fkB1, bulkhead.WithHoldWarning(limit, func(ev bulkhead.Event) { reports <- ev }))
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, e.db)
 	ev := <-reports // the transaction stays open until the report came
 	if ev.Kind != bulkhead.KindTx || ev.Held != limit {
 		t.Fatalf("report %+v, want a transaction held %v", ev, limit)

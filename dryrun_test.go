@@ -8,7 +8,6 @@ package bulkhead_test
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"testing"
 
@@ -36,33 +35,12 @@ func (d *drEvents) list() []bulkhead.Event {
 	return append([]bulkhead.Event(nil), d.got...)
 }
 
-// drHold starts n held operations with ctx, one after the other, each in
-// the driver before the next starts.
-func drHold(t *testing.T, r *wlRig, ctx context.Context, prefix string, n int) []<-chan error {
-	t.Helper()
-	var chs []<-chan error
-	for i := range n {
-		name := fmt.Sprintf("%s%d", prefix, i)
-		chs = append(chs, r.start(t, ctx, name))
-	}
-	return chs
-}
-
-func drFinish(t *testing.T, r *wlRig, prefix string, chs []<-chan error) {
-	t.Helper()
-	for i, ch := range chs {
-		name := fmt.Sprintf("%s%d", prefix, i)
-		r.finish(name)
-		wlOK(t, name, ch)
-	}
-}
-
 func TestDryRunNeitherRejectsNorWaitsNorRefusesDialsButCountsWhatWouldHaveBeen(t *testing.T) {
 	var ev drEvents
 	// An hour of queue wait: an operation that waited would hang the test.
 	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait, DryRun: true}
 	r := wlOpen(t, p, ev.option())
-	held := drHold(t, r, context.Background(), "h", 3) // B+Q = 2
+	held := r.startN(t, context.Background(), "h", 3) // B+Q = 2
 	s := r.g.Stats()
 	if !s.DryRun || s.Running != 3 || s.Waiting != 0 || s.Admitted != 3 || s.RejectedFull != 1 || s.RejectedTimeout != 0 || s.WouldWait < 1 {
 		t.Fatalf("dry-run stats with 3 running, B=1, Q=1: %+v; want Running 3, Admitted 3, RejectedFull 1, WouldWait ≥ 1", s)
@@ -75,7 +53,7 @@ func TestDryRunNeitherRejectsNorWaitsNorRefusesDialsButCountsWhatWouldHaveBeen(t
 	if len(evs) != 1 || !evs[0].DryRun || evs[0].Reason != bulkhead.ErrAdmissionFull || evs[0].Kind != bulkhead.KindExec {
 		t.Fatalf("OnReject events %+v, want one dry-run admission-full for a statement", evs)
 	}
-	drFinish(t, r, "h", held)
+	r.doneN(t, "h", held)
 	drIdle(t, r) // every debt paid
 	p.DryRun = false
 	rzSet(t, r.g, p)
@@ -98,11 +76,11 @@ func drIdle(t *testing.T, r *wlRig) {
 func TestDryRunCountsAnOperationThatWouldHaveBeenRefusedOnlyAsARefusal(t *testing.T) {
 	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait, DryRun: true}
 	r := wlOpen(t, p)
-	held := drHold(t, r, context.Background(), "h", 3)
+	held := r.startN(t, context.Background(), "h", 3)
 	if s := r.g.Stats(); s.RejectedFull != 1 || s.WouldWait != 1 {
 		t.Fatalf("stats %+v: want RejectedFull 1 (h2) and WouldWait 1 (h1)", s)
 	}
-	drFinish(t, r, "h", held)
+	r.doneN(t, "h", held)
 }
 
 func TestDryRunReportsAWorkloadsWouldBeRejectionsUnderItsName(t *testing.T) {
@@ -110,7 +88,7 @@ func TestDryRunReportsAWorkloadsWouldBeRejectionsUnderItsName(t *testing.T) {
 	p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 0, DryRun: true,
 		Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
 	r := wlOpen(t, p, ev.option())
-	held := drHold(t, r, bulkhead.WithWorkload(context.Background(), "batch"), "b", 2)
+	held := r.startN(t, bulkhead.WithWorkload(context.Background(), "batch"), "b", 2)
 	ws := r.wstats(t, "batch")
 	if !ws.DryRun || ws.Running != 2 || ws.RejectedFull != 1 || ws.Admitted != 2 {
 		t.Fatalf("batch in dry-run with 2 running, B=1: %+v; want Running 2, RejectedFull 1, Admitted 2", ws)
@@ -121,7 +99,7 @@ func TestDryRunReportsAWorkloadsWouldBeRejectionsUnderItsName(t *testing.T) {
 	if evs := ev.list(); len(evs) != 1 || !evs[0].DryRun || evs[0].Workload != "batch" || evs[0].Reason != bulkhead.ErrAdmissionFull {
 		t.Fatalf("OnReject events %+v, want one dry-run admission-full of batch", evs)
 	}
-	drFinish(t, r, "b", held)
+	r.doneN(t, "b", held)
 	drIdle(t, r)
 }
 
@@ -129,7 +107,7 @@ func TestSwitchingDryRunOffWithMoreRunningThanBMakesNewWorkWaitOrBeRejectedUntil
 	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait, DryRun: true}
 	r := wlOpen(t, p)
 	bg := context.Background()
-	held := drHold(t, r, bg, "h", 3)
+	held := r.startN(t, bg, "h", 3)
 	p.DryRun = false
 	rzSet(t, r.g, p)
 	if s := r.g.Stats(); s.DryRun || s.Running != 3 {
@@ -169,13 +147,9 @@ func TestSwitchingDryRunOnLetsEveryWaiterRunAtOnce(t *testing.T) {
 	if s := r.g.Stats(); s.Running != 3 || s.Waiting != 0 {
 		t.Fatalf("after switching dry-run on: %+v, want the 2 waiters running", s)
 	}
-	for _, x := range []struct {
-		name string
-		ch   <-chan error
-	}{{"h", h}, {"w1", w1}, {"w2", w2}} {
-		r.finish(x.name)
-		wlOK(t, x.name, x.ch)
-	}
+	r.done(t, "h", h)
+	r.done(t, "w1", w1)
+	r.done(t, "w2", w2)
 	r.balanced(t)
 	p.DryRun = false
 	rzSet(t, r.g, p)
@@ -189,13 +163,13 @@ func TestDryRunWithQueueWaitZeroStillNeverRejects(t *testing.T) {
 	p := bulkhead.Policy{MaxConcurrent: 1, DryRun: true}
 	r := wlOpen(t, p)
 	bg := context.Background()
-	held := drHold(t, r, bulkhead.WithQueueWait(bg, 0), "h", 2)
+	held := r.startN(t, bulkhead.WithQueueWait(bg, 0), "h", 2)
 	if s := r.g.Stats(); s.RejectedFull != 1 || s.RejectedTimeout != 0 || s.Admitted != 2 {
 		t.Fatalf("stats %+v", s)
 	}
 	if n := r.fc.Count(fakedb.OpConnect); n != 2 {
 		t.Fatalf("%d dials, want 2", n)
 	}
-	drFinish(t, r, "h", held)
+	r.doneN(t, "h", held)
 	r.balanced(t)
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
-	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 )
 
 func TestJoinEventsCallsEachSetCallbackInOrderAndLeavesUnsetOnesNil(t *testing.T) {
@@ -37,16 +36,8 @@ func TestJoinEventsCallsEachSetCallbackInOrderAndLeavesUnsetOnesNil(t *testing.T
 }
 
 func TestReasonLabelNamesBothRejectionCausesAndNothingElse(t *testing.T) {
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
-	tx, err := db.BeginTx(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond}).db
+	tx := fkBegin(t, t.Context(), db)
 	defer tx.Rollback()
 	_, timeout := db.ExecContext(t.Context(), "UPDATE t SET v = 1")
 	for _, c := range []struct {

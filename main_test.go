@@ -3,6 +3,8 @@
 package bulkhead_test
 
 import (
+	"context"
+	"database/sql"
 	"os"
 	"runtime"
 	"sync"
@@ -52,4 +54,35 @@ func inParallel(t *testing.T, workers, each int, f func() error) {
 	for err := range errs {
 		t.Fatal(err)
 	}
+}
+
+// fkMustExec runs query on x (a *sql.DB, *sql.Conn or *sql.Tx), failing
+// the test on an error.
+func fkMustExec(t *testing.T, ctx context.Context, x interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, query string, args ...any) {
+	t.Helper()
+	if _, err := x.ExecContext(ctx, query, args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fkConn takes a connection of db, failing the test if it cannot.
+func fkConn(t *testing.T, ctx context.Context, db *sql.DB) *sql.Conn {
+	t.Helper()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// fkBegin begins a transaction on db, failing the test if it cannot.
+func fkBegin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
+	t.Helper()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }

@@ -4,7 +4,6 @@ package bulkhead_test
 
 import (
 	"context"
-	"database/sql"
 	"log/slog"
 	"strings"
 	"testing"
@@ -13,20 +12,6 @@ import (
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
 )
-
-// pnOpen opens a gate of B=1 with opts on a new fake driver; the DB is
-// closed at the end of the test.
-func pnOpen(t *testing.T, opts ...bulkhead.Option) (*fakedb.Connector, *bulkhead.Gate, *sql.DB) {
-	t.Helper()
-	fc := fakedb.New()
-	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 1}, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return fc, g, db
-}
 
 // pnMustPanic fails the test unless f panics.
 func pnMustPanic(t *testing.T, f func()) {
@@ -58,7 +43,8 @@ func TestAPanicInAnEventCallbackIsLoggedAndLosesNoPermitOrConnection(t *testing.
 		{"OnRelease", bulkhead.Events{OnRelease: panicky}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, g, db := pnOpen(t, bulkhead.WithEvents(c.ev))
+			e := fkOpen(t, nil, fkB1, bulkhead.WithEvents(c.ev))
+			g, db := e.g, e.db
 			ctx := context.Background()
 			for i := range 3 { // B+Q=1: a lost permit or slot would reject the next round
 				if _, err := db.ExecContext(ctx, "UPDATE x"); err != nil {
@@ -87,11 +73,10 @@ func TestAPanicInAnEventCallbackIsLoggedAndLosesNoPermitOrConnection(t *testing.
 // against B+Q: the gate closes it, and database/sql's next use of it gets
 // driver.ErrBadConn and dials anew.
 func TestADriverPanicInResetSessionLosesNoConnectionSlot(t *testing.T) {
-	fc, g, db := pnOpen(t)
+	e := fkOpen(t, nil, fkB1)
+	fc, g, db := e.fc, e.g, e.db
 	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, "UPDATE x"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, ctx, db, "UPDATE x")
 	fc.PanicNext(fakedb.OpResetSession, 1, "driver bug")
 	pnMustPanic(t, func() { db.ExecContext(ctx, "UPDATE x") })
 	if got := g.Stats().OpenConns; got != 0 {
@@ -109,12 +94,10 @@ func TestADriverPanicInResetSessionLosesNoConnectionSlot(t *testing.T) {
 // then abandons the transaction (its context never ends, so database/sql
 // never rolls it back) must not keep the transaction's permits for ever.
 func TestADriverPanicInsideATransactionGivesTheTransactionsPermitsBack(t *testing.T) {
-	fc, g, db := pnOpen(t)
+	e := fkOpen(t, nil, fkB1)
+	fc, g, db := e.fc, e.g, e.db
 	ctx := context.Background()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, db)
 	fc.PanicNext(fakedb.OpExec, 1, "driver bug")
 	pnMustPanic(t, func() { tx.ExecContext(ctx, "UPDATE x") })
 	if s := g.Stats(); s.Running != 0 || s.OpenConns != 0 {

@@ -80,6 +80,20 @@ func polCheckMessage(t *testing.T, err error, want ...string) {
 	}
 }
 
+// polRejects fails the test unless PolicyFromEnviron(base, environ) fails
+// with the zero Policy and an error polCheckMessage accepts with want.
+func polRejects(t *testing.T, base Policy, environ []string, want ...string) {
+	t.Helper()
+	p, err := PolicyFromEnviron(base, environ)
+	if err == nil {
+		t.Fatalf("PolicyFromEnviron(%q) = %+v, want an error", environ, p)
+	}
+	if !samePolicy(p, Policy{}) {
+		t.Errorf("with an error the policy is %+v, want the zero Policy", p)
+	}
+	polCheckMessage(t, err, want...)
+}
+
 // polEnviron is env as os.Environ lists it, in key order: absent keys
 // are unset.
 func polEnviron(env map[string]string) []string {
@@ -116,18 +130,11 @@ func TestPolicyFromLookupRejectsMalformedValues(t *testing.T) {
 	for _, c := range cases {
 		for _, v := range c.values {
 			t.Run(c.name+"="+strconv.Quote(v), func(t *testing.T) {
-				p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(map[string]string{c.name: v}))
-				if err == nil {
-					t.Fatalf("%s=%q: got policy %+v, want an error", c.name, v, p)
-				}
-				if !samePolicy(p, Policy{}) {
-					t.Errorf("with an error the policy is %+v, want the zero Policy", p)
-				}
 				value := c.name + "=" + strconv.Quote(v)
 				if v == "" {
 					value = c.name + " is set but empty"
 				}
-				polCheckMessage(t, err, value, c.want)
+				polRejects(t, DefaultPolicy, polEnviron(map[string]string{c.name: v}), value, c.want)
 			})
 		}
 	}
@@ -137,12 +144,9 @@ func TestPolicyFromLookupRejectsMalformedValues(t *testing.T) {
 // "-0s" as zero, so parseWait must refuse a leading '-' itself.
 func TestPolicyFromLookupRejectsANegativeZeroQueueWait(t *testing.T) {
 	for _, v := range []string{"-0", "-0s", "-0ms", "-0.0s", "-0h0m"} {
-		p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(map[string]string{envWait: v}))
-		if err == nil {
-			t.Errorf("%s=%q: got %+v, want an error", envWait, v, p)
-			continue
-		}
-		polCheckMessage(t, err, envWait+"="+strconv.Quote(v), polWantWait)
+		t.Run(v, func(t *testing.T) {
+			polRejects(t, DefaultPolicy, polEnviron(map[string]string{envWait: v}), envWait+"="+strconv.Quote(v), polWantWait)
+		})
 	}
 }
 
@@ -183,31 +187,18 @@ func TestPolicyFromLookupParsesValidValues(t *testing.T) {
 // Each value is in range, but together B+Q overflow: the error names both
 // variables and their values.
 func TestPolicyFromLookupRejectsLimitsThatOverflowTogether(t *testing.T) {
-	env := map[string]string{envB: "2147483647", envQ: "1"}
-	p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(env))
-	if err == nil {
-		t.Fatalf("got %+v, want an error", p)
-	}
-	polCheckMessage(t, err, "MaxConcurrent+MaxQueue", `BULKHEAD_MAX_CONCURRENT="2147483647"`, `BULKHEAD_MAX_QUEUE="1"`)
-
+	polRejects(t, DefaultPolicy, polEnviron(map[string]string{envB: "2147483647", envQ: "1"}),
+		"MaxConcurrent+MaxQueue", `BULKHEAD_MAX_CONCURRENT="2147483647"`, `BULKHEAD_MAX_QUEUE="1"`)
 	// Only Q set: B comes from the base policy.
-	env = map[string]string{envQ: "2147483647"}
-	if p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(env)); err == nil {
-		t.Fatalf("got %+v, want an error", p)
-	} else {
-		polCheckMessage(t, err, "MaxConcurrent+MaxQueue is 10+2147483647", `BULKHEAD_MAX_QUEUE="2147483647"`)
-	}
+	polRejects(t, DefaultPolicy, polEnviron(map[string]string{envQ: "2147483647"}),
+		"MaxConcurrent+MaxQueue is 10+2147483647", `BULKHEAD_MAX_QUEUE="2147483647"`)
 }
 
 func TestPolicyFromLookupRejectsAnInvalidBasePolicy(t *testing.T) {
 	base := Policy{MaxConcurrent: 0, MaxQueue: 1, QueueWait: time.Second}
-	p, err := PolicyFromEnviron(base, polEnviron(nil))
-	if err == nil {
-		t.Fatalf("got %+v, want an error", p)
-	}
-	polCheckMessage(t, err, "MaxConcurrent is 0")
+	polRejects(t, base, polEnviron(nil), "MaxConcurrent is 0")
 	// A valid variable repairs it.
-	p, err = PolicyFromEnviron(base, polEnviron(map[string]string{envB: "3"}))
+	p, err := PolicyFromEnviron(base, polEnviron(map[string]string{envB: "3"}))
 	if err != nil || !samePolicy(p, Policy{MaxConcurrent: 3, MaxQueue: 1, QueueWait: time.Second}) {
 		t.Fatalf("got %+v, %v; want B=3 Q=1", p, err)
 	}
@@ -216,11 +207,8 @@ func TestPolicyFromLookupRejectsAnInvalidBasePolicy(t *testing.T) {
 // BULKHEAD_QUEUE_WAIT=0 alone leaves the default queue of 10 that nobody
 // may wait in: an error naming the three variables, not a silent queue.
 func TestPolicyFromLookupRejectsAQueueWaitOfZeroWithAQueue(t *testing.T) {
-	p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(map[string]string{envWait: "0"}))
-	if err == nil {
-		t.Fatalf("got %+v, want an error", p)
-	}
-	polCheckMessage(t, err, "MaxQueue is 10 with QueueWait 0s", `BULKHEAD_QUEUE_WAIT="0"`, "BULKHEAD_MAX_QUEUE unset")
+	polRejects(t, DefaultPolicy, polEnviron(map[string]string{envWait: "0"}),
+		"MaxQueue is 10 with QueueWait 0s", `BULKHEAD_QUEUE_WAIT="0"`, "BULKHEAD_MAX_QUEUE unset")
 }
 
 func TestPolicyFromEnvReadsTheProcessEnvironment(t *testing.T) {

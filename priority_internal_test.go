@@ -9,8 +9,6 @@ import (
 	"errors"
 	"testing"
 	"time"
-
-	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 )
 
 // prGo starts an operation of priority prio through l; it counts among
@@ -125,14 +123,10 @@ func TestAShedWaiterGivesBackItsWorkloadsPermits(t *testing.T) {
 // nothing of the global one: a higher-priority operation finds room in the
 // global queue without shedding it, and both are served in turn.
 func TestAWaiterQueuedInItsWorkloadIsNotShedForAGlobalPermitItDoesNotHold(t *testing.T) {
-	g, err := New(fakedb.New(), Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, Workloads: map[string]Workload{
+	g, _, _ := dlGate(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, Workloads: map[string]Workload{
 		"high": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, Priority: 1},
 		"low":  {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour},
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
 	low := WithWorkload(context.Background(), "low")
 	high := WithWorkload(context.Background(), "high")
 	var running permit

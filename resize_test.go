@@ -47,9 +47,7 @@ func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
 	if !errors.Is(err, bulkhead.ErrRejected) {
 		t.Fatalf("operation %d with B=%d: %v, want a rejection", b+1, b, err)
 	}
-	for i := range b {
-		r.done(t, fmt.Sprintf("%s-full%d", tag, i), done[i])
-	}
+	r.doneN(t, tag+"-full", done)
 	if s := r.g.Stats(); s.Running != 0 || s.Waiting != 0 {
 		t.Fatalf("after the full round: stats %+v", s)
 	}
@@ -128,13 +126,9 @@ func TestGrowingWakesWaitersInFIFOOrder(t *testing.T) {
 	}
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 3, QueueWait: bulkhead.MaxQueueWait})
 	r.await(t, "w3")
-	for i, name := range []string{"h0", "w1", "w2", "w3"} {
-		r.finish(name)
-		if i == 0 {
-			wlOK(t, name, h0)
-		} else {
-			wlOK(t, name, ws[i-1])
-		}
+	r.done(t, "h0", h0)
+	for i, w := range ws {
+		r.done(t, fmt.Sprintf("w%d", i+1), w)
 	}
 	r.balanced(t)
 	rzFull(t, r, 4, "after")
@@ -528,11 +522,7 @@ func TestAnOperationLetInUnderALeaseThatRanOutSendsNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		dial := fc.Block(fakedb.OpConnect)
-		done := make(chan error, 1)
-		go func() {
-			_, err := e.db.ExecContext(bg, "quick")
-			done <- err
-		}()
+		done := e.exec(bg, "quick")
 		dial.Wait(1)
 		time.Sleep(2 * time.Second) // the fake clock: the lease runs out during the dial
 		if s := e.g.Stats(); s.MaxConcurrent != 0 {

@@ -28,16 +28,10 @@ import (
 func smFill(t *testing.T, e *fkEnv, q int) (free func()) {
 	t.Helper()
 	ctx := context.Background()
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiting := make(chan error, 1)
+	tx := fkBegin(t, ctx, e.db)
+	var waiting <-chan error
 	if q == 1 {
-		go func() {
-			_, err := e.db.ExecContext(ctx, "UPDATE t")
-			waiting <- err
-		}()
+		waiting = e.exec(ctx, "UPDATE t")
 		awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
 	}
 	return func() {
@@ -80,11 +74,7 @@ func smCutOff(t *testing.T, e *fkEnv, op fakedb.Op, what string) {
 	t.Helper()
 	b := e.fc.Block(op)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(ctx, "UPDATE t")
-		done <- err
-	}()
+	done := e.exec(ctx, "UPDATE t")
 	b.Wait(1)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
@@ -137,13 +127,8 @@ func TestARefusedExecOnADriverWithoutExecerSendsNothing(t *testing.T) {
 	fc := fakedb.New()
 	fc.Conn = fakedb.ConnAll &^ (fakedb.ConnExecerContext | fakedb.ConnExecer)
 	e := fkOpen(t, fc, fkB1)
-	if _, err := e.db.ExecContext(ctx, "UPDATE t SET v = ?", 1); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, ctx, e.db, "UPDATE t SET v = ?", 1)
+	tx := fkBegin(t, ctx, e.db)
 	prepares := fc.Count(fakedb.OpPrepare)
 	if _, err := e.db.ExecContext(ctx, "UPDATE t SET v = ?", 2); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("exec: %v, want ErrAdmissionFull", err)
@@ -199,9 +184,7 @@ func TestWithNoIdleConnectionKeptEachOperationDialsAsWithoutTheGate(t *testing.T
 	e := fkOpen(t, nil, fkB1)
 	e.db.SetMaxIdleConns(0)
 	for range 3 {
-		if _, err := e.db.Exec("UPDATE t"); err != nil {
-			t.Fatal(err)
-		}
+		fkMustExec(t, context.Background(), e.db, "UPDATE t")
 	}
 	if n, open := e.fc.Count(fakedb.OpConnect), e.fc.Open(); n != 3 || open != 0 {
 		t.Fatalf("%d dials, %d open, want 3 and 0", n, open)
@@ -214,9 +197,7 @@ func TestServerConnectionsFollowDatabaseSQLsConnMaxLifetime(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
 	e.db.SetConnMaxLifetime(time.Nanosecond)
 	for range 3 {
-		if _, err := e.db.Exec("UPDATE t"); err != nil {
-			t.Fatal(err)
-		}
+		fkMustExec(t, context.Background(), e.db, "UPDATE t")
 	}
 	if n, open, s := e.fc.Count(fakedb.OpConnect), e.fc.Open(), e.db.Stats(); n != 3 || open > s.OpenConnections {
 		t.Fatalf("%d dials, %d server connections open, database/sql %+v: want 3 dials and no more server connections than database/sql's", n, open, s)
@@ -244,10 +225,7 @@ func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *tes
 		}
 		var conns []*sql.Conn
 		for range 3 {
-			c, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := fkConn(t, ctx, db)
 			if err := c.PingContext(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -274,10 +252,7 @@ func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *tes
 		// stale one discarded on the way).
 		var two []*sql.Conn
 		for range 2 {
-			c, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := fkConn(t, ctx, db)
 			two = append(two, c)
 		}
 		if s := db.Stats(); s.OpenConnections != 2 || s.InUse != 2 {
@@ -294,14 +269,10 @@ func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *tes
 // not pinged.
 func TestAResetCutOffByTheCallersContextIsNoDeadConnection(t *testing.T) {
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
-	if _, err := e.db.Exec("UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, context.Background(), e.db, "UPDATE t")
 	smCutOff(t, e, fakedb.OpResetSession, "exec")
 	pings := e.fc.Count(fakedb.OpPing)
-	if _, err := e.db.Exec("UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, context.Background(), e.db, "UPDATE t")
 	if s := e.g.Stats(); s.BadConns != 0 || e.fc.Count(fakedb.OpConnect) != 1 || e.fc.Count(fakedb.OpPing) != pings {
 		t.Fatalf("%+v, %d dials, %d pings: want no bad connection, one dial, no ping", s, e.fc.Count(fakedb.OpConnect), e.fc.Count(fakedb.OpPing)-pings)
 	}
@@ -315,12 +286,9 @@ func TestUnwrapReturnsTheDialsErrorWhenNoServerConnectionCanBeHad(t *testing.T) 
 	dialErr := errors.New("connection refused")
 	e := fkOpen(t, nil, fkB1)
 	e.fc.FailNext(fakedb.OpConnect, 1, dialErr)
-	c, err := e.db.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := fkConn(t, context.Background(), e.db)
 	defer c.Close()
-	err = c.Raw(func(dc any) error {
+	err := c.Raw(func(dc any) error {
 		inner, err := bulkhead.Unwrap(dc)
 		if inner != nil {
 			t.Errorf("Unwrap gave %v with %v", inner, err)
@@ -382,9 +350,7 @@ func TestPingWorksOnAGateCappedAtZero(t *testing.T) {
 	if err := e.g.Cap(context.Background(), -1, -1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.db.Exec("UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, context.Background(), e.db, "UPDATE t")
 }
 
 // Cap returns once the operations beyond the new limit ended.
@@ -456,9 +422,7 @@ func TestADialItsCallerGaveUpOnServesTheNextCaller(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
 	smCutOff(t, e, fakedb.OpConnect, "exec cut off while dialing")
 	awaitState(t, "the dial's connection is idle", func() bool { return e.g.Stats().IdleConns == 1 })
-	if _, err := e.db.Exec("UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, context.Background(), e.db, "UPDATE t")
 	if n := e.fc.Count(fakedb.OpConnect); n != 1 {
 		t.Fatalf("%d dials, want 1: the next caller got the first dial's connection", n)
 	}
@@ -471,17 +435,12 @@ func TestADialItsCallerGaveUpOnServesTheNextCaller(t *testing.T) {
 // connection comes with the *sql.Conn's first use.
 func TestASQLConnDialsAtItsFirstUse(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
-	c, err := e.db.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := fkConn(t, context.Background(), e.db)
 	defer c.Close()
 	if n := e.fc.Count(fakedb.OpConnect); n != 0 {
 		t.Fatalf("db.Conn dialed %d server connections, want 0", n)
 	}
-	if _, err := c.ExecContext(context.Background(), "UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, context.Background(), c, "UPDATE t")
 	if n := e.fc.Count(fakedb.OpConnect); n != 1 {
 		t.Fatalf("%d dials after the first statement, want 1", n)
 	}
@@ -513,9 +472,7 @@ func TestConnInitRunsOnceOnEachServerConnectionWithinThePermitsOfItsFirstOperati
 		t.Fatalf("%d server connections open after a failed init, want 0", open)
 	}
 	for range 3 {
-		if _, err := e.db.Exec("UPDATE t"); err != nil {
-			t.Fatal(err)
-		}
+		fkMustExec(t, context.Background(), e.db, "UPDATE t")
 	}
 	mu.Lock()
 	defer mu.Unlock()

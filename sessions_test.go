@@ -21,17 +21,12 @@ import (
 )
 
 func TestOpenDBReturnsTheSameDBEveryTimeAndClosingItClosesTheGate(t *testing.T) {
-	g, err := bulkhead.New(fakedb.New(), fkB1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
+	e := fkOpen(t, nil, fkB1)
+	g, db := e.g, e.db
 	if again := g.OpenDB(); again != db {
 		t.Fatal("a second OpenDB opened another pool")
 	}
-	if _, err := db.Exec("UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	fkMustExec(t, context.Background(), db, "UPDATE t")
 	db.Close()
 	if again := g.OpenDB(); again != db {
 		t.Fatal("OpenDB after Close opened another pool on the closed gate")
@@ -45,13 +40,8 @@ func TestOpenDBReturnsTheSameDBEveryTimeAndClosingItClosesTheGate(t *testing.T) 
 // connections belong to the gate, idle ones to whichever pool needs one,
 // so the first pool's idle connections never refuse the second at zero load.
 func TestASecondPoolOnTheSameGateIsNotStarvedByTheFirstsIdleConnections(t *testing.T) {
-	fc := fakedb.New()
-	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := g.OpenDB()
-	defer first.Close()
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Second})
+	fc, g, first := e.fc, e.g, e.db
 	// Make the first pool hold idle connections: three at once, then idle.
 	var wg sync.WaitGroup
 	b := fc.Block(fakedb.OpExec)
@@ -107,10 +97,7 @@ func TestEveryRejectionIsAttributedToItsOperationsKindAndWorkload(t *testing.T) 
 		mu.Unlock()
 	}}))
 	ctx := context.Background()
-	tx, err := e.db.BeginTx(ctx, nil) // the one permit, untagged
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := fkBegin(t, ctx, e.db) // the one permit, untagged
 	batch := bulkhead.WithWorkload(ctx, "batch")
 	const n = 40
 	var wg sync.WaitGroup
@@ -161,25 +148,15 @@ func TestEveryRejectionIsAttributedToItsOperationsKindAndWorkload(t *testing.T) 
 // connections (SetMaxIdleConns), their server connections are closed with
 // them, as without the gate.
 func TestAConnectionsServerConnectionStaysWithItAndClosesWithIt(t *testing.T) {
-	fc := fakedb.New()
-	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 0})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 0})
+	fc, g, db := e.fc, e.g, e.db
 	ctx := context.Background()
 	// Four logical connections, each bound to its own session (1 to 4, in
 	// the order they were opened), then all given back, 4 last.
 	var conns []*sql.Conn
 	for range 4 {
-		c, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.ExecContext(ctx, "UPDATE t"); err != nil {
-			t.Fatal(err)
-		}
+		c := fkConn(t, ctx, db)
+		fkMustExec(t, ctx, c, "UPDATE t")
 		conns = append(conns, c)
 	}
 	if n := fc.Open(); n != 4 {
@@ -200,10 +177,7 @@ func TestAConnectionsServerConnectionStaysWithItAndClosesWithIt(t *testing.T) {
 	// database/sql hands out the connection given back last: its
 	// transactions run on its session, 4.
 	for round := range 3 {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := fkBegin(t, ctx, db)
 		if ids := inTx(); len(ids) != 1 || ids[0] != 4 {
 			t.Fatalf("round %d: the transaction runs on server connections %v, want [4], its connection's", round, ids)
 		}

@@ -32,13 +32,7 @@ func setLingerWait(d time.Duration) func() {
 // operations (the test closes it).
 func spareRig(t *testing.T, p Policy, kept bool) (*fakedb.Connector, *Gate, *sql.DB, *sql.Conn) {
 	t.Helper()
-	fc := fakedb.New()
-	g, err := New(fc, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
+	g, db, fc := dlGate(t, p)
 	if !kept {
 		return fc, g, db, nil
 	}
@@ -215,12 +209,7 @@ func TestAConnectionTakenBackTwiceByDatabaseSQLKeepsItsSession(t *testing.T) {
 // prepared on is parked on another connection that database/sql hands out
 // at that moment.
 func TestClosingAStatementWhileItsConnectionIsHandedOutLeavesNoSessionWithoutItsConnection(t *testing.T) {
-	fc := fakedb.New()
-	g, err := New(fc, Policy{MaxConcurrent: 2, MaxQueue: 0})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g, _, fc := dlGate(t, Policy{MaxConcurrent: 2, MaxQueue: 0})
 	ctx := context.Background()
 	// Two logical connections, each with the statement prepared on its
 	// session, given back to database/sql: their sessions are parked.

@@ -52,14 +52,8 @@ func TestConcurrentWorkloadsNeverExceedTheGlobalOrTheirOwnLimits(t *testing.T) {
 			"a": {MaxConcurrent: 2, MaxQueue: 2, QueueWait: 2 * time.Millisecond},
 			"b": {MaxConcurrent: 1, MaxQueue: 3, QueueWait: 2 * time.Millisecond},
 		}}
-	fc := fakedb.New()
+	g, db, fc := dlGate(t, p)
 	fc.Define("work", fakedb.ResultSet{Columns: []fakedb.Column{{Name: "n"}}, Rows: [][]driver.Value{{int64(1)}}})
-	g, err := New(fc, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
 	wls := *g.workloads.Load()
 
 	var inDriver atomic.Int64

@@ -116,54 +116,25 @@ func TestMalformedWorkloadsAndDryRunValuesAreErrorsNamingTheVariableAndTheValue(
 		{envDryRun, "true\n", []string{`BULKHEAD_DRY_RUN="true\n"`}},
 	} {
 		t.Run(c.env+"="+strconv.Quote(c.v), func(t *testing.T) {
-			p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(map[string]string{c.env: c.v}))
-			if err == nil {
-				t.Fatalf("got %+v, want an error", p)
-			}
-			if !samePolicy(p, Policy{}) {
-				t.Errorf("with an error the policy is %+v, want the zero Policy", p)
-			}
-			polCheckMessage(t, err, c.want...)
+			polRejects(t, DefaultPolicy, polEnviron(map[string]string{c.env: c.v}), c.want...)
 		})
 	}
 }
 
 // A workload that parses but does not fit the policy (B above the
 // policy's, B+Q above the policy's) fails Validate; the error names the
-// workload and the value, but not the variable it came from.
+// variables it came from, the workload, its field and value, and the
+// limit.
 func TestWorkloadsFromTheEnvironmentThatDoNotFitThePolicyNameTheVariable(t *testing.T) {
 	for _, c := range []struct {
 		env  map[string]string
 		want []string
 	}{
-		{map[string]string{envWorkloads: "batch:11:0:0s"}, []string{`BULKHEAD_WORKLOADS="batch:11:0:0s"`, `workload "batch": MaxConcurrent is 11`}},
-		{map[string]string{envWorkloads: "batch:10:11:0s"}, []string{`BULKHEAD_WORKLOADS="batch:10:11:0s"`, `workload "batch": MaxQueue is 11`}},
-		{map[string]string{envWorkloads: "batch:2:0:0s", envB: "1"}, []string{`BULKHEAD_WORKLOADS="batch:2:0:0s"`, `BULKHEAD_MAX_CONCURRENT="1"`}},
+		{map[string]string{envWorkloads: "batch:11:0:0s"}, []string{`BULKHEAD_WORKLOADS="batch:11:0:0s"`, `workload "batch": MaxConcurrent is 11, want 1 to the policy's 10`}},
+		{map[string]string{envWorkloads: "batch:10:11:0s"}, []string{`BULKHEAD_WORKLOADS="batch:10:11:0s"`, `workload "batch": MaxQueue is 11, want 0 to 10 (its B+Q within the policy's 20)`}},
+		{map[string]string{envWorkloads: "batch:2:0:0s", envB: "1"}, []string{`BULKHEAD_WORKLOADS="batch:2:0:0s"`, `MaxConcurrent is 2, want 1 to the policy's 1`, `BULKHEAD_MAX_CONCURRENT="1"`}},
 	} {
-		_, err := PolicyFromEnviron(DefaultPolicy, polEnviron(c.env))
-		if err == nil {
-			t.Fatalf("%v: want an error", c.env)
-		}
-		polCheckMessage(t, err, c.want...)
-	}
-}
-
-// What the variables give today for a workload that does not fit: an
-// error naming the workload, its field and value, and the limit.
-func TestWorkloadsFromTheEnvironmentThatDoNotFitThePolicyAreErrors(t *testing.T) {
-	for _, c := range []struct {
-		env  map[string]string
-		want []string
-	}{
-		{map[string]string{envWorkloads: "batch:11:0:0s"}, []string{`workload "batch": MaxConcurrent is 11, want 1 to the policy's 10`}},
-		{map[string]string{envWorkloads: "batch:10:11:0s"}, []string{`workload "batch": MaxQueue is 11, want 0 to 10 (its B+Q within the policy's 20)`}},
-		{map[string]string{envWorkloads: "batch:2:0:0s", envB: "1"}, []string{`MaxConcurrent is 2, want 1 to the policy's 1`, `BULKHEAD_MAX_CONCURRENT="1"`}},
-	} {
-		p, err := PolicyFromEnviron(DefaultPolicy, polEnviron(c.env))
-		if err == nil {
-			t.Fatalf("%v: got %+v, want an error", c.env, p)
-		}
-		polCheckMessage(t, err, c.want...)
+		polRejects(t, DefaultPolicy, polEnviron(c.env), c.want...)
 	}
 }
 

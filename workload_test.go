@@ -254,6 +254,14 @@ func (r *wlRig) doneAll(t *testing.T, names []string, chs ...<-chan error) {
 	}
 }
 
+// doneN is doneAll for the operations startN started with prefix.
+func (r *wlRig) doneN(t *testing.T, prefix string, chs []<-chan error) {
+	t.Helper()
+	for i, ch := range chs {
+		r.done(t, fmt.Sprintf("%s%d", prefix, i), ch)
+	}
+}
+
 func wlOK(t *testing.T, what string, ch <-chan error) {
 	t.Helper()
 	if err := wlRecv(t, what, ch); err != nil {
@@ -361,9 +369,7 @@ func TestAnUnknownWorkloadNameIsCountedAndLoggedOnce(t *testing.T) {
 	r := wlOpen(t, wlBatch)
 	ctx := bulkhead.WithWorkload(context.Background(), "bacth")
 	for range 3 {
-		if _, err := r.db.ExecContext(ctx, "quick"); err != nil {
-			t.Fatal(err)
-		}
+		fkMustExec(t, ctx, r.db, "quick")
 	}
 	if s := r.g.Stats(); s.UnknownWorkload != 3 || s.Admitted != 3 {
 		t.Fatalf("stats %+v: want 3 operations admitted in the global budget, 3 counted as naming an unknown workload", s)

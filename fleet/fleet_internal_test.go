@@ -225,14 +225,14 @@ func fleetModel(t *testing.T, seed int64) {
 	rng := rand.New(rand.NewSource(seed))
 	total, queue, fallback, lending := 1+rng.Intn(9), rng.Intn(5), rng.Intn(2), rng.Intn(2) == 1
 	m := newMemLocks()
-	p := tPolicy{MaxConcurrent: total, MaxQueue: queue, QueueWait: time.Millisecond, Fleet: "model"}
+	p := bulkhead.Policy{MaxConcurrent: total, MaxQueue: queue, QueueWait: time.Millisecond}
 	var all []*fleetInst
 	defer func() {
 		for _, in := range all {
 			for ; in.running > 0; in.running-- {
 				in.g.release()
 			}
-			in.g.Close()
+			in.g.db.Close()
 		}
 	}()
 	// An operation starts and ends on the server: the tags of its
@@ -257,7 +257,7 @@ func fleetModel(t *testing.T, seed int64) {
 		// before giving slots back gives up and keeps them.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 		defer cancel()
-		err := in.g.Sync(ctx)
+		err := in.g.m.Sync(ctx)
 		if err != nil && !errors.Is(err, ErrCoordination) {
 			t.Fatalf("seed %d: SyncFleet: %v", seed, err)
 		}
@@ -313,22 +313,11 @@ func fleetModel(t *testing.T, seed int64) {
 	}
 	join := func() {
 		id := int64(len(all) + 1)
-		g, err := New(fakedb.New(), p, Interval(time.Hour), Fallback(fallback), Lending(lending),
-			withStore(func() store { return &memStore{m: m} }), withID(id))
-		if err != nil {
-			t.Fatal(err)
-		}
+		// The loop's first round, with an hour to wait for operations to
+		// end, starts before any operation runs; Sync then waits for it.
+		g := memJoin(t, m, "model", nil, p, Fallback(fallback), Lending(lending), withID(id))
 		in := &fleetInst{g: g, id: id}
 		all = append(all, in)
-		// The loop's first round starts at once, with an hour to wait
-		// for operations to end: let it start (SyncFleet then waits for
-		// it to end) before any operation runs.
-		for i := 0; g.m.rounds.Load() == 0; i++ {
-			if i == 1e7 {
-				t.Fatal("the fleet loop's first round did not start")
-			}
-			runtime.Gosched()
-		}
 		round(in)
 	}
 	join()
@@ -347,7 +336,7 @@ func fleetModel(t *testing.T, seed int64) {
 		case r < 12:
 			what = "stop"
 			in.closed = true
-			in.g.Close()
+			in.g.db.Close()
 		case r < 15 && len(l) > 1:
 			what = "kill"
 			in.killed = true
@@ -501,52 +490,32 @@ func fleetModel(t *testing.T, seed int64) {
 // share's, their B+Q at most the share's B+Q; with no share, none runs.
 func TestFleetShareClampsTheWorkloads(t *testing.T) {
 	m := newMemLocks()
-	p := tPolicy{MaxConcurrent: 4, MaxQueue: 2, QueueWait: time.Millisecond, Fleet: "wl",
+	p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 2, QueueWait: time.Millisecond,
 		Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 3, MaxQueue: 3, QueueWait: time.Millisecond}}}
-	var gs []*fgate
-	for range 2 {
-		g, err := New(fakedb.New(), p, Interval(time.Hour), withStore(func() store { return &memStore{m: m} }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer g.Close()
-		for i := 0; g.m.rounds.Load() == 0; i++ {
-			if i == 1e7 {
-				t.Fatal("the fleet loop's first round did not start")
-			}
-			runtime.Gosched()
-		}
-		gs = append(gs, g)
-	}
-	for range 2 {
-		for _, g := range gs {
-			if err := g.Sync(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	gs := []*fgate{memJoin(t, m, "wl", nil, p), memJoin(t, m, "wl", nil, p)}
+	syncAll(t, gs...)
+	syncAll(t, gs...)
 	for i, g := range gs {
-		s, _ := g.WorkloadStats("batch")
+		s, _ := g.m.Gate().WorkloadStats("batch")
 		if gs := g.Stats(); gs.MaxConcurrent != 2 || gs.MaxQueue != 1 || s.MaxConcurrent != 2 || s.MaxQueue != 1 {
 			t.Fatalf("instance %d: share B=%d Q=%d, workload B=%d Q=%d; want 2, 1, 2, 1", i, gs.MaxConcurrent, gs.MaxQueue, s.MaxConcurrent, s.MaxQueue)
 		}
 	}
-	if err := gs[1].SetPolicy(p); err != nil { // a reload keeps the share
+	if err := gs[1].m.Gate().SetPolicy(p); err != nil { // a reload keeps the share
 		t.Fatal(err)
 	}
-	if s, _ := gs[1].WorkloadStats("batch"); s.MaxConcurrent != 2 || gs[1].Stats().MaxConcurrent != 2 {
+	if s, _ := gs[1].m.Gate().WorkloadStats("batch"); s.MaxConcurrent != 2 || gs[1].Stats().MaxConcurrent != 2 {
 		t.Fatalf("after SetPolicy: B=%d, workload B=%d, want the share kept: 2, 2", gs[1].Stats().MaxConcurrent, s.MaxConcurrent)
 	}
-	if p := gs[1].Policy(); p.MaxConcurrent != 4 || p.Workloads["batch"].MaxConcurrent != 3 {
+	if p := gs[1].m.Gate().Policy(); p.MaxConcurrent != 4 || p.Workloads["batch"].MaxConcurrent != 3 {
 		t.Fatalf("Policy() = %+v, want the policy as set", p)
 	}
 }
 
-// kill ends the instance's session as a SIGKILL would: its locks are freed,
-// and its operations still running stay on the server (m.busy) as
-// orphans.
-// kill ends the process whose coordination session is pid: that session
-// and its anchor (pid+1, memStore.join).
+// kill ends the process whose coordination session is pid as a SIGKILL
+// would: that session and its anchor (pid+1, memStore.join) end, their
+// locks are freed, and its operations still running stay on the server
+// (m.busy) as orphans.
 func (m *memLocks) kill(pid int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -586,28 +555,37 @@ func (m *memLocks) reap(pid int64) {
 	m.drop(pid)
 }
 
-// modelGate makes an instance of the fleet p.Fleet on m with the given id
-// (0: drawn), its loop's first round done; inner is the fake driver, a new
-// one if nil.
-func modelGate(t *testing.T, m *memLocks, p tPolicy, id int64, inner *fakedb.Connector, opts ...Option) *fgate {
+// memJoin joins the fleet name on m with the policy p, an hour between
+// rounds, and returns once its loop's first round has started; inner is
+// the fake driver, a new one if nil. The member's *sql.DB is closed at
+// the end of the test.
+func memJoin(t *testing.T, m *memLocks, name string, inner *fakedb.Connector, p bulkhead.Policy, opts ...Option) *fgate {
 	t.Helper()
 	if inner == nil {
 		inner = fakedb.New()
 	}
-	opts = append([]Option{Interval(time.Hour), withStore(func() store { return &memStore{m: m} }), withID(id)}, opts...)
-	g, err := New(inner, p, opts...)
+	opts = append([]Option{Interval(time.Hour), withStore(func() store { return &memStore{m: m} })}, opts...)
+	mb, err := Join(name, inner, p, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; g.m.rounds.Load() == 0; i++ {
+	g := &fgate{m: mb, db: mb.Gate().OpenDB()}
+	t.Cleanup(func() { g.db.Close() })
+	for i := 0; mb.rounds.Load() == 0; i++ {
 		if i == 1e7 {
 			t.Fatal("the fleet loop's first round did not start")
 		}
 		runtime.Gosched()
 	}
-	if err := g.Sync(context.Background()); err != nil { // waits for the first round to end
-		t.Fatal(err)
-	}
+	return g
+}
+
+// modelGate is memJoin with the given id (0: drawn), its loop's first
+// round done.
+func modelGate(t *testing.T, m *memLocks, name string, p bulkhead.Policy, id int64, inner *fakedb.Connector, opts ...Option) *fgate {
+	t.Helper()
+	g := memJoin(t, m, name, inner, p, append([]Option{withID(id)}, opts...)...)
+	syncAll(t, g) // waits for the first round to end
 	return g
 }
 
@@ -627,7 +605,7 @@ func (m *memLocks) run(t *testing.T, g *fgate, id int64, n int) {
 func syncAll(t *testing.T, gs ...*fgate) {
 	t.Helper()
 	for _, g := range gs {
-		if err := g.Sync(context.Background()); err != nil {
+		if err := g.m.Sync(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -637,10 +615,8 @@ func syncAll(t *testing.T, gs ...*fgate) {
 // survivor's share leaves room for them until they end, then takes all.
 func TestFleetShareLeavesRoomForAKilledInstancesOrphans(t *testing.T) {
 	m := newMemLocks()
-	p := tPolicy{MaxConcurrent: 8, QueueWait: time.Millisecond, Fleet: "orphans"}
-	a, c := modelGate(t, m, p, 1, nil), modelGate(t, m, p, 2, nil)
-	defer a.Close()
-	defer c.Close()
+	p := bulkhead.Policy{MaxConcurrent: 8, QueueWait: time.Millisecond}
+	a, c := modelGate(t, m, "orphans", p, 1, nil), modelGate(t, m, "orphans", p, 2, nil)
 	syncAll(t, a, c, a, c)
 	if a.Stats().MaxConcurrent != 4 || c.Stats().MaxConcurrent != 4 {
 		t.Fatalf("two instances, T=8: B=%d and %d, want 4 and 4", a.Stats().MaxConcurrent, c.Stats().MaxConcurrent)
@@ -706,19 +682,17 @@ func TestFleetSlotsTakenAfterADeathLeaveRoomForItsOrphans(t *testing.T) {
 func drainingPair(t *testing.T) (m *memLocks, c, a *fgate) {
 	t.Helper()
 	m = newMemLocks()
-	p := tPolicy{MaxConcurrent: 4, QueueWait: time.Millisecond, Fleet: "draining"}
-	c = modelGate(t, m, p, 1, nil)
-	t.Cleanup(func() { c.Close() })
+	p := bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Millisecond}
+	c = modelGate(t, m, "draining", p, 1, nil)
 	m.run(t, c, 1, 3)
-	t.Cleanup(func() { // before c.Close
+	t.Cleanup(func() { // before memJoin's cleanup closes c
 		for range 3 {
 			c.release()
 		}
 	})
-	a = modelGate(t, m, p, 2, nil)
-	t.Cleanup(func() { a.Close() })
+	a = modelGate(t, m, "draining", p, 2, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-	err := c.Sync(ctx) // B 4 → 2; its context ends before the 3 operations do: the slots stay
+	err := c.m.Sync(ctx) // B 4 → 2; its context ends before the 3 operations do: the slots stay
 	cancel()
 	if err != nil {
 		t.Fatal(err)
@@ -771,22 +745,11 @@ func TestFleetSlotsFreedBeforeTheMembershipLeaveRoomForTheWork(t *testing.T) {
 // which the server has not ended: a network cut), then joins.
 func TestFleetIDTakenIsDrawnAgainOrReclaimed(t *testing.T) {
 	m := newMemLocks()
-	p := tPolicy{MaxConcurrent: 4, QueueWait: time.Millisecond, Fleet: "ids"}
-	a := modelGate(t, m, p, 7, nil)
-	defer a.Close()
-	b, err := New(fakedb.New(), p, Interval(time.Hour), withStore(func() store { return &memStore{m: m} }), withID(7))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	p := bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Millisecond}
+	a := modelGate(t, m, "ids", p, 7, nil)
+	b := memJoin(t, m, "ids", nil, p, withID(7)) // its loop's first round fails
 	ctx := context.Background()
-	for i := 0; b.m.rounds.Load() == 0; i++ { // the loop's first round: it fails
-		if i == 1e7 {
-			t.Fatal("the fleet loop's first round did not start")
-		}
-		runtime.Gosched()
-	}
-	if err := b.Sync(ctx); err != nil { // waits for the first round, then joins with a new id
+	if err := b.m.Sync(ctx); err != nil { // waits for the first round, then joins with a new id
 		t.Fatal(err)
 	}
 	if s := b.Stats().Fleet; s.ID == 7 || s.Failures != 1 || s.LastError != nil || s.Instances != 2 {
@@ -800,16 +763,16 @@ func TestFleetIDTakenIsDrawnAgainOrReclaimed(t *testing.T) {
 	old := a.m.backend.Load()
 	m.fail[old] = true
 	m.mu.Unlock()
-	if err := a.Sync(ctx); !errors.Is(err, ErrCoordination) {
+	if err := a.m.Sync(ctx); !errors.Is(err, ErrCoordination) {
 		t.Fatalf("a's round with its session failing: %v, want ErrCoordination", err)
 	}
 	m.mu.Lock()
 	m.members[7] = &memMember{pid: old} // the stale session still holds the lock
 	m.mu.Unlock()
-	if err := a.Sync(ctx); !errors.Is(err, errIDTaken) {
+	if err := a.m.Sync(ctx); !errors.Is(err, errIDTaken) {
 		t.Fatalf("a's next round: %v, want its id taken (and the stale session ended)", err)
 	}
-	if err := a.Sync(ctx); err != nil {
+	if err := a.m.Sync(ctx); err != nil {
 		t.Fatalf("the round after: %v, want a joined again", err)
 	}
 	if s := a.Stats().Fleet; s.ID != 7 || s.Instances != 2 || s.Degraded {
@@ -849,10 +812,8 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 				}
 				return nil
 			})
-			p := tPolicy{MaxConcurrent: 4, QueueWait: time.Second, Fleet: "tags"}
-			g := modelGate(t, newMemLocks(), p, 0, fc, Tagging(c.tagging))
-			db := g.OpenDB()
-			defer db.Close()
+			g := modelGate(t, newMemLocks(), "tags", bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Second}, 0, fc, Tagging(c.tagging))
+			db := g.db
 			if _, err := db.ExecContext(context.Background(), "work"); err != nil {
 				t.Fatal(err)
 			}
@@ -879,9 +840,8 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 			}
 			return nil
 		})
-		g := modelGate(t, newMemLocks(), tPolicy{MaxConcurrent: 4, QueueWait: time.Second, Fleet: "tags"}, 0, fc)
-		db := g.OpenDB()
-		defer db.Close()
+		g := modelGate(t, newMemLocks(), "tags", bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Second}, 0, fc)
+		db := g.db
 		func() {
 			defer func() {
 				if recover() == nil {
@@ -903,9 +863,8 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 			}
 			return nil
 		})
-		g := modelGate(t, newMemLocks(), tPolicy{MaxConcurrent: 4, QueueWait: time.Second, Fleet: "tags"}, 0, fc)
-		db := g.OpenDB()
-		defer db.Close()
+		g := modelGate(t, newMemLocks(), "tags", bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Second}, 0, fc)
+		db := g.db
 		_, err := db.ExecContext(context.Background(), "work")
 		if !errors.Is(err, boom) || !strings.Contains(err.Error(), "bulkhead: fleet tags: tagging a new server connection") {
 			t.Fatalf("an operation whose connection could not be tagged: %v, want the tag's error, named", err)
@@ -919,17 +878,8 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 	})
 }
 
-// The test's view of a member, as the tests were written for a gate with
-// a fleet inside: Stats has the gate's and, in Fleet, the member's.
-
-type tPolicy struct {
-	MaxConcurrent int
-	MaxQueue      int
-	QueueWait     time.Duration
-	Workloads     map[string]bulkhead.Workload
-	Fleet         string
-}
-
+// fgate is a member and its gate's *sql.DB: Stats has the gate's and, in
+// Fleet, the member's.
 type fgate struct {
 	m   *Member
 	db  *sql.DB
@@ -945,27 +895,7 @@ type gstats struct {
 func withStore(f func() store) Option { return func(m *Member) { m.newStore = f } }
 func withID(id int64) Option          { return func(m *Member) { m.id.Store(id) } }
 
-// New joins p.Fleet with the policy p on inner.
-func New(inner *fakedb.Connector, p tPolicy, opts ...Option) (*fgate, error) {
-	bp := bulkhead.Policy{MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, QueueWait: p.QueueWait, Workloads: p.Workloads}
-	m, err := Join(p.Fleet, inner, bp, opts...)
-	if err != nil {
-		return nil, err
-	}
-	return &fgate{m: m, db: m.Gate().OpenDB()}, nil
-}
-
-func (g *fgate) Stats() gstats                  { return gstats{g.m.Gate().Stats(), g.m.Stats()} }
-func (g *fgate) Sync(ctx context.Context) error { return g.m.Sync(ctx) }
-func (g *fgate) Close() error                   { return g.db.Close() }
-func (g *fgate) OpenDB() *sql.DB                { return g.db }
-func (g *fgate) Policy() bulkhead.Policy        { return g.m.Gate().Policy() }
-func (g *fgate) SetPolicy(p tPolicy) error {
-	return g.m.Gate().SetPolicy(bulkhead.Policy{MaxConcurrent: p.MaxConcurrent, MaxQueue: p.MaxQueue, QueueWait: p.QueueWait, Workloads: p.Workloads})
-}
-func (g *fgate) WorkloadStats(name string) (bulkhead.Stats, bool) {
-	return g.m.Gate().WorkloadStats(name)
-}
+func (g *fgate) Stats() gstats { return gstats{g.m.Gate().Stats(), g.m.Stats()} }
 
 // tryNow starts an operation if a permit is free (the model runs one
 // step at a time: one free now is still free at BeginTx), a transaction

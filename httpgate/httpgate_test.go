@@ -32,18 +32,33 @@ func TestMain(m *testing.M) { os.Exit(leakcheck.Run(m)) }
 // timeout, the one after (while it still waits) with admission full.
 func busyDB(t *testing.T) *sql.DB {
 	t.Helper()
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
+	_, db := openGate(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
+	tx := begin(t, db)
+	t.Cleanup(func() { tx.Rollback() })
+	return db
+}
+
+// openGate opens a gate with policy p on c and its *sql.DB, closed at the
+// end of the test.
+func openGate(t *testing.T, c driver.Connector, p bulkhead.Policy) (*bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	g, err := bulkhead.New(c, p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	db := g.OpenDB()
 	t.Cleanup(func() { db.Close() })
+	return g, db
+}
+
+// begin begins a transaction on db, failing the test if it cannot.
+func begin(t *testing.T, db *sql.DB) *sql.Tx {
+	t.Helper()
 	tx, err := db.BeginTx(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { tx.Rollback() })
-	return db
+	return tx
 }
 
 // dbErrors returns real errors of gated calls: a queue-timeout rejection,
@@ -58,16 +73,8 @@ func dbErrors(t *testing.T) map[string]error {
 		t.Fatalf("busy gate: %v, want a queue timeout", errs["queue timeout"])
 	}
 
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	full := g.OpenDB()
-	defer full.Close()
-	tx, err := full.BeginTx(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, full := openGate(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
+	tx := begin(t, full)
 	_, errs["admission full"] = full.ExecContext(t.Context(), "UPDATE t SET v = 1")
 	if !errors.Is(errs["admission full"], bulkhead.ErrAdmissionFull) {
 		t.Fatalf("full gate: %v, want admission full", errs["admission full"])
@@ -77,12 +84,7 @@ func dbErrors(t *testing.T) map[string]error {
 	_, errs["closed"] = full.ExecContext(t.Context(), "UPDATE t SET v = 1")
 
 	open := func() *sql.DB {
-		g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		db := g.OpenDB()
-		t.Cleanup(func() { db.Close() })
+		_, db := openGate(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
 		return db
 	}
 	ctx, cancel := context.WithCancel(t.Context())
@@ -225,12 +227,7 @@ func TestHandlerAnswersARejectedRequestWith503OverHTTP(t *testing.T) {
 }
 
 func TestHandlerFuncAnswersACancelledRequestWith499AndPassesSuccess(t *testing.T) {
-	g, err := bulkhead.New(fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := openGate(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
 	h := httpgate.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		if _, err := db.ExecContext(r.Context(), "UPDATE orders SET v = 1"); err != nil {
 			return err
@@ -282,12 +279,7 @@ func TestADatabaseThatRefusesConnectionsIsAnswered503WithRetryAfter(t *testing.T
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	g, err := bulkhead.New(tcpConnector{addr}, bulkhead.Policy{MaxConcurrent: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := openGate(t, tcpConnector{addr}, bulkhead.Policy{MaxConcurrent: 1})
 	var dbErr error
 	h := httpgate.Responder{RetryAfter: 3 * time.Second}.Handler(func(w http.ResponseWriter, r *http.Request) error {
 		_, dbErr = db.ExecContext(r.Context(), "UPDATE orders SET v = 1")

@@ -84,10 +84,7 @@ func newEndRig(t *testing.T, variant string, viaPgxgate bool) *endRig {
 		open = openGate
 	}
 	r.g, r.db = open(t, cfg, p, ev)
-	if _, err := r.ctl.db.Exec("CREATE TABLE " + r.table + " (id int PRIMARY KEY, v int)"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.ctl.db.Exec("DROP TABLE IF EXISTS " + r.table) })
+	r.ctl.table(t, r.table, "id int PRIMARY KEY, v int")
 	if _, err := r.ctl.db.Exec("INSERT INTO " + r.table + " VALUES (0, 0)"); err != nil {
 		t.Fatal(err)
 	}

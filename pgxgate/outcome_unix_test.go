@@ -3,13 +3,11 @@
 package pgxgate_test
 
 import (
-	"context"
 	"errors"
 	"syscall"
 	"testing"
 
 	"github.com/dbbulkhead/bulkhead"
-	"github.com/dbbulkhead/bulkhead/httpgate"
 )
 
 // A COMMIT that gets no answer (its backend stopped with SIGSTOP before it
@@ -21,10 +19,7 @@ func TestAnUnansweredCommitIsAnUnknownOutcomeNotTheCallersDeadline(t *testing.T)
 	cfg, _ := pgConfig(t, "outcome")
 	g, db := openGate(t, cfg, bulkhead.Policy{MaxConcurrent: 1})
 	ctx := t.Context()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := begin(t, ctx, db)
 	var pid int
 	if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)
@@ -42,17 +37,12 @@ func TestAnUnansweredCommitIsAnUnknownOutcomeNotTheCallersDeadline(t *testing.T)
 		}
 	}
 	defer resume()
-	err = tx.Commit()
+	err := tx.Commit()
 	resume()
 	if !errors.Is(err, bulkhead.ErrOutcomeUnknown) {
 		t.Fatalf("Commit with its backend stopped: %v, want an error matching ErrOutcomeUnknown", err)
 	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || ctx.Err() != nil {
-		t.Fatalf("Commit: %v matches a context error (caller's context: %v), want none: the caller's context never ended", err, ctx.Err())
-	}
-	if code, retry := httpgate.Status(err); code != 500 || retry != 0 {
-		t.Errorf("httpgate.Status: %d, Retry-After %v; want 500 and none", code, retry)
-	}
+	commitAnswered500(t, ctx, err)
 	if s := g.Stats(); s.Running != 0 {
 		t.Errorf("Running %d after the Commit returned, want 0", s.Running)
 	}

@@ -86,6 +86,30 @@ func gateDB(t *testing.T, g *bulkhead.Gate, err error) (*bulkhead.Gate, *sql.DB)
 	return g, db
 }
 
+// begin begins a transaction on db, failing the test if it cannot.
+func begin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
+	t.Helper()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// commitAnswered500 fails the test if the error of a Commit whose caller's
+// context never ended is a context error, or if httpgate does not answer
+// it 500 without Retry-After, as a failure that is not the caller's nor
+// worth a retry.
+func commitAnswered500(t *testing.T, ctx context.Context, err error) {
+	t.Helper()
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || ctx.Err() != nil {
+		t.Errorf("Commit: %v matches a context error (caller's context: %v), want none", err, ctx.Err())
+	}
+	if code, retry := httpgate.Status(err); code != 500 || retry != 0 {
+		t.Errorf("httpgate.Status: %d, Retry-After %v; want 500 and none", code, retry)
+	}
+}
+
 // monitor is an ungated connection that counts an application's active
 // statements.
 type monitor struct{ db *sql.DB }
@@ -99,6 +123,16 @@ func newMonitor(t *testing.T) *monitor {
 	db.SetMaxOpenConns(1)
 	t.Cleanup(func() { db.Close() })
 	return &monitor{db}
+}
+
+// table creates the table name with the columns cols, dropped at the end
+// of the test.
+func (m *monitor) table(t *testing.T, name, cols string) {
+	t.Helper()
+	if _, err := m.db.Exec("CREATE TABLE " + name + " (" + cols + ")"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.db.Exec("DROP TABLE IF EXISTS " + name) })
 }
 
 func (m *monitor) active(t *testing.T, app string) int {

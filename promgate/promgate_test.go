@@ -28,7 +28,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // attaches it.
 func gated(t *testing.T, c *promgate.Collector, p bulkhead.Policy) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
-	g, err := bulkhead.New(fakedb.New(), p, bulkhead.WithEvents(c.Events()))
+	return gatedOn(t, c, fakedb.New(), p)
+}
+
+// gatedOn is gated on the fake driver fc.
+func gatedOn(t *testing.T, c *promgate.Collector, fc *fakedb.Connector, p bulkhead.Policy) (*bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	g, err := bulkhead.New(fc, p, bulkhead.WithEvents(c.Events()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,9 +100,23 @@ type statsWant struct {
 
 func compareStats(t *testing.T, c prometheus.Collector, w statsWant) {
 	t.Helper()
-	text := fmt.Sprintf(statsHelp, w.running, w.waiting, w.open, w.idle, w.admitted, w.full, 0, w.timeout, w.late, w.canceled, w.dials)
-	if err := testutil.CollectAndCompare(c, strings.NewReader(text), statsNames...); err != nil {
+	compare(t, c, fmt.Sprintf(statsHelp, w.running, w.waiting, w.open, w.idle, w.admitted, w.full, 0, w.timeout, w.late, w.canceled, w.dials), statsNames...)
+}
+
+// compare fails the test unless the series of the metrics names that c
+// collects are exactly the exposition text.
+func compare(t *testing.T, c prometheus.Collector, text string, names ...string) {
+	t.Helper()
+	if err := testutil.CollectAndCompare(c, strings.NewReader(text), names...); err != nil {
 		t.Error(err)
+	}
+}
+
+// lintClean fails the test unless c's metrics pass the Prometheus linter.
+func lintClean(t *testing.T, c prometheus.Collector) {
+	t.Helper()
+	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) != 0 {
+		t.Errorf("lint: %v %v", problems, err)
 	}
 }
 
@@ -118,10 +138,7 @@ bulkhead_max_queue 1
 # TYPE bulkhead_max_queue_wait_seconds gauge
 bulkhead_max_queue_wait_seconds 3600
 `
-	if err := testutil.CollectAndCompare(c, strings.NewReader(limits),
-		"bulkhead_max_concurrent", "bulkhead_max_queue", "bulkhead_max_queue_wait_seconds"); err != nil {
-		t.Error(err)
-	}
+	compare(t, c, limits, "bulkhead_max_concurrent", "bulkhead_max_queue", "bulkhead_max_queue_wait_seconds")
 	compareStats(t, c, statsWant{})
 
 	tx, err := db.BeginTx(ctx, nil)
@@ -174,9 +191,7 @@ bulkhead_queue_wait_seconds_bucket{workload="",le="+Inf"} 1
 bulkhead_queue_wait_seconds_sum{workload=""} 0
 bulkhead_queue_wait_seconds_count{workload=""} 1
 `
-	if err := testutil.CollectAndCompare(c, strings.NewReader(wait), "bulkhead_queue_wait_seconds"); err != nil {
-		t.Error(err)
-	}
+	compare(t, c, wait, "bulkhead_queue_wait_seconds")
 }
 
 func TestCollectorCountsQueueTimeoutsApartFromAdmissionFull(t *testing.T) {
@@ -206,14 +221,8 @@ func TestCollectorCountsQueueTimeoutsApartFromAdmissionFull(t *testing.T) {
 // ("bulkhead_hold_seconds{transaction}", "bulkhead_hold_seconds{query,reports}").
 func histograms(t *testing.T, c prometheus.Collector) map[string]uint64 {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(c)
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	counts := map[string]uint64{}
-	for _, mf := range mfs {
+	for _, mf := range gather(t, c) {
 		if mf.GetType() != dto.MetricType_HISTOGRAM {
 			continue
 		}
@@ -311,12 +320,7 @@ bulkhead_admitted_total{db="users"} 1
 func TestNamespacePrefixesEveryMetricName(t *testing.T) {
 	c := promgate.New(promgate.Opts{Namespace: "shop"})
 	gated(t, c, bulkhead.Policy{MaxConcurrent: 1})
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(c)
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	mfs := gather(t, c)
 	// Without workloads, the bulkhead_workload_ families are empty: not gathered.
 	if len(mfs) != 19 {
 		t.Errorf("%d metric families, want 19", len(mfs))
@@ -394,11 +398,7 @@ bulkhead_workload_rejections_total{reason="would_miss_deadline",workload="report
 # TYPE bulkhead_admitted_total counter
 bulkhead_admitted_total 2
 `
-	if err := testutil.CollectAndCompare(c, strings.NewReader(want),
-		"bulkhead_workload_admitted_total", "bulkhead_workload_max_concurrent", "bulkhead_workload_rejections_total",
-		"bulkhead_admitted_total"); err != nil {
-		t.Error(err)
-	}
+	compare(t, c, want, "bulkhead_workload_admitted_total", "bulkhead_workload_max_concurrent", "bulkhead_workload_rejections_total", "bulkhead_admitted_total")
 	got := histograms(t, c)
 	if got["bulkhead_hold_seconds{transaction,reports}"] != 1 || got["bulkhead_hold_seconds{statement}"] != 1 ||
 		got["bulkhead_queue_wait_seconds{reports}"] != 1 || got["bulkhead_queue_wait_seconds{}"] != 1 {
@@ -407,10 +407,7 @@ bulkhead_admitted_total 2
 	if s := gate.Stats(); s.Running != 0 {
 		t.Errorf("%d running, want 0", s.Running)
 	}
-	problems, err := testutil.CollectAndLint(c)
-	if err != nil || len(problems) != 0 {
-		t.Errorf("lint: %v %v", problems, err)
-	}
+	lintClean(t, c)
 }
 
 func TestCollectorReportsADryRunAndWhatWouldHaveWaited(t *testing.T) {
@@ -435,9 +432,7 @@ bulkhead_dry_run 1
 # TYPE bulkhead_would_wait_total counter
 bulkhead_would_wait_total 1
 `
-	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "bulkhead_dry_run", "bulkhead_would_wait_total"); err != nil {
-		t.Error(err)
-	}
+	compare(t, c, want, "bulkhead_dry_run", "bulkhead_would_wait_total")
 }
 
 // On the fake driver the fleet's coordination fails (it knows no
@@ -483,12 +478,8 @@ bulkhead_fleet_share{fleet="orders"} 0
 bulkhead_max_concurrent 0
 `, rounds, rounds)
 	names := []string{"bulkhead_fleet_degraded", "bulkhead_fleet_failures_total", "bulkhead_fleet_instances", "bulkhead_fleet_orphans", "bulkhead_fleet_rounds_total", "bulkhead_fleet_share", "bulkhead_fleet_max_concurrent", "bulkhead_max_concurrent"}
-	if err := testutil.CollectAndCompare(c, strings.NewReader(want), names...); err != nil {
-		t.Error(err)
-	}
-	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) != 0 {
-		t.Errorf("lint: %v %v", problems, err)
-	}
+	compare(t, c, want, names...)
+	lintClean(t, c)
 	// A gate alone has no fleet series.
 	c2 := promgate.New(promgate.Opts{})
 	gated(t, c2, bulkhead.Policy{MaxConcurrent: 1})
@@ -507,25 +498,13 @@ func TestCollectorCountsFailedDialsAndTheOperationsTheyFailed(t *testing.T) {
 	fc := fakedb.New()
 	refused := errors.New("fake dial refused")
 	fc.FailNext(fakedb.OpConnect, 3, refused)
-	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 1, QueueWait: time.Hour}, bulkhead.WithEvents(c.Events()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Attach(g)
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := gatedOn(t, c, fc, bulkhead.Policy{MaxConcurrent: 1, QueueWait: time.Hour})
 	ctx := t.Context()
 
 	counters := func() map[string]float64 {
 		t.Helper()
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(c)
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
 		got := map[string]float64{}
-		for _, mf := range mfs {
+		for _, mf := range gather(t, c) {
 			if mf.GetType() == dto.MetricType_COUNTER && len(mf.GetMetric()) == 1 {
 				got[mf.GetName()] = mf.GetMetric()[0].GetCounter().GetValue()
 			}
@@ -593,15 +572,26 @@ func TestTheCollectorSaysWhyAdaptiveBMoved(t *testing.T) {
 	if m.Why == "" {
 		t.Fatalf("Stats().LastMove %+v after 1,600 operations with callers waiting, want a move", m)
 	}
-	n, err := testutil.GatherAndCount(prometheusRegistry(t, c), "bulkhead_adaptive_moves_total", "bulkhead_adaptive_last_move_queued")
+	n, err := testutil.GatherAndCount(prometheusRegistry(c), "bulkhead_adaptive_moves_total", "bulkhead_adaptive_last_move_queued")
 	if err != nil || n < 2 {
 		t.Fatalf("%d series of the adaptive metrics (%v), want the moves by why and the last move", n, err)
 	}
 }
 
-func prometheusRegistry(t *testing.T, c *promgate.Collector) *prometheus.Registry {
-	t.Helper()
+// prometheusRegistry is a pedantic registry holding c alone.
+func prometheusRegistry(c prometheus.Collector) *prometheus.Registry {
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	return reg
+}
+
+// gather gathers c through a pedantic registry, failing the test on an
+// error.
+func gather(t *testing.T, c prometheus.Collector) []*dto.MetricFamily {
+	t.Helper()
+	mfs, err := prometheusRegistry(c).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mfs
 }

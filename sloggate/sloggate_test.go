@@ -80,6 +80,14 @@ func (h *recordLog) got() (lines, durs []string) {
 	return slices.Clone(h.lines), slices.Clone(h.durs)
 }
 
+// wantLines fails the test unless h kept exactly the records want.
+func (h *recordLog) wantLines(t *testing.T, want ...string) {
+	t.Helper()
+	if lines, _ := h.got(); !slices.Equal(lines, want) {
+		t.Errorf("records %q, want %q", lines, want)
+	}
+}
+
 // loggedDB opens a gate on a fake driver under p, logging its events to h;
 // the *sql.DB is closed when the test ends.
 func loggedDB(t *testing.T, h *recordLog, p bulkhead.Policy) *sql.DB {
@@ -158,10 +166,7 @@ func TestEventsBuildsNoDebugRecordWhenTheLoggerIsAboveDebug(t *testing.T) {
 	ev.OnAdmit(bulkhead.Event{Kind: bulkhead.KindQuery})
 	ev.OnRelease(bulkhead.Event{Kind: bulkhead.KindQuery, Held: time.Millisecond})
 	ev.OnReject(bulkhead.Event{Kind: bulkhead.KindQuery, Reason: bulkhead.ErrAdmissionFull})
-	lines, _ := h.got()
-	if want := []string{"WARN bulkhead: rejected kind=query reason=admission_full"}; !slices.Equal(lines, want) {
-		t.Errorf("records %q, want %q", lines, want)
-	}
+	h.wantLines(t, "WARN bulkhead: rejected kind=query reason=admission_full")
 	if n := testing.AllocsPerRun(100, func() { ev.OnAdmit(bulkhead.Event{Kind: bulkhead.KindQuery}) }); n != 0 {
 		t.Errorf("a disabled debug record allocates %v times, want 0", n)
 	}
@@ -182,14 +187,8 @@ func TestEventsWithANilLoggerUsesTheDefaultLoggerAtEachEvent(t *testing.T) {
 		slog.SetDefault(slog.New(h2))
 		time.Sleep(sloggate.DefaultInterval)
 		synctest.Wait()
-		lines, _ := h.got()
-		if want := []string{"WARN bulkhead: rejected kind=transaction reason=queue_timeout"}; !slices.Equal(lines, want) {
-			t.Errorf("records %q, want %q", lines, want)
-		}
-		lines, _ = h2.got()
-		if want := []string{"WARN bulkhead: rejected reason=queue_timeout count=1"}; !slices.Equal(lines, want) {
-			t.Errorf("summary records %q, want %q", lines, want)
-		}
+		h.wantLines(t, "WARN bulkhead: rejected kind=transaction reason=queue_timeout")
+		h2.wantLines(t, "WARN bulkhead: rejected reason=queue_timeout count=1")
 	})
 }
 
@@ -362,11 +361,8 @@ func TestEventsEveryWithoutAnIntervalLogsEachRejection(t *testing.T) {
 		}
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		lines, _ := h.got()
 		r := "WARN bulkhead: would reject (dry run) kind=query workload=reports reason=queue_timeout"
-		if want := []string{r, r, r}; !slices.Equal(lines, want) {
-			t.Errorf("records %q, want %q", lines, want)
-		}
+		h.wantLines(t, r, r, r)
 	})
 }
 
@@ -404,9 +400,7 @@ func TestEventsLogsNoRejectionThroughALoggerAboveWarn(t *testing.T) {
 		}
 		time.Sleep(10 * sloggate.DefaultInterval)
 		synctest.Wait()
-		if lines, _ := h.got(); len(lines) != 0 {
-			t.Errorf("records %q, want none", lines)
-		}
+		h.wantLines(t) // none
 	})
 }
 
@@ -414,7 +408,7 @@ func TestEventsLogsNoRejectionThroughALoggerAboveWarn(t *testing.T) {
 // (Events, one interval open: a counted rejection), from one goroutine
 // and from GOMAXPROCS, and with the workload changing at each rejection;
 // "each" (EventsEvery with interval 0: a record
-// per rejection, as before); "disabled" (a logger above Warn). The logger
+// per rejection); "disabled" (a logger above Warn). The logger
 // writes text to io.Discard.
 func BenchmarkEventsReject(b *testing.B) {
 	text := slog.New(slog.NewTextHandler(io.Discard, nil))
