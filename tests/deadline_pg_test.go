@@ -46,9 +46,7 @@ func TestADeadlineShorterThanTheMeasuredHoldIsRefusedBeforeReachingPostgreSQL(t 
 	for i := range 3 {
 		holder := pgBegin(t, ctx, db)
 		done := dlPgQueued(t, ctx, g, db, marker, 1)
-		if err := holder.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, holder)
 		if err := <-done; err != nil {
 			t.Fatalf("measured operation %d: %v", i, err)
 		}
@@ -91,9 +89,7 @@ func TestADeadlineShorterThanTheMeasuredHoldIsRefusedBeforeReachingPostgreSQL(t 
 	if err := <-slept; err != nil {
 		t.Fatalf("the holder's pg_sleep(0.2): %v", err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	if err := <-done; err != nil {
 		t.Fatalf("operation without a deadline: %v, want it run once the permit came back", err)
 	}
@@ -123,12 +119,8 @@ func TestOnceTheDatabaseIsFastAgainTheGateAdmitsShortDeadlinesAgain(t *testing.T
 			done <- err
 		}()
 		awaitState(t, "the slow statement waits for a permit", func() bool { return g.Stats().Waiting == 1 })
-		if err := a.Commit(); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, a)
+		txCommit(t, b)
 		if err := <-done; err != nil {
 			t.Fatalf("slow operation: %v", err)
 		}

@@ -51,6 +51,22 @@ func pgBegin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
 	return tx
 }
 
+// txCommit commits tx, failing the test if the commit fails.
+func txCommit(t testing.TB, tx *sql.Tx) {
+	t.Helper()
+	if err := tx.Commit(); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+}
+
+// txRollback rolls tx back, failing the test if the rollback fails.
+func txRollback(t testing.TB, tx *sql.Tx) {
+	t.Helper()
+	if err := tx.Rollback(); err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
+}
+
 // pgWarm leaves n idle connections in db's pool.
 func pgWarm(t testing.TB, ctx context.Context, db *sql.DB, n int) {
 	t.Helper()
@@ -365,15 +381,11 @@ func TestExcessAdmissionIsRejectedAtOnceWithoutReachingTheServer(t *testing.T) {
 	}
 	t.Logf("server while admission was full: %d connections, %d transactions", a.conns, a.txs)
 
-	if err := tx1.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx1)
 	if err := <-third; err != nil {
 		t.Fatalf("third operation, after a permit came back: %v", err)
 	}
-	if err := tx2.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx2)
 	pgExpectIdle(t, g)
 }
 
@@ -399,9 +411,7 @@ func TestAnExpiredQueueWaitIsARejectionAndAnInterruptedWaitIsACancellation(t *te
 		if s := g.Stats(); s.RejectedTimeout != 1 || s.WaitCount != 1 || s.Canceled != 0 {
 			t.Errorf("RejectedTimeout=%d WaitCount=%d Canceled=%d, want 1, 1, 0", s.RejectedTimeout, s.WaitCount, s.Canceled)
 		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 		pgExpectIdle(t, g)
 		if _, err := db.ExecContext(ctx, "SELECT 1"); err != nil {
 			t.Errorf("after the holder ended: %v", err)
@@ -431,9 +441,7 @@ func TestAnExpiredQueueWaitIsARejectionAndAnInterruptedWaitIsACancellation(t *te
 		if s := g.Stats(); s.Canceled != 1 || s.RejectedTimeout != 0 || s.RejectedFull != 0 {
 			t.Errorf("Canceled=%d RejectedTimeout=%d RejectedFull=%d, want 1, 0, 0", s.Canceled, s.RejectedTimeout, s.RejectedFull)
 		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 		pgExpectIdle(t, g)
 		if _, err := db.ExecContext(ctx, "SELECT 1"); err != nil {
 			t.Errorf("after the holder ended: %v", err)
@@ -641,9 +649,7 @@ func TestWorkRunsAgainAfterAServerStatementTimeout(t *testing.T) {
 	if err := tx.QueryRowContext(ctx, "SELECT 8").Scan(&v); err != nil || v != 8 {
 		t.Fatalf("next transaction: got %d, %v; want 8, nil", v, err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	pgExpectIdle(t, g)
 	if s := g.Stats(); s.OpenConns != 1 {
 		t.Errorf("OpenConns=%d, want 1 (the connection survived the timeout)", s.OpenConns)
@@ -808,52 +814,34 @@ func TestEveryPermitComesBackAfterRepeatedFailures(t *testing.T) {
 			expectPg("prepared 1/0", "22012", err)
 		}},
 		{"bad query in a transaction, then rollback", func() {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = tx.ExecContext(ctx, "SELECT * FROM bh_no_such_table")
+			tx := pgBegin(t, ctx, db)
+			_, err := tx.ExecContext(ctx, "SELECT * FROM bh_no_such_table")
 			expectPg("missing table", "42P01", err)
-			if err := tx.Rollback(); err != nil {
-				t.Fatal(err)
-			}
+			txRollback(t, tx)
 		}},
 		{"bad query in a transaction, then commit", func() {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = tx.ExecContext(ctx, "SELECT 1/0")
+			tx := pgBegin(t, ctx, db)
+			_, err := tx.ExecContext(ctx, "SELECT 1/0")
 			expectPg("1/0 in tx", "22012", err)
 			if err := tx.Commit(); err == nil {
 				t.Fatal("commit of an aborted transaction succeeded")
 			}
 		}},
 		{"duplicate key in a transaction, then rollback", func() {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1), (1)")
+			tx := pgBegin(t, ctx, db)
+			_, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1), (1)")
 			expectPg("duplicate key", "23505", err)
-			if err := tx.Rollback(); err != nil {
-				t.Fatal(err)
-			}
+			txRollback(t, tx)
 		}},
 		{"rows of a transaction left open at commit", func() {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tx := pgBegin(t, ctx, db)
 			rows, err := tx.QueryContext(ctx, "SELECT g FROM generate_series(1, 1000) g")
 			if err != nil {
 				t.Fatal(err)
 			}
 			rows.Next()
 			rows.Close()
-			if err := tx.Commit(); err != nil {
-				t.Fatal(err)
-			}
+			txCommit(t, tx)
 		}},
 	}
 	for round := range 5 {
@@ -880,9 +868,7 @@ func TestEveryPermitComesBackAfterRepeatedFailures(t *testing.T) {
 		t.Errorf("operation B+1: got %v, want a rejection", err)
 	}
 	for _, tx := range held {
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 	}
 	pgExpectIdle(t, g)
 }
@@ -1145,9 +1131,7 @@ func TestAnArrayArgumentPassesThroughTheGate(t *testing.T) {
 	if err := tx.QueryRowContext(ctx, "SELECT cardinality($1::int8[])", arg).Scan(&n); err != nil || n != 3 {
 		t.Errorf("in a transaction: got %d, %v; want 3, nil", n, err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 }
 
 // ---- 12. ColumnTypes ----
@@ -1244,9 +1228,7 @@ func TestPreparedStatementExecutionsAreGated(t *testing.T) {
 	if s.RejectedTimeout != 2 || s.RejectedFull != 0 {
 		t.Errorf("RejectedTimeout=%d RejectedFull=%d, want 2 (the statement's executions) and 0", s.RejectedTimeout, s.RejectedFull)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	if err := stmt.QueryRowContext(ctx, 4).Scan(&v); err != nil || v != 4 {
 		t.Errorf("after the commit: got %d, %v; want 4, nil", v, err)
 	}
@@ -1268,9 +1250,7 @@ func TestPingIsNotGated(t *testing.T) {
 		if after := g.Stats(); after != before {
 			t.Errorf("ping changed the gate's stats: %+v -> %+v", before, after)
 		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 	})
 	t.Run("no idle connection", func(t *testing.T) {
 		// The only server connection is held by the transaction: the
@@ -1294,9 +1274,7 @@ func TestPingIsNotGated(t *testing.T) {
 		if after != wantAfter {
 			t.Errorf("ping: stats %+v -> %+v, want one dial and one more (idle) server connection, nothing else", before, after)
 		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 		if err := db.PingContext(ctx); err != nil {
 			t.Errorf("ping once the connection is idle again: %v", err)
 		}

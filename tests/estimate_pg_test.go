@@ -318,9 +318,7 @@ func TestOnPostgreSQLAfterALockCallsRunAgainWithinASecondOfItsRelease(t *testing
 	}
 	locked := time.Now()
 	time.Sleep(3 * time.Second) // the lock is held
-	if err := lock.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, lock)
 	released := time.Now()
 	time.Sleep(2500 * time.Millisecond) // the load runs on after it
 	stop()

@@ -203,9 +203,7 @@ func TestFleetMemberWhoseShareFallsToZeroSendsItsQueueAwayAtOnce(t *testing.T) {
 	if d, st := spy.dials.Load()-dials, spy.stmts.Load()-stmts; d != 0 || st != 0 {
 		t.Errorf("the operations sent away reached the driver: %d dials, %d statements", d, st)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	fleetRefusal(t, "an Exec once the transaction ended", fleetOps[0].run(ctx, db), bulkhead.ErrLeaseExpired, 0, 0, false)
 	if s := m.Gate().Stats(); s.Waiting != 0 || s.Running != 0 || s.RejectedLease != 3 || s.RejectedFull != 0 || s.RejectedTimeout != 0 || s.Admitted != 1 {
 		t.Errorf("stats %+v: want nothing waiting or running, 3 refused on the fallback share, no queue timeout, 1 admitted", s)
@@ -362,9 +360,7 @@ func TestFleetMemberWhoseLeaseRanOutRefusesWithErrLeaseExpiredUntilARoundSucceed
 				t.Errorf("the refused operations reached the driver: %d dials, %d statements", dd, ds)
 			}
 			if tx != nil {
-				if err := tx.Commit(); err != nil {
-					t.Fatal(err)
-				}
+				txCommit(t, tx)
 			}
 			s, fs := g.Stats(), m.Stats()
 			if s.RejectedLease != want || s.RejectedFull != 0 || s.RejectedTimeout != 0 {

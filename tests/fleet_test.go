@@ -272,9 +272,7 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 		t.Fatalf("once 2 transactions ended: shares %v, %d slots held, want [2 2] and 4", b, v.total)
 	}
 	for _, tx := range txs[2:] {
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 	}
 	if _, err := g2.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
 		t.Fatal(err)
@@ -1105,9 +1103,7 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 	}
 	sync(idle) // publishes active
 	for _, tx := range txs {
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 	}
 	txs = []*sql.Tx{pgBegin(t, ctx, db), pgBegin(t, ctx, db)} // it still works, on its fair share
 	sync(busy)                                                // its target is its fair share again: gives one back
@@ -1119,8 +1115,6 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 		t.Fatalf("both working: shares %v, want [2 2]", b)
 	}
 	for _, tx := range txs {
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 	}
 }

@@ -439,9 +439,7 @@ func TestARejectionPingsNothingAlsoWhenThePooledConnectionNeedsAReset(t *testing
 		t.Errorf("the rejection asked the driver to reset (ping) %d server connections, want none", n)
 	}
 	t.Logf("figures: a rejection with 50ms of latency each way: %v, no ping", took)
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	if err := <-waiter; err != nil {
 		t.Fatal(err)
 	}

@@ -537,9 +537,7 @@ func TestPgBouncerQueue(t *testing.T) {
 			t.Fatalf("the third operation ended (%v) while both server connections are held", err)
 		default:
 		}
-		if err := tx1.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx1)
 		select {
 		case err := <-done:
 			if err != nil {
@@ -548,9 +546,7 @@ func TestPgBouncerQueue(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal(ctx.Err())
 		}
-		if err := tx2.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx2)
 	})
 	t.Run("gated", func(t *testing.T) {
 		g := pgbGate(t, stdlib.GetConnector(*b.config(t, pgx.QueryExecModeExec)), bulkhead.Policy{MaxConcurrent: 2})
@@ -566,15 +562,11 @@ func TestPgBouncerQueue(t *testing.T) {
 		if s := g.Stats(); s.OpenConns != 2 || s.Dials != 2 || s.RejectedFull != 1 {
 			t.Fatalf("gate: %d connections open, %d dials, %d rejected; want 2, 2, 1", s.OpenConns, s.Dials, s.RejectedFull)
 		}
-		if err := tx1.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx1)
 		if _, err := db.ExecContext(ctx, "SELECT 3"); err != nil {
 			t.Fatalf("once a transaction ended: %v", err)
 		}
-		if err := tx2.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx2)
 	})
 }
 

@@ -49,9 +49,7 @@ func TestAHigherPriorityShedsTheLowerOneAndRunsFirstOnPostgreSQL(t *testing.T) {
 	if s, _ := g.WorkloadStats("low"); s.RejectedFull != 1 || s.Admitted != 0 {
 		t.Fatalf("low workload %+v, want one RejectedFull and nothing admitted", s)
 	}
-	if err := holder.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, holder)
 	if err := <-highDone; err != nil {
 		t.Fatalf("high-priority operation: %v, want it run", err)
 	}

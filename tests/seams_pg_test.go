@@ -181,9 +181,7 @@ func TestAPreparedStatementRefusedAtAdmissionOnPostgreSQLDialsAndPreparesNothing
 				t.Fatalf("after the refused executions: RejectedFull %d (was %d), Running %d, Waiting %d; want two more, 1, %d", s.RejectedFull, full, s.Running, s.Waiting, q)
 			}
 
-			if err := tx.Commit(); err != nil {
-				t.Fatal(err)
-			}
+			txCommit(t, tx)
 			if q == 1 {
 				if err := <-waiting; err != nil {
 					t.Fatalf("the waiting operation: %v", err)

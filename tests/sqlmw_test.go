@@ -317,9 +317,7 @@ func TestTheGateOutsideSqlmwRejectsBeforeTheInterceptorSeesAnything(t *testing.T
 	if got := l.log(); len(got) != seen {
 		t.Errorf("the interceptor saw rejected operations: %q", got[seen:])
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	if err := <-waiting; err != nil {
 		t.Fatal(err)
 	}
@@ -367,9 +365,7 @@ func TestSqlmwOutsideTheGateSeesRejectionsAsErrors(t *testing.T) {
 	if got := l.log(); !slices.Equal(got, want) {
 		t.Errorf("the interceptor saw %q, want %q", got, want)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	if s := g.Stats(); s.RejectedTimeout != 1 || s.Admitted != 1 {
 		t.Errorf("RejectedTimeout=%d Admitted=%d, want 1 and 1", s.RejectedTimeout, s.Admitted)
 	}
