@@ -23,19 +23,10 @@ import (
 // README's errors table does: ErrLeaseExpired, "a fleet member's lease ran
 // out before the operation started".
 
-// fleetJoin is fleetGate with the member's inner connector given: its
-// loop's interval is an hour unless opts set another, and its coordination
-// sessions are the test's own (directCoordination) unless opts name
-// another coordinator.
+// fleetJoin is fleetGate with the member's inner connector given.
 func fleetJoin(t *testing.T, name string, p bulkhead.Policy, inner driver.Connector, opts ...fleet.Option) *fleet.Member {
 	t.Helper()
-	opts = append([]fleet.Option{fleet.Interval(time.Hour), directCoordination(t)}, opts...)
-	m, err := fleet.Join(name, inner, p, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Gate().OpenDB().Close() }) // closes the gate too
-	awaitState(t, "the fleet loop's first round started", func() bool { return m.Stats().Rounds > 0 })
+	m := fleetMember(t, name, inner, p, append([]fleet.Option{directCoordination(t)}, opts...)...)
 	// A round of its own waits for the loop's to end: the test's reads of
 	// the locks and the shares never fall in the middle of one.
 	if err := m.Sync(context.Background()); err != nil {
@@ -123,9 +114,7 @@ func TestFleetMemberWithNoShareRejectsEveryOperationAtOnce(t *testing.T) {
 	ms := []*fleet.Member{fleetJoin(t, name, p, spies[0]), fleetJoin(t, name, p, spies[1])}
 	for range 2 {
 		for _, m := range ms {
-			if err := m.Sync(ctx); err != nil {
-				t.Fatal(err)
-			}
+			fleetSync(t, ctx, m)
 			checkFleet(t, ctx, admin, name, total, ms)
 		}
 	}
@@ -178,9 +167,7 @@ func TestFleetMemberWhoseShareFallsToZeroSendsItsQueueAwayAtOnce(t *testing.T) {
 	p.QueueWait = time.Minute // beyond relAwait's bound: a waiter left in the queue is a failure
 	spy := &relSpyConnector{inner: stdlib.GetConnector(*pgConfig(t))}
 	m := fleetJoin(t, fleetName(t), p, spy, fleet.Fallback(0))
-	if err := m.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, m)
 	if s := m.Gate().Stats(); s.MaxConcurrent != 1 || s.MaxQueue != 2 {
 		t.Fatalf("alone in a fleet of T=1, Q=2: B=%d, Q=%d; want 1, 2", s.MaxConcurrent, s.MaxQueue)
 	}

@@ -3,7 +3,6 @@ package tests
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -27,12 +26,6 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 			name := signedFleetName(t, negative)
 			keys := fleet.LockKeys(name)
 			p := fleetPolicy(4, 0)
-			sync := func(m *fleet.Member) {
-				t.Helper()
-				if err := m.Sync(ctx); err != nil {
-					t.Fatal(err)
-				}
-			}
 			want := func(what string, m *fleet.Member, b, orphans int) {
 				t.Helper()
 				if s, fs := m.Gate().Stats(), m.Stats(); s.MaxConcurrent != b || fs.Orphans != orphans || fs.Instances != 1 {
@@ -45,7 +38,7 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 
 			// Join, anchor, read, grow.
 			a := fleetGate(t, name, p)
-			sync(a)
+			fleetSync(t, ctx, a)
 			id := a.Stats().ID
 			want("joined", a, 4, 0)
 			if n := locksOf(t, ctx, admin, keys.Anchors, id); n != 1 {
@@ -96,7 +89,7 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 				}
 				return n == 1
 			})
-			sync(a)
+			fleetSync(t, ctx, a)
 			want("an orphan running", a, 3, 1)
 			if _, err := lock.ExecContext(ctx, "SELECT pg_advisory_unlock(7, $1)", key); err != nil {
 				t.Fatal(err)
@@ -104,29 +97,13 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 			if err := <-blocked; err != nil {
 				t.Fatal(err)
 			}
-			sync(a)
+			fleetSync(t, ctx, a)
 			want("the orphan's statement ended", a, 4, 0)
 
 			// A reclaim: a session of the test holds a's membership lock,
 			// as its previous session would after a network cut.
-			terminate(t, ctx, admin, a.Stats().Backend)
-			if err := a.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
-				t.Fatalf("the round after its session was terminated: %v, want ErrCoordination", err)
-			}
-			stale, err := admin.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer stale.Close()
-			var stalePID int64
-			if err := stale.QueryRowContext(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", keys.Members, int32(id)).Scan(&stalePID); err != nil {
-				t.Fatal(err)
-			}
-			if err := a.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) || !strings.Contains(err.Error(), "ended 1 session") {
-				t.Fatalf("the join with its id held: %v, want the previous session ended", err)
-			}
-			awaitGone(t, ctx, admin, stalePID)
-			sync(a)
+			fleetReclaim(t, ctx, admin, a, name)
+			fleetSync(t, ctx, a)
 			want("rejoined", a, 4, 0)
 
 			// A leave.

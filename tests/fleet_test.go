@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -38,12 +39,31 @@ func fleetPolicy(total, queue int) bulkhead.Policy {
 	return bulkhead.Policy{MaxConcurrent: total, MaxQueue: queue, QueueWait: time.Minute}
 }
 
-// fleetGate makes one member of the fleet name, whose gate is closed at
-// the end of the test (leaving the fleet).
+// fleetGate makes one member of the fleet name on the test server, its
+// coordination sessions the test's own (directCoordination) unless opts
+// name another coordinator, as fleetMember does.
 func fleetGate(t *testing.T, name string, p bulkhead.Policy, opts ...fleet.Option) *fleet.Member {
 	t.Helper()
-	opts = append([]fleet.Option{fleet.Interval(time.Hour), directCoordination(t)}, opts...)
-	m, err := fleet.Join(name, stdlib.GetConnector(*pgConfig(t)), p, opts...)
+	return fleetMember(t, name, stdlib.GetConnector(*pgConfig(t)), p, append([]fleet.Option{directCoordination(t)}, opts...)...)
+}
+
+// fleetSync runs a round of each of ms in turn, failing the test if one
+// fails.
+func fleetSync(t *testing.T, ctx context.Context, ms ...*fleet.Member) {
+	t.Helper()
+	for _, m := range ms {
+		if err := m.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// fleetMember makes one member of the fleet name on inner, its loop's
+// interval an hour unless opts set another, whose gate is closed at the
+// end of the test (leaving the fleet).
+func fleetMember(t *testing.T, name string, inner driver.Connector, p bulkhead.Policy, opts ...fleet.Option) *fleet.Member {
+	t.Helper()
+	m, err := fleet.Join(name, inner, p, append([]fleet.Option{fleet.Interval(time.Hour)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,9 +171,7 @@ func TestFleetSharesSplitTheTotalAndSettleWithinTwoRounds(t *testing.T) {
 	round := func() {
 		t.Helper()
 		for _, g := range gs {
-			if err := g.Sync(ctx); err != nil {
-				t.Fatal(err)
-			}
+			fleetSync(t, ctx, g)
 			checkFleet(t, ctx, admin, name, total, gs)
 		}
 	}
@@ -164,9 +182,7 @@ func TestFleetSharesSplitTheTotalAndSettleWithinTwoRounds(t *testing.T) {
 	for n := 1; n <= 4; n++ {
 		g := fleetGate(t, name, fleetPolicy(total, queue))
 		gs = append(gs, g)
-		if err := g.Sync(ctx); err != nil {
-			t.Fatal(err)
-		}
+		fleetSync(t, ctx, g)
 		checkFleet(t, ctx, admin, name, total, gs)
 		round()
 		round()
@@ -217,9 +233,7 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 	p := fleetPolicy(4, 0)
 	p.QueueWait = 0
 	g1 := fleetGate(t, name, p)
-	if err := g1.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g1)
 	db1 := g1.Gate().OpenDB()
 	var txs []*sql.Tx
 	for range 4 {
@@ -231,9 +245,7 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 	}
 	g2 := fleetGate(t, name, p)
 	gs := []*fleet.Member{g1, g2}
-	if err := g2.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g2)
 	// g1's target is 2: its B goes down at once, its slots stay locked
 	// while 4 transactions run.
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
@@ -245,9 +257,7 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 	if s, fs := g1.Gate().Stats(), g1.Stats(); s.MaxConcurrent != 2 || s.Running != 4 || v.slots[fs.Backend] != 4 {
 		t.Fatalf("with 4 transactions open and a target of 2: B=%d, running %d, %d slots held; want 2, 4, 4", s.MaxConcurrent, s.Running, v.slots[fs.Backend])
 	}
-	if err := g2.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g2)
 	if s := g2.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("the newcomer got B=%d while the other still runs on all 4 slots, want 0", s.MaxConcurrent)
 	}
@@ -256,17 +266,11 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 		t.Fatalf("an operation on an instance without share: %v, want ErrAdmissionFull", err)
 	}
 	for _, tx := range txs[:2] {
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 	}
-	if err := g1.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g1)
 	checkFleet(t, ctx, admin, name, 4, gs)
-	if err := g2.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g2)
 	v = checkFleet(t, ctx, admin, name, 4, gs)
 	if b, _ := shares(gs); fmt.Sprint(b) != "[2 2]" || v.total != 4 {
 		t.Fatalf("once 2 transactions ended: shares %v, %d slots held, want [2 2] and 4", b, v.total)
@@ -288,6 +292,34 @@ func terminate(t *testing.T, ctx context.Context, admin *sql.DB, pid int64) {
 		t.Fatalf("pg_terminate_backend(%d): %v, %v", pid, ok, err)
 	}
 	awaitGone(t, ctx, admin, pid)
+}
+
+// fleetReclaim cuts m's coordination session and holds m's membership
+// lock on a session of admin, as the cut session would until the server
+// noticed: the round after the cut fails with ErrCoordination, and the
+// join after it too, saying it ended the previous session, which is then
+// gone from the server.
+func fleetReclaim(t *testing.T, ctx context.Context, admin *sql.DB, m *fleet.Member, name string) {
+	t.Helper()
+	s := m.Stats()
+	terminate(t, ctx, admin, s.Backend)
+	if err := m.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
+		t.Fatalf("the round after its session was terminated: %v, want ErrCoordination", err)
+	}
+	stale, err := admin.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stale.Close() })
+	var stalePID int64
+	if err := stale.QueryRowContext(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", fleet.LockKeys(name).Members, int32(s.ID)).Scan(&stalePID); err != nil {
+		t.Fatal(err)
+	}
+	err = m.Sync(ctx)
+	if !errors.Is(err, fleet.ErrCoordination) || !strings.Contains(err.Error(), "previous session") || !strings.Contains(err.Error(), "ended 1 session") {
+		t.Fatalf("the join with its id held: %v, want ErrCoordination, the previous session ended", err)
+	}
+	awaitGone(t, ctx, admin, stalePID)
 }
 
 // awaitGone waits until the backend pid has left pg_stat_activity, and
@@ -325,9 +357,7 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 		mu.Unlock()
 	})
 	g1 := fleetGate(t, name, fleetPolicy(8, 0), onChange)
-	if err := g1.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g1)
 	if s := g1.Gate().Stats(); s.MaxConcurrent != 8 {
 		t.Fatalf("alone: B=%d, want 8", s.MaxConcurrent)
 	}
@@ -347,17 +377,13 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 		t.Fatalf("last fleet event %+v, want the failure with B=%d", last, fleet.DefaultFallback)
 	}
 	// The next round opens a new session and takes the share back.
-	if err := g1.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g1)
 	if s, fs := g1.Gate().Stats(), g1.Stats(); s.MaxConcurrent != 8 || fs.Degraded || fs.LastError != nil {
 		t.Fatalf("after recovery: B=%d, fleet %+v, want 8, not degraded", s.MaxConcurrent, fs)
 	}
 	// An instance without share keeps none when its round fails.
 	g2 := fleetGate(t, name, fleetPolicy(8, 0))
-	if err := g2.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g2)
 	if s := g2.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("newcomer in a full fleet: B=%d, want 0", s.MaxConcurrent)
 	}
@@ -370,9 +396,7 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 	}
 	// fleet.Fallback(0): nothing runs while coordination fails.
 	g3 := fleetGate(t, fleetName(t)+"z", fleetPolicy(8, 0), fleet.Fallback(0))
-	if err := g3.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g3)
 	terminate(t, ctx, admin, g3.Stats().Backend)
 	if err := g3.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
 		t.Fatalf("%v, want ErrCoordination", err)
@@ -548,9 +572,7 @@ func TestFleetKilledInstanceFreesItsShare(t *testing.T) {
 	g, c, pid := twoProcesses(t, ctx)
 	c.kill()
 	awaitGone(t, ctx, admin, pid)
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g)
 	if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 8 || fs.Instances != 1 {
 		t.Fatalf("one round after the other process was killed: B=%d, %d instances; want 8, 1", s.MaxConcurrent, fs.Instances)
 	}
@@ -598,9 +620,7 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 			if n := waiting(); n != 3 {
 				t.Fatalf("after the kill: %d of the child's statements still run, want 3 (they end only when they get the lock)", n)
 			}
-			if err := g.Sync(ctx); err != nil {
-				t.Fatal(err)
-			}
+			fleetSync(t, ctx, g)
 			s, fs := g.Gate().Stats(), g.Stats()
 			if !tagged {
 				if s.MaxConcurrent != 8 || fs.Orphans != 0 {
@@ -621,9 +641,7 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 				t.Fatal(err)
 			}
 			awaitState(t, "the dead process's statements ended", func() bool { return waiting() == 0 })
-			if err := g.Sync(ctx); err != nil {
-				t.Fatal(err)
-			}
+			fleetSync(t, ctx, g)
 			if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 8 || fs.Orphans != 0 {
 				t.Fatalf("once they ended: B=%d, %d orphans; want 8, 0", s.MaxConcurrent, fs.Orphans)
 			}
@@ -639,34 +657,10 @@ func TestFleetRejoinEndsTheSessionStillHoldingItsID(t *testing.T) {
 	admin := adminDB(t)
 	name := fleetName(t)
 	g := fleetGate(t, name, fleetPolicy(4, 0))
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g)
 	s := g.Stats()
-	terminate(t, ctx, admin, s.Backend)
-	if err := g.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
-		t.Fatalf("the round after its session was terminated: %v, want ErrCoordination", err)
-	}
-	// A session of its own holds the membership lock, as the old one
-	// would until the server noticed the cut.
-	stale, err := admin.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stale.Close()
-	var stalePID int64
-	keys := fleet.LockKeys(name)
-	if err := stale.QueryRowContext(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", keys.Members, int32(s.ID)).Scan(&stalePID); err != nil {
-		t.Fatal(err)
-	}
-	err = g.Sync(ctx)
-	if !errors.Is(err, fleet.ErrCoordination) || !strings.Contains(err.Error(), "previous session") || !strings.Contains(err.Error(), "ended 1 session") {
-		t.Fatalf("the join with its id held: %v, want ErrCoordination, the previous session ended", err)
-	}
-	awaitGone(t, ctx, admin, stalePID)
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetReclaim(t, ctx, admin, g, name)
+	fleetSync(t, ctx, g)
 	if now, b := g.Stats(), g.Gate().Stats().MaxConcurrent; now.ID != s.ID || b != 4 || now.Degraded {
 		t.Fatalf("after the rejoin: id %d (was %d), B=%d, degraded %v; want the same id, 4, false", now.ID, s.ID, b, now.Degraded)
 	}
@@ -690,18 +684,12 @@ func TestFleetGrowDoesNotWaitForAnotherMembersGrow(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := fleetGate(t, name, fleetPolicy(4, 0))
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g)
 	if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 0 || fs.Instances != 1 {
 		t.Fatalf("a round while another holds the grow lock: B=%d, %d instances; want 0, 1", s.MaxConcurrent, fs.Instances)
 	}
-	if err := other.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	txRollback(t, other)
+	fleetSync(t, ctx, g)
 	if s := g.Gate().Stats(); s.MaxConcurrent != 4 {
 		t.Fatalf("a round once the grow lock is free: B=%d, want 4", s.MaxConcurrent)
 	}
@@ -714,14 +702,10 @@ func twoProcesses(t *testing.T, ctx context.Context, env ...string) (g *fleet.Me
 	t.Helper()
 	name := fleetName(t)
 	g = fleetGate(t, name, fleetPolicy(8, 0))
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g)
 	c = startFleetChild(t, ctx, name, postgresURL(t), env...)
 	c.sync()
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g)
 	pid, b := c.sync()
 	if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 4 || b != 4 || fs.Instances != 2 {
 		t.Fatalf("two processes: B=%d here and %d in the child, %d instances; want 4, 4, 2", s.MaxConcurrent, b, fs.Instances)
@@ -1060,9 +1044,7 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 	gs := []*fleet.Member{busy, idle}
 	sync := func(g *fleet.Member) {
 		t.Helper()
-		if err := g.Sync(ctx); err != nil {
-			t.Fatal(err)
-		}
+		fleetSync(t, ctx, g)
 		checkFleet(t, ctx, admin, name, 4, gs)
 	}
 	for range 2 {

@@ -570,29 +570,6 @@ func TestPgBouncerQueue(t *testing.T) {
 	})
 }
 
-// pgbFleetGate makes one member of the fleet name on inner, and waits
-// until its loop's first round started (Sync then waits for it to end),
-// as fleetGate does.
-func pgbFleetGate(t *testing.T, name string, inner driver.Connector, p bulkhead.Policy, opts ...fleet.Option) *fleet.Member {
-	t.Helper()
-	m, err := fleet.Join(name, inner, p, append([]fleet.Option{fleet.Interval(time.Hour)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Gate().OpenDB().Close() }) // closes the gate too
-	awaitState(t, "the fleet loop's first round started", func() bool { return m.Stats().Rounds > 0 })
-	return m
-}
-
-func pgbSync(t *testing.T, ctx context.Context, gs ...*fleet.Member) {
-	t.Helper()
-	for _, g := range gs {
-		if err := g.Sync(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // TestPgBouncerFleet: a fleet budget's coordination session holds
 // session-level advisory locks, so it must bypass PgBouncer in transaction
 // mode. Through PgBouncer (default_pool_size = 1, so that what happens is
@@ -627,10 +604,10 @@ func TestPgBouncerFleet(t *testing.T) {
 	t.Run("coordination through PgBouncer", func(t *testing.T) {
 		name := fleetName(t) + "-shared"
 		p := fleetPolicy(4, 0)
-		g1 := pgbFleetGate(t, name, inner, p)
-		pgbSync(t, ctx, g1)
-		g2 := pgbFleetGate(t, name, inner, p)
-		pgbSync(t, ctx, g1, g2, g1, g2)
+		g1 := fleetMember(t, name, inner, p)
+		fleetSync(t, ctx, g1)
+		g2 := fleetMember(t, name, inner, p)
+		fleetSync(t, ctx, g1, g2, g1, g2)
 		servers := bouncer.serverPIDs(t, ctx)
 		if len(servers) != 1 {
 			t.Fatalf("PgBouncer's server connections %v, want 1", servers)
@@ -647,7 +624,7 @@ func TestPgBouncerFleet(t *testing.T) {
 		}
 		t.Logf("two instances, T=4: B = 2 and 2, one backend (pid %s) holding 2 membership locks and 2 slots", servers[0])
 		g3 := fleetGate(t, name, p) // coordinating directly
-		pgbSync(t, ctx, g3, g3)
+		fleetSync(t, ctx, g3, g3)
 		b3 := g3.Gate().Stats().MaxConcurrent
 		if v := fleetSlots(t, ctx, admin, name); b3 == 0 || v.total > 4 || 2+2+b3 <= 4 {
 			t.Fatalf("a third instance, direct: B=%d, %d slots held; want a share, the slots within T=4 and the Bs over it", b3, v.total)
@@ -674,7 +651,7 @@ func TestPgBouncerFleet(t *testing.T) {
 		if s, fs := g2.Gate().Stats(), g2.Stats(); s.MaxConcurrent != fleet.DefaultFallback || !fs.Degraded {
 			t.Fatalf("after the failed round: B=%d, degraded %v; want %d, true", s.MaxConcurrent, fs.Degraded, fleet.DefaultFallback)
 		}
-		pgbSync(t, ctx, g2)
+		fleetSync(t, ctx, g2)
 		if s, fs := g2.Gate().Stats(), g2.Stats(); s.MaxConcurrent != 4 || fs.Degraded {
 			t.Fatalf("the round after: B=%d, degraded %v; want 4, false", s.MaxConcurrent, fs.Degraded)
 		}
@@ -700,7 +677,7 @@ func TestPgBouncerFleet(t *testing.T) {
 		// A new instance, coordinating directly with PostgreSQL, counts
 		// the dead one and finds no free slot.
 		g := fleetGate(t, name, fleetPolicy(8, 0))
-		pgbSync(t, ctx, g, g)
+		fleetSync(t, ctx, g, g)
 		if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 0 || fs.Instances != 2 {
 			t.Fatalf("a new instance after the kill: B=%d, %d instances; want 0, 2", s.MaxConcurrent, fs.Instances)
 		}
@@ -712,11 +689,11 @@ func TestPgBouncerFleet(t *testing.T) {
 		p := fleetPolicy(4, 0)
 		direct := directCoordination(t)
 		untagged := fleet.Tagging(false)
-		g1 := pgbFleetGate(t, name, inner, p, direct, untagged)
-		pgbSync(t, ctx, g1)
-		g2 := pgbFleetGate(t, name, inner, p, direct, untagged)
+		g1 := fleetMember(t, name, inner, p, direct, untagged)
+		fleetSync(t, ctx, g1)
+		g2 := fleetMember(t, name, inner, p, direct, untagged)
 		gs := []*fleet.Member{g1, g2}
-		pgbSync(t, ctx, g1, g2, g1, g2)
+		fleetSync(t, ctx, g1, g2, g1, g2)
 		checkFleet(t, ctx, admin, name, 4, gs)
 		if bs, _ := shares(gs); fmt.Sprint(bs) != "[2 2]" {
 			t.Fatalf("two instances, T=4, after two rounds each: B = %v, want [2 2]", bs)
@@ -743,8 +720,8 @@ func TestPgBouncerFleet(t *testing.T) {
 		name := fleetName(t) + "-tags"
 		p := fleetPolicy(4, 0)
 		direct := directCoordination(t)
-		g1 := pgbFleetGate(t, name, inner, p, direct) // tagging on: the default
-		pgbSync(t, ctx, g1)
+		g1 := fleetMember(t, name, inner, p, direct) // tagging on: the default
+		fleetSync(t, ctx, g1)
 		if _, err := g1.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
 			t.Fatal(err)
 		}
@@ -776,7 +753,7 @@ func TestPgBouncerFleet(t *testing.T) {
 			t.Fatal(err)
 		}
 		g2 := fleetGate(t, name, p)
-		pgbSync(t, ctx, g2)
+		fleetSync(t, ctx, g2)
 		if fs, s := g2.Stats(), g2.Gate().Stats(); fs.Orphans != 1 || s.MaxConcurrent != 3 {
 			t.Fatalf("a new instance while another client's transaction runs on the tagged server connection: %d orphans, B=%d; want 1, 3", fs.Orphans, s.MaxConcurrent)
 		}

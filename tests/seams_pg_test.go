@@ -98,17 +98,7 @@ var seamPolicy = bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.
 // closed at the end of the test.
 func seamJoin(t *testing.T, name string, inner driver.Connector, p bulkhead.Policy) *fleet.Member {
 	t.Helper()
-	coord := seamPgConfig(t, "_fc")
-	m, err := fleet.Join(name, inner, p, fleet.Interval(time.Hour), fleet.Coordinator(stdlib.GetConnector(*coord)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Gate().OpenDB().Close() })
-	// The loop's first round starts at once: let it start (Sync waits for
-	// a round in progress), so that it does not run between the test's
-	// steps.
-	awaitState(t, "the fleet loop's first round started", func() bool { return m.Stats().Rounds > 0 })
-	return m
+	return fleetMember(t, name, inner, p, fleet.Coordinator(stdlib.GetConnector(*seamPgConfig(t, "_fc"))))
 }
 
 func seamFleetName() string {
@@ -453,9 +443,7 @@ func TestASQLConnOfAFleetMemberNeverMovesToAnotherBackendAfterAStatementCutOffBy
 			mon := newMonitor(t)
 			name := seamFleetName()
 			m := seamJoin(t, name, arm.inner(pgConfig(t)), bulkhead.Policy{MaxConcurrent: 1, QueueWait: time.Minute})
-			if err := m.Sync(ctx); err != nil {
-				t.Fatal(err)
-			}
+			fleetSync(t, ctx, m)
 			if b := m.Gate().Stats().MaxConcurrent; b != 1 {
 				t.Fatalf("the only member of a fleet of T=1 runs on B=%d, want 1", b)
 			}
@@ -595,17 +583,13 @@ func TestAFleetMemberWithNoShareAnswersPing(t *testing.T) {
 	name := seamFleetName()
 	p := bulkhead.Policy{MaxConcurrent: 1, QueueWait: time.Minute}
 	first := seamJoin(t, name, stdlib.GetConnector(*seamPgConfig(t, "_1")), p)
-	if err := first.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, first)
 	if s := first.Stats(); s.Share != 1 {
 		t.Fatalf("the first member of a fleet of T=1 has share %d, want 1", s.Share)
 	}
 	cfg := seamPgConfig(t, "_2")
 	second := seamJoin(t, name, stdlib.GetConnector(*cfg), p)
-	if err := second.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, second)
 	if s, b := second.Stats(), second.Gate().Stats().MaxConcurrent; s.Share != 0 || b != 0 || s.Instances != 2 {
 		t.Fatalf("a second member joining a full fleet of T=1: share %d, B=%d, %d instances; want 0, 0, 2", s.Share, b, s.Instances)
 	}
