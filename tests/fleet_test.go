@@ -886,26 +886,11 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	// The poller counts the fleet's open transactions that began before
 	// its own statement, at each look (the tags taken meanwhile counted
 	// apart too, to say so when the bound breaks).
-	peak, peakTags, looks := 0, 0, 0
 	tag := "SELECT pg_advisory_lock_shared(" // fleet's sqlLockShared: the test's own connections, by application_name
-	stopPoll := pollServer(func() bool {
-		var n, tags int
-		err := admin.QueryRowContext(ctx, `SELECT count(*), count(*) FILTER (WHERE tagging)
-			FROM (SELECT state = 'active' AND starts_with(query, $2) AS tagging FROM pg_stat_activity
-			       WHERE application_name = $1 AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()) a`,
-			appName(t), tag).Scan(&n, &tags)
-		if err != nil {
-			if ctx.Err() == nil {
-				t.Error(err)
-			}
-			return false
-		}
-		looks++
-		if n > peak {
-			peak, peakTags = n, tags
-		}
-		return true
-	})
+	stopPoll := serverPeak(t, ctx, admin, `SELECT count(*), (count(*) FILTER (WHERE tagging))::text
+		FROM (SELECT state = 'active' AND starts_with(query, $2) AS tagging FROM pg_stat_activity
+		       WHERE application_name = $1 AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()) a`,
+		appName(t), tag)
 	var gs []*fleet.Member
 	var halts []func()
 	step := func() {
@@ -943,8 +928,8 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	}
 	close(stop)
 	wg.Wait()
-	stopPoll()
-	t.Logf("%d transactions ran, %d rejected; %d looks at pg_stat_activity, peak %d (%d of them tags being taken)", ran.Load(), rejected.Load(), looks, peak, peakTags)
+	peak, looks, peakTags := stopPoll()
+	t.Logf("%d transactions ran, %d rejected; %d looks at pg_stat_activity, peak %d (%s of them tags being taken)", ran.Load(), rejected.Load(), looks, peak, peakTags)
 	if peak > total {
 		t.Fatalf("the fleet had %d transactions open on the server at once, want at most T=%d", peak, total)
 	}

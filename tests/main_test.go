@@ -264,6 +264,34 @@ func pollServer(look func() bool) (stop func()) {
 	return func() { close(quit); <-done }
 }
 
+// serverPeak polls q on db, in a goroutine of its own, until the returned
+// function is called; q answers a count and a text. That function returns
+// the largest count seen, the text at that look, and the number of looks.
+// A look that fails ends the polling, failing the test unless ctx ended.
+func serverPeak(t testing.TB, ctx context.Context, db *sql.DB, q string, args ...any) (stop func() (peak, looks int, seen string)) {
+	var peak, looks int
+	var seen string
+	end := pollServer(func() bool {
+		var n int
+		var detail string
+		if err := db.QueryRowContext(ctx, q, args...).Scan(&n, &detail); err != nil {
+			if ctx.Err() == nil {
+				t.Error(err)
+			}
+			return false
+		}
+		looks++
+		if n > peak {
+			peak, seen = n, detail
+		}
+		return true
+	})
+	return func() (int, int, string) {
+		end()
+		return peak, looks, seen
+	}
+}
+
 // awaitState waits until cond holds, polling state without sleeping. It
 // gives up, failing the test, only after a generous bound meant to turn a
 // hang into a failure, never to measure time.
