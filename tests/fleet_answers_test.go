@@ -208,8 +208,7 @@ type fleetStallDialer struct {
 	stalling atomic.Bool
 	healed   chan struct{}
 	once     sync.Once
-	mu       sync.Mutex
-	conns    []*fleetStallConn
+	dialed[*fleetStallConn]
 }
 
 func newFleetStallDialer() *fleetStallDialer {
@@ -217,16 +216,7 @@ func newFleetStallDialer() *fleetStallDialer {
 }
 
 func (d *fleetStallDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var nd net.Dialer
-	c, err := nd.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	fc := &fleetStallConn{Conn: c, d: d}
-	d.mu.Lock()
-	d.conns = append(d.conns, fc)
-	d.mu.Unlock()
-	return fc, nil
+	return d.dialed.dial(ctx, network, addr, func(c net.Conn) *fleetStallConn { return &fleetStallConn{Conn: c, d: d} })
 }
 
 func (d *fleetStallDialer) stall() { d.stalling.Store(true) }
@@ -237,13 +227,11 @@ func (d *fleetStallDialer) heal() {
 	d.once.Do(func() {
 		d.stalling.Store(false)
 		close(d.healed)
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		for _, c := range d.conns {
+		d.each(func(c *fleetStallConn) {
 			if c.stalled.Load() {
 				c.Conn.Close()
 			}
-		}
+		})
 	})
 }
 

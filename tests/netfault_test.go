@@ -131,8 +131,7 @@ type relFaultDialer struct {
 	rst     atomic.Bool
 	dials   atomic.Int64
 	commits atomic.Int64
-	mu      sync.Mutex
-	conns   []*relFaultConn
+	dialed[*relFaultConn]
 }
 
 const (
@@ -158,39 +157,51 @@ func newRelFaultRig(t *testing.T, p bulkhead.Policy) (*relFaultDialer, *relRig) 
 
 func newRelFaultDialer(t *testing.T) *relFaultDialer {
 	d := &relFaultDialer{}
-	t.Cleanup(func() {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		for _, c := range d.conns {
-			c.Conn.Close()
-		}
-	})
+	t.Cleanup(func() { d.each(func(c *relFaultConn) { c.Conn.Close() }) })
 	return d
 }
 
 func (d *relFaultDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	d.dials.Add(1)
+	return d.dialed.dial(ctx, network, addr, func(c net.Conn) *relFaultConn { return &relFaultConn{Conn: c, d: d} })
+}
+
+// heal ends the fault mode and closes the connections a blackhole broke.
+func (d *relFaultDialer) heal() {
+	d.mode.Store(relNoFault)
+	d.each(func(c *relFaultConn) {
+		if c.lost.Load() {
+			c.Conn.Close()
+		}
+	})
+}
+
+// dialed keeps the connections a test's dialer made, as wrap made them.
+type dialed[C net.Conn] struct {
+	mu    sync.Mutex
+	conns []C
+}
+
+// dial dials addr and keeps, and returns, the connection wrap makes of it.
+func (d *dialed[C]) dial(ctx context.Context, network, addr string, wrap func(net.Conn) C) (net.Conn, error) {
 	var nd net.Dialer
 	c, err := nd.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
-	fc := &relFaultConn{Conn: c, d: d}
+	fc := wrap(c)
 	d.mu.Lock()
 	d.conns = append(d.conns, fc)
 	d.mu.Unlock()
 	return fc, nil
 }
 
-// heal ends the fault mode and closes the connections a blackhole broke.
-func (d *relFaultDialer) heal() {
-	d.mode.Store(relNoFault)
+// each calls f on every connection kept, under the lock.
+func (d *dialed[C]) each(f func(C)) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, c := range d.conns {
-		if c.lost.Load() {
-			c.Conn.Close()
-		}
+		f(c)
 	}
 }
 
