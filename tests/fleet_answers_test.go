@@ -23,6 +23,23 @@ import (
 // README's errors table does: ErrLeaseExpired, "a fleet member's lease ran
 // out before the operation started".
 
+// fleetMember makes one member of the fleet name on inner, its loop's
+// interval an hour unless opts set another, whose gate is closed at the
+// end of the test (leaving the fleet).
+func fleetMember(t *testing.T, name string, inner driver.Connector, p bulkhead.Policy, opts ...fleet.Option) *fleet.Member {
+	t.Helper()
+	m, err := fleet.Join(name, inner, p, append([]fleet.Option{fleet.Interval(time.Hour)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Gate().OpenDB().Close() }) // closes the gate too
+	// The loop's first round starts at once: let it start (Sync waits
+	// for a round in progress), so that it does not run between the
+	// test's steps.
+	awaitState(t, "the fleet loop's first round started", func() bool { return m.Stats().Rounds > 0 })
+	return m
+}
+
 // fleetJoin is fleetGate with the member's inner connector given.
 func fleetJoin(t *testing.T, name string, p bulkhead.Policy, inner driver.Connector, opts ...fleet.Option) *fleet.Member {
 	t.Helper()

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -56,23 +55,6 @@ func fleetSync(t *testing.T, ctx context.Context, ms ...*fleet.Member) {
 			t.Fatal(err)
 		}
 	}
-}
-
-// fleetMember makes one member of the fleet name on inner, its loop's
-// interval an hour unless opts set another, whose gate is closed at the
-// end of the test (leaving the fleet).
-func fleetMember(t *testing.T, name string, inner driver.Connector, p bulkhead.Policy, opts ...fleet.Option) *fleet.Member {
-	t.Helper()
-	m, err := fleet.Join(name, inner, p, append([]fleet.Option{fleet.Interval(time.Hour)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Gate().OpenDB().Close() }) // closes the gate too
-	// The loop's first round starts at once: let it start (Sync waits
-	// for a round in progress), so that it does not run between the
-	// test's steps.
-	awaitState(t, "the fleet loop's first round started", func() bool { return m.Stats().Rounds > 0 })
-	return m
 }
 
 // directCoordination opens a fleet's coordination sessions on the test's
@@ -429,10 +411,18 @@ const (
 )
 
 func fleetChild(name string) int {
-	cfg, err := pgx.ParseConfig(os.Getenv(EnvDatabaseURL))
-	if err != nil {
+	if err := fleetChildRun(name); err != nil {
 		fmt.Println("error", err)
 		return 1
+	}
+	return 0
+}
+
+// fleetChildJoin joins the fleet name as the environment says.
+func fleetChildJoin(name string) (*fleet.Member, error) {
+	cfg, err := pgx.ParseConfig(os.Getenv(EnvDatabaseURL))
+	if err != nil {
+		return nil, err
 	}
 	if os.Getenv(EnvFleetChildNoConnCheck) != "" {
 		cfg.RuntimeParams["client_connection_check_interval"] = "0"
@@ -445,41 +435,46 @@ func fleetChild(name string) int {
 		coord.RuntimeParams["application_name"] = app + "_fleet"
 		opts = append(opts, fleet.Coordinator(stdlib.GetConnector(*coord)))
 	}
-	if v := os.Getenv(EnvFleetChildInterval); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			fmt.Println("error", err)
-			return 1
-		}
-		opts = append(opts, fleet.Interval(d))
-	}
-	if v := os.Getenv(EnvFleetChildFallback); v != "" {
-		f, err := strconv.Atoi(v)
-		if err != nil {
-			fmt.Println("error", err)
-			return 1
-		}
-		opts = append(opts, fleet.Fallback(f))
-	}
 	total := 8
-	if v := os.Getenv(EnvFleetChildTotal); v != "" {
-		if total, err = strconv.Atoi(v); err != nil {
-			fmt.Println("error", err)
-			return 1
+	for _, e := range []struct {
+		name string
+		set  func(v string) error
+	}{
+		{EnvFleetChildInterval, func(v string) error {
+			d, err := time.ParseDuration(v)
+			opts = append(opts, fleet.Interval(d))
+			return err
+		}},
+		{EnvFleetChildFallback, func(v string) error {
+			f, err := strconv.Atoi(v)
+			opts = append(opts, fleet.Fallback(f))
+			return err
+		}},
+		{EnvFleetChildTotal, func(v string) (err error) {
+			total, err = strconv.Atoi(v)
+			return err
+		}},
+	} {
+		if v := os.Getenv(e.name); v != "" {
+			if err := e.set(v); err != nil {
+				return nil, err
+			}
 		}
 	}
-	m, err := fleet.Join(name, stdlib.GetConnector(*cfg), fleetPolicy(total, 0), opts...)
+	return fleet.Join(name, stdlib.GetConnector(*cfg), fleetPolicy(total, 0), opts...)
+}
+
+func fleetChildRun(name string) error {
+	m, err := fleetChildJoin(name)
 	if err != nil {
-		fmt.Println("error", err)
-		return 1
+		return err
 	}
 	// The loop's first round starts at once: let it start, so that the
 	// first "sync" waits for it to end and nothing runs on the session
 	// after an answer (a kill then never cuts a statement short).
 	for i := 0; m.Stats().Rounds == 0; i++ {
 		if i == 10000 {
-			fmt.Println("error the fleet loop's first round did not start")
-			return 1
+			return errors.New("the fleet loop's first round did not start")
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -487,83 +482,72 @@ func fleetChild(name string) int {
 	db := g.OpenDB()
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
+		cmd, rest, _ := strings.Cut(in.Text(), " ")
 		var n int
-		if query, ok := strings.CutPrefix(in.Text(), "run "); ok {
-			if _, err := fmt.Sscanf(query, "%d", &n); err != nil {
-				fmt.Println("error", err)
-				return 1
+		var query string
+		var each func() // what each of the n goroutines started runs
+		switch cmd {
+		case "run", "load":
+			if _, err := fmt.Sscanf(rest, "%d", &n); err != nil {
+				return err
 			}
-			_, query, _ = strings.Cut(query, " ")
-			for range n {
-				go db.Exec(query) // the process is killed while they run
-			}
-			fmt.Println("started")
-			continue
-		}
-		if in.Text() == "next" {
-			// After the round in progress, if any, and the next one.
-			for r := m.Stats().Rounds + 1; m.Stats().Rounds <= r; {
-				time.Sleep(time.Millisecond) // polling the loop's counter
-			}
-			fmt.Printf("pid %d\n", m.Stats().Backend)
-			continue
-		}
-		if rest, ok := strings.CutPrefix(in.Text(), "burst "); ok {
-			var after, d time.Duration
-			var afterS, dS string
-			if _, err := fmt.Sscanf(rest, "%d %s %s", &n, &afterS, &dS); err != nil {
-				fmt.Println("error", err)
-				return 1
-			}
-			if after, err = time.ParseDuration(afterS); err == nil {
-				d, err = time.ParseDuration(dS)
-			}
-			if err != nil {
-				fmt.Println("error", err)
-				return 1
-			}
-			f := strings.SplitN(rest, " ", 4)
-			query := f[len(f)-1]
-			start := time.Now().Add(after)
-			end := start.Add(d)
-			for range n {
-				go func() {
-					time.Sleep(time.Until(start)) // the scenario's timing
-					for time.Now().Before(end) {
-						if _, err := db.Exec(query); err != nil {
-							time.Sleep(time.Millisecond) // pacing after a rejection
-						}
-					}
-				}()
-			}
-			fmt.Println("started")
-			continue
-		}
-		if query, ok := strings.CutPrefix(in.Text(), "load "); ok {
-			if _, err := fmt.Sscanf(query, "%d", &n); err != nil {
-				fmt.Println("error", err)
-				return 1
-			}
-			_, query, _ = strings.Cut(query, " ")
-			for range n {
-				go func() { // until the process ends
+			_, query, _ = strings.Cut(rest, " ")
+			each = func() { db.Exec(query) } // the process is killed while they run
+			if cmd == "load" {
+				each = func() { // until the process ends
 					for {
 						if _, err := db.Exec(query); err != nil {
 							time.Sleep(time.Millisecond) // pacing after a rejection
 						}
 					}
-				}()
+				}
+			}
+		case "burst":
+			var afterS, dS string
+			if _, err := fmt.Sscanf(rest, "%d %s %s", &n, &afterS, &dS); err != nil {
+				return err
+			}
+			after, err := time.ParseDuration(afterS)
+			if err != nil {
+				return err
+			}
+			d, err := time.ParseDuration(dS)
+			if err != nil {
+				return err
+			}
+			f := strings.SplitN(rest, " ", 4)
+			query = f[len(f)-1]
+			start := time.Now().Add(after)
+			end := start.Add(d)
+			each = func() {
+				time.Sleep(time.Until(start)) // the scenario's timing
+				for time.Now().Before(end) {
+					if _, err := db.Exec(query); err != nil {
+						time.Sleep(time.Millisecond) // pacing after a rejection
+					}
+				}
+			}
+		}
+		switch {
+		case each != nil:
+			for range n {
+				go each()
 			}
 			fmt.Println("started")
-			continue
+		case in.Text() == "next":
+			// After the round in progress, if any, and the next one.
+			for r := m.Stats().Rounds + 1; m.Stats().Rounds <= r; {
+				time.Sleep(time.Millisecond) // polling the loop's counter
+			}
+			fmt.Printf("pid %d\n", m.Stats().Backend)
+		default:
+			if err := m.Sync(context.Background()); err != nil {
+				return err
+			}
+			fmt.Printf("pid %d b %d\n", m.Stats().Backend, g.Stats().MaxConcurrent)
 		}
-		if err := m.Sync(context.Background()); err != nil {
-			fmt.Println("error", err)
-			return 1
-		}
-		fmt.Printf("pid %d b %d\n", m.Stats().Backend, g.Stats().MaxConcurrent)
 	}
-	return 0
+	return nil
 }
 
 func TestFleetKilledInstanceFreesItsShare(t *testing.T) {
@@ -749,18 +733,33 @@ func startFleetChild(t *testing.T, ctx context.Context, name, url string, env ..
 	return c
 }
 
+// ask sends the child a line and returns its answer.
+func (c *fleetChildProc) ask(line string) string {
+	c.t.Helper()
+	if _, err := fmt.Fprintln(c.stdin, line); err != nil {
+		c.t.Fatal(err)
+	}
+	if !c.out.Scan() {
+		c.t.Fatalf("child: no answer to %q (%v)", line, c.out.Err())
+	}
+	return c.out.Text()
+}
+
+// started asks the child to start goroutines and checks that it did.
+func (c *fleetChildProc) started(format string, args ...any) {
+	c.t.Helper()
+	if a := c.ask(fmt.Sprintf(format, args...)); a != "started" {
+		c.t.Fatalf("child: %q, want started", a)
+	}
+}
+
 // sync makes the child run a round and returns its coordination
 // backend's pid and its B.
 func (c *fleetChildProc) sync() (pid int64, b int) {
 	c.t.Helper()
-	if _, err := fmt.Fprintln(c.stdin, "sync"); err != nil {
-		c.t.Fatal(err)
-	}
-	if !c.out.Scan() {
-		c.t.Fatalf("child: no answer (%v)", c.out.Err())
-	}
-	if _, err := fmt.Sscanf(c.out.Text(), "pid %d b %d", &pid, &b); err != nil {
-		c.t.Fatalf("child: %q (%v)", c.out.Text(), err)
+	a := c.ask("sync")
+	if _, err := fmt.Sscanf(a, "pid %d b %d", &pid, &b); err != nil {
+		c.t.Fatalf("child: %q (%v)", a, err)
 	}
 	return pid, b
 }
@@ -768,38 +767,22 @@ func (c *fleetChildProc) sync() (pid int64, b int) {
 // run makes the child start n operations running query.
 func (c *fleetChildProc) run(n int, query string) {
 	c.t.Helper()
-	if _, err := fmt.Fprintf(c.stdin, "run %d %s\n", n, query); err != nil {
-		c.t.Fatal(err)
-	}
-	if !c.out.Scan() || c.out.Text() != "started" {
-		c.t.Fatalf("child: %q (%v), want started", c.out.Text(), c.out.Err())
-	}
+	c.started("run %d %s", n, query)
 }
 
 // load makes the child start n goroutines running query over and over.
 func (c *fleetChildProc) load(n int, query string) {
 	c.t.Helper()
-	if _, err := fmt.Fprintf(c.stdin, "load %d %s\n", n, query); err != nil {
-		c.t.Fatal(err)
-	}
-	if !c.out.Scan() || c.out.Text() != "started" {
-		c.t.Fatalf("child: %q (%v), want started", c.out.Text(), c.out.Err())
-	}
+	c.started("load %d %s", n, query)
 }
 
 // next waits for the end of the child's next round and returns its
 // coordination backend's pid.
-func (c *fleetChildProc) next() int64 {
+func (c *fleetChildProc) next() (pid int64) {
 	c.t.Helper()
-	if _, err := fmt.Fprintln(c.stdin, "next"); err != nil {
-		c.t.Fatal(err)
-	}
-	var pid int64
-	if !c.out.Scan() {
-		c.t.Fatalf("child: no answer (%v)", c.out.Err())
-	}
-	if _, err := fmt.Sscanf(c.out.Text(), "pid %d", &pid); err != nil {
-		c.t.Fatalf("child: %q (%v)", c.out.Text(), err)
+	a := c.ask("next")
+	if _, err := fmt.Sscanf(a, "pid %d", &pid); err != nil {
+		c.t.Fatalf("child: %q (%v)", a, err)
 	}
 	return pid
 }
@@ -808,12 +791,7 @@ func (c *fleetChildProc) next() int64 {
 // starting after a delay.
 func (c *fleetChildProc) burst(n int, after, d time.Duration, query string) {
 	c.t.Helper()
-	if _, err := fmt.Fprintf(c.stdin, "burst %d %s %s %s\n", n, after, d, query); err != nil {
-		c.t.Fatal(err)
-	}
-	if !c.out.Scan() || c.out.Text() != "started" {
-		c.t.Fatalf("child: %q (%v), want started", c.out.Text(), c.out.Err())
-	}
+	c.started("burst %d %s %s %s", n, after, d, query)
 }
 
 // kill sends SIGKILL: no goodbye.
