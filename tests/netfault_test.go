@@ -357,17 +357,11 @@ func TestAmbiguousCommitReleasesOnceAndIsNeverRetried(t *testing.T) {
 	var want []int64
 	for i := range rounds {
 		id := int64(i)
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatalf("round %d: %v", i, err)
-		}
-		if err := relInsert(ctx, tx, table, id); err != nil {
-			t.Fatalf("round %d: %v", i, err)
-		}
+		tx := r.holdRow(ctx, table, id)
 		d.rst.Store(i%2 == 1)
 		d.mode.Store(relDropAfterCommit)
 		commits, admits := d.commits.Load(), r.admits.Load()
-		err = tx.Commit()
+		err := tx.Commit()
 		d.heal()
 		if err == nil {
 			t.Errorf("round %d: Commit succeeded although its reply was never read", i)

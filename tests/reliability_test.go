@@ -454,10 +454,10 @@ func (r *relRig) holdRow(ctx context.Context, table string, id int64) *sql.Tx {
 	r.t.Helper()
 	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
-		r.t.Fatal(err)
+		r.t.Fatalf("begin the transaction holding row %d: %v", id, err)
 	}
 	if err := relInsert(ctx, tx, table, id); err != nil {
-		r.t.Fatal(err)
+		r.t.Fatalf("insert row %d: %v", id, err)
 	}
 	return tx
 }
@@ -949,15 +949,7 @@ func TestCancelledTransactionReleasesExactlyOnceWhileTheUserEndsItConcurrently(t
 	for i := range rounds {
 		id := int64(i)
 		ctx, cancel := context.WithTimeout(context.Background(), relBound)
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			cancel()
-			t.Fatalf("round %d: BeginTx: %v", i, err)
-		}
-		if err := relInsert(ctx, tx, table, id); err != nil {
-			cancel()
-			t.Fatalf("round %d: insert: %v", i, err)
-		}
+		tx := r.holdRow(ctx, table, id)
 		go cancel()
 		commit := i%2 == 1
 		var endErr error
@@ -1024,15 +1016,7 @@ func TestTransactionCancelledDuringAStatementGivesThePermitsBackOnce(t *testing.
 	base := r.ctx()
 	for i := range rounds {
 		ctx, cancel := context.WithCancel(base)
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			cancel()
-			t.Fatal(err)
-		}
-		if err := relInsert(ctx, tx, table, int64(i)); err != nil {
-			cancel()
-			t.Fatal(err)
-		}
+		tx := r.holdRow(ctx, table, int64(i))
 		done := make(chan error, 1)
 		go func() {
 			_, err := tx.ExecContext(ctx, "SELECT pg_sleep(60)")
@@ -1517,13 +1501,7 @@ func TestEndingATransactionTwiceReturnsErrTxDoneWithoutAnotherRelease(t *testing
 	}
 	var want []int64
 	for i, e := range ends {
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := relInsert(ctx, tx, table, int64(i)); err != nil {
-			t.Fatal(err)
-		}
+		tx := r.holdRow(ctx, table, int64(i))
 		if err := e.first(tx); err != nil {
 			t.Fatalf("%s: first: %v", e.name, err)
 		}
