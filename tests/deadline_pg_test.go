@@ -35,8 +35,7 @@ func dlPgQueued(t *testing.T, ctx context.Context, g *bulkhead.Gate, db *sql.DB,
 // refused with ErrWouldMissDeadline, dials nothing and runs nothing on the
 // server. Without a deadline the same statement waits and runs.
 func TestADeadlineShorterThanTheMeasuredHoldIsRefusedBeforeReachingPostgreSQL(t *testing.T) {
-	ctx := pgTestCtx(t)
-	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: 5 * time.Second})
+	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: 5 * time.Second})
 	m := newMonitor(t)
 
 	// Measure: each pg_sleep(0.05) waits behind a held transaction, so it
@@ -106,8 +105,7 @@ func TestADeadlineShorterThanTheMeasuredHoldIsRefusedBeforeReachingPostgreSQL(t 
 // admits the same calls again within a fraction of a second, instead of
 // refusing them for as long as old holds weigh.
 func TestOnceTheDatabaseIsFastAgainTheGateAdmitsShortDeadlinesAgain(t *testing.T) {
-	ctx := pgTestCtx(t)
-	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 5 * time.Second})
+	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 5 * time.Second})
 
 	// Measure slow holds: each pg_sleep(0.3) queues behind two held transactions.
 	const query = "SELECT pg_sleep($1::float8)"

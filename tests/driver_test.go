@@ -288,8 +288,7 @@ func TestTheArticlesDemonstrationRejectsASecondOperationWhileTheFirstTransaction
 // ---- 2. commit and rollback ----
 
 func TestCommittedRowsStayAndRolledBackRowsVanishWithPermitsBack(t *testing.T) {
-	ctx := pgTestCtx(t)
-	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
+	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
 	table := pgTable(t, newMonitor(t), "id int PRIMARY KEY")
 
 	tx := pgBegin(t, ctx, db)
@@ -337,9 +336,8 @@ func TestCommittedRowsStayAndRolledBackRowsVanishWithPermitsBack(t *testing.T) {
 // ---- 3. excess admission ----
 
 func TestExcessAdmissionIsRejectedAtOnceWithoutReachingTheServer(t *testing.T) {
-	ctx := pgTestCtx(t)
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: 20 * time.Second}
-	g, db := openGated(t, p)
+	ctx, g, db := pgOpen(t, p)
 	m := newMonitor(t)
 
 	// Three operations hold the three admission permits: two running
@@ -393,8 +391,7 @@ func TestExcessAdmissionIsRejectedAtOnceWithoutReachingTheServer(t *testing.T) {
 
 func TestAnExpiredQueueWaitIsARejectionAndAnInterruptedWaitIsACancellation(t *testing.T) {
 	t.Run("expired", func(t *testing.T) {
-		ctx := pgTestCtx(t)
-		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 50 * time.Millisecond})
+		ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 50 * time.Millisecond})
 		tx := pgBegin(t, ctx, db)
 
 		_, err := db.BeginTx(ctx, nil)
@@ -418,8 +415,7 @@ func TestAnExpiredQueueWaitIsARejectionAndAnInterruptedWaitIsACancellation(t *te
 		}
 	})
 	t.Run("interrupted", func(t *testing.T) {
-		ctx := pgTestCtx(t)
-		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 20 * time.Second})
+		ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 20 * time.Second})
 		tx := pgBegin(t, ctx, db)
 
 		waitCtx, cancel := context.WithCancel(ctx)
@@ -623,8 +619,7 @@ func pgCheckStorm(t *testing.T, strict bool, p bulkhead.Policy, pk pgPeak) {
 // ---- 6. recovery after a server statement timeout ----
 
 func TestWorkRunsAgainAfterAServerStatementTimeout(t *testing.T) {
-	ctx := pgTestCtx(t)
-	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
+	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
 
 	tx := pgBegin(t, ctx, db)
 	if _, err := tx.ExecContext(ctx, "SET LOCAL statement_timeout = '100ms'"); err != nil {
@@ -659,9 +654,8 @@ func TestWorkRunsAgainAfterAServerStatementTimeout(t *testing.T) {
 // ---- 7. pool exhaustion ----
 
 func TestPoolExhaustionEndsInSuccessOrRejectionAndTheStatsAddUp(t *testing.T) {
-	ctx := pgTestCtx(t)
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: 20 * time.Millisecond}
-	g, db := openGated(t, p)
+	ctx, g, db := pgOpen(t, p)
 
 	const goroutines, each = 50, 4
 	var ok, rejected atomic.Int64
@@ -741,9 +735,8 @@ func TestPoolExhaustionEndsInSuccessOrRejectionAndTheStatsAddUp(t *testing.T) {
 // ---- 8. permits back after repeated failures ----
 
 func TestEveryPermitComesBackAfterRepeatedFailures(t *testing.T) {
-	ctx := pgTestCtx(t)
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 0}
-	g, db := openGated(t, p)
+	ctx, g, db := pgOpen(t, p)
 	table := pgTable(t, newMonitor(t), "id int PRIMARY KEY")
 
 	expectPg := func(what, code string, err error) {
@@ -1040,8 +1033,7 @@ func TestWithMaxOpenConnsExcessWorkWaitsInThePoolInsteadOfBeingRejected(t *testi
 		release()
 	})
 	t.Run("OpenDB", func(t *testing.T) {
-		ctx := pgTestCtx(t)
-		g, db := openGated(t, p)
+		ctx, g, db := pgOpen(t, p)
 		release := fill(t, ctx, g, db)
 
 		// The same excess work, with a context that would let it wait:
@@ -1063,8 +1055,7 @@ func TestWithMaxOpenConnsExcessWorkWaitsInThePoolInsteadOfBeingRejected(t *testi
 // ---- 10. Raw ----
 
 func TestRawReachesThePgxConnectionThroughUnwrapAndCopyFromWorks(t *testing.T) {
-	ctx := pgTestCtx(t)
-	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
+	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
 	table := pgTable(t, newMonitor(t), "id int, name text")
 
 	c, err := db.Conn(ctx)
@@ -1109,8 +1100,7 @@ func TestRawReachesThePgxConnectionThroughUnwrapAndCopyFromWorks(t *testing.T) {
 // ---- 11. arrays (NamedValueChecker) ----
 
 func TestAnArrayArgumentPassesThroughTheGate(t *testing.T) {
-	ctx := pgTestCtx(t)
-	_, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
+	ctx, _, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
 	arg := []int64{1, 2, 3}
 	var n int
 	if err := db.QueryRowContext(ctx, "SELECT cardinality($1::int8[])", arg).Scan(&n); err != nil || n != 3 {
@@ -1137,8 +1127,7 @@ func TestAnArrayArgumentPassesThroughTheGate(t *testing.T) {
 // ---- 12. ColumnTypes ----
 
 func TestColumnTypesThroughTheGateAreThoseOfPgx(t *testing.T) {
-	ctx := pgTestCtx(t)
-	_, gated := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
+	ctx, _, gated := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
 	plain := stdlib.OpenDB(*pgConfig(t))
 	t.Cleanup(func() { plain.Close() })
 
@@ -1239,8 +1228,7 @@ func TestPreparedStatementExecutionsAreGated(t *testing.T) {
 
 func TestPingIsNotGated(t *testing.T) {
 	t.Run("an idle connection exists", func(t *testing.T) {
-		ctx := pgTestCtx(t)
-		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Nanosecond})
+		ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Nanosecond})
 		pgWarm(t, ctx, db, 2)
 		tx := pgBegin(t, ctx, db)
 		before := g.Stats()
@@ -1256,8 +1244,7 @@ func TestPingIsNotGated(t *testing.T) {
 		// The only server connection is held by the transaction: the
 		// ping's logical connection dials one of its own, outside the
 		// budget, and counts as no operation.
-		ctx := pgTestCtx(t)
-		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
+		ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
 		tx := pgBegin(t, ctx, db)
 		before := g.Stats()
 		if before.OpenConns != 1 || before.IdleConns != 0 {

@@ -148,8 +148,7 @@ func TestFleetMemberWhoseSessionIsEndedUnderItStaysWithinItsSlots(t *testing.T) 
 			// poller counts.
 			cfg := pgConfig(t)
 			cfg.RuntimeParams["application_name"] = appName(t) + "_admin"
-			admin := sql.OpenDB(stdlib.GetConnector(*cfg))
-			t.Cleanup(func() { admin.Close() })
+			admin := plainDB(t, stdlib.GetConnector(*cfg))
 			interval := 300 * time.Millisecond
 			g := fleetGate(t, name, fleetPolicy(total, 0), fleet.Interval(interval), fleet.Fallback(tc.fallback))
 			c := startFleetChild(t, ctx, name, childURL(t),

@@ -130,9 +130,7 @@ func checkFleet(t *testing.T, ctx context.Context, admin *sql.DB, name string, t
 
 func adminDB(t *testing.T) *sql.DB {
 	t.Helper()
-	db := sql.OpenDB(stdlib.GetConnector(*pgConfig(t)))
-	t.Cleanup(func() { db.Close() })
-	return db
+	return plainDB(t, stdlib.GetConnector(*pgConfig(t)))
 }
 
 func shares(ms []*fleet.Member) (b, q []int) {

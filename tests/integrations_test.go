@@ -408,9 +408,7 @@ func igDrivers() []igDriver {
 
 func igOpenPG(t *testing.T) (driver.Connector, *sql.DB) {
 	c := stdlib.GetConnector(*pgConfig(t))
-	setup := sql.OpenDB(c)
-	t.Cleanup(func() { setup.Close() })
-	return c, setup
+	return c, plainDB(t, c)
 }
 
 // igOpenMySQL opens the MariaDB server of $BULKHEAD_TEST_MYSQL_DSN, by
@@ -450,9 +448,7 @@ func openMySQL(t *testing.T, set func(*mysql.Config)) (driver.Connector, *sql.DB
 	if err != nil {
 		t.Fatal(err)
 	}
-	setup := sql.OpenDB(c)
-	t.Cleanup(func() { setup.Close() })
-	return c, setup
+	return c, plainDB(t, c)
 }
 
 // igOpenSQLite opens a SQLite file in the test's temporary directory
@@ -460,9 +456,7 @@ func openMySQL(t *testing.T, set func(*mysql.Config)) (driver.Connector, *sql.DB
 // adapter.
 func igOpenSQLite(t *testing.T) (driver.Connector, *sql.DB) {
 	c := sqliteConnector{d: &sqlite.Driver{}, dsn: filepath.Join(t.TempDir(), "test.db")}
-	setup := sql.OpenDB(c)
-	t.Cleanup(func() { setup.Close() })
-	return c, setup
+	return c, plainDB(t, c)
 }
 
 // igTable creates a table (v int) unique to the test on setup and drops

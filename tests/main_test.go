@@ -148,6 +148,23 @@ func openGated(t testing.TB, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkh
 	return gateOn(t, stdlib.GetConnector(*pgConfig(t)), p, opts...)
 }
 
+// pgOpen is openGated with pgTestCtx: a context bounding the test, the
+// gate, and its *sql.DB.
+func pgOpen(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) (context.Context, *bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	ctx := pgTestCtx(t)
+	g, db := openGated(t, p, opts...)
+	return ctx, g, db
+}
+
+// plainDB opens a *sql.DB on c without a gate, closed at the end of the
+// test.
+func plainDB(t testing.TB, c driver.Connector) *sql.DB {
+	db := sql.OpenDB(c)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
 // gateOn opens a gated *sql.DB on inner with OpenDB's pool settings,
 // closed at the end of the test.
 func gateOn(t testing.TB, inner driver.Connector, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
@@ -223,21 +240,11 @@ func (m *monitor) count(t testing.TB, where string) int {
 	return n
 }
 
-// Transactions counts the transactions open on the server for the test.
-//
-// pg_stat_activity is not an atomic snapshot: the server copies the
-// backends' entries one after the other, so a transaction that ended and
-// another that began during the copy can both show. Only transactions (and
-// statements) that began before this statement did are counted: all of
-// them were open at that one instant. Work that stays open longer than a
-// poll is caught by the next one.
+// Transactions counts the transactions open on the server for the test
+// at one instant: those that began before this statement did (pgSnapshot
+// says why).
 func (m *monitor) Transactions(t testing.TB) int {
 	return m.count(t, " AND xact_start < statement_timestamp()")
-}
-
-// Active counts the statements executing on the server for the test.
-func (m *monitor) Active(t testing.TB) int {
-	return m.count(t, " AND state = 'active' AND query_start < statement_timestamp()")
 }
 
 // Connections counts the test's server connections.

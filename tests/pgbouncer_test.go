@@ -519,8 +519,7 @@ func TestPgBouncerQueue(t *testing.T) {
 		}
 	}
 	t.Run("ungated", func(t *testing.T) {
-		db := sql.OpenDB(stdlib.GetConnector(*b.config(t, pgx.QueryExecModeExec)))
-		t.Cleanup(func() { db.Close() })
+		db := plainDB(t, stdlib.GetConnector(*b.config(t, pgx.QueryExecModeExec)))
 		mon := newMonitor(t)
 		tx1, tx2 := hold(t, db), hold(t, db)
 		done := make(chan error, 1)

@@ -17,8 +17,7 @@ import (
 // having run nothing) and runs once the transaction commits; with the
 // budget free again, the low priority is served as before.
 func TestAHigherPriorityShedsTheLowerOneAndRunsFirstOnPostgreSQL(t *testing.T) {
-	ctx := pgTestCtx(t)
-	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 10 * time.Second, Workloads: map[string]bulkhead.Workload{
+	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 10 * time.Second, Workloads: map[string]bulkhead.Workload{
 		"high": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: 10 * time.Second, Priority: 1},
 		"low":  {MaxConcurrent: 1, MaxQueue: 1, QueueWait: 10 * time.Second},
 	}})

@@ -81,15 +81,6 @@ func seamPgConfig(t *testing.T, suffix string) *pgx.ConnConfig {
 	return cfg
 }
 
-// seamPlain opens a plain *sql.DB (no gate) on inner, closed at the end
-// of the test.
-func seamPlain(t *testing.T, inner driver.Connector) *sql.DB {
-	t.Helper()
-	db := sql.OpenDB(inner)
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
 var seamPolicy = bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Minute}
 
 // seamJoin makes a member of the fleet name on inner, its loop's interval
@@ -251,7 +242,7 @@ func TestTwoPreparesOfOneTextLeaveAsManyServerStatementsThroughTheGateAsWithout(
 			} {
 				var db *sql.DB
 				if i == 0 {
-					db = seamPlain(t, inner)
+					db = plainDB(t, inner)
 				} else {
 					_, db = gateOn(t, inner, seamPolicy)
 				}
@@ -291,7 +282,7 @@ func TestPgxBeforeAndAfterConnectRunOncePerExecWithNoIdleConnectionAsWithoutTheG
 			stdlib.OptionAfterConnect(func(context.Context, *pgx.Conn) error { after.Add(1); return nil }))
 		var db *sql.DB
 		if i == 0 {
-			db = seamPlain(t, inner)
+			db = plainDB(t, inner)
 		} else {
 			_, db = gateOn(t, inner, seamPolicy)
 		}
@@ -335,7 +326,7 @@ func TestAPingAfterTheIdleBackendsWereKilledLeavesAsManyConnectionsAsWithoutTheG
 		if gated {
 			g, db = gateOn(t, inner, seamPolicy)
 		} else {
-			db = seamPlain(t, inner)
+			db = plainDB(t, inner)
 		}
 		db.SetMaxIdleConns(2) // database/sql's default, which pgx's test runs with
 		conns := takeConns(t, ctx, db, 3)
@@ -461,7 +452,7 @@ func TestASQLConnOfAFleetMemberNeverMovesToAnotherBackendAfterAStatementCutOffBy
 			// exclusively, and the lock the statement will wait for.
 			keys := fleet.LockKeys(name)
 			stmtKey := int64(os.Getpid())<<32 | time.Now().UnixNano()&0xffffffff
-			holder, err := seamPlain(t, stdlib.GetConnector(*seamPgConfig(t, "_h"))).Conn(ctx)
+			holder, err := plainDB(t, stdlib.GetConnector(*seamPgConfig(t, "_h"))).Conn(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}

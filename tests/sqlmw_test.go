@@ -52,9 +52,7 @@ func sqlmwOpen(t *testing.T, intr sqlmw.Interceptor) *sql.DB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db := sql.OpenDB(c)
-	t.Cleanup(func() { db.Close() })
-	return db
+	return plainDB(t, c)
 }
 
 // sqlmwLog is an interceptor that logs every statement it sees, with its
