@@ -83,24 +83,6 @@ func pgExpectIdle(t *testing.T, g *bulkhead.Gate) {
 	}
 }
 
-var pgTableSeq atomic.Int64
-
-// pgTable creates a table unique to the test, dropped at the end of the
-// test through the monitor's (ungated) connection.
-func pgTable(t *testing.T, m *monitor, columns string) string {
-	t.Helper()
-	name := fmt.Sprintf("bh_contract_%d_%d", time.Now().UnixNano(), pgTableSeq.Add(1))
-	if _, err := m.db.ExecContext(t.Context(), "CREATE TABLE "+name+" ("+columns+")"); err != nil {
-		t.Fatalf("create %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		if _, err := m.db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+name); err != nil {
-			t.Errorf("drop %s: %v", name, err)
-		}
-	})
-	return name
-}
-
 // pgActivity is one snapshot of the test's server sessions. A ping that is
 // executing (database/sql's ResetSession makes pgx send "-- ping"; Ping is
 // not gated) is counted apart from the gated work.
@@ -289,7 +271,7 @@ func TestTheArticlesDemonstrationRejectsASecondOperationWhileTheFirstTransaction
 
 func TestCommittedRowsStayAndRolledBackRowsVanishWithPermitsBack(t *testing.T) {
 	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
-	table := pgTable(t, newMonitor(t), "id int PRIMARY KEY")
+	table := tempTable(t, newMonitor(t).db, "id int PRIMARY KEY")
 
 	tx := pgBegin(t, ctx, db)
 	if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1), (2)"); err != nil {
@@ -737,7 +719,7 @@ func TestPoolExhaustionEndsInSuccessOrRejectionAndTheStatsAddUp(t *testing.T) {
 func TestEveryPermitComesBackAfterRepeatedFailures(t *testing.T) {
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 0}
 	ctx, g, db := pgOpen(t, p)
-	table := pgTable(t, newMonitor(t), "id int PRIMARY KEY")
+	table := tempTable(t, newMonitor(t).db, "id int PRIMARY KEY")
 
 	expectPg := func(what, code string, err error) {
 		t.Helper()
@@ -1056,16 +1038,12 @@ func TestWithMaxOpenConnsExcessWorkWaitsInThePoolInsteadOfBeingRejected(t *testi
 
 func TestRawReachesThePgxConnectionThroughUnwrapAndCopyFromWorks(t *testing.T) {
 	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
-	table := pgTable(t, newMonitor(t), "id int, name text")
+	table := tempTable(t, newMonitor(t).db, "id int, name text")
 
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := takeConn(t, ctx, db)
 	before := g.Stats().Admitted
 	var copied int64
-	err = c.Raw(func(dc any) error {
+	err := c.Raw(func(dc any) error {
 		if _, ok := dc.(*stdlib.Conn); ok {
 			return errors.New("Raw handed the test pgx's own connection, want the gate's wrapper")
 		}

@@ -285,7 +285,7 @@ func TestOnPostgreSQLAfterOneStatementAThousandTimesSlowerNoCallWithTenTimesItsH
 func TestOnPostgreSQLAfterALockCallsRunAgainWithinASecondOfItsRelease(t *testing.T) {
 	ctx := pgTestCtx(t)
 	m := newMonitor(t)
-	table := pgTable(t, m, "id int")
+	table := tempTable(t, m.db, "id int")
 	query := "SELECT pg_sleep(0.005), count(*) FROM " + table // one pg_sleep even on the empty table
 	g, db := estGate(t, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 16, QueueWait: 2 * time.Second})
 

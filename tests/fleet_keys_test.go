@@ -59,16 +59,8 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 
 			// Orphans, an unlock, a grow: a busy connection tagged with an
 			// id no member holds.
-			orphan, err := admin.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer orphan.Close()
-			lock, err := admin.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lock.Close()
+			orphan := takeConn(t, ctx, admin)
+			lock := takeConn(t, ctx, admin)
 			const deadID = 98
 			if _, err := orphan.ExecContext(ctx, "SELECT pg_advisory_lock_shared($1, $2)", keys.Conns, int32(deadID)); err != nil {
 				t.Fatal(err)
@@ -167,11 +159,7 @@ func locksOf(t *testing.T, ctx context.Context, admin *sql.DB, key int32, id int
 // idle, and returns its backend pid.
 func holding(t *testing.T, ctx context.Context, admin *sql.DB, query string, args ...any) int64 {
 	t.Helper()
-	c, err := admin.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := takeConn(t, ctx, admin)
 	var pid int64
 	if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)

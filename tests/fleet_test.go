@@ -286,16 +286,12 @@ func fleetReclaim(t *testing.T, ctx context.Context, admin *sql.DB, m *fleet.Mem
 	if err := m.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
 		t.Fatalf("the round after its session was terminated: %v, want ErrCoordination", err)
 	}
-	stale, err := admin.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stale.Close() })
+	stale := takeConn(t, ctx, admin)
 	var stalePID int64
 	if err := stale.QueryRowContext(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", fleet.LockKeys(name).Members, int32(s.ID)).Scan(&stalePID); err != nil {
 		t.Fatal(err)
 	}
-	err = m.Sync(ctx)
+	err := m.Sync(ctx)
 	if !errors.Is(err, fleet.ErrCoordination) || !strings.Contains(err.Error(), "previous session") || !strings.Contains(err.Error(), "ended 1 session") {
 		t.Fatalf("the join with its id held: %v, want ErrCoordination, the previous session ended", err)
 	}
@@ -578,11 +574,7 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 			name := g.Stats().Name
 			// The child's 3 statements wait for a lock the test holds,
 			// as long as it holds it.
-			lock, err := admin.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lock.Close()
+			lock := takeConn(t, ctx, admin)
 			key := time.Now().UnixNano() % 1e9
 			if _, err := lock.ExecContext(ctx, "SELECT pg_advisory_lock(7, $1)", key); err != nil {
 				t.Fatal(err)

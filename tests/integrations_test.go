@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,14 +93,6 @@ func igGated(t *testing.T, inner driver.Connector, p bulkhead.Policy, k *igTrack
 	return gateOn(t, inner, p, bulkhead.WithEvents(k.events()))
 }
 
-var igSeq atomic.Int64
-
-// igName returns a name unique to this process and call, for tables and
-// schemas.
-func igName(prefix string) string {
-	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), igSeq.Add(1))
-}
-
 // igPGSchema creates a PostgreSQL schema holding the given DDL, on an
 // ungated connection, drops it at the end of the test, and returns a
 // gate-ready connector whose sessions use it (search_path) and carry the
@@ -113,7 +104,7 @@ func igPGSchema(t *testing.T, ddl string) driver.Connector {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { setup.Close() })
-	schema := igName("bh_ig")
+	schema := uniqueName("bh_ig")
 	if _, err := setup.ExecContext(t.Context(), "CREATE SCHEMA "+schema+"; SET search_path TO "+schema+"; "+ddl); err != nil {
 		t.Fatalf("create schema %s: %v", schema, err)
 	}
@@ -459,22 +450,6 @@ func igOpenSQLite(t *testing.T) (driver.Connector, *sql.DB) {
 	return c, plainDB(t, c)
 }
 
-// igTable creates a table (v int) unique to the test on setup and drops
-// it at the end.
-func igTable(t *testing.T, setup *sql.DB) string {
-	t.Helper()
-	name := igName("bh_ig")
-	if _, err := setup.ExecContext(t.Context(), "CREATE TABLE "+name+" (v int)"); err != nil {
-		t.Fatalf("create %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		if _, err := setup.ExecContext(context.Background(), "DROP TABLE "+name); err != nil {
-			t.Errorf("drop %s: %v", name, err)
-		}
-	})
-	return name
-}
-
 func igCount(t *testing.T, setup *sql.DB, table string) int {
 	t.Helper()
 	var n int
@@ -502,7 +477,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 
 			t.Run("B=1 Q=0 rejects a second operation while a transaction holds the permit", func(t *testing.T) {
 				ctx := pgTestCtx(t)
-				table := igTable(t, setup)
+				table := tempTable(t, setup, "v int")
 				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, &igTracker{})
 				tx := pgBegin(t, ctx, db)
 				if _, err := tx.ExecContext(ctx, insert(table), 1); err != nil {
@@ -530,7 +505,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 
 			t.Run("commit keeps, rollback discards, and both give the permit back", func(t *testing.T) {
 				ctx := pgTestCtx(t)
-				table := igTable(t, setup)
+				table := tempTable(t, setup, "v int")
 				k := &igTracker{}
 				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 0}, k)
 				for _, commit := range []bool{true, false} {
@@ -562,7 +537,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 
 			t.Run("an operation beyond B+Q is rejected at once while one waits", func(t *testing.T) {
 				ctx := pgTestCtx(t)
-				table := igTable(t, setup)
+				table := tempTable(t, setup, "v int")
 				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Minute}, &igTracker{})
 				tx := pgBegin(t, ctx, db)
 				if _, err := tx.ExecContext(ctx, insert(table), 1); err != nil {
@@ -596,7 +571,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 
 			t.Run("an admitted operation is rejected when the queue wait ends", func(t *testing.T) {
 				ctx := pgTestCtx(t)
-				table := igTable(t, setup)
+				table := tempTable(t, setup, "v int")
 				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 10 * time.Millisecond}, &igTracker{})
 				tx := pgBegin(t, ctx, db)
 				_, err := db.ExecContext(ctx, insert(table), 2)
@@ -615,7 +590,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 
 			t.Run("statements with arguments hold one permit at a time", func(t *testing.T) {
 				ctx := pgTestCtx(t)
-				table := igTable(t, setup)
+				table := tempTable(t, setup, "v int")
 				k := &igTracker{}
 				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, k)
 				if _, err := db.ExecContext(ctx, insert(table), 5); err != nil {
@@ -663,7 +638,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 // transaction ends either way.
 func TestSQLiteSecondWriterIsBusyWhileItHoldsItsPermit(t *testing.T) {
 	inner, setup := igOpenSQLite(t)
-	table := igTable(t, setup)
+	table := tempTable(t, setup, "v int")
 	ctx := pgTestCtx(t)
 	g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 0}, &igTracker{})
 	insert := "INSERT INTO " + table + " (v) VALUES (?)"

@@ -340,16 +340,6 @@ func pgbAtoi(t *testing.T, s string) int {
 
 // ---------------------------------------------------------------------------
 
-func pgbConn(t *testing.T, ctx context.Context, db *sql.DB) *sql.Conn {
-	t.Helper()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 func pgbGate(t *testing.T, c driver.Connector, p bulkhead.Policy, opts ...bulkhead.Option) *bulkhead.Gate {
 	t.Helper()
 	g, err := bulkhead.New(c, p, opts...)
@@ -424,7 +414,7 @@ func TestPgBouncerStatementCache(t *testing.T) {
 			db := g.OpenDB()
 			// A *sql.Conn keeps its gate session (its PgBouncer client)
 			// until closed.
-			c1, c2 := pgbConn(t, ctx, db), pgbConn(t, ctx, db)
+			c1, c2 := takeConn(t, ctx, db), takeConn(t, ctx, db)
 			// The SQL text is the subtest's own: the server connection
 			// outlives the subtests.
 			q := "SELECT $1::int + 1 -- " + tc.name

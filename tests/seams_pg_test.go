@@ -370,11 +370,7 @@ func TestAPingAfterTheIdleBackendsWereKilledLeavesAsManyConnectionsAsWithoutTheG
 		// Two at once: database/sql hands out both idle connections.
 		var two []*sql.Conn
 		for range 2 {
-			c, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := takeConn(t, ctx, db)
 			if pid := seamPID(t, c); slices.Contains(pids, pid) {
 				t.Fatalf("after the Ping, a *sql.Conn is on backend %d, one of the terminated %v", pid, pids)
 			}
@@ -622,23 +618,11 @@ func seamMySQL(t *testing.T) (driver.Connector, *sql.DB) {
 func TestRawOnMariaDBHandsAnExecerAndAQueryerThatRunMultipleStatements(t *testing.T) {
 	ctx := seamCtx(t)
 	inner, setup := seamMySQL(t)
-	table := fmt.Sprintf("bh_seams_%d_%d", os.Getpid(), time.Now().UnixNano())
-	if _, err := setup.ExecContext(ctx, "CREATE TABLE "+table+" (id INT NOT NULL AUTO_INCREMENT, value VARCHAR(255), PRIMARY KEY (id))"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if _, err := setup.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
-			t.Errorf("drop %s: %v", table, err)
-		}
-	})
+	table := tempTable(t, setup, "id INT NOT NULL AUTO_INCREMENT, value VARCHAR(255), PRIMARY KEY (id)")
 	g, db := gateOn(t, inner, seamPolicy)
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := takeConn(t, ctx, db)
 	inserts := "INSERT INTO " + table + " (value) VALUES ('a'), ('b'); INSERT INTO " + table + " (value) VALUES ('c'), ('d'), ('e');"
-	err = conn.Raw(func(dc any) error {
+	err := conn.Raw(func(dc any) error {
 		//lint:ignore SA1019 the legacy interfaces are what the driver's tests assert
 		ex, okE := dc.(driver.Execer)
 		//lint:ignore SA1019 as above

@@ -198,12 +198,8 @@ func TestSqlmwClaimsValidatorSoDatabaseSQLKeepsACancelledTransactionsDeadConnect
 func TestSqlmwRawYieldsItsOwnWrapperSoPgxIsUnreachable(t *testing.T) {
 	ctx := pgTestCtx(t)
 	db := sqlmwOpen(t, sqlmw.NullInterceptor{})
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	err = conn.Raw(func(dc any) error {
+	conn := takeConn(t, ctx, db)
+	err := conn.Raw(func(dc any) error {
 		if got := fmt.Sprintf("%T", dc); got != "sqlmw.wrappedConn" {
 			return fmt.Errorf("Raw handed %s, want sqlmw.wrappedConn", got)
 		}
