@@ -339,18 +339,8 @@ func TestAfterARestartTheFirstOperationsFailNoMoreOftenThanThroughPlainDatabaseS
 	plain := stdlib.OpenDB(*c.config(t), noPing)
 	plain.SetMaxIdleConns(idle)
 	defer plain.Close()
-	gStd, err := bulkhead.New(stdlib.GetConnector(*c.config(t), noPing), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	std := gStd.OpenDB()
-	defer std.Close()
-	gPgx, err := bulkhead.New(pgxgate.Connector(c.config(t), noPing), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	viaPgxgate := gPgx.OpenDB()
-	defer viaPgxgate.Close()
+	gStd, std := gateOn(t, stdlib.GetConnector(*c.config(t), noPing), p)
+	gPgx, viaPgxgate := gateOn(t, pgxgate.Connector(c.config(t), noPing), p)
 	for _, db := range []*sql.DB{plain, std, viaPgxgate} {
 		pgWarm(t, ctx, db, idle)
 	}

@@ -171,17 +171,12 @@ func TestOnceTheDatabaseIsFastAgainTheGateAdmitsShortDeadlinesAgain(t *testing.T
 func TestAStatementCutOffByItsDeadlineCountsAsAHoldUpToTheDeadline(t *testing.T) {
 	ctx := pgTestCtx(t)
 	released := make(chan time.Duration, 1)
-	g, err := bulkhead.New(pgxgate.Connector(pgConfig(t)), bulkhead.Policy{MaxConcurrent: 2, Adaptive: true},
+	g, db := gateOn(t, pgxgate.Connector(pgConfig(t)), bulkhead.Policy{MaxConcurrent: 2, Adaptive: true},
 		bulkhead.WithEvents(bulkhead.Events{OnRelease: func(e bulkhead.Event) {
 			if e.Kind == bulkhead.KindExec {
 				released <- e.Held // one exec runs
 			}
 		}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
 	if err := db.PingContext(ctx); err != nil { // dialed before: the hold is the statement's
 		t.Fatal(err)
 	}
@@ -214,7 +209,7 @@ func TestAStatementCutOffByItsDeadlineCountsAsAHoldUpToTheDeadline(t *testing.T)
 	mid := last + (whole-last)/2
 	c, cancel2 := context.WithTimeout(ctx, mid)
 	defer cancel2()
-	_, err = db.ExecContext(c, "SELECT pg_sleep(5)")
+	_, err := db.ExecContext(c, "SELECT pg_sleep(5)")
 	if errors.Is(err, bulkhead.ErrWouldMissDeadline) {
 		t.Fatalf("a deadline of %v after holds of %v cut off at 100ms: %v, want it let through (the hold counts up to the deadline, not the %v with the cancellation)", mid, whole, err, whole)
 	}

@@ -24,13 +24,7 @@ import (
 // closed at the end of the test.
 func estGate(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
-	g, err := pgxgate.New(pgConfig(t), p, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return g, db
+	return gateOn(t, pgxgate.Connector(pgConfig(t)), p, opts...)
 }
 
 // estEveryOneMeasured is a policy of b permits under which every hold is

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,6 +92,30 @@ func (k *igTracker) most() int {
 func igGated(t *testing.T, inner driver.Connector, p bulkhead.Policy, k *igTracker) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
 	return gateOn(t, inner, p, bulkhead.WithEvents(k.events()))
+}
+
+var uniqueSeq atomic.Int64
+
+// uniqueName returns a name unique to this process and call, for tables
+// and schemas.
+func uniqueName(prefix string) string {
+	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), uniqueSeq.Add(1))
+}
+
+// tempTable creates a table of columns unique to the test on db, and
+// drops it at the end of the test.
+func tempTable(t testing.TB, db *sql.DB, columns string) string {
+	t.Helper()
+	name := uniqueName("bh_t")
+	if _, err := db.ExecContext(t.Context(), "CREATE TABLE "+name+" ("+columns+")"); err != nil {
+		t.Fatalf("create %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.ExecContext(context.Background(), "DROP TABLE "+name); err != nil {
+			t.Errorf("drop %s: %v", name, err)
+		}
+	})
+	return name
 }
 
 // igPGSchema creates a PostgreSQL schema holding the given DDL, on an

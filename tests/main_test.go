@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,30 +176,6 @@ func gateOn(t testing.TB, inner driver.Connector, p bulkhead.Policy, opts ...bul
 	db := g.OpenDB()
 	t.Cleanup(func() { db.Close() })
 	return g, db
-}
-
-var uniqueSeq atomic.Int64
-
-// uniqueName returns a name unique to this process and call, for tables
-// and schemas.
-func uniqueName(prefix string) string {
-	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), uniqueSeq.Add(1))
-}
-
-// tempTable creates a table of columns unique to the test on db, and
-// drops it at the end of the test.
-func tempTable(t testing.TB, db *sql.DB, columns string) string {
-	t.Helper()
-	name := uniqueName("bh_t")
-	if _, err := db.ExecContext(t.Context(), "CREATE TABLE "+name+" ("+columns+")"); err != nil {
-		t.Fatalf("create %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		if _, err := db.ExecContext(context.Background(), "DROP TABLE "+name); err != nil {
-			t.Errorf("drop %s: %v", name, err)
-		}
-	})
-	return name
 }
 
 // takeConn takes a *sql.Conn from db, closed at the end of the test.

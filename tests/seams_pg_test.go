@@ -83,6 +83,16 @@ func seamPgConfig(t *testing.T, suffix string) *pgx.ConnConfig {
 
 var seamPolicy = bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Minute}
 
+// seamOpen opens a *sql.DB on inner, through a gate under seamPolicy when
+// gated (its gate returned) or plain, closed at the end of the test.
+func seamOpen(t *testing.T, inner driver.Connector, gated bool) (*bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	if gated {
+		return gateOn(t, inner, seamPolicy)
+	}
+	return nil, plainDB(t, inner)
+}
+
 // seamJoin makes a member of the fleet name on inner, its loop's interval
 // an hour (the test steps the rounds with Sync), its coordination session
 // on the test server with an application_name of its own. Its gate is
@@ -240,12 +250,7 @@ func TestTwoPreparesOfOneTextLeaveAsManyServerStatementsThroughTheGateAsWithout(
 				stdlib.GetConnector(*seamPgConfig(t, "_p")),
 				stdlib.GetConnector(*seamPgConfig(t, "_g")),
 			} {
-				var db *sql.DB
-				if i == 0 {
-					db = plainDB(t, inner)
-				} else {
-					_, db = gateOn(t, inner, seamPolicy)
-				}
+				_, db := seamOpen(t, inner, i == 1)
 				if on == "sql.DB" {
 					counts[i] = steps(t, db)
 					continue
@@ -280,12 +285,7 @@ func TestPgxBeforeAndAfterConnectRunOncePerExecWithNoIdleConnectionAsWithoutTheG
 		inner := stdlib.GetConnector(*seamPgConfig(t, fmt.Sprintf("_%d", i)),
 			stdlib.OptionBeforeConnect(func(context.Context, *pgx.ConnConfig) error { before.Add(1); return nil }),
 			stdlib.OptionAfterConnect(func(context.Context, *pgx.Conn) error { after.Add(1); return nil }))
-		var db *sql.DB
-		if i == 0 {
-			db = plainDB(t, inner)
-		} else {
-			_, db = gateOn(t, inner, seamPolicy)
-		}
+		_, db := seamOpen(t, inner, i == 1)
 		db.SetMaxIdleConns(0)
 		for range 2 {
 			if _, err := db.ExecContext(ctx, "select 1"); err != nil {
@@ -320,14 +320,7 @@ func TestAPingAfterTheIdleBackendsWereKilledLeavesAsManyConnectionsAsWithoutTheG
 	}
 	run := func(t *testing.T, gated bool) counts {
 		ctx := seamCtx(t)
-		inner := stdlib.GetConnector(*pgConfig(t))
-		var db *sql.DB
-		var g *bulkhead.Gate
-		if gated {
-			g, db = gateOn(t, inner, seamPolicy)
-		} else {
-			db = plainDB(t, inner)
-		}
+		g, db := seamOpen(t, stdlib.GetConnector(*pgConfig(t)), gated)
 		db.SetMaxIdleConns(2) // database/sql's default, which pgx's test runs with
 		conns := takeConns(t, ctx, db, 3)
 		if n := db.Stats().OpenConnections; n != 3 {
