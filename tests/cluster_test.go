@@ -197,11 +197,7 @@ func TestCommittedRowsSurviveRestartCrashAndDowntime(t *testing.T) {
 			// In flight at the restart: an open transaction with a row, and
 			// an autocommit statement running.
 			tx := r.holdRow(ctx, table, 2)
-			running := make(chan error, 1)
-			go func() {
-				_, err := r.db.ExecContext(ctx, "SELECT pg_sleep(60)")
-				running <- err
-			}()
+			running := goExec(r.db, ctx, "SELECT pg_sleep(60)")
 			r.serverUntil("the statement runs", relActive, 1)
 
 			c.restart(t, mode)

@@ -21,11 +21,7 @@ import (
 // arrives on the channel.
 func dlPgQueued(t *testing.T, ctx context.Context, g *bulkhead.Gate, db *sql.DB, query string, n int) <-chan error {
 	t.Helper()
-	done := make(chan error, 1)
-	go func() {
-		_, err := db.ExecContext(ctx, query)
-		done <- err
-	}()
+	done := goExec(db, ctx, query)
 	awaitState(t, "the operation waits for the permit", func() bool { return g.Stats().Waiting == n })
 	return done
 }
@@ -54,11 +50,7 @@ func TestADeadlineShorterThanTheMeasuredHoldIsRefusedBeforeReachingPostgreSQL(t 
 
 	// One transaction holds the only permit, running pg_sleep(0.2).
 	tx := pgBegin(t, ctx, db)
-	slept := make(chan error, 1)
-	go func() {
-		_, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.2)")
-		slept <- err
-	}()
+	slept := goExec(tx, ctx, "SELECT pg_sleep(0.2)")
 	before := g.Stats()
 
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
@@ -111,11 +103,7 @@ func TestOnceTheDatabaseIsFastAgainTheGateAdmitsShortDeadlinesAgain(t *testing.T
 	const query = "SELECT pg_sleep($1::float8)"
 	for range 8 { // the holds a statement's estimate is the median of
 		a, b := pgBegin(t, ctx, db), pgBegin(t, ctx, db)
-		done := make(chan error, 1)
-		go func() {
-			_, err := db.ExecContext(ctx, query, 0.3)
-			done <- err
-		}()
+		done := goExec(db, ctx, query, 0.3)
 		awaitState(t, "the slow statement waits for a permit", func() bool { return g.Stats().Waiting == 1 })
 		txCommit(t, a)
 		txCommit(t, b)

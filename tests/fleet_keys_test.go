@@ -69,11 +69,7 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 			if _, err := lock.ExecContext(ctx, "SELECT pg_advisory_lock(7, $1)", key); err != nil {
 				t.Fatal(err)
 			}
-			blocked := make(chan error, 1)
-			go func() {
-				_, err := orphan.ExecContext(ctx, "SELECT pg_advisory_xact_lock_shared(7, $1)", key)
-				blocked <- err
-			}()
+			blocked := goExec(orphan, ctx, "SELECT pg_advisory_xact_lock_shared(7, $1)", key)
 			awaitState(t, "the orphan's statement waits on the server", func() bool {
 				var n int
 				if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = 7 AND objid = $1", key).Scan(&n); err != nil {

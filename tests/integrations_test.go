@@ -124,11 +124,7 @@ func tempTable(t testing.TB, db *sql.DB, columns string) string {
 // test's application_name.
 func igPGSchema(t *testing.T, ddl string) driver.Connector {
 	t.Helper()
-	setup, err := sql.Open("pgx", postgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { setup.Close() })
+	setup := openURL(t, postgresURL(t), 0)
 	schema := uniqueName("bh_ig")
 	if _, err := setup.ExecContext(t.Context(), "CREATE SCHEMA "+schema+"; SET search_path TO "+schema+"; "+ddl); err != nil {
 		t.Fatalf("create schema %s: %v", schema, err)
@@ -568,11 +564,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 				if _, err := tx.ExecContext(ctx, insert(table), 1); err != nil {
 					t.Fatal(err)
 				}
-				waited := make(chan error, 1)
-				go func() {
-					_, err := db.ExecContext(ctx, insert(table), 2)
-					waited <- err
-				}()
+				waited := goExec(db, ctx, insert(table), 2)
 				awaitState(t, "the second operation waits", func() bool { return g.Stats().Waiting == 1 })
 				if _, err := db.ExecContext(ctx, insert(table), 3); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 					t.Errorf("third operation: %v, want ErrAdmissionFull", err)

@@ -228,13 +228,20 @@ type monitor struct {
 
 func newMonitor(t testing.TB) *monitor {
 	t.Helper()
-	db, err := sql.Open("pgx", postgresURL(t))
+	return &monitor{db: openURL(t, postgresURL(t), 1), app: appName(t)}
+}
+
+// openURL opens an ungated *sql.DB of at most maxOpen connections (0: no
+// limit) on the PostgreSQL server at url, closed at the end of the test.
+func openURL(t testing.TB, url string, maxOpen int) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	db.SetMaxOpenConns(1)
+	db.SetMaxOpenConns(maxOpen)
 	t.Cleanup(func() { db.Close() })
-	return &monitor{db: db, app: appName(t)}
+	return db
 }
 
 func (m *monitor) count(t testing.TB, where string) int {
@@ -308,6 +315,19 @@ func serverPeak(t testing.TB, ctx context.Context, db *sql.DB, q string, args ..
 		end()
 		return peak, looks, seen
 	}
+}
+
+// goExec runs e.ExecContext(ctx, query, args...) in a goroutine of its
+// own and sends its error on the returned channel.
+func goExec(e interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, ctx context.Context, query string, args ...any) chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.ExecContext(ctx, query, args...)
+		done <- err
+	}()
+	return done
 }
 
 // awaitState waits until cond holds, polling state without sleeping. It

@@ -427,11 +427,7 @@ func TestARejectionPingsNothingAlsoWhenThePooledConnectionNeedsAReset(t *testing
 	// operation gets the last one, which database/sql resets before use.
 	closeConns(takeConns(t, ctx, db, 3))
 	tx := pgBegin(t, ctx, db)
-	waiter := make(chan error, 1)
-	go func() {
-		_, err := db.ExecContext(ctx, "SELECT 1")
-		waiter <- err
-	}()
+	waiter := goExec(db, ctx, "SELECT 1")
 	awaitState(t, "an operation waits", func() bool { return g.Stats().Waiting == 1 })
 	before := pings.Load()
 	start := time.Now()
@@ -614,17 +610,12 @@ func TestOnASlowLinkTheGateDialsNoMoreThanItCanKeep(t *testing.T) {
 			name := "plain/" + driverName
 			if gated {
 				name = "gate/" + driverName
-				g, err := bulkhead.New(a.dials, p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				a.g, a.db = g, g.OpenDB()
+				a.g, a.db = gateOn(t, a.dials, p)
 			} else {
-				a.db = sql.OpenDB(a.dials)
+				a.db = plainDB(t, a.dials)
 				a.db.SetMaxOpenConns(p.MaxConcurrent + p.MaxQueue)
 				a.db.SetMaxIdleConns(p.MaxConcurrent + p.MaxQueue)
 			}
-			defer a.db.Close()
 			arms[name] = a
 		}
 	}

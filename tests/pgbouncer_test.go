@@ -512,11 +512,7 @@ func TestPgBouncerQueue(t *testing.T) {
 		db := plainDB(t, stdlib.GetConnector(*b.config(t, pgx.QueryExecModeExec)))
 		mon := newMonitor(t)
 		tx1, tx2 := hold(t, db), hold(t, db)
-		done := make(chan error, 1)
-		go func() {
-			_, err := db.ExecContext(ctx, "SELECT 3")
-			done <- err
-		}()
+		done := goExec(db, ctx, "SELECT 3")
 		awaitState(t, "the third operation waits in PgBouncer's queue", func() bool {
 			return pgbAtoi(t, admin.pool(t, ctx)["cl_waiting"]) == 1
 		})

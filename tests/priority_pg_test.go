@@ -4,7 +4,6 @@ package tests
 // lower priority is shed and the higher served first.
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -23,19 +22,10 @@ func TestAHigherPriorityShedsTheLowerOneAndRunsFirstOnPostgreSQL(t *testing.T) {
 	}})
 	low := bulkhead.WithWorkload(ctx, "low")
 	high := bulkhead.WithWorkload(ctx, "high")
-	run := func(ctx context.Context) <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			_, err := db.ExecContext(ctx, "SELECT 1")
-			done <- err
-		}()
-		return done
-	}
-
 	holder := pgBegin(t, ctx, db)
-	lowDone := run(low)
+	lowDone := goExec(db, low, "SELECT 1")
 	awaitState(t, "the low-priority operation waits", func() bool { return g.Stats().Waiting == 1 })
-	highDone := run(high)
+	highDone := goExec(db, high, "SELECT 1")
 	select {
 	case err := <-lowDone:
 		if !errors.Is(err, bulkhead.ErrAdmissionFull) {
@@ -52,7 +42,7 @@ func TestAHigherPriorityShedsTheLowerOneAndRunsFirstOnPostgreSQL(t *testing.T) {
 	if err := <-highDone; err != nil {
 		t.Fatalf("high-priority operation: %v, want it run", err)
 	}
-	if err := <-run(low); err != nil {
+	if _, err := db.ExecContext(low, "SELECT 1"); err != nil {
 		t.Fatalf("low-priority operation with the budget free: %v, want it run", err)
 	}
 	if s, _ := g.WorkloadStats("high"); s.Admitted != 1 {

@@ -230,17 +230,6 @@ type relRig struct {
 	holds                     chan bulkhead.Event
 }
 
-func relOpenPlain(t testing.TB, url string, maxOpen int) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.SetMaxOpenConns(maxOpen)
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
 // relConfig is pgConfig with the process id in the application_name: the
 // same test running in two processes against one server (several go test
 // runs at once) must not count, kill or lock the other's sessions.
@@ -298,9 +287,9 @@ func newRelRig(t *testing.T, p bulkhead.Policy, o relRigOptions) *relRig {
 		t.Fatal(err)
 	}
 	r.g = g
-	r.ctl = relOpenPlain(t, o.serverURL, 8)
-	r.mon = &monitor{db: relOpenPlain(t, o.serverURL, 1), app: r.app}
-	r.poll = relStartServerPoll(&monitor{db: relOpenPlain(t, o.serverURL, 1), app: r.app})
+	r.ctl = openURL(t, o.serverURL, 8)
+	r.mon = &monitor{db: openURL(t, o.serverURL, 1), app: r.app}
+	r.poll = relStartServerPoll(&monitor{db: openURL(t, o.serverURL, 1), app: r.app})
 	t.Cleanup(func() { r.poll.stop() })
 	r.db = g.OpenDB()
 	t.Cleanup(func() { r.db.Close() })
@@ -1017,11 +1006,7 @@ func TestTransactionCancelledDuringAStatementGivesThePermitsBackOnce(t *testing.
 	for i := range rounds {
 		ctx, cancel := context.WithCancel(base)
 		tx := r.holdRow(ctx, table, int64(i))
-		done := make(chan error, 1)
-		go func() {
-			_, err := tx.ExecContext(ctx, "SELECT pg_sleep(60)")
-			done <- err
-		}()
+		done := goExec(tx, ctx, "SELECT pg_sleep(60)")
 		r.serverUntil("the statement runs", relActive, 1)
 		cancel()
 		if err := relAwait(t, "statement of the cancelled transaction", done); !errors.Is(err, context.Canceled) {
@@ -1081,11 +1066,7 @@ func TestServerSideFaultsEndTheTransactionAndGiveThePermitsBack(t *testing.T) {
 			return err
 		}},
 		{"pg_cancel_backend", "57014", func(ctx context.Context, r *relRig, tx *sql.Tx) error {
-			done := make(chan error, 1)
-			go func() {
-				_, err := tx.ExecContext(ctx, "SELECT pg_sleep(60)")
-				done <- err
-			}()
+			done := goExec(tx, ctx, "SELECT pg_sleep(60)")
 			r.serverUntil("the statement runs", relActive, 1)
 			if _, err := r.ctl.ExecContext(ctx, `SELECT pg_cancel_backend(pid) FROM pg_stat_activity
 				WHERE application_name = $1 AND state = 'active'`, r.app); err != nil {
@@ -1412,11 +1393,7 @@ func TestLeakedRowsMakeTheNextCallerFailBoundedAndAreReportedAsAQuery(t *testing
 				if e.Kind != bulkhead.KindQuery || e.Held != 20*time.Millisecond {
 					t.Errorf("hold warning %+v, want Kind %v and Held 20ms", e, bulkhead.KindQuery)
 				}
-				done := make(chan error, 1)
-				go func() {
-					_, err := r.db.ExecContext(context.Background(), "SELECT 1")
-					done <- err
-				}()
+				done := goExec(r.db, context.Background(), "SELECT 1")
 				if err := relAwait(t, "next caller", done); !errors.Is(err, want) || !errors.Is(err, bulkhead.ErrRejected) {
 					t.Errorf("next caller: err = %v, want %v", err, want)
 				}

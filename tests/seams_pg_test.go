@@ -512,11 +512,7 @@ func TestASQLConnOfAFleetMemberNeverMovesToAnotherBackendAfterAStatementCutOffBy
 			// while it (or the tag before it) waits for a lock.
 			stmtCtx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			execDone := make(chan error, 1)
-			go func() {
-				_, err := conn.ExecContext(stmtCtx, "SELECT pg_advisory_xact_lock($1::int8)", stmtKey)
-				execDone <- err
-			}()
+			execDone := goExec(conn, stmtCtx, "SELECT pg_advisory_xact_lock($1::int8)", stmtKey)
 			awaitState(t, "the statement waits for a lock on the listening backend", waitingOn("l.pid = $1", int64(pid)))
 			cancel()
 			if err := <-execDone; !errors.Is(err, context.Canceled) {

@@ -299,11 +299,7 @@ func TestTheGateOutsideSqlmwRejectsBeforeTheInterceptorSeesAnything(t *testing.T
 		t.Fatalf("operation while B is busy: got %v, want ErrQueueTimeout", err)
 	}
 	// B runs and Q waits: rejected at admission.
-	waiting := make(chan error, 1)
-	go func() {
-		_, err := db.ExecContext(bulkhead.WithQueueWait(ctx, time.Minute), "SELECT 'waits, then runs'")
-		waiting <- err
-	}()
+	waiting := goExec(db, bulkhead.WithQueueWait(ctx, time.Minute), "SELECT 'waits, then runs'")
 	awaitState(t, "an operation waits for the execution permit", func() bool { return g.Stats().Waiting == 1 })
 	if _, err := db.ExecContext(ctx, "SELECT 'rejected at admission'"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("operation while B runs and Q waits: got %v, want ErrAdmissionFull", err)
