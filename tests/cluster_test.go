@@ -332,9 +332,8 @@ func TestAfterARestartTheFirstOperationsFailNoMoreOftenThanThroughPlainDatabaseS
 	// restart took longer than that is up to the machine. Never pinging
 	// on reset takes that out of the comparison.
 	noPing := stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool { return false })
-	plain := stdlib.OpenDB(*c.config(t), noPing)
+	plain := plainDB(t, stdlib.GetConnector(*c.config(t), noPing))
 	plain.SetMaxIdleConns(idle)
-	defer plain.Close()
 	gStd, std := gateOn(t, stdlib.GetConnector(*c.config(t), noPing), p)
 	gPgx, viaPgxgate := gateOn(t, pgxgate.Connector(c.config(t), noPing), p)
 	for _, db := range []*sql.DB{plain, std, viaPgxgate} {

@@ -1106,8 +1106,7 @@ func TestAnArrayArgumentPassesThroughTheGate(t *testing.T) {
 
 func TestColumnTypesThroughTheGateAreThoseOfPgx(t *testing.T) {
 	ctx, _, gated := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
-	plain := stdlib.OpenDB(*pgConfig(t))
-	t.Cleanup(func() { plain.Close() })
+	plain := plainDB(t, stdlib.GetConnector(*pgConfig(t)))
 
 	const q = "SELECT 1::int4 AS i4, 2::int8 AS i8, 'x'::text AS t, 'y'::varchar(10) AS v, 1.5::numeric(5,2) AS n, now() AS ts, NULL::bool AS b"
 	describe := func(db *sql.DB) []string {

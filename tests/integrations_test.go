@@ -495,11 +495,17 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			inner, setup := d.open(t)
 			insert := func(table string) string { return "INSERT INTO " + table + " (v) VALUES (" + d.ph(1) + ")" }
+			// open gives a subtest its context, a table (v int) of its own
+			// and a gate on the driver under p, tracked by k.
+			open := func(t *testing.T, p bulkhead.Policy, k *igTracker) (context.Context, string, *bulkhead.Gate, *sql.DB) {
+				t.Helper()
+				ctx, table := pgTestCtx(t), tempTable(t, setup, "v int")
+				g, db := igGated(t, inner, p, k)
+				return ctx, table, g, db
+			}
 
 			t.Run("B=1 Q=0 rejects a second operation while a transaction holds the permit", func(t *testing.T) {
-				ctx := pgTestCtx(t)
-				table := tempTable(t, setup, "v int")
-				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, &igTracker{})
+				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, &igTracker{})
 				tx := pgBegin(t, ctx, db)
 				if _, err := tx.ExecContext(ctx, insert(table), 1); err != nil {
 					t.Fatal(err)
@@ -525,10 +531,8 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 			})
 
 			t.Run("commit keeps, rollback discards, and both give the permit back", func(t *testing.T) {
-				ctx := pgTestCtx(t)
-				table := tempTable(t, setup, "v int")
 				k := &igTracker{}
-				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 0}, k)
+				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 0}, k)
 				for _, commit := range []bool{true, false} {
 					tx := pgBegin(t, ctx, db)
 					for v := range 3 {
@@ -557,9 +561,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 			})
 
 			t.Run("an operation beyond B+Q is rejected at once while one waits", func(t *testing.T) {
-				ctx := pgTestCtx(t)
-				table := tempTable(t, setup, "v int")
-				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Minute}, &igTracker{})
+				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Minute}, &igTracker{})
 				tx := pgBegin(t, ctx, db)
 				if _, err := tx.ExecContext(ctx, insert(table), 1); err != nil {
 					t.Fatal(err)
@@ -587,9 +589,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 			})
 
 			t.Run("an admitted operation is rejected when the queue wait ends", func(t *testing.T) {
-				ctx := pgTestCtx(t)
-				table := tempTable(t, setup, "v int")
-				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 10 * time.Millisecond}, &igTracker{})
+				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 10 * time.Millisecond}, &igTracker{})
 				tx := pgBegin(t, ctx, db)
 				_, err := db.ExecContext(ctx, insert(table), 2)
 				var rej *bulkhead.RejectedError
@@ -606,10 +606,8 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 			})
 
 			t.Run("statements with arguments hold one permit at a time", func(t *testing.T) {
-				ctx := pgTestCtx(t)
-				table := tempTable(t, setup, "v int")
 				k := &igTracker{}
-				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, k)
+				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, k)
 				if _, err := db.ExecContext(ctx, insert(table), 5); err != nil {
 					t.Fatal(err)
 				}

@@ -135,8 +135,7 @@ func TestSqlmwClaimsValidatorSoDatabaseSQLKeepsACancelledTransactionsDeadConnect
 		openAfterward int
 	}{
 		{"pgx", func(t *testing.T) (*sql.DB, func() int) {
-			db := stdlib.OpenDB(*pgConfig(t))
-			t.Cleanup(func() { db.Close() })
+			db := plainDB(t, stdlib.GetConnector(*pgConfig(t)))
 			return db, func() int { return db.Stats().OpenConnections }
 		}, false, 0},
 		{"gate over pgx", func(t *testing.T) (*sql.DB, func() int) {
