@@ -121,9 +121,7 @@ var fleetOps = []struct {
 // no queue: each operation on it, alone or four at once, is refused at once
 // with ErrAdmissionFull (B=0, Q=0, Waited 0), and none reaches its driver.
 func TestFleetMemberWithNoShareRejectsEveryOperationAtOnce(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	const total, queue = 1, 2
 	p := fleetPolicy(total, queue)
 	p.QueueWait = 500 * time.Millisecond // what a caller waited before: a failure, not a hang

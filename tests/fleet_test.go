@@ -128,6 +128,13 @@ func checkFleet(t *testing.T, ctx context.Context, admin *sql.DB, name string, t
 	return v
 }
 
+// fleetStart gives a fleet test its context (pgTestCtx), an ungated pool
+// on the server (adminDB) and a fleet name of its own (fleetName).
+func fleetStart(t *testing.T) (context.Context, *sql.DB, string) {
+	t.Helper()
+	return pgTestCtx(t), adminDB(t), fleetName(t)
+}
+
 func adminDB(t *testing.T) *sql.DB {
 	t.Helper()
 	return plainDB(t, stdlib.GetConnector(*pgConfig(t)))
@@ -143,9 +150,7 @@ func shares(ms []*fleet.Member) (b, q []int) {
 }
 
 func TestFleetSharesSplitTheTotalAndSettleWithinTwoRounds(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	const total, queue = 8, 6
 	var gs []*fleet.Member
 	round := func() {
@@ -207,9 +212,7 @@ func sortDesc(xs []int) []int {
 }
 
 func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	p := fleetPolicy(4, 0)
 	p.QueueWait = 0
 	g1 := fleetGate(t, name, p)
@@ -322,9 +325,7 @@ func awaitGone(t *testing.T, ctx context.Context, admin *sql.DB, pid int64) {
 }
 
 func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	var mu sync.Mutex
 	var events []fleet.Event
 	onChange := fleet.OnChange(func(e fleet.Event) {
@@ -627,9 +628,7 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 // its membership lock (a network cut: the server has not noticed) keeps
 // its id: its next join ends that session, and the one after joins.
 func TestFleetRejoinEndsTheSessionStillHoldingItsID(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	g := fleetGate(t, name, fleetPolicy(4, 0))
 	fleetSync(t, ctx, g)
 	s := g.Stats()
@@ -644,9 +643,7 @@ func TestFleetRejoinEndsTheSessionStillHoldingItsID(t *testing.T) {
 // not wait for it: its round ends without them, and a later round takes
 // them.
 func TestFleetGrowDoesNotWaitForAnotherMembersGrow(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	// Held before the member starts: its loop's first round too finds
 	// it taken.
 	other, err := admin.BeginTx(ctx, nil)
@@ -799,9 +796,7 @@ func (c *fleetChildProc) kill() {
 // operation that uses it (a dial may outlive the operation it was started
 // for, and its connection, untagged, serves the next).
 func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	const total = 4
 	p := fleetPolicy(total, 4)
 	p.QueueWait = 20 * time.Millisecond
@@ -987,9 +982,7 @@ func BenchmarkFleetRound(b *testing.B) {
 // fleet.Lending: an idle instance lends all but one slot of its share
 // to a busy one, and gets it back two rounds after it works again.
 func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	p := fleetPolicy(4, 0)
 	p.QueueWait = 0
 	busy := fleetGate(t, name, p, fleet.Lending(true))
