@@ -52,17 +52,9 @@ func BenchmarkPostgres(b *testing.B) {
 			cfg := pgConfig(b)
 			newPG := func() driver.Connector { return stdlib.GetConnector(*cfg) }
 			p := bulkhead.Policy{MaxConcurrent: workers, MaxQueue: workers, QueueWait: time.Second}
-			plain := sql.OpenDB(newPG())
+			plain := plainDB(b, newPG())
 			plain.SetMaxIdleConns(max(workers, 2))
-			g, err := bulkhead.New(newPG(), p)
-			if err != nil {
-				b.Fatal(err)
-			}
-			gated := g.OpenDB()
-			b.Cleanup(func() {
-				plain.Close()
-				gated.Close()
-			})
+			_, gated := gateOn(b, newPG(), p)
 			for _, db := range []struct {
 				name string
 				db   *sql.DB
@@ -135,13 +127,7 @@ func runWorkers(b *testing.B, workers int, db *sql.DB, op func(context.Context, 
 // the limiter's alone (see BenchmarkWaiterMemory for that).
 func BenchmarkWaitingOperation(b *testing.B) {
 	const waiters = 1000
-	fc := fakedb.New()
-	g, err := bulkhead.New(fc, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: waiters, QueueWait: time.Hour})
-	if err != nil {
-		b.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := gateOn(b, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: waiters, QueueWait: time.Hour})
 	ctx := context.Background()
 	b.ReportAllocs()
 	var total float64
@@ -168,9 +154,7 @@ func BenchmarkWaitingOperation(b *testing.B) {
 		}
 		total += float64(memInUse()-before) / waiters
 		runs++
-		if err := tx.Commit(); err != nil {
-			b.Fatal(err)
-		}
+		txCommit(b, tx)
 		wg.Wait()
 		close(errs)
 		if err := <-errs; err != nil {
@@ -203,8 +187,7 @@ func BenchmarkSessionsInTurn(b *testing.B) {
 	for _, n := range []int{2, 3, 4} {
 		b.Run("sessions="+strconv.Itoa(n), func(b *testing.B) {
 			ctx := context.Background()
-			db := sql.OpenDB(stdlib.GetConnector(*pgConfig(b)))
-			defer db.Close()
+			db := plainDB(b, stdlib.GetConnector(*pgConfig(b)))
 			turn := make(chan *sql.Conn, n)
 			conns := takeConns(b, ctx, db, n)
 			defer closeConns(conns)

@@ -197,11 +197,7 @@ func TestCommittedRowsSurviveRestartCrashAndDowntime(t *testing.T) {
 			// In flight at the restart: an open transaction with a row, and
 			// an autocommit statement running.
 			tx := r.holdRow(ctx, table, 2)
-			running := make(chan error, 1)
-			go func() {
-				_, err := r.db.ExecContext(ctx, "SELECT pg_sleep(60)")
-				running <- err
-			}()
+			running := goExec(r.db, ctx, "SELECT pg_sleep(60)")
 			r.serverUntil("the statement runs", relActive, 1)
 
 			c.restart(t, mode)
@@ -336,21 +332,10 @@ func TestAfterARestartTheFirstOperationsFailNoMoreOftenThanThroughPlainDatabaseS
 	// restart took longer than that is up to the machine. Never pinging
 	// on reset takes that out of the comparison.
 	noPing := stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool { return false })
-	plain := stdlib.OpenDB(*c.config(t), noPing)
+	plain := plainDB(t, stdlib.GetConnector(*c.config(t), noPing))
 	plain.SetMaxIdleConns(idle)
-	defer plain.Close()
-	gStd, err := bulkhead.New(stdlib.GetConnector(*c.config(t), noPing), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	std := gStd.OpenDB()
-	defer std.Close()
-	gPgx, err := bulkhead.New(pgxgate.Connector(c.config(t), noPing), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	viaPgxgate := gPgx.OpenDB()
-	defer viaPgxgate.Close()
+	gStd, std := gateOn(t, stdlib.GetConnector(*c.config(t), noPing), p)
+	gPgx, viaPgxgate := gateOn(t, pgxgate.Connector(c.config(t), noPing), p)
 	for _, db := range []*sql.DB{plain, std, viaPgxgate} {
 		pgWarm(t, ctx, db, idle)
 	}

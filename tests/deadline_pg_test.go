@@ -21,11 +21,7 @@ import (
 // arrives on the channel.
 func dlPgQueued(t *testing.T, ctx context.Context, g *bulkhead.Gate, db *sql.DB, query string, n int) <-chan error {
 	t.Helper()
-	done := make(chan error, 1)
-	go func() {
-		_, err := db.ExecContext(ctx, query)
-		done <- err
-	}()
+	done := goExec(db, ctx, query)
 	awaitState(t, "the operation waits for the permit", func() bool { return g.Stats().Waiting == n })
 	return done
 }
@@ -35,8 +31,7 @@ func dlPgQueued(t *testing.T, ctx context.Context, g *bulkhead.Gate, db *sql.DB,
 // refused with ErrWouldMissDeadline, dials nothing and runs nothing on the
 // server. Without a deadline the same statement waits and runs.
 func TestADeadlineShorterThanTheMeasuredHoldIsRefusedBeforeReachingPostgreSQL(t *testing.T) {
-	ctx := pgTestCtx(t)
-	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: 5 * time.Second})
+	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: 5 * time.Second})
 	m := newMonitor(t)
 
 	// Measure: each pg_sleep(0.05) waits behind a held transaction, so it
@@ -46,9 +41,7 @@ func TestADeadlineShorterThanTheMeasuredHoldIsRefusedBeforeReachingPostgreSQL(t 
 	for i := range 3 {
 		holder := pgBegin(t, ctx, db)
 		done := dlPgQueued(t, ctx, g, db, marker, 1)
-		if err := holder.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, holder)
 		if err := <-done; err != nil {
 			t.Fatalf("measured operation %d: %v", i, err)
 		}
@@ -57,11 +50,7 @@ func TestADeadlineShorterThanTheMeasuredHoldIsRefusedBeforeReachingPostgreSQL(t 
 
 	// One transaction holds the only permit, running pg_sleep(0.2).
 	tx := pgBegin(t, ctx, db)
-	slept := make(chan error, 1)
-	go func() {
-		_, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.2)")
-		slept <- err
-	}()
+	slept := goExec(tx, ctx, "SELECT pg_sleep(0.2)")
 	before := g.Stats()
 
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
@@ -91,9 +80,7 @@ func TestADeadlineShorterThanTheMeasuredHoldIsRefusedBeforeReachingPostgreSQL(t 
 	if err := <-slept; err != nil {
 		t.Fatalf("the holder's pg_sleep(0.2): %v", err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	if err := <-done; err != nil {
 		t.Fatalf("operation without a deadline: %v, want it run once the permit came back", err)
 	}
@@ -110,25 +97,16 @@ func TestADeadlineShorterThanTheMeasuredHoldIsRefusedBeforeReachingPostgreSQL(t 
 // admits the same calls again within a fraction of a second, instead of
 // refusing them for as long as old holds weigh.
 func TestOnceTheDatabaseIsFastAgainTheGateAdmitsShortDeadlinesAgain(t *testing.T) {
-	ctx := pgTestCtx(t)
-	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 5 * time.Second})
+	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 5 * time.Second})
 
 	// Measure slow holds: each pg_sleep(0.3) queues behind two held transactions.
 	const query = "SELECT pg_sleep($1::float8)"
 	for range 8 { // the holds a statement's estimate is the median of
 		a, b := pgBegin(t, ctx, db), pgBegin(t, ctx, db)
-		done := make(chan error, 1)
-		go func() {
-			_, err := db.ExecContext(ctx, query, 0.3)
-			done <- err
-		}()
+		done := goExec(db, ctx, query, 0.3)
 		awaitState(t, "the slow statement waits for a permit", func() bool { return g.Stats().Waiting == 1 })
-		if err := a.Commit(); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, a)
+		txCommit(t, b)
 		if err := <-done; err != nil {
 			t.Fatalf("slow operation: %v", err)
 		}
@@ -181,17 +159,12 @@ func TestOnceTheDatabaseIsFastAgainTheGateAdmitsShortDeadlinesAgain(t *testing.T
 func TestAStatementCutOffByItsDeadlineCountsAsAHoldUpToTheDeadline(t *testing.T) {
 	ctx := pgTestCtx(t)
 	released := make(chan time.Duration, 1)
-	g, err := bulkhead.New(pgxgate.Connector(pgConfig(t)), bulkhead.Policy{MaxConcurrent: 2, Adaptive: true},
+	g, db := gateOn(t, pgxgate.Connector(pgConfig(t)), bulkhead.Policy{MaxConcurrent: 2, Adaptive: true},
 		bulkhead.WithEvents(bulkhead.Events{OnRelease: func(e bulkhead.Event) {
 			if e.Kind == bulkhead.KindExec {
 				released <- e.Held // one exec runs
 			}
 		}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
 	if err := db.PingContext(ctx); err != nil { // dialed before: the hold is the statement's
 		t.Fatal(err)
 	}
@@ -224,7 +197,7 @@ func TestAStatementCutOffByItsDeadlineCountsAsAHoldUpToTheDeadline(t *testing.T)
 	mid := last + (whole-last)/2
 	c, cancel2 := context.WithTimeout(ctx, mid)
 	defer cancel2()
-	_, err = db.ExecContext(c, "SELECT pg_sleep(5)")
+	_, err := db.ExecContext(c, "SELECT pg_sleep(5)")
 	if errors.Is(err, bulkhead.ErrWouldMissDeadline) {
 		t.Fatalf("a deadline of %v after holds of %v cut off at 100ms: %v, want it let through (the hold counts up to the deadline, not the %v with the cancellation)", mid, whole, err, whole)
 	}

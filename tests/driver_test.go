@@ -51,6 +51,22 @@ func pgBegin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
 	return tx
 }
 
+// txCommit commits tx, failing the test if the commit fails.
+func txCommit(t testing.TB, tx *sql.Tx) {
+	t.Helper()
+	if err := tx.Commit(); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+}
+
+// txRollback rolls tx back, failing the test if the rollback fails.
+func txRollback(t testing.TB, tx *sql.Tx) {
+	t.Helper()
+	if err := tx.Rollback(); err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
+}
+
 // pgWarm leaves n idle connections in db's pool.
 func pgWarm(t testing.TB, ctx context.Context, db *sql.DB, n int) {
 	t.Helper()
@@ -65,24 +81,6 @@ func pgExpectIdle(t *testing.T, g *bulkhead.Gate) {
 	if s := g.Stats(); s.Running != 0 || s.Waiting != 0 {
 		t.Fatalf("permits not back: Running=%d Waiting=%d, want 0 and 0", s.Running, s.Waiting)
 	}
-}
-
-var pgTableSeq atomic.Int64
-
-// pgTable creates a table unique to the test, dropped at the end of the
-// test through the monitor's (ungated) connection.
-func pgTable(t *testing.T, m *monitor, columns string) string {
-	t.Helper()
-	name := fmt.Sprintf("bh_contract_%d_%d", time.Now().UnixNano(), pgTableSeq.Add(1))
-	if _, err := m.db.ExecContext(t.Context(), "CREATE TABLE "+name+" ("+columns+")"); err != nil {
-		t.Fatalf("create %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		if _, err := m.db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+name); err != nil {
-			t.Errorf("drop %s: %v", name, err)
-		}
-	})
-	return name
 }
 
 // pgActivity is one snapshot of the test's server sessions. A ping that is
@@ -272,9 +270,8 @@ func TestTheArticlesDemonstrationRejectsASecondOperationWhileTheFirstTransaction
 // ---- 2. commit and rollback ----
 
 func TestCommittedRowsStayAndRolledBackRowsVanishWithPermitsBack(t *testing.T) {
-	ctx := pgTestCtx(t)
-	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
-	table := pgTable(t, newMonitor(t), "id int PRIMARY KEY")
+	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
+	table := tempTable(t, newMonitor(t).db, "id int PRIMARY KEY")
 
 	tx := pgBegin(t, ctx, db)
 	if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1), (2)"); err != nil {
@@ -321,9 +318,8 @@ func TestCommittedRowsStayAndRolledBackRowsVanishWithPermitsBack(t *testing.T) {
 // ---- 3. excess admission ----
 
 func TestExcessAdmissionIsRejectedAtOnceWithoutReachingTheServer(t *testing.T) {
-	ctx := pgTestCtx(t)
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: 20 * time.Second}
-	g, db := openGated(t, p)
+	ctx, g, db := pgOpen(t, p)
 	m := newMonitor(t)
 
 	// Three operations hold the three admission permits: two running
@@ -365,15 +361,11 @@ func TestExcessAdmissionIsRejectedAtOnceWithoutReachingTheServer(t *testing.T) {
 	}
 	t.Logf("server while admission was full: %d connections, %d transactions", a.conns, a.txs)
 
-	if err := tx1.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx1)
 	if err := <-third; err != nil {
 		t.Fatalf("third operation, after a permit came back: %v", err)
 	}
-	if err := tx2.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx2)
 	pgExpectIdle(t, g)
 }
 
@@ -381,8 +373,7 @@ func TestExcessAdmissionIsRejectedAtOnceWithoutReachingTheServer(t *testing.T) {
 
 func TestAnExpiredQueueWaitIsARejectionAndAnInterruptedWaitIsACancellation(t *testing.T) {
 	t.Run("expired", func(t *testing.T) {
-		ctx := pgTestCtx(t)
-		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 50 * time.Millisecond})
+		ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 50 * time.Millisecond})
 		tx := pgBegin(t, ctx, db)
 
 		_, err := db.BeginTx(ctx, nil)
@@ -399,17 +390,14 @@ func TestAnExpiredQueueWaitIsARejectionAndAnInterruptedWaitIsACancellation(t *te
 		if s := g.Stats(); s.RejectedTimeout != 1 || s.WaitCount != 1 || s.Canceled != 0 {
 			t.Errorf("RejectedTimeout=%d WaitCount=%d Canceled=%d, want 1, 1, 0", s.RejectedTimeout, s.WaitCount, s.Canceled)
 		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 		pgExpectIdle(t, g)
 		if _, err := db.ExecContext(ctx, "SELECT 1"); err != nil {
 			t.Errorf("after the holder ended: %v", err)
 		}
 	})
 	t.Run("interrupted", func(t *testing.T) {
-		ctx := pgTestCtx(t)
-		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 20 * time.Second})
+		ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 20 * time.Second})
 		tx := pgBegin(t, ctx, db)
 
 		waitCtx, cancel := context.WithCancel(ctx)
@@ -431,9 +419,7 @@ func TestAnExpiredQueueWaitIsARejectionAndAnInterruptedWaitIsACancellation(t *te
 		if s := g.Stats(); s.Canceled != 1 || s.RejectedTimeout != 0 || s.RejectedFull != 0 {
 			t.Errorf("Canceled=%d RejectedTimeout=%d RejectedFull=%d, want 1, 0, 0", s.Canceled, s.RejectedTimeout, s.RejectedFull)
 		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 		pgExpectIdle(t, g)
 		if _, err := db.ExecContext(ctx, "SELECT 1"); err != nil {
 			t.Errorf("after the holder ended: %v", err)
@@ -615,8 +601,7 @@ func pgCheckStorm(t *testing.T, strict bool, p bulkhead.Policy, pk pgPeak) {
 // ---- 6. recovery after a server statement timeout ----
 
 func TestWorkRunsAgainAfterAServerStatementTimeout(t *testing.T) {
-	ctx := pgTestCtx(t)
-	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
+	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
 
 	tx := pgBegin(t, ctx, db)
 	if _, err := tx.ExecContext(ctx, "SET LOCAL statement_timeout = '100ms'"); err != nil {
@@ -641,9 +626,7 @@ func TestWorkRunsAgainAfterAServerStatementTimeout(t *testing.T) {
 	if err := tx.QueryRowContext(ctx, "SELECT 8").Scan(&v); err != nil || v != 8 {
 		t.Fatalf("next transaction: got %d, %v; want 8, nil", v, err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	pgExpectIdle(t, g)
 	if s := g.Stats(); s.OpenConns != 1 {
 		t.Errorf("OpenConns=%d, want 1 (the connection survived the timeout)", s.OpenConns)
@@ -653,9 +636,8 @@ func TestWorkRunsAgainAfterAServerStatementTimeout(t *testing.T) {
 // ---- 7. pool exhaustion ----
 
 func TestPoolExhaustionEndsInSuccessOrRejectionAndTheStatsAddUp(t *testing.T) {
-	ctx := pgTestCtx(t)
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: 20 * time.Millisecond}
-	g, db := openGated(t, p)
+	ctx, g, db := pgOpen(t, p)
 
 	const goroutines, each = 50, 4
 	var ok, rejected atomic.Int64
@@ -735,10 +717,9 @@ func TestPoolExhaustionEndsInSuccessOrRejectionAndTheStatsAddUp(t *testing.T) {
 // ---- 8. permits back after repeated failures ----
 
 func TestEveryPermitComesBackAfterRepeatedFailures(t *testing.T) {
-	ctx := pgTestCtx(t)
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 0}
-	g, db := openGated(t, p)
-	table := pgTable(t, newMonitor(t), "id int PRIMARY KEY")
+	ctx, g, db := pgOpen(t, p)
+	table := tempTable(t, newMonitor(t).db, "id int PRIMARY KEY")
 
 	expectPg := func(what, code string, err error) {
 		t.Helper()
@@ -808,52 +789,34 @@ func TestEveryPermitComesBackAfterRepeatedFailures(t *testing.T) {
 			expectPg("prepared 1/0", "22012", err)
 		}},
 		{"bad query in a transaction, then rollback", func() {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = tx.ExecContext(ctx, "SELECT * FROM bh_no_such_table")
+			tx := pgBegin(t, ctx, db)
+			_, err := tx.ExecContext(ctx, "SELECT * FROM bh_no_such_table")
 			expectPg("missing table", "42P01", err)
-			if err := tx.Rollback(); err != nil {
-				t.Fatal(err)
-			}
+			txRollback(t, tx)
 		}},
 		{"bad query in a transaction, then commit", func() {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = tx.ExecContext(ctx, "SELECT 1/0")
+			tx := pgBegin(t, ctx, db)
+			_, err := tx.ExecContext(ctx, "SELECT 1/0")
 			expectPg("1/0 in tx", "22012", err)
 			if err := tx.Commit(); err == nil {
 				t.Fatal("commit of an aborted transaction succeeded")
 			}
 		}},
 		{"duplicate key in a transaction, then rollback", func() {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1), (1)")
+			tx := pgBegin(t, ctx, db)
+			_, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1), (1)")
 			expectPg("duplicate key", "23505", err)
-			if err := tx.Rollback(); err != nil {
-				t.Fatal(err)
-			}
+			txRollback(t, tx)
 		}},
 		{"rows of a transaction left open at commit", func() {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tx := pgBegin(t, ctx, db)
 			rows, err := tx.QueryContext(ctx, "SELECT g FROM generate_series(1, 1000) g")
 			if err != nil {
 				t.Fatal(err)
 			}
 			rows.Next()
 			rows.Close()
-			if err := tx.Commit(); err != nil {
-				t.Fatal(err)
-			}
+			txCommit(t, tx)
 		}},
 	}
 	for round := range 5 {
@@ -880,9 +843,7 @@ func TestEveryPermitComesBackAfterRepeatedFailures(t *testing.T) {
 		t.Errorf("operation B+1: got %v, want a rejection", err)
 	}
 	for _, tx := range held {
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 	}
 	pgExpectIdle(t, g)
 }
@@ -1054,8 +1015,7 @@ func TestWithMaxOpenConnsExcessWorkWaitsInThePoolInsteadOfBeingRejected(t *testi
 		release()
 	})
 	t.Run("OpenDB", func(t *testing.T) {
-		ctx := pgTestCtx(t)
-		g, db := openGated(t, p)
+		ctx, g, db := pgOpen(t, p)
 		release := fill(t, ctx, g, db)
 
 		// The same excess work, with a context that would let it wait:
@@ -1077,18 +1037,13 @@ func TestWithMaxOpenConnsExcessWorkWaitsInThePoolInsteadOfBeingRejected(t *testi
 // ---- 10. Raw ----
 
 func TestRawReachesThePgxConnectionThroughUnwrapAndCopyFromWorks(t *testing.T) {
-	ctx := pgTestCtx(t)
-	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
-	table := pgTable(t, newMonitor(t), "id int, name text")
+	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
+	table := tempTable(t, newMonitor(t).db, "id int, name text")
 
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := takeConn(t, ctx, db)
 	before := g.Stats().Admitted
 	var copied int64
-	err = c.Raw(func(dc any) error {
+	err := c.Raw(func(dc any) error {
 		if _, ok := dc.(*stdlib.Conn); ok {
 			return errors.New("Raw handed the test pgx's own connection, want the gate's wrapper")
 		}
@@ -1123,8 +1078,7 @@ func TestRawReachesThePgxConnectionThroughUnwrapAndCopyFromWorks(t *testing.T) {
 // ---- 11. arrays (NamedValueChecker) ----
 
 func TestAnArrayArgumentPassesThroughTheGate(t *testing.T) {
-	ctx := pgTestCtx(t)
-	_, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
+	ctx, _, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second})
 	arg := []int64{1, 2, 3}
 	var n int
 	if err := db.QueryRowContext(ctx, "SELECT cardinality($1::int8[])", arg).Scan(&n); err != nil || n != 3 {
@@ -1145,18 +1099,14 @@ func TestAnArrayArgumentPassesThroughTheGate(t *testing.T) {
 	if err := tx.QueryRowContext(ctx, "SELECT cardinality($1::int8[])", arg).Scan(&n); err != nil || n != 3 {
 		t.Errorf("in a transaction: got %d, %v; want 3, nil", n, err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 }
 
 // ---- 12. ColumnTypes ----
 
 func TestColumnTypesThroughTheGateAreThoseOfPgx(t *testing.T) {
-	ctx := pgTestCtx(t)
-	_, gated := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
-	plain := stdlib.OpenDB(*pgConfig(t))
-	t.Cleanup(func() { plain.Close() })
+	ctx, _, gated := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
+	plain := plainDB(t, stdlib.GetConnector(*pgConfig(t)))
 
 	const q = "SELECT 1::int4 AS i4, 2::int8 AS i8, 'x'::text AS t, 'y'::varchar(10) AS v, 1.5::numeric(5,2) AS n, now() AS ts, NULL::bool AS b"
 	describe := func(db *sql.DB) []string {
@@ -1244,9 +1194,7 @@ func TestPreparedStatementExecutionsAreGated(t *testing.T) {
 	if s.RejectedTimeout != 2 || s.RejectedFull != 0 {
 		t.Errorf("RejectedTimeout=%d RejectedFull=%d, want 2 (the statement's executions) and 0", s.RejectedTimeout, s.RejectedFull)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	if err := stmt.QueryRowContext(ctx, 4).Scan(&v); err != nil || v != 4 {
 		t.Errorf("after the commit: got %d, %v; want 4, nil", v, err)
 	}
@@ -1257,8 +1205,7 @@ func TestPreparedStatementExecutionsAreGated(t *testing.T) {
 
 func TestPingIsNotGated(t *testing.T) {
 	t.Run("an idle connection exists", func(t *testing.T) {
-		ctx := pgTestCtx(t)
-		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Nanosecond})
+		ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Nanosecond})
 		pgWarm(t, ctx, db, 2)
 		tx := pgBegin(t, ctx, db)
 		before := g.Stats()
@@ -1268,16 +1215,13 @@ func TestPingIsNotGated(t *testing.T) {
 		if after := g.Stats(); after != before {
 			t.Errorf("ping changed the gate's stats: %+v -> %+v", before, after)
 		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 	})
 	t.Run("no idle connection", func(t *testing.T) {
 		// The only server connection is held by the transaction: the
 		// ping's logical connection dials one of its own, outside the
 		// budget, and counts as no operation.
-		ctx := pgTestCtx(t)
-		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
+		ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
 		tx := pgBegin(t, ctx, db)
 		before := g.Stats()
 		if before.OpenConns != 1 || before.IdleConns != 0 {
@@ -1294,9 +1238,7 @@ func TestPingIsNotGated(t *testing.T) {
 		if after != wantAfter {
 			t.Errorf("ping: stats %+v -> %+v, want one dial and one more (idle) server connection, nothing else", before, after)
 		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 		if err := db.PingContext(ctx); err != nil {
 			t.Errorf("ping once the connection is idle again: %v", err)
 		}

@@ -95,7 +95,7 @@ func TestAnAutocommitStatementIsRefusedWhileTheConnectionsTransactionIsDying(t *
 		}
 		t.Run(d.name, func(t *testing.T) {
 			inner, setup := d.open(t)
-			plainTable, gatedTable := igTable(t, setup), igTable(t, setup)
+			plainTable, gatedTable := tempTable(t, setup, "v int"), tempTable(t, setup, "v int")
 
 			ok, lost, _, panicked := dyingTxRounds(t, setup, setup, plainTable, d.ph, rounds)
 			t.Logf("figures: plain database/sql: %d of %d INSERTs reported success, %d of them lost with the dying transaction; %d panicked in database/sql", ok, rounds, lost, panicked)

@@ -24,13 +24,7 @@ import (
 // closed at the end of the test.
 func estGate(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
-	g, err := pgxgate.New(pgConfig(t), p, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return g, db
+	return gateOn(t, pgxgate.Connector(pgConfig(t)), p, opts...)
 }
 
 // estEveryOneMeasured is a policy of b permits under which every hold is
@@ -285,7 +279,7 @@ func TestOnPostgreSQLAfterOneStatementAThousandTimesSlowerNoCallWithTenTimesItsH
 func TestOnPostgreSQLAfterALockCallsRunAgainWithinASecondOfItsRelease(t *testing.T) {
 	ctx := pgTestCtx(t)
 	m := newMonitor(t)
-	table := pgTable(t, m, "id int")
+	table := tempTable(t, m.db, "id int")
 	query := "SELECT pg_sleep(0.005), count(*) FROM " + table // one pg_sleep even on the empty table
 	g, db := estGate(t, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 16, QueueWait: 2 * time.Second})
 
@@ -318,9 +312,7 @@ func TestOnPostgreSQLAfterALockCallsRunAgainWithinASecondOfItsRelease(t *testing
 	}
 	locked := time.Now()
 	time.Sleep(3 * time.Second) // the lock is held
-	if err := lock.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, lock)
 	released := time.Now()
 	time.Sleep(2500 * time.Millisecond) // the load runs on after it
 	stop()

@@ -23,19 +23,27 @@ import (
 // README's errors table does: ErrLeaseExpired, "a fleet member's lease ran
 // out before the operation started".
 
-// fleetJoin is fleetGate with the member's inner connector given: its
-// loop's interval is an hour unless opts set another, and its coordination
-// sessions are the test's own (directCoordination) unless opts name
-// another coordinator.
-func fleetJoin(t *testing.T, name string, p bulkhead.Policy, inner driver.Connector, opts ...fleet.Option) *fleet.Member {
+// fleetMember makes one member of the fleet name on inner, its loop's
+// interval an hour unless opts set another, whose gate is closed at the
+// end of the test (leaving the fleet).
+func fleetMember(t *testing.T, name string, inner driver.Connector, p bulkhead.Policy, opts ...fleet.Option) *fleet.Member {
 	t.Helper()
-	opts = append([]fleet.Option{fleet.Interval(time.Hour), directCoordination(t)}, opts...)
-	m, err := fleet.Join(name, inner, p, opts...)
+	m, err := fleet.Join(name, inner, p, append([]fleet.Option{fleet.Interval(time.Hour)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Gate().OpenDB().Close() }) // closes the gate too
+	// The loop's first round starts at once: let it start (Sync waits
+	// for a round in progress), so that it does not run between the
+	// test's steps.
 	awaitState(t, "the fleet loop's first round started", func() bool { return m.Stats().Rounds > 0 })
+	return m
+}
+
+// fleetJoin is fleetGate with the member's inner connector given.
+func fleetJoin(t *testing.T, name string, p bulkhead.Policy, inner driver.Connector, opts ...fleet.Option) *fleet.Member {
+	t.Helper()
+	m := fleetMember(t, name, inner, p, append([]fleet.Option{directCoordination(t)}, opts...)...)
 	// A round of its own waits for the loop's to end: the test's reads of
 	// the locks and the shares never fall in the middle of one.
 	if err := m.Sync(context.Background()); err != nil {
@@ -113,9 +121,7 @@ var fleetOps = []struct {
 // no queue: each operation on it, alone or four at once, is refused at once
 // with ErrAdmissionFull (B=0, Q=0, Waited 0), and none reaches its driver.
 func TestFleetMemberWithNoShareRejectsEveryOperationAtOnce(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	const total, queue = 1, 2
 	p := fleetPolicy(total, queue)
 	p.QueueWait = 500 * time.Millisecond // what a caller waited before: a failure, not a hang
@@ -123,9 +129,7 @@ func TestFleetMemberWithNoShareRejectsEveryOperationAtOnce(t *testing.T) {
 	ms := []*fleet.Member{fleetJoin(t, name, p, spies[0]), fleetJoin(t, name, p, spies[1])}
 	for range 2 {
 		for _, m := range ms {
-			if err := m.Sync(ctx); err != nil {
-				t.Fatal(err)
-			}
+			fleetSync(t, ctx, m)
 			checkFleet(t, ctx, admin, name, total, ms)
 		}
 	}
@@ -178,9 +182,7 @@ func TestFleetMemberWhoseShareFallsToZeroSendsItsQueueAwayAtOnce(t *testing.T) {
 	p.QueueWait = time.Minute // beyond relAwait's bound: a waiter left in the queue is a failure
 	spy := &relSpyConnector{inner: stdlib.GetConnector(*pgConfig(t))}
 	m := fleetJoin(t, fleetName(t), p, spy, fleet.Fallback(0))
-	if err := m.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, m)
 	if s := m.Gate().Stats(); s.MaxConcurrent != 1 || s.MaxQueue != 2 {
 		t.Fatalf("alone in a fleet of T=1, Q=2: B=%d, Q=%d; want 1, 2", s.MaxConcurrent, s.MaxQueue)
 	}
@@ -203,9 +205,7 @@ func TestFleetMemberWhoseShareFallsToZeroSendsItsQueueAwayAtOnce(t *testing.T) {
 	if d, st := spy.dials.Load()-dials, spy.stmts.Load()-stmts; d != 0 || st != 0 {
 		t.Errorf("the operations sent away reached the driver: %d dials, %d statements", d, st)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	fleetRefusal(t, "an Exec once the transaction ended", fleetOps[0].run(ctx, db), bulkhead.ErrLeaseExpired, 0, 0, false)
 	if s := m.Gate().Stats(); s.Waiting != 0 || s.Running != 0 || s.RejectedLease != 3 || s.RejectedFull != 0 || s.RejectedTimeout != 0 || s.Admitted != 1 {
 		t.Errorf("stats %+v: want nothing waiting or running, 3 refused on the fallback share, no queue timeout, 1 admitted", s)
@@ -223,8 +223,7 @@ type fleetStallDialer struct {
 	stalling atomic.Bool
 	healed   chan struct{}
 	once     sync.Once
-	mu       sync.Mutex
-	conns    []*fleetStallConn
+	dialed[*fleetStallConn]
 }
 
 func newFleetStallDialer() *fleetStallDialer {
@@ -232,16 +231,7 @@ func newFleetStallDialer() *fleetStallDialer {
 }
 
 func (d *fleetStallDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var nd net.Dialer
-	c, err := nd.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	fc := &fleetStallConn{Conn: c, d: d}
-	d.mu.Lock()
-	d.conns = append(d.conns, fc)
-	d.mu.Unlock()
-	return fc, nil
+	return d.dialed.dial(ctx, network, addr, func(c net.Conn) *fleetStallConn { return &fleetStallConn{Conn: c, d: d} })
 }
 
 func (d *fleetStallDialer) stall() { d.stalling.Store(true) }
@@ -252,13 +242,11 @@ func (d *fleetStallDialer) heal() {
 	d.once.Do(func() {
 		d.stalling.Store(false)
 		close(d.healed)
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		for _, c := range d.conns {
+		d.each(func(c *fleetStallConn) {
 			if c.stalled.Load() {
 				c.Conn.Close()
 			}
-		}
+		})
 	})
 }
 
@@ -362,9 +350,7 @@ func TestFleetMemberWhoseLeaseRanOutRefusesWithErrLeaseExpiredUntilARoundSucceed
 				t.Errorf("the refused operations reached the driver: %d dials, %d statements", dd, ds)
 			}
 			if tx != nil {
-				if err := tx.Commit(); err != nil {
-					t.Fatal(err)
-				}
+				txCommit(t, tx)
 			}
 			s, fs := g.Stats(), m.Stats()
 			if s.RejectedLease != want || s.RejectedFull != 0 || s.RejectedTimeout != 0 {

@@ -27,30 +27,8 @@ import (
 // looks, and the transactions seen at the peak (pid:application:query).
 func fleetPeak(t *testing.T, ctx context.Context, app string) func() (peak, looks int, seen string) {
 	t.Helper()
-	admin := adminDB(t)
-	var peak, looks int
-	var seen string // the transactions at the peak
-	stop := pollServer(func() bool {
-		var n int
-		var detail string
-		err := admin.QueryRowContext(ctx, `SELECT count(*), coalesce(string_agg(pid || ':' || application_name || ':' || left(query, 40), ' | '), '') FROM pg_stat_activity
-			WHERE application_name IN ($1, $1 || '_child') AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()`, app).Scan(&n, &detail)
-		if err != nil {
-			if ctx.Err() == nil {
-				t.Error(err)
-			}
-			return false
-		}
-		looks++
-		if n > peak {
-			peak, seen = n, detail
-		}
-		return true
-	})
-	return func() (int, int, string) {
-		stop()
-		return peak, looks, seen
-	}
+	return serverPeak(t, ctx, adminDB(t), `SELECT count(*), coalesce(string_agg(pid || ':' || application_name || ':' || left(query, 40), ' | '), '') FROM pg_stat_activity
+		WHERE application_name IN ($1, $1 || '_child') AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()`, app)
 }
 
 // fleetLoad runs n workers on db, each a 5 ms statement after another,
@@ -170,8 +148,7 @@ func TestFleetMemberWhoseSessionIsEndedUnderItStaysWithinItsSlots(t *testing.T) 
 			// poller counts.
 			cfg := pgConfig(t)
 			cfg.RuntimeParams["application_name"] = appName(t) + "_admin"
-			admin := sql.OpenDB(stdlib.GetConnector(*cfg))
-			t.Cleanup(func() { admin.Close() })
+			admin := plainDB(t, stdlib.GetConnector(*cfg))
 			interval := 300 * time.Millisecond
 			g := fleetGate(t, name, fleetPolicy(total, 0), fleet.Interval(interval), fleet.Fallback(tc.fallback))
 			c := startFleetChild(t, ctx, name, childURL(t),

@@ -3,7 +3,6 @@ package tests
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -27,12 +26,6 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 			name := signedFleetName(t, negative)
 			keys := fleet.LockKeys(name)
 			p := fleetPolicy(4, 0)
-			sync := func(m *fleet.Member) {
-				t.Helper()
-				if err := m.Sync(ctx); err != nil {
-					t.Fatal(err)
-				}
-			}
 			want := func(what string, m *fleet.Member, b, orphans int) {
 				t.Helper()
 				if s, fs := m.Gate().Stats(), m.Stats(); s.MaxConcurrent != b || fs.Orphans != orphans || fs.Instances != 1 {
@@ -45,7 +38,7 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 
 			// Join, anchor, read, grow.
 			a := fleetGate(t, name, p)
-			sync(a)
+			fleetSync(t, ctx, a)
 			id := a.Stats().ID
 			want("joined", a, 4, 0)
 			if n := locksOf(t, ctx, admin, keys.Anchors, id); n != 1 {
@@ -66,16 +59,8 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 
 			// Orphans, an unlock, a grow: a busy connection tagged with an
 			// id no member holds.
-			orphan, err := admin.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer orphan.Close()
-			lock, err := admin.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lock.Close()
+			orphan := takeConn(t, ctx, admin)
+			lock := takeConn(t, ctx, admin)
 			const deadID = 98
 			if _, err := orphan.ExecContext(ctx, "SELECT pg_advisory_lock_shared($1, $2)", keys.Conns, int32(deadID)); err != nil {
 				t.Fatal(err)
@@ -84,11 +69,7 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 			if _, err := lock.ExecContext(ctx, "SELECT pg_advisory_lock(7, $1)", key); err != nil {
 				t.Fatal(err)
 			}
-			blocked := make(chan error, 1)
-			go func() {
-				_, err := orphan.ExecContext(ctx, "SELECT pg_advisory_xact_lock_shared(7, $1)", key)
-				blocked <- err
-			}()
+			blocked := goExec(orphan, ctx, "SELECT pg_advisory_xact_lock_shared(7, $1)", key)
 			awaitState(t, "the orphan's statement waits on the server", func() bool {
 				var n int
 				if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = 7 AND objid = $1", key).Scan(&n); err != nil {
@@ -96,7 +77,7 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 				}
 				return n == 1
 			})
-			sync(a)
+			fleetSync(t, ctx, a)
 			want("an orphan running", a, 3, 1)
 			if _, err := lock.ExecContext(ctx, "SELECT pg_advisory_unlock(7, $1)", key); err != nil {
 				t.Fatal(err)
@@ -104,29 +85,13 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 			if err := <-blocked; err != nil {
 				t.Fatal(err)
 			}
-			sync(a)
+			fleetSync(t, ctx, a)
 			want("the orphan's statement ended", a, 4, 0)
 
 			// A reclaim: a session of the test holds a's membership lock,
 			// as its previous session would after a network cut.
-			terminate(t, ctx, admin, a.Stats().Backend)
-			if err := a.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
-				t.Fatalf("the round after its session was terminated: %v, want ErrCoordination", err)
-			}
-			stale, err := admin.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer stale.Close()
-			var stalePID int64
-			if err := stale.QueryRowContext(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", keys.Members, int32(id)).Scan(&stalePID); err != nil {
-				t.Fatal(err)
-			}
-			if err := a.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) || !strings.Contains(err.Error(), "ended 1 session") {
-				t.Fatalf("the join with its id held: %v, want the previous session ended", err)
-			}
-			awaitGone(t, ctx, admin, stalePID)
-			sync(a)
+			fleetReclaim(t, ctx, admin, a, name)
+			fleetSync(t, ctx, a)
 			want("rejoined", a, 4, 0)
 
 			// A leave.
@@ -190,11 +155,7 @@ func locksOf(t *testing.T, ctx context.Context, admin *sql.DB, key int32, id int
 // idle, and returns its backend pid.
 func holding(t *testing.T, ctx context.Context, admin *sql.DB, query string, args ...any) int64 {
 	t.Helper()
-	c, err := admin.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := takeConn(t, ctx, admin)
 	var pid int64
 	if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)

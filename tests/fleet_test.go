@@ -38,21 +38,23 @@ func fleetPolicy(total, queue int) bulkhead.Policy {
 	return bulkhead.Policy{MaxConcurrent: total, MaxQueue: queue, QueueWait: time.Minute}
 }
 
-// fleetGate makes one member of the fleet name, whose gate is closed at
-// the end of the test (leaving the fleet).
+// fleetGate makes one member of the fleet name on the test server, its
+// coordination sessions the test's own (directCoordination) unless opts
+// name another coordinator, as fleetMember does.
 func fleetGate(t *testing.T, name string, p bulkhead.Policy, opts ...fleet.Option) *fleet.Member {
 	t.Helper()
-	opts = append([]fleet.Option{fleet.Interval(time.Hour), directCoordination(t)}, opts...)
-	m, err := fleet.Join(name, stdlib.GetConnector(*pgConfig(t)), p, opts...)
-	if err != nil {
-		t.Fatal(err)
+	return fleetMember(t, name, stdlib.GetConnector(*pgConfig(t)), p, append([]fleet.Option{directCoordination(t)}, opts...)...)
+}
+
+// fleetSync runs a round of each of ms in turn, failing the test if one
+// fails.
+func fleetSync(t *testing.T, ctx context.Context, ms ...*fleet.Member) {
+	t.Helper()
+	for _, m := range ms {
+		if err := m.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
-	t.Cleanup(func() { m.Gate().OpenDB().Close() }) // closes the gate too
-	// The loop's first round starts at once: let it start (Sync waits
-	// for a round in progress), so that it does not run between the
-	// test's steps.
-	awaitState(t, "the fleet loop's first round started", func() bool { return m.Stats().Rounds > 0 })
-	return m
 }
 
 // directCoordination opens a fleet's coordination sessions on the test's
@@ -126,11 +128,16 @@ func checkFleet(t *testing.T, ctx context.Context, admin *sql.DB, name string, t
 	return v
 }
 
+// fleetStart gives a fleet test its context (pgTestCtx), an ungated pool
+// on the server (adminDB) and a fleet name of its own (fleetName).
+func fleetStart(t *testing.T) (context.Context, *sql.DB, string) {
+	t.Helper()
+	return pgTestCtx(t), adminDB(t), fleetName(t)
+}
+
 func adminDB(t *testing.T) *sql.DB {
 	t.Helper()
-	db := sql.OpenDB(stdlib.GetConnector(*pgConfig(t)))
-	t.Cleanup(func() { db.Close() })
-	return db
+	return plainDB(t, stdlib.GetConnector(*pgConfig(t)))
 }
 
 func shares(ms []*fleet.Member) (b, q []int) {
@@ -143,17 +150,13 @@ func shares(ms []*fleet.Member) (b, q []int) {
 }
 
 func TestFleetSharesSplitTheTotalAndSettleWithinTwoRounds(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	const total, queue = 8, 6
 	var gs []*fleet.Member
 	round := func() {
 		t.Helper()
 		for _, g := range gs {
-			if err := g.Sync(ctx); err != nil {
-				t.Fatal(err)
-			}
+			fleetSync(t, ctx, g)
 			checkFleet(t, ctx, admin, name, total, gs)
 		}
 	}
@@ -164,9 +167,7 @@ func TestFleetSharesSplitTheTotalAndSettleWithinTwoRounds(t *testing.T) {
 	for n := 1; n <= 4; n++ {
 		g := fleetGate(t, name, fleetPolicy(total, queue))
 		gs = append(gs, g)
-		if err := g.Sync(ctx); err != nil {
-			t.Fatal(err)
-		}
+		fleetSync(t, ctx, g)
 		checkFleet(t, ctx, admin, name, total, gs)
 		round()
 		round()
@@ -211,15 +212,11 @@ func sortDesc(xs []int) []int {
 }
 
 func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	p := fleetPolicy(4, 0)
 	p.QueueWait = 0
 	g1 := fleetGate(t, name, p)
-	if err := g1.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g1)
 	db1 := g1.Gate().OpenDB()
 	var txs []*sql.Tx
 	for range 4 {
@@ -231,9 +228,7 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 	}
 	g2 := fleetGate(t, name, p)
 	gs := []*fleet.Member{g1, g2}
-	if err := g2.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g2)
 	// g1's target is 2: its B goes down at once, its slots stay locked
 	// while 4 transactions run.
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
@@ -245,9 +240,7 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 	if s, fs := g1.Gate().Stats(), g1.Stats(); s.MaxConcurrent != 2 || s.Running != 4 || v.slots[fs.Backend] != 4 {
 		t.Fatalf("with 4 transactions open and a target of 2: B=%d, running %d, %d slots held; want 2, 4, 4", s.MaxConcurrent, s.Running, v.slots[fs.Backend])
 	}
-	if err := g2.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g2)
 	if s := g2.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("the newcomer got B=%d while the other still runs on all 4 slots, want 0", s.MaxConcurrent)
 	}
@@ -256,25 +249,17 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 		t.Fatalf("an operation on an instance without share: %v, want ErrAdmissionFull", err)
 	}
 	for _, tx := range txs[:2] {
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 	}
-	if err := g1.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g1)
 	checkFleet(t, ctx, admin, name, 4, gs)
-	if err := g2.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g2)
 	v = checkFleet(t, ctx, admin, name, 4, gs)
 	if b, _ := shares(gs); fmt.Sprint(b) != "[2 2]" || v.total != 4 {
 		t.Fatalf("once 2 transactions ended: shares %v, %d slots held, want [2 2] and 4", b, v.total)
 	}
 	for _, tx := range txs[2:] {
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 	}
 	if _, err := g2.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
 		t.Fatal(err)
@@ -290,6 +275,30 @@ func terminate(t *testing.T, ctx context.Context, admin *sql.DB, pid int64) {
 		t.Fatalf("pg_terminate_backend(%d): %v, %v", pid, ok, err)
 	}
 	awaitGone(t, ctx, admin, pid)
+}
+
+// fleetReclaim cuts m's coordination session and holds m's membership
+// lock on a session of admin, as the cut session would until the server
+// noticed: the round after the cut fails with ErrCoordination, and the
+// join after it too, saying it ended the previous session, which is then
+// gone from the server.
+func fleetReclaim(t *testing.T, ctx context.Context, admin *sql.DB, m *fleet.Member, name string) {
+	t.Helper()
+	s := m.Stats()
+	terminate(t, ctx, admin, s.Backend)
+	if err := m.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
+		t.Fatalf("the round after its session was terminated: %v, want ErrCoordination", err)
+	}
+	stale := takeConn(t, ctx, admin)
+	var stalePID int64
+	if err := stale.QueryRowContext(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", fleet.LockKeys(name).Members, int32(s.ID)).Scan(&stalePID); err != nil {
+		t.Fatal(err)
+	}
+	err := m.Sync(ctx)
+	if !errors.Is(err, fleet.ErrCoordination) || !strings.Contains(err.Error(), "previous session") || !strings.Contains(err.Error(), "ended 1 session") {
+		t.Fatalf("the join with its id held: %v, want ErrCoordination, the previous session ended", err)
+	}
+	awaitGone(t, ctx, admin, stalePID)
 }
 
 // awaitGone waits until the backend pid has left pg_stat_activity, and
@@ -316,9 +325,7 @@ func awaitGone(t *testing.T, ctx context.Context, admin *sql.DB, pid int64) {
 }
 
 func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	var mu sync.Mutex
 	var events []fleet.Event
 	onChange := fleet.OnChange(func(e fleet.Event) {
@@ -327,9 +334,7 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 		mu.Unlock()
 	})
 	g1 := fleetGate(t, name, fleetPolicy(8, 0), onChange)
-	if err := g1.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g1)
 	if s := g1.Gate().Stats(); s.MaxConcurrent != 8 {
 		t.Fatalf("alone: B=%d, want 8", s.MaxConcurrent)
 	}
@@ -349,17 +354,13 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 		t.Fatalf("last fleet event %+v, want the failure with B=%d", last, fleet.DefaultFallback)
 	}
 	// The next round opens a new session and takes the share back.
-	if err := g1.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g1)
 	if s, fs := g1.Gate().Stats(), g1.Stats(); s.MaxConcurrent != 8 || fs.Degraded || fs.LastError != nil {
 		t.Fatalf("after recovery: B=%d, fleet %+v, want 8, not degraded", s.MaxConcurrent, fs)
 	}
 	// An instance without share keeps none when its round fails.
 	g2 := fleetGate(t, name, fleetPolicy(8, 0))
-	if err := g2.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g2)
 	if s := g2.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("newcomer in a full fleet: B=%d, want 0", s.MaxConcurrent)
 	}
@@ -372,9 +373,7 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 	}
 	// fleet.Fallback(0): nothing runs while coordination fails.
 	g3 := fleetGate(t, fleetName(t)+"z", fleetPolicy(8, 0), fleet.Fallback(0))
-	if err := g3.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g3)
 	terminate(t, ctx, admin, g3.Stats().Backend)
 	if err := g3.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
 		t.Fatalf("%v, want ErrCoordination", err)
@@ -407,10 +406,18 @@ const (
 )
 
 func fleetChild(name string) int {
-	cfg, err := pgx.ParseConfig(os.Getenv(EnvDatabaseURL))
-	if err != nil {
+	if err := fleetChildRun(name); err != nil {
 		fmt.Println("error", err)
 		return 1
+	}
+	return 0
+}
+
+// fleetChildJoin joins the fleet name as the environment says.
+func fleetChildJoin(name string) (*fleet.Member, error) {
+	cfg, err := pgx.ParseConfig(os.Getenv(EnvDatabaseURL))
+	if err != nil {
+		return nil, err
 	}
 	if os.Getenv(EnvFleetChildNoConnCheck) != "" {
 		cfg.RuntimeParams["client_connection_check_interval"] = "0"
@@ -423,41 +430,46 @@ func fleetChild(name string) int {
 		coord.RuntimeParams["application_name"] = app + "_fleet"
 		opts = append(opts, fleet.Coordinator(stdlib.GetConnector(*coord)))
 	}
-	if v := os.Getenv(EnvFleetChildInterval); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			fmt.Println("error", err)
-			return 1
-		}
-		opts = append(opts, fleet.Interval(d))
-	}
-	if v := os.Getenv(EnvFleetChildFallback); v != "" {
-		f, err := strconv.Atoi(v)
-		if err != nil {
-			fmt.Println("error", err)
-			return 1
-		}
-		opts = append(opts, fleet.Fallback(f))
-	}
 	total := 8
-	if v := os.Getenv(EnvFleetChildTotal); v != "" {
-		if total, err = strconv.Atoi(v); err != nil {
-			fmt.Println("error", err)
-			return 1
+	for _, e := range []struct {
+		name string
+		set  func(v string) error
+	}{
+		{EnvFleetChildInterval, func(v string) error {
+			d, err := time.ParseDuration(v)
+			opts = append(opts, fleet.Interval(d))
+			return err
+		}},
+		{EnvFleetChildFallback, func(v string) error {
+			f, err := strconv.Atoi(v)
+			opts = append(opts, fleet.Fallback(f))
+			return err
+		}},
+		{EnvFleetChildTotal, func(v string) (err error) {
+			total, err = strconv.Atoi(v)
+			return err
+		}},
+	} {
+		if v := os.Getenv(e.name); v != "" {
+			if err := e.set(v); err != nil {
+				return nil, err
+			}
 		}
 	}
-	m, err := fleet.Join(name, stdlib.GetConnector(*cfg), fleetPolicy(total, 0), opts...)
+	return fleet.Join(name, stdlib.GetConnector(*cfg), fleetPolicy(total, 0), opts...)
+}
+
+func fleetChildRun(name string) error {
+	m, err := fleetChildJoin(name)
 	if err != nil {
-		fmt.Println("error", err)
-		return 1
+		return err
 	}
 	// The loop's first round starts at once: let it start, so that the
 	// first "sync" waits for it to end and nothing runs on the session
 	// after an answer (a kill then never cuts a statement short).
 	for i := 0; m.Stats().Rounds == 0; i++ {
 		if i == 10000 {
-			fmt.Println("error the fleet loop's first round did not start")
-			return 1
+			return errors.New("the fleet loop's first round did not start")
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -465,83 +477,72 @@ func fleetChild(name string) int {
 	db := g.OpenDB()
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
+		cmd, rest, _ := strings.Cut(in.Text(), " ")
 		var n int
-		if query, ok := strings.CutPrefix(in.Text(), "run "); ok {
-			if _, err := fmt.Sscanf(query, "%d", &n); err != nil {
-				fmt.Println("error", err)
-				return 1
+		var query string
+		var each func() // what each of the n goroutines started runs
+		switch cmd {
+		case "run", "load":
+			if _, err := fmt.Sscanf(rest, "%d", &n); err != nil {
+				return err
 			}
-			_, query, _ = strings.Cut(query, " ")
-			for range n {
-				go db.Exec(query) // the process is killed while they run
-			}
-			fmt.Println("started")
-			continue
-		}
-		if in.Text() == "next" {
-			// After the round in progress, if any, and the next one.
-			for r := m.Stats().Rounds + 1; m.Stats().Rounds <= r; {
-				time.Sleep(time.Millisecond) // polling the loop's counter
-			}
-			fmt.Printf("pid %d\n", m.Stats().Backend)
-			continue
-		}
-		if rest, ok := strings.CutPrefix(in.Text(), "burst "); ok {
-			var after, d time.Duration
-			var afterS, dS string
-			if _, err := fmt.Sscanf(rest, "%d %s %s", &n, &afterS, &dS); err != nil {
-				fmt.Println("error", err)
-				return 1
-			}
-			if after, err = time.ParseDuration(afterS); err == nil {
-				d, err = time.ParseDuration(dS)
-			}
-			if err != nil {
-				fmt.Println("error", err)
-				return 1
-			}
-			f := strings.SplitN(rest, " ", 4)
-			query := f[len(f)-1]
-			start := time.Now().Add(after)
-			end := start.Add(d)
-			for range n {
-				go func() {
-					time.Sleep(time.Until(start)) // the scenario's timing
-					for time.Now().Before(end) {
-						if _, err := db.Exec(query); err != nil {
-							time.Sleep(time.Millisecond) // pacing after a rejection
-						}
-					}
-				}()
-			}
-			fmt.Println("started")
-			continue
-		}
-		if query, ok := strings.CutPrefix(in.Text(), "load "); ok {
-			if _, err := fmt.Sscanf(query, "%d", &n); err != nil {
-				fmt.Println("error", err)
-				return 1
-			}
-			_, query, _ = strings.Cut(query, " ")
-			for range n {
-				go func() { // until the process ends
+			_, query, _ = strings.Cut(rest, " ")
+			each = func() { db.Exec(query) } // the process is killed while they run
+			if cmd == "load" {
+				each = func() { // until the process ends
 					for {
 						if _, err := db.Exec(query); err != nil {
 							time.Sleep(time.Millisecond) // pacing after a rejection
 						}
 					}
-				}()
+				}
+			}
+		case "burst":
+			var afterS, dS string
+			if _, err := fmt.Sscanf(rest, "%d %s %s", &n, &afterS, &dS); err != nil {
+				return err
+			}
+			after, err := time.ParseDuration(afterS)
+			if err != nil {
+				return err
+			}
+			d, err := time.ParseDuration(dS)
+			if err != nil {
+				return err
+			}
+			f := strings.SplitN(rest, " ", 4)
+			query = f[len(f)-1]
+			start := time.Now().Add(after)
+			end := start.Add(d)
+			each = func() {
+				time.Sleep(time.Until(start)) // the scenario's timing
+				for time.Now().Before(end) {
+					if _, err := db.Exec(query); err != nil {
+						time.Sleep(time.Millisecond) // pacing after a rejection
+					}
+				}
+			}
+		}
+		switch {
+		case each != nil:
+			for range n {
+				go each()
 			}
 			fmt.Println("started")
-			continue
+		case in.Text() == "next":
+			// After the round in progress, if any, and the next one.
+			for r := m.Stats().Rounds + 1; m.Stats().Rounds <= r; {
+				time.Sleep(time.Millisecond) // polling the loop's counter
+			}
+			fmt.Printf("pid %d\n", m.Stats().Backend)
+		default:
+			if err := m.Sync(context.Background()); err != nil {
+				return err
+			}
+			fmt.Printf("pid %d b %d\n", m.Stats().Backend, g.Stats().MaxConcurrent)
 		}
-		if err := m.Sync(context.Background()); err != nil {
-			fmt.Println("error", err)
-			return 1
-		}
-		fmt.Printf("pid %d b %d\n", m.Stats().Backend, g.Stats().MaxConcurrent)
 	}
-	return 0
+	return nil
 }
 
 func TestFleetKilledInstanceFreesItsShare(t *testing.T) {
@@ -550,9 +551,7 @@ func TestFleetKilledInstanceFreesItsShare(t *testing.T) {
 	g, c, pid := twoProcesses(t, ctx)
 	c.kill()
 	awaitGone(t, ctx, admin, pid)
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g)
 	if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 8 || fs.Instances != 1 {
 		t.Fatalf("one round after the other process was killed: B=%d, %d instances; want 8, 1", s.MaxConcurrent, fs.Instances)
 	}
@@ -576,11 +575,7 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 			name := g.Stats().Name
 			// The child's 3 statements wait for a lock the test holds,
 			// as long as it holds it.
-			lock, err := admin.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lock.Close()
+			lock := takeConn(t, ctx, admin)
 			key := time.Now().UnixNano() % 1e9
 			if _, err := lock.ExecContext(ctx, "SELECT pg_advisory_lock(7, $1)", key); err != nil {
 				t.Fatal(err)
@@ -600,9 +595,7 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 			if n := waiting(); n != 3 {
 				t.Fatalf("after the kill: %d of the child's statements still run, want 3 (they end only when they get the lock)", n)
 			}
-			if err := g.Sync(ctx); err != nil {
-				t.Fatal(err)
-			}
+			fleetSync(t, ctx, g)
 			s, fs := g.Gate().Stats(), g.Stats()
 			if !tagged {
 				if s.MaxConcurrent != 8 || fs.Orphans != 0 {
@@ -623,9 +616,7 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 				t.Fatal(err)
 			}
 			awaitState(t, "the dead process's statements ended", func() bool { return waiting() == 0 })
-			if err := g.Sync(ctx); err != nil {
-				t.Fatal(err)
-			}
+			fleetSync(t, ctx, g)
 			if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 8 || fs.Orphans != 0 {
 				t.Fatalf("once they ended: B=%d, %d orphans; want 8, 0", s.MaxConcurrent, fs.Orphans)
 			}
@@ -637,38 +628,12 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 // its membership lock (a network cut: the server has not noticed) keeps
 // its id: its next join ends that session, and the one after joins.
 func TestFleetRejoinEndsTheSessionStillHoldingItsID(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	g := fleetGate(t, name, fleetPolicy(4, 0))
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g)
 	s := g.Stats()
-	terminate(t, ctx, admin, s.Backend)
-	if err := g.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
-		t.Fatalf("the round after its session was terminated: %v, want ErrCoordination", err)
-	}
-	// A session of its own holds the membership lock, as the old one
-	// would until the server noticed the cut.
-	stale, err := admin.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stale.Close()
-	var stalePID int64
-	keys := fleet.LockKeys(name)
-	if err := stale.QueryRowContext(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", keys.Members, int32(s.ID)).Scan(&stalePID); err != nil {
-		t.Fatal(err)
-	}
-	err = g.Sync(ctx)
-	if !errors.Is(err, fleet.ErrCoordination) || !strings.Contains(err.Error(), "previous session") || !strings.Contains(err.Error(), "ended 1 session") {
-		t.Fatalf("the join with its id held: %v, want ErrCoordination, the previous session ended", err)
-	}
-	awaitGone(t, ctx, admin, stalePID)
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetReclaim(t, ctx, admin, g, name)
+	fleetSync(t, ctx, g)
 	if now, b := g.Stats(), g.Gate().Stats().MaxConcurrent; now.ID != s.ID || b != 4 || now.Degraded {
 		t.Fatalf("after the rejoin: id %d (was %d), B=%d, degraded %v; want the same id, 4, false", now.ID, s.ID, b, now.Degraded)
 	}
@@ -678,9 +643,7 @@ func TestFleetRejoinEndsTheSessionStillHoldingItsID(t *testing.T) {
 // not wait for it: its round ends without them, and a later round takes
 // them.
 func TestFleetGrowDoesNotWaitForAnotherMembersGrow(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	// Held before the member starts: its loop's first round too finds
 	// it taken.
 	other, err := admin.BeginTx(ctx, nil)
@@ -692,18 +655,12 @@ func TestFleetGrowDoesNotWaitForAnotherMembersGrow(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := fleetGate(t, name, fleetPolicy(4, 0))
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g)
 	if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 0 || fs.Instances != 1 {
 		t.Fatalf("a round while another holds the grow lock: B=%d, %d instances; want 0, 1", s.MaxConcurrent, fs.Instances)
 	}
-	if err := other.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	txRollback(t, other)
+	fleetSync(t, ctx, g)
 	if s := g.Gate().Stats(); s.MaxConcurrent != 4 {
 		t.Fatalf("a round once the grow lock is free: B=%d, want 4", s.MaxConcurrent)
 	}
@@ -716,14 +673,10 @@ func twoProcesses(t *testing.T, ctx context.Context, env ...string) (g *fleet.Me
 	t.Helper()
 	name := fleetName(t)
 	g = fleetGate(t, name, fleetPolicy(8, 0))
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g)
 	c = startFleetChild(t, ctx, name, postgresURL(t), env...)
 	c.sync()
-	if err := g.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, g)
 	pid, b := c.sync()
 	if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 4 || b != 4 || fs.Instances != 2 {
 		t.Fatalf("two processes: B=%d here and %d in the child, %d instances; want 4, 4, 2", s.MaxConcurrent, b, fs.Instances)
@@ -767,18 +720,33 @@ func startFleetChild(t *testing.T, ctx context.Context, name, url string, env ..
 	return c
 }
 
+// ask sends the child a line and returns its answer.
+func (c *fleetChildProc) ask(line string) string {
+	c.t.Helper()
+	if _, err := fmt.Fprintln(c.stdin, line); err != nil {
+		c.t.Fatal(err)
+	}
+	if !c.out.Scan() {
+		c.t.Fatalf("child: no answer to %q (%v)", line, c.out.Err())
+	}
+	return c.out.Text()
+}
+
+// started asks the child to start goroutines and checks that it did.
+func (c *fleetChildProc) started(format string, args ...any) {
+	c.t.Helper()
+	if a := c.ask(fmt.Sprintf(format, args...)); a != "started" {
+		c.t.Fatalf("child: %q, want started", a)
+	}
+}
+
 // sync makes the child run a round and returns its coordination
 // backend's pid and its B.
 func (c *fleetChildProc) sync() (pid int64, b int) {
 	c.t.Helper()
-	if _, err := fmt.Fprintln(c.stdin, "sync"); err != nil {
-		c.t.Fatal(err)
-	}
-	if !c.out.Scan() {
-		c.t.Fatalf("child: no answer (%v)", c.out.Err())
-	}
-	if _, err := fmt.Sscanf(c.out.Text(), "pid %d b %d", &pid, &b); err != nil {
-		c.t.Fatalf("child: %q (%v)", c.out.Text(), err)
+	a := c.ask("sync")
+	if _, err := fmt.Sscanf(a, "pid %d b %d", &pid, &b); err != nil {
+		c.t.Fatalf("child: %q (%v)", a, err)
 	}
 	return pid, b
 }
@@ -786,38 +754,22 @@ func (c *fleetChildProc) sync() (pid int64, b int) {
 // run makes the child start n operations running query.
 func (c *fleetChildProc) run(n int, query string) {
 	c.t.Helper()
-	if _, err := fmt.Fprintf(c.stdin, "run %d %s\n", n, query); err != nil {
-		c.t.Fatal(err)
-	}
-	if !c.out.Scan() || c.out.Text() != "started" {
-		c.t.Fatalf("child: %q (%v), want started", c.out.Text(), c.out.Err())
-	}
+	c.started("run %d %s", n, query)
 }
 
 // load makes the child start n goroutines running query over and over.
 func (c *fleetChildProc) load(n int, query string) {
 	c.t.Helper()
-	if _, err := fmt.Fprintf(c.stdin, "load %d %s\n", n, query); err != nil {
-		c.t.Fatal(err)
-	}
-	if !c.out.Scan() || c.out.Text() != "started" {
-		c.t.Fatalf("child: %q (%v), want started", c.out.Text(), c.out.Err())
-	}
+	c.started("load %d %s", n, query)
 }
 
 // next waits for the end of the child's next round and returns its
 // coordination backend's pid.
-func (c *fleetChildProc) next() int64 {
+func (c *fleetChildProc) next() (pid int64) {
 	c.t.Helper()
-	if _, err := fmt.Fprintln(c.stdin, "next"); err != nil {
-		c.t.Fatal(err)
-	}
-	var pid int64
-	if !c.out.Scan() {
-		c.t.Fatalf("child: no answer (%v)", c.out.Err())
-	}
-	if _, err := fmt.Sscanf(c.out.Text(), "pid %d", &pid); err != nil {
-		c.t.Fatalf("child: %q (%v)", c.out.Text(), err)
+	a := c.ask("next")
+	if _, err := fmt.Sscanf(a, "pid %d", &pid); err != nil {
+		c.t.Fatalf("child: %q (%v)", a, err)
 	}
 	return pid
 }
@@ -826,12 +778,7 @@ func (c *fleetChildProc) next() int64 {
 // starting after a delay.
 func (c *fleetChildProc) burst(n int, after, d time.Duration, query string) {
 	c.t.Helper()
-	if _, err := fmt.Fprintf(c.stdin, "burst %d %s %s %s\n", n, after, d, query); err != nil {
-		c.t.Fatal(err)
-	}
-	if !c.out.Scan() || c.out.Text() != "started" {
-		c.t.Fatalf("child: %q (%v), want started", c.out.Text(), c.out.Err())
-	}
+	c.started("burst %d %s %s %s", n, after, d, query)
 }
 
 // kill sends SIGKILL: no goodbye.
@@ -849,9 +796,7 @@ func (c *fleetChildProc) kill() {
 // operation that uses it (a dial may outlive the operation it was started
 // for, and its connection, untagged, serves the next).
 func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	const total = 4
 	p := fleetPolicy(total, 4)
 	p.QueueWait = 20 * time.Millisecond
@@ -904,26 +849,11 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	// The poller counts the fleet's open transactions that began before
 	// its own statement, at each look (the tags taken meanwhile counted
 	// apart too, to say so when the bound breaks).
-	peak, peakTags, looks := 0, 0, 0
 	tag := "SELECT pg_advisory_lock_shared(" // fleet's sqlLockShared: the test's own connections, by application_name
-	stopPoll := pollServer(func() bool {
-		var n, tags int
-		err := admin.QueryRowContext(ctx, `SELECT count(*), count(*) FILTER (WHERE tagging)
-			FROM (SELECT state = 'active' AND starts_with(query, $2) AS tagging FROM pg_stat_activity
-			       WHERE application_name = $1 AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()) a`,
-			appName(t), tag).Scan(&n, &tags)
-		if err != nil {
-			if ctx.Err() == nil {
-				t.Error(err)
-			}
-			return false
-		}
-		looks++
-		if n > peak {
-			peak, peakTags = n, tags
-		}
-		return true
-	})
+	stopPoll := serverPeak(t, ctx, admin, `SELECT count(*), (count(*) FILTER (WHERE tagging))::text
+		FROM (SELECT state = 'active' AND starts_with(query, $2) AS tagging FROM pg_stat_activity
+		       WHERE application_name = $1 AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()) a`,
+		appName(t), tag)
 	var gs []*fleet.Member
 	var halts []func()
 	step := func() {
@@ -961,8 +891,8 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	}
 	close(stop)
 	wg.Wait()
-	stopPoll()
-	t.Logf("%d transactions ran, %d rejected; %d looks at pg_stat_activity, peak %d (%d of them tags being taken)", ran.Load(), rejected.Load(), looks, peak, peakTags)
+	peak, looks, peakTags := stopPoll()
+	t.Logf("%d transactions ran, %d rejected; %d looks at pg_stat_activity, peak %d (%s of them tags being taken)", ran.Load(), rejected.Load(), looks, peak, peakTags)
 	if peak > total {
 		t.Fatalf("the fleet had %d transactions open on the server at once, want at most T=%d", peak, total)
 	}
@@ -1052,9 +982,7 @@ func BenchmarkFleetRound(b *testing.B) {
 // fleet.Lending: an idle instance lends all but one slot of its share
 // to a busy one, and gets it back two rounds after it works again.
 func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
-	ctx := pgTestCtx(t)
-	admin := adminDB(t)
-	name := fleetName(t)
+	ctx, admin, name := fleetStart(t)
 	p := fleetPolicy(4, 0)
 	p.QueueWait = 0
 	busy := fleetGate(t, name, p, fleet.Lending(true))
@@ -1062,9 +990,7 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 	gs := []*fleet.Member{busy, idle}
 	sync := func(g *fleet.Member) {
 		t.Helper()
-		if err := g.Sync(ctx); err != nil {
-			t.Fatal(err)
-		}
+		fleetSync(t, ctx, g)
 		checkFleet(t, ctx, admin, name, 4, gs)
 	}
 	for range 2 {
@@ -1105,9 +1031,7 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 	}
 	sync(idle) // publishes active
 	for _, tx := range txs {
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 	}
 	txs = []*sql.Tx{pgBegin(t, ctx, db), pgBegin(t, ctx, db)} // it still works, on its fair share
 	sync(busy)                                                // its target is its fair share again: gives one back
@@ -1119,8 +1043,6 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 		t.Fatalf("both working: shares %v, want [2 2]", b)
 	}
 	for _, tx := range txs {
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx)
 	}
 }

@@ -37,13 +37,6 @@ const EnvMySQLDSN = "BULKHEAD_TEST_MYSQL_DSN"
 
 const defaultMySQLDSN = "root@tcp(127.0.0.1:3306)/test"
 
-// igCtx bounds a test: nothing in it can wait longer than 30 s.
-func igCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // igTracker records the gate's events: admissions by kind, rejections, and
 // the most permits held at once.
 type igTracker struct {
@@ -101,12 +94,28 @@ func igGated(t *testing.T, inner driver.Connector, p bulkhead.Policy, k *igTrack
 	return gateOn(t, inner, p, bulkhead.WithEvents(k.events()))
 }
 
-var igSeq atomic.Int64
+var uniqueSeq atomic.Int64
 
-// igName returns a name unique to this process and call, for tables and
-// schemas.
-func igName(prefix string) string {
-	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), igSeq.Add(1))
+// uniqueName returns a name unique to this process and call, for tables
+// and schemas.
+func uniqueName(prefix string) string {
+	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), uniqueSeq.Add(1))
+}
+
+// tempTable creates a table of columns unique to the test on db, and
+// drops it at the end of the test.
+func tempTable(t testing.TB, db *sql.DB, columns string) string {
+	t.Helper()
+	name := uniqueName("bh_t")
+	if _, err := db.ExecContext(t.Context(), "CREATE TABLE "+name+" ("+columns+")"); err != nil {
+		t.Fatalf("create %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.ExecContext(context.Background(), "DROP TABLE "+name); err != nil {
+			t.Errorf("drop %s: %v", name, err)
+		}
+	})
+	return name
 }
 
 // igPGSchema creates a PostgreSQL schema holding the given DDL, on an
@@ -115,12 +124,8 @@ func igName(prefix string) string {
 // test's application_name.
 func igPGSchema(t *testing.T, ddl string) driver.Connector {
 	t.Helper()
-	setup, err := sql.Open("pgx", postgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { setup.Close() })
-	schema := igName("bh_ig")
+	setup := openURL(t, postgresURL(t), 0)
+	schema := uniqueName("bh_ig")
 	if _, err := setup.ExecContext(t.Context(), "CREATE SCHEMA "+schema+"; SET search_path TO "+schema+"; "+ddl); err != nil {
 		t.Fatalf("create schema %s: %v", schema, err)
 	}
@@ -163,7 +168,7 @@ func igGORM(t *testing.T, p bulkhead.Policy) (*bulkhead.Gate, *gorm.DB, *igTrack
 func TestGORMTransactionHoldsExactlyOnePermitForItsWholeSpan(t *testing.T) {
 	g, gdb, k := igGORM(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second})
 	m := newMonitor(t)
-	ctx := igCtx(t)
+	ctx := pgTestCtx(t)
 	before := g.Stats()
 
 	var running []int
@@ -211,7 +216,7 @@ func TestGORMTransactionHoldsExactlyOnePermitForItsWholeSpan(t *testing.T) {
 func TestGORMReturnsARejectionThatMatchesErrRejected(t *testing.T) {
 	// The article's demonstration: B=1, Q=0.
 	g, gdb, _ := igGORM(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
-	ctx := igCtx(t)
+	ctx := pgTestCtx(t)
 	held := gdb.WithContext(ctx).Begin()
 	if held.Error != nil {
 		t.Fatal(held.Error)
@@ -249,7 +254,7 @@ func TestGORMReturnsARejectionThatMatchesErrRejected(t *testing.T) {
 func TestGORMDefaultTransactionAroundCreateIsOneGatedOperation(t *testing.T) {
 	g, gdb, k := igGORM(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second})
 	m := newMonitor(t)
-	ctx := igCtx(t)
+	ctx := pgTestCtx(t)
 
 	// Observe the gate from inside GORM's default transaction, right after
 	// the INSERT ran and before GORM commits.
@@ -304,7 +309,7 @@ func TestSqlcQueriesTakeOnePermitEachAndGiveItBack(t *testing.T) {
 	k := &igTracker{}
 	g, db := igGated(t, igPGSchema(t, igAccountsDDL), bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second}, k)
 	q := sqlcdb.New(db)
-	ctx := igCtx(t)
+	ctx := pgTestCtx(t)
 
 	step := func(what string, err error) {
 		t.Helper()
@@ -343,15 +348,11 @@ func TestSqlcWithTxRunsUnderTheTransactionsOnePermit(t *testing.T) {
 	k := &igTracker{}
 	g, db := igGated(t, igPGSchema(t, igAccountsDDL), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, k)
 	q := sqlcdb.New(db)
-	ctx := igCtx(t)
+	ctx := pgTestCtx(t)
 
 	transfer := func(commit bool) {
 		t.Helper()
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback()
+		tx := pgBegin(t, ctx, db)
 		qtx := q.WithTx(tx)
 		a, err := qtx.CreateAccount(ctx, sqlcdb.CreateAccountParams{Owner: "alice", Balance: 10})
 		if err != nil {
@@ -371,12 +372,9 @@ func TestSqlcWithTxRunsUnderTheTransactionsOnePermit(t *testing.T) {
 			t.Errorf("TotalBalance outside the open transaction: %v, want ErrRejected", err)
 		}
 		if commit {
-			err = tx.Commit()
+			txCommit(t, tx)
 		} else {
-			err = tx.Rollback()
-		}
-		if err != nil {
-			t.Fatal(err)
+			txRollback(t, tx)
 		}
 	}
 	transfer(true)
@@ -422,9 +420,7 @@ func igDrivers() []igDriver {
 
 func igOpenPG(t *testing.T) (driver.Connector, *sql.DB) {
 	c := stdlib.GetConnector(*pgConfig(t))
-	setup := sql.OpenDB(c)
-	t.Cleanup(func() { setup.Close() })
-	return c, setup
+	return c, plainDB(t, c)
 }
 
 // igOpenMySQL opens the MariaDB server of $BULKHEAD_TEST_MYSQL_DSN, by
@@ -464,9 +460,7 @@ func openMySQL(t *testing.T, set func(*mysql.Config)) (driver.Connector, *sql.DB
 	if err != nil {
 		t.Fatal(err)
 	}
-	setup := sql.OpenDB(c)
-	t.Cleanup(func() { setup.Close() })
-	return c, setup
+	return c, plainDB(t, c)
 }
 
 // igOpenSQLite opens a SQLite file in the test's temporary directory
@@ -474,25 +468,7 @@ func openMySQL(t *testing.T, set func(*mysql.Config)) (driver.Connector, *sql.DB
 // adapter.
 func igOpenSQLite(t *testing.T) (driver.Connector, *sql.DB) {
 	c := sqliteConnector{d: &sqlite.Driver{}, dsn: filepath.Join(t.TempDir(), "test.db")}
-	setup := sql.OpenDB(c)
-	t.Cleanup(func() { setup.Close() })
-	return c, setup
-}
-
-// igTable creates a table (v int) unique to the test on setup and drops
-// it at the end.
-func igTable(t *testing.T, setup *sql.DB) string {
-	t.Helper()
-	name := igName("bh_ig")
-	if _, err := setup.ExecContext(t.Context(), "CREATE TABLE "+name+" (v int)"); err != nil {
-		t.Fatalf("create %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		if _, err := setup.ExecContext(context.Background(), "DROP TABLE "+name); err != nil {
-			t.Errorf("drop %s: %v", name, err)
-		}
-	})
-	return name
+	return c, plainDB(t, c)
 }
 
 func igCount(t *testing.T, setup *sql.DB, table string) int {
@@ -519,20 +495,22 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			inner, setup := d.open(t)
 			insert := func(table string) string { return "INSERT INTO " + table + " (v) VALUES (" + d.ph(1) + ")" }
+			// open gives a subtest its context, a table (v int) of its own
+			// and a gate on the driver under p, tracked by k.
+			open := func(t *testing.T, p bulkhead.Policy, k *igTracker) (context.Context, string, *bulkhead.Gate, *sql.DB) {
+				t.Helper()
+				ctx, table := pgTestCtx(t), tempTable(t, setup, "v int")
+				g, db := igGated(t, inner, p, k)
+				return ctx, table, g, db
+			}
 
 			t.Run("B=1 Q=0 rejects a second operation while a transaction holds the permit", func(t *testing.T) {
-				ctx := igCtx(t)
-				table := igTable(t, setup)
-				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, &igTracker{})
-				tx, err := db.BeginTx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer tx.Rollback()
+				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, &igTracker{})
+				tx := pgBegin(t, ctx, db)
 				if _, err := tx.ExecContext(ctx, insert(table), 1); err != nil {
 					t.Fatal(err)
 				}
-				_, err = db.ExecContext(ctx, insert(table), 2)
+				_, err := db.ExecContext(ctx, insert(table), 2)
 				if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, bulkhead.ErrAdmissionFull) || errors.Is(err, driver.ErrBadConn) {
 					t.Errorf("second operation: %v, want ErrRejected and ErrAdmissionFull, not ErrBadConn", err)
 				}
@@ -540,9 +518,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 				if err := db.QueryRowContext(ctx, "SELECT 1").Scan(&one); !errors.Is(err, bulkhead.ErrRejected) {
 					t.Errorf("query while the permit is held: %v, want ErrRejected", err)
 				}
-				if err := tx.Commit(); err != nil {
-					t.Fatal(err)
-				}
+				txCommit(t, tx)
 				if _, err := db.ExecContext(ctx, insert(table), 2); err != nil {
 					t.Errorf("once the permit is back: %v", err)
 				}
@@ -555,15 +531,10 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 			})
 
 			t.Run("commit keeps, rollback discards, and both give the permit back", func(t *testing.T) {
-				ctx := igCtx(t)
-				table := igTable(t, setup)
 				k := &igTracker{}
-				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 0}, k)
+				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 0}, k)
 				for _, commit := range []bool{true, false} {
-					tx, err := db.BeginTx(ctx, nil)
-					if err != nil {
-						t.Fatal(err)
-					}
+					tx := pgBegin(t, ctx, db)
 					for v := range 3 {
 						if _, err := tx.ExecContext(ctx, insert(table), v); err != nil {
 							t.Fatal(err)
@@ -573,12 +544,9 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 						t.Errorf("%d running inside the transaction, want 1", s.Running)
 					}
 					if commit {
-						err = tx.Commit()
+						txCommit(t, tx)
 					} else {
-						err = tx.Rollback()
-					}
-					if err != nil {
-						t.Fatal(err)
+						txRollback(t, tx)
 					}
 					if s := g.Stats(); s.Running != 0 {
 						t.Errorf("%d running after commit=%v, want 0", s.Running, commit)
@@ -593,22 +561,12 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 			})
 
 			t.Run("an operation beyond B+Q is rejected at once while one waits", func(t *testing.T) {
-				ctx := igCtx(t)
-				table := igTable(t, setup)
-				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Minute}, &igTracker{})
-				tx, err := db.BeginTx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer tx.Rollback()
+				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Minute}, &igTracker{})
+				tx := pgBegin(t, ctx, db)
 				if _, err := tx.ExecContext(ctx, insert(table), 1); err != nil {
 					t.Fatal(err)
 				}
-				waited := make(chan error, 1)
-				go func() {
-					_, err := db.ExecContext(ctx, insert(table), 2)
-					waited <- err
-				}()
+				waited := goExec(db, ctx, insert(table), 2)
 				awaitState(t, "the second operation waits", func() bool { return g.Stats().Waiting == 1 })
 				if _, err := db.ExecContext(ctx, insert(table), 3); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 					t.Errorf("third operation: %v, want ErrAdmissionFull", err)
@@ -618,9 +576,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 				if s := g.Stats(); s.OpenConns != 1 || s.IdleConns != 0 || s.Dials != 1 {
 					t.Errorf("stats %+v while one waits and one was rejected, want 1 server connection (the transaction's), none idle, 1 dial", s)
 				}
-				if err := tx.Commit(); err != nil {
-					t.Fatal(err)
-				}
+				txCommit(t, tx)
 				if err := <-waited; err != nil {
 					t.Errorf("the operation that waited: %v", err)
 				}
@@ -633,22 +589,14 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 			})
 
 			t.Run("an admitted operation is rejected when the queue wait ends", func(t *testing.T) {
-				ctx := igCtx(t)
-				table := igTable(t, setup)
-				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 10 * time.Millisecond}, &igTracker{})
-				tx, err := db.BeginTx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer tx.Rollback()
-				_, err = db.ExecContext(ctx, insert(table), 2)
+				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 10 * time.Millisecond}, &igTracker{})
+				tx := pgBegin(t, ctx, db)
+				_, err := db.ExecContext(ctx, insert(table), 2)
 				var rej *bulkhead.RejectedError
 				if !errors.Is(err, bulkhead.ErrQueueTimeout) || !errors.As(err, &rej) || rej.Waited <= 0 {
 					t.Errorf("operation behind the transaction: %v, want a queue timeout after a wait", err)
 				}
-				if err := tx.Commit(); err != nil {
-					t.Fatal(err)
-				}
+				txCommit(t, tx)
 				if s := g.Stats(); s.Running != 0 || s.RejectedTimeout != 1 {
 					t.Errorf("stats %+v, want 0 running, 1 queue timeout", s)
 				}
@@ -658,10 +606,8 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 			})
 
 			t.Run("statements with arguments hold one permit at a time", func(t *testing.T) {
-				ctx := igCtx(t)
-				table := igTable(t, setup)
 				k := &igTracker{}
-				g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, k)
+				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, k)
 				if _, err := db.ExecContext(ctx, insert(table), 5); err != nil {
 					t.Fatal(err)
 				}
@@ -707,25 +653,17 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 // transaction ends either way.
 func TestSQLiteSecondWriterIsBusyWhileItHoldsItsPermit(t *testing.T) {
 	inner, setup := igOpenSQLite(t)
-	table := igTable(t, setup)
-	ctx := igCtx(t)
+	table := tempTable(t, setup, "v int")
+	ctx := pgTestCtx(t)
 	g, db := igGated(t, inner, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 0}, &igTracker{})
 	insert := "INSERT INTO " + table + " (v) VALUES (?)"
 
-	tx1, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx1.Rollback()
+	tx1 := pgBegin(t, ctx, db)
 	if _, err := tx1.ExecContext(ctx, insert, 1); err != nil {
 		t.Fatal(err)
 	}
-	tx2, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx2.Rollback()
-	_, err = tx2.ExecContext(ctx, insert, 2)
+	tx2 := pgBegin(t, ctx, db)
+	_, err := tx2.ExecContext(ctx, insert, 2)
 	var se *sqlite.Error
 	if !errors.As(err, &se) || se.Code()&0xff != sqlite3.SQLITE_BUSY {
 		t.Errorf("second writer: %v, want SQLITE_BUSY", err)
@@ -733,12 +671,8 @@ func TestSQLiteSecondWriterIsBusyWhileItHoldsItsPermit(t *testing.T) {
 	if s := g.Stats(); s.Running != 2 {
 		t.Errorf("%d running while both transactions are open, want 2", s.Running)
 	}
-	if err := tx2.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx1.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txRollback(t, tx2)
+	txCommit(t, tx1)
 	if s := g.Stats(); s.Running != 0 {
 		t.Errorf("%d running after both ended, want 0", s.Running)
 	}
@@ -762,7 +696,7 @@ func TestGORMWithPreparedStatementsGatesEachExecutionNotThePreparation(t *testin
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := igCtx(t)
+	ctx := pgTestCtx(t)
 	for i := range 3 {
 		if err := gdb.WithContext(ctx).Create(&igOrder{Item: "tea", Qty: i}).Error; err != nil {
 			t.Fatal(err)
@@ -805,7 +739,7 @@ func TestErrSkipFallbackIsOneGatedOperation(t *testing.T) {
 	// B=1, Q=1 and a 1ns queue wait: an operation that finds the permit taken
 	// is rejected at once.
 	g, db := igGated(t, fc, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond}, k)
-	ctx := igCtx(t)
+	ctx := pgTestCtx(t)
 
 	fc.FailNext(fakedb.OpExec, 1, driver.ErrSkip)
 	if _, err := db.ExecContext(ctx, "UPDATE t SET v = ?", 1); err != nil {

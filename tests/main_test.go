@@ -148,6 +148,23 @@ func openGated(t testing.TB, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkh
 	return gateOn(t, stdlib.GetConnector(*pgConfig(t)), p, opts...)
 }
 
+// pgOpen is openGated with pgTestCtx: a context bounding the test, the
+// gate, and its *sql.DB.
+func pgOpen(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) (context.Context, *bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	ctx := pgTestCtx(t)
+	g, db := openGated(t, p, opts...)
+	return ctx, g, db
+}
+
+// plainDB opens a *sql.DB on c without a gate, closed at the end of the
+// test.
+func plainDB(t testing.TB, c driver.Connector) *sql.DB {
+	db := sql.OpenDB(c)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
 // gateOn opens a gated *sql.DB on inner with OpenDB's pool settings,
 // closed at the end of the test.
 func gateOn(t testing.TB, inner driver.Connector, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
@@ -159,6 +176,17 @@ func gateOn(t testing.TB, inner driver.Connector, p bulkhead.Policy, opts ...bul
 	db := g.OpenDB()
 	t.Cleanup(func() { db.Close() })
 	return g, db
+}
+
+// takeConn takes a *sql.Conn from db, closed at the end of the test.
+func takeConn(t testing.TB, ctx context.Context, db *sql.DB) *sql.Conn {
+	t.Helper()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // takeConns takes n *sql.Conn from db at once; the caller closes them.
@@ -200,13 +228,20 @@ type monitor struct {
 
 func newMonitor(t testing.TB) *monitor {
 	t.Helper()
-	db, err := sql.Open("pgx", postgresURL(t))
+	return &monitor{db: openURL(t, postgresURL(t), 1), app: appName(t)}
+}
+
+// openURL opens an ungated *sql.DB of at most maxOpen connections (0: no
+// limit) on the PostgreSQL server at url, closed at the end of the test.
+func openURL(t testing.TB, url string, maxOpen int) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	db.SetMaxOpenConns(1)
+	db.SetMaxOpenConns(maxOpen)
 	t.Cleanup(func() { db.Close() })
-	return &monitor{db: db, app: appName(t)}
+	return db
 }
 
 func (m *monitor) count(t testing.TB, where string) int {
@@ -223,21 +258,11 @@ func (m *monitor) count(t testing.TB, where string) int {
 	return n
 }
 
-// Transactions counts the transactions open on the server for the test.
-//
-// pg_stat_activity is not an atomic snapshot: the server copies the
-// backends' entries one after the other, so a transaction that ended and
-// another that began during the copy can both show. Only transactions (and
-// statements) that began before this statement did are counted: all of
-// them were open at that one instant. Work that stays open longer than a
-// poll is caught by the next one.
+// Transactions counts the transactions open on the server for the test
+// at one instant: those that began before this statement did (pgSnapshot
+// says why).
 func (m *monitor) Transactions(t testing.TB) int {
 	return m.count(t, " AND xact_start < statement_timestamp()")
-}
-
-// Active counts the statements executing on the server for the test.
-func (m *monitor) Active(t testing.TB) int {
-	return m.count(t, " AND state = 'active' AND query_start < statement_timestamp()")
 }
 
 // Connections counts the test's server connections.
@@ -262,6 +287,47 @@ func pollServer(look func() bool) (stop func()) {
 		}
 	}()
 	return func() { close(quit); <-done }
+}
+
+// serverPeak polls q on db, in a goroutine of its own, until the returned
+// function is called; q answers a count and a text. That function returns
+// the largest count seen, the text at that look, and the number of looks.
+// A look that fails ends the polling, failing the test unless ctx ended.
+func serverPeak(t testing.TB, ctx context.Context, db *sql.DB, q string, args ...any) (stop func() (peak, looks int, seen string)) {
+	var peak, looks int
+	var seen string
+	end := pollServer(func() bool {
+		var n int
+		var detail string
+		if err := db.QueryRowContext(ctx, q, args...).Scan(&n, &detail); err != nil {
+			if ctx.Err() == nil {
+				t.Error(err)
+			}
+			return false
+		}
+		looks++
+		if n > peak {
+			peak, seen = n, detail
+		}
+		return true
+	})
+	return func() (int, int, string) {
+		end()
+		return peak, looks, seen
+	}
+}
+
+// goExec runs e.ExecContext(ctx, query, args...) in a goroutine of its
+// own and sends its error on the returned channel.
+func goExec(e interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, ctx context.Context, query string, args ...any) chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.ExecContext(ctx, query, args...)
+		done <- err
+	}()
+	return done
 }
 
 // awaitState waits until cond holds, polling state without sleeping. It

@@ -131,8 +131,7 @@ type relFaultDialer struct {
 	rst     atomic.Bool
 	dials   atomic.Int64
 	commits atomic.Int64
-	mu      sync.Mutex
-	conns   []*relFaultConn
+	dialed[*relFaultConn]
 }
 
 const (
@@ -158,39 +157,51 @@ func newRelFaultRig(t *testing.T, p bulkhead.Policy) (*relFaultDialer, *relRig) 
 
 func newRelFaultDialer(t *testing.T) *relFaultDialer {
 	d := &relFaultDialer{}
-	t.Cleanup(func() {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		for _, c := range d.conns {
-			c.Conn.Close()
-		}
-	})
+	t.Cleanup(func() { d.each(func(c *relFaultConn) { c.Conn.Close() }) })
 	return d
 }
 
 func (d *relFaultDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	d.dials.Add(1)
+	return d.dialed.dial(ctx, network, addr, func(c net.Conn) *relFaultConn { return &relFaultConn{Conn: c, d: d} })
+}
+
+// heal ends the fault mode and closes the connections a blackhole broke.
+func (d *relFaultDialer) heal() {
+	d.mode.Store(relNoFault)
+	d.each(func(c *relFaultConn) {
+		if c.lost.Load() {
+			c.Conn.Close()
+		}
+	})
+}
+
+// dialed keeps the connections a test's dialer made, as wrap made them.
+type dialed[C net.Conn] struct {
+	mu    sync.Mutex
+	conns []C
+}
+
+// dial dials addr and keeps, and returns, the connection wrap makes of it.
+func (d *dialed[C]) dial(ctx context.Context, network, addr string, wrap func(net.Conn) C) (net.Conn, error) {
 	var nd net.Dialer
 	c, err := nd.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
-	fc := &relFaultConn{Conn: c, d: d}
+	fc := wrap(c)
 	d.mu.Lock()
 	d.conns = append(d.conns, fc)
 	d.mu.Unlock()
 	return fc, nil
 }
 
-// heal ends the fault mode and closes the connections a blackhole broke.
-func (d *relFaultDialer) heal() {
-	d.mode.Store(relNoFault)
+// each calls f on every connection kept, under the lock.
+func (d *dialed[C]) each(f func(C)) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, c := range d.conns {
-		if c.lost.Load() {
-			c.Conn.Close()
-		}
+		f(c)
 	}
 }
 
@@ -346,17 +357,11 @@ func TestAmbiguousCommitReleasesOnceAndIsNeverRetried(t *testing.T) {
 	var want []int64
 	for i := range rounds {
 		id := int64(i)
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatalf("round %d: %v", i, err)
-		}
-		if err := relInsert(ctx, tx, table, id); err != nil {
-			t.Fatalf("round %d: %v", i, err)
-		}
+		tx := r.holdRow(ctx, table, id)
 		d.rst.Store(i%2 == 1)
 		d.mode.Store(relDropAfterCommit)
 		commits, admits := d.commits.Load(), r.admits.Load()
-		err = tx.Commit()
+		err := tx.Commit()
 		d.heal()
 		if err == nil {
 			t.Errorf("round %d: Commit succeeded although its reply was never read", i)
@@ -422,11 +427,7 @@ func TestARejectionPingsNothingAlsoWhenThePooledConnectionNeedsAReset(t *testing
 	// operation gets the last one, which database/sql resets before use.
 	closeConns(takeConns(t, ctx, db, 3))
 	tx := pgBegin(t, ctx, db)
-	waiter := make(chan error, 1)
-	go func() {
-		_, err := db.ExecContext(ctx, "SELECT 1")
-		waiter <- err
-	}()
+	waiter := goExec(db, ctx, "SELECT 1")
 	awaitState(t, "an operation waits", func() bool { return g.Stats().Waiting == 1 })
 	before := pings.Load()
 	start := time.Now()
@@ -439,9 +440,7 @@ func TestARejectionPingsNothingAlsoWhenThePooledConnectionNeedsAReset(t *testing
 		t.Errorf("the rejection asked the driver to reset (ping) %d server connections, want none", n)
 	}
 	t.Logf("figures: a rejection with 50ms of latency each way: %v, no ping", took)
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	if err := <-waiter; err != nil {
 		t.Fatal(err)
 	}
@@ -611,17 +610,12 @@ func TestOnASlowLinkTheGateDialsNoMoreThanItCanKeep(t *testing.T) {
 			name := "plain/" + driverName
 			if gated {
 				name = "gate/" + driverName
-				g, err := bulkhead.New(a.dials, p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				a.g, a.db = g, g.OpenDB()
+				a.g, a.db = gateOn(t, a.dials, p)
 			} else {
-				a.db = sql.OpenDB(a.dials)
+				a.db = plainDB(t, a.dials)
 				a.db.SetMaxOpenConns(p.MaxConcurrent + p.MaxQueue)
 				a.db.SetMaxIdleConns(p.MaxConcurrent + p.MaxQueue)
 			}
-			defer a.db.Close()
 			arms[name] = a
 		}
 	}

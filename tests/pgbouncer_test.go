@@ -340,16 +340,6 @@ func pgbAtoi(t *testing.T, s string) int {
 
 // ---------------------------------------------------------------------------
 
-func pgbConn(t *testing.T, ctx context.Context, db *sql.DB) *sql.Conn {
-	t.Helper()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 func pgbGate(t *testing.T, c driver.Connector, p bulkhead.Policy, opts ...bulkhead.Option) *bulkhead.Gate {
 	t.Helper()
 	g, err := bulkhead.New(c, p, opts...)
@@ -424,7 +414,7 @@ func TestPgBouncerStatementCache(t *testing.T) {
 			db := g.OpenDB()
 			// A *sql.Conn keeps its gate session (its PgBouncer client)
 			// until closed.
-			c1, c2 := pgbConn(t, ctx, db), pgbConn(t, ctx, db)
+			c1, c2 := takeConn(t, ctx, db), takeConn(t, ctx, db)
 			// The SQL text is the subtest's own: the server connection
 			// outlives the subtests.
 			q := "SELECT $1::int + 1 -- " + tc.name
@@ -519,15 +509,10 @@ func TestPgBouncerQueue(t *testing.T) {
 		}
 	}
 	t.Run("ungated", func(t *testing.T) {
-		db := sql.OpenDB(stdlib.GetConnector(*b.config(t, pgx.QueryExecModeExec)))
-		t.Cleanup(func() { db.Close() })
+		db := plainDB(t, stdlib.GetConnector(*b.config(t, pgx.QueryExecModeExec)))
 		mon := newMonitor(t)
 		tx1, tx2 := hold(t, db), hold(t, db)
-		done := make(chan error, 1)
-		go func() {
-			_, err := db.ExecContext(ctx, "SELECT 3")
-			done <- err
-		}()
+		done := goExec(db, ctx, "SELECT 3")
 		awaitState(t, "the third operation waits in PgBouncer's queue", func() bool {
 			return pgbAtoi(t, admin.pool(t, ctx)["cl_waiting"]) == 1
 		})
@@ -537,9 +522,7 @@ func TestPgBouncerQueue(t *testing.T) {
 			t.Fatalf("the third operation ended (%v) while both server connections are held", err)
 		default:
 		}
-		if err := tx1.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx1)
 		select {
 		case err := <-done:
 			if err != nil {
@@ -548,9 +531,7 @@ func TestPgBouncerQueue(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal(ctx.Err())
 		}
-		if err := tx2.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx2)
 	})
 	t.Run("gated", func(t *testing.T) {
 		g := pgbGate(t, stdlib.GetConnector(*b.config(t, pgx.QueryExecModeExec)), bulkhead.Policy{MaxConcurrent: 2})
@@ -566,39 +547,12 @@ func TestPgBouncerQueue(t *testing.T) {
 		if s := g.Stats(); s.OpenConns != 2 || s.Dials != 2 || s.RejectedFull != 1 {
 			t.Fatalf("gate: %d connections open, %d dials, %d rejected; want 2, 2, 1", s.OpenConns, s.Dials, s.RejectedFull)
 		}
-		if err := tx1.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx1)
 		if _, err := db.ExecContext(ctx, "SELECT 3"); err != nil {
 			t.Fatalf("once a transaction ended: %v", err)
 		}
-		if err := tx2.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		txCommit(t, tx2)
 	})
-}
-
-// pgbFleetGate makes one member of the fleet name on inner, and waits
-// until its loop's first round started (Sync then waits for it to end),
-// as fleetGate does.
-func pgbFleetGate(t *testing.T, name string, inner driver.Connector, p bulkhead.Policy, opts ...fleet.Option) *fleet.Member {
-	t.Helper()
-	m, err := fleet.Join(name, inner, p, append([]fleet.Option{fleet.Interval(time.Hour)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Gate().OpenDB().Close() }) // closes the gate too
-	awaitState(t, "the fleet loop's first round started", func() bool { return m.Stats().Rounds > 0 })
-	return m
-}
-
-func pgbSync(t *testing.T, ctx context.Context, gs ...*fleet.Member) {
-	t.Helper()
-	for _, g := range gs {
-		if err := g.Sync(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // TestPgBouncerFleet: a fleet budget's coordination session holds
@@ -635,10 +589,10 @@ func TestPgBouncerFleet(t *testing.T) {
 	t.Run("coordination through PgBouncer", func(t *testing.T) {
 		name := fleetName(t) + "-shared"
 		p := fleetPolicy(4, 0)
-		g1 := pgbFleetGate(t, name, inner, p)
-		pgbSync(t, ctx, g1)
-		g2 := pgbFleetGate(t, name, inner, p)
-		pgbSync(t, ctx, g1, g2, g1, g2)
+		g1 := fleetMember(t, name, inner, p)
+		fleetSync(t, ctx, g1)
+		g2 := fleetMember(t, name, inner, p)
+		fleetSync(t, ctx, g1, g2, g1, g2)
 		servers := bouncer.serverPIDs(t, ctx)
 		if len(servers) != 1 {
 			t.Fatalf("PgBouncer's server connections %v, want 1", servers)
@@ -655,7 +609,7 @@ func TestPgBouncerFleet(t *testing.T) {
 		}
 		t.Logf("two instances, T=4: B = 2 and 2, one backend (pid %s) holding 2 membership locks and 2 slots", servers[0])
 		g3 := fleetGate(t, name, p) // coordinating directly
-		pgbSync(t, ctx, g3, g3)
+		fleetSync(t, ctx, g3, g3)
 		b3 := g3.Gate().Stats().MaxConcurrent
 		if v := fleetSlots(t, ctx, admin, name); b3 == 0 || v.total > 4 || 2+2+b3 <= 4 {
 			t.Fatalf("a third instance, direct: B=%d, %d slots held; want a share, the slots within T=4 and the Bs over it", b3, v.total)
@@ -682,7 +636,7 @@ func TestPgBouncerFleet(t *testing.T) {
 		if s, fs := g2.Gate().Stats(), g2.Stats(); s.MaxConcurrent != fleet.DefaultFallback || !fs.Degraded {
 			t.Fatalf("after the failed round: B=%d, degraded %v; want %d, true", s.MaxConcurrent, fs.Degraded, fleet.DefaultFallback)
 		}
-		pgbSync(t, ctx, g2)
+		fleetSync(t, ctx, g2)
 		if s, fs := g2.Gate().Stats(), g2.Stats(); s.MaxConcurrent != 4 || fs.Degraded {
 			t.Fatalf("the round after: B=%d, degraded %v; want 4, false", s.MaxConcurrent, fs.Degraded)
 		}
@@ -708,7 +662,7 @@ func TestPgBouncerFleet(t *testing.T) {
 		// A new instance, coordinating directly with PostgreSQL, counts
 		// the dead one and finds no free slot.
 		g := fleetGate(t, name, fleetPolicy(8, 0))
-		pgbSync(t, ctx, g, g)
+		fleetSync(t, ctx, g, g)
 		if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 0 || fs.Instances != 2 {
 			t.Fatalf("a new instance after the kill: B=%d, %d instances; want 0, 2", s.MaxConcurrent, fs.Instances)
 		}
@@ -720,11 +674,11 @@ func TestPgBouncerFleet(t *testing.T) {
 		p := fleetPolicy(4, 0)
 		direct := directCoordination(t)
 		untagged := fleet.Tagging(false)
-		g1 := pgbFleetGate(t, name, inner, p, direct, untagged)
-		pgbSync(t, ctx, g1)
-		g2 := pgbFleetGate(t, name, inner, p, direct, untagged)
+		g1 := fleetMember(t, name, inner, p, direct, untagged)
+		fleetSync(t, ctx, g1)
+		g2 := fleetMember(t, name, inner, p, direct, untagged)
 		gs := []*fleet.Member{g1, g2}
-		pgbSync(t, ctx, g1, g2, g1, g2)
+		fleetSync(t, ctx, g1, g2, g1, g2)
 		checkFleet(t, ctx, admin, name, 4, gs)
 		if bs, _ := shares(gs); fmt.Sprint(bs) != "[2 2]" {
 			t.Fatalf("two instances, T=4, after two rounds each: B = %v, want [2 2]", bs)
@@ -751,8 +705,8 @@ func TestPgBouncerFleet(t *testing.T) {
 		name := fleetName(t) + "-tags"
 		p := fleetPolicy(4, 0)
 		direct := directCoordination(t)
-		g1 := pgbFleetGate(t, name, inner, p, direct) // tagging on: the default
-		pgbSync(t, ctx, g1)
+		g1 := fleetMember(t, name, inner, p, direct) // tagging on: the default
+		fleetSync(t, ctx, g1)
 		if _, err := g1.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
 			t.Fatal(err)
 		}
@@ -784,7 +738,7 @@ func TestPgBouncerFleet(t *testing.T) {
 			t.Fatal(err)
 		}
 		g2 := fleetGate(t, name, p)
-		pgbSync(t, ctx, g2)
+		fleetSync(t, ctx, g2)
 		if fs, s := g2.Stats(), g2.Gate().Stats(); fs.Orphans != 1 || s.MaxConcurrent != 3 {
 			t.Fatalf("a new instance while another client's transaction runs on the tagged server connection: %d orphans, B=%d; want 1, 3", fs.Orphans, s.MaxConcurrent)
 		}

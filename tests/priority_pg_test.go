@@ -4,7 +4,6 @@ package tests
 // lower priority is shed and the higher served first.
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -17,26 +16,16 @@ import (
 // having run nothing) and runs once the transaction commits; with the
 // budget free again, the low priority is served as before.
 func TestAHigherPriorityShedsTheLowerOneAndRunsFirstOnPostgreSQL(t *testing.T) {
-	ctx := pgTestCtx(t)
-	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 10 * time.Second, Workloads: map[string]bulkhead.Workload{
+	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 10 * time.Second, Workloads: map[string]bulkhead.Workload{
 		"high": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: 10 * time.Second, Priority: 1},
 		"low":  {MaxConcurrent: 1, MaxQueue: 1, QueueWait: 10 * time.Second},
 	}})
 	low := bulkhead.WithWorkload(ctx, "low")
 	high := bulkhead.WithWorkload(ctx, "high")
-	run := func(ctx context.Context) <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			_, err := db.ExecContext(ctx, "SELECT 1")
-			done <- err
-		}()
-		return done
-	}
-
 	holder := pgBegin(t, ctx, db)
-	lowDone := run(low)
+	lowDone := goExec(db, low, "SELECT 1")
 	awaitState(t, "the low-priority operation waits", func() bool { return g.Stats().Waiting == 1 })
-	highDone := run(high)
+	highDone := goExec(db, high, "SELECT 1")
 	select {
 	case err := <-lowDone:
 		if !errors.Is(err, bulkhead.ErrAdmissionFull) {
@@ -49,13 +38,11 @@ func TestAHigherPriorityShedsTheLowerOneAndRunsFirstOnPostgreSQL(t *testing.T) {
 	if s, _ := g.WorkloadStats("low"); s.RejectedFull != 1 || s.Admitted != 0 {
 		t.Fatalf("low workload %+v, want one RejectedFull and nothing admitted", s)
 	}
-	if err := holder.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, holder)
 	if err := <-highDone; err != nil {
 		t.Fatalf("high-priority operation: %v, want it run", err)
 	}
-	if err := <-run(low); err != nil {
+	if _, err := db.ExecContext(low, "SELECT 1"); err != nil {
 		t.Fatalf("low-priority operation with the budget free: %v, want it run", err)
 	}
 	if s, _ := g.WorkloadStats("high"); s.Admitted != 1 {

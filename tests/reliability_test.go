@@ -230,17 +230,6 @@ type relRig struct {
 	holds                     chan bulkhead.Event
 }
 
-func relOpenPlain(t testing.TB, url string, maxOpen int) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.SetMaxOpenConns(maxOpen)
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
 // relConfig is pgConfig with the process id in the application_name: the
 // same test running in two processes against one server (several go test
 // runs at once) must not count, kill or lock the other's sessions.
@@ -298,9 +287,9 @@ func newRelRig(t *testing.T, p bulkhead.Policy, o relRigOptions) *relRig {
 		t.Fatal(err)
 	}
 	r.g = g
-	r.ctl = relOpenPlain(t, o.serverURL, 8)
-	r.mon = &monitor{db: relOpenPlain(t, o.serverURL, 1), app: r.app}
-	r.poll = relStartServerPoll(&monitor{db: relOpenPlain(t, o.serverURL, 1), app: r.app})
+	r.ctl = openURL(t, o.serverURL, 8)
+	r.mon = &monitor{db: openURL(t, o.serverURL, 1), app: r.app}
+	r.poll = relStartServerPoll(&monitor{db: openURL(t, o.serverURL, 1), app: r.app})
 	t.Cleanup(func() { r.poll.stop() })
 	r.db = g.OpenDB()
 	t.Cleanup(func() { r.db.Close() })
@@ -454,10 +443,10 @@ func (r *relRig) holdRow(ctx context.Context, table string, id int64) *sql.Tx {
 	r.t.Helper()
 	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
-		r.t.Fatal(err)
+		r.t.Fatalf("begin the transaction holding row %d: %v", id, err)
 	}
 	if err := relInsert(ctx, tx, table, id); err != nil {
-		r.t.Fatal(err)
+		r.t.Fatalf("insert row %d: %v", id, err)
 	}
 	return tx
 }
@@ -949,15 +938,7 @@ func TestCancelledTransactionReleasesExactlyOnceWhileTheUserEndsItConcurrently(t
 	for i := range rounds {
 		id := int64(i)
 		ctx, cancel := context.WithTimeout(context.Background(), relBound)
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			cancel()
-			t.Fatalf("round %d: BeginTx: %v", i, err)
-		}
-		if err := relInsert(ctx, tx, table, id); err != nil {
-			cancel()
-			t.Fatalf("round %d: insert: %v", i, err)
-		}
+		tx := r.holdRow(ctx, table, id)
 		go cancel()
 		commit := i%2 == 1
 		var endErr error
@@ -1024,20 +1005,8 @@ func TestTransactionCancelledDuringAStatementGivesThePermitsBackOnce(t *testing.
 	base := r.ctx()
 	for i := range rounds {
 		ctx, cancel := context.WithCancel(base)
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			cancel()
-			t.Fatal(err)
-		}
-		if err := relInsert(ctx, tx, table, int64(i)); err != nil {
-			cancel()
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() {
-			_, err := tx.ExecContext(ctx, "SELECT pg_sleep(60)")
-			done <- err
-		}()
+		tx := r.holdRow(ctx, table, int64(i))
+		done := goExec(tx, ctx, "SELECT pg_sleep(60)")
 		r.serverUntil("the statement runs", relActive, 1)
 		cancel()
 		if err := relAwait(t, "statement of the cancelled transaction", done); !errors.Is(err, context.Canceled) {
@@ -1097,11 +1066,7 @@ func TestServerSideFaultsEndTheTransactionAndGiveThePermitsBack(t *testing.T) {
 			return err
 		}},
 		{"pg_cancel_backend", "57014", func(ctx context.Context, r *relRig, tx *sql.Tx) error {
-			done := make(chan error, 1)
-			go func() {
-				_, err := tx.ExecContext(ctx, "SELECT pg_sleep(60)")
-				done <- err
-			}()
+			done := goExec(tx, ctx, "SELECT pg_sleep(60)")
 			r.serverUntil("the statement runs", relActive, 1)
 			if _, err := r.ctl.ExecContext(ctx, `SELECT pg_cancel_backend(pid) FROM pg_stat_activity
 				WHERE application_name = $1 AND state = 'active'`, r.app); err != nil {
@@ -1428,11 +1393,7 @@ func TestLeakedRowsMakeTheNextCallerFailBoundedAndAreReportedAsAQuery(t *testing
 				if e.Kind != bulkhead.KindQuery || e.Held != 20*time.Millisecond {
 					t.Errorf("hold warning %+v, want Kind %v and Held 20ms", e, bulkhead.KindQuery)
 				}
-				done := make(chan error, 1)
-				go func() {
-					_, err := r.db.ExecContext(context.Background(), "SELECT 1")
-					done <- err
-				}()
+				done := goExec(r.db, context.Background(), "SELECT 1")
 				if err := relAwait(t, "next caller", done); !errors.Is(err, want) || !errors.Is(err, bulkhead.ErrRejected) {
 					t.Errorf("next caller: err = %v, want %v", err, want)
 				}
@@ -1517,13 +1478,7 @@ func TestEndingATransactionTwiceReturnsErrTxDoneWithoutAnotherRelease(t *testing
 	}
 	var want []int64
 	for i, e := range ends {
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := relInsert(ctx, tx, table, int64(i)); err != nil {
-			t.Fatal(err)
-		}
+		tx := r.holdRow(ctx, table, int64(i))
 		if err := e.first(tx); err != nil {
 			t.Fatalf("%s: first: %v", e.name, err)
 		}

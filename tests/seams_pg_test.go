@@ -81,16 +81,17 @@ func seamPgConfig(t *testing.T, suffix string) *pgx.ConnConfig {
 	return cfg
 }
 
-// seamPlain opens a plain *sql.DB (no gate) on inner, closed at the end
-// of the test.
-func seamPlain(t *testing.T, inner driver.Connector) *sql.DB {
-	t.Helper()
-	db := sql.OpenDB(inner)
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
 var seamPolicy = bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Minute}
+
+// seamOpen opens a *sql.DB on inner, through a gate under seamPolicy when
+// gated (its gate returned) or plain, closed at the end of the test.
+func seamOpen(t *testing.T, inner driver.Connector, gated bool) (*bulkhead.Gate, *sql.DB) {
+	t.Helper()
+	if gated {
+		return gateOn(t, inner, seamPolicy)
+	}
+	return nil, plainDB(t, inner)
+}
 
 // seamJoin makes a member of the fleet name on inner, its loop's interval
 // an hour (the test steps the rounds with Sync), its coordination session
@@ -98,17 +99,7 @@ var seamPolicy = bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.
 // closed at the end of the test.
 func seamJoin(t *testing.T, name string, inner driver.Connector, p bulkhead.Policy) *fleet.Member {
 	t.Helper()
-	coord := seamPgConfig(t, "_fc")
-	m, err := fleet.Join(name, inner, p, fleet.Interval(time.Hour), fleet.Coordinator(stdlib.GetConnector(*coord)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Gate().OpenDB().Close() })
-	// The loop's first round starts at once: let it start (Sync waits for
-	// a round in progress), so that it does not run between the test's
-	// steps.
-	awaitState(t, "the fleet loop's first round started", func() bool { return m.Stats().Rounds > 0 })
-	return m
+	return fleetMember(t, name, inner, p, fleet.Coordinator(stdlib.GetConnector(*seamPgConfig(t, "_fc"))))
 }
 
 func seamFleetName() string {
@@ -181,9 +172,7 @@ func TestAPreparedStatementRefusedAtAdmissionOnPostgreSQLDialsAndPreparesNothing
 				t.Fatalf("after the refused executions: RejectedFull %d (was %d), Running %d, Waiting %d; want two more, 1, %d", s.RejectedFull, full, s.Running, s.Waiting, q)
 			}
 
-			if err := tx.Commit(); err != nil {
-				t.Fatal(err)
-			}
+			txCommit(t, tx)
 			if q == 1 {
 				if err := <-waiting; err != nil {
 					t.Fatalf("the waiting operation: %v", err)
@@ -261,12 +250,7 @@ func TestTwoPreparesOfOneTextLeaveAsManyServerStatementsThroughTheGateAsWithout(
 				stdlib.GetConnector(*seamPgConfig(t, "_p")),
 				stdlib.GetConnector(*seamPgConfig(t, "_g")),
 			} {
-				var db *sql.DB
-				if i == 0 {
-					db = seamPlain(t, inner)
-				} else {
-					_, db = gateOn(t, inner, seamPolicy)
-				}
+				_, db := seamOpen(t, inner, i == 1)
 				if on == "sql.DB" {
 					counts[i] = steps(t, db)
 					continue
@@ -301,12 +285,7 @@ func TestPgxBeforeAndAfterConnectRunOncePerExecWithNoIdleConnectionAsWithoutTheG
 		inner := stdlib.GetConnector(*seamPgConfig(t, fmt.Sprintf("_%d", i)),
 			stdlib.OptionBeforeConnect(func(context.Context, *pgx.ConnConfig) error { before.Add(1); return nil }),
 			stdlib.OptionAfterConnect(func(context.Context, *pgx.Conn) error { after.Add(1); return nil }))
-		var db *sql.DB
-		if i == 0 {
-			db = seamPlain(t, inner)
-		} else {
-			_, db = gateOn(t, inner, seamPolicy)
-		}
+		_, db := seamOpen(t, inner, i == 1)
 		db.SetMaxIdleConns(0)
 		for range 2 {
 			if _, err := db.ExecContext(ctx, "select 1"); err != nil {
@@ -341,14 +320,7 @@ func TestAPingAfterTheIdleBackendsWereKilledLeavesAsManyConnectionsAsWithoutTheG
 	}
 	run := func(t *testing.T, gated bool) counts {
 		ctx := seamCtx(t)
-		inner := stdlib.GetConnector(*pgConfig(t))
-		var db *sql.DB
-		var g *bulkhead.Gate
-		if gated {
-			g, db = gateOn(t, inner, seamPolicy)
-		} else {
-			db = seamPlain(t, inner)
-		}
+		g, db := seamOpen(t, stdlib.GetConnector(*pgConfig(t)), gated)
 		db.SetMaxIdleConns(2) // database/sql's default, which pgx's test runs with
 		conns := takeConns(t, ctx, db, 3)
 		if n := db.Stats().OpenConnections; n != 3 {
@@ -391,11 +363,7 @@ func TestAPingAfterTheIdleBackendsWereKilledLeavesAsManyConnectionsAsWithoutTheG
 		// Two at once: database/sql hands out both idle connections.
 		var two []*sql.Conn
 		for range 2 {
-			c, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := takeConn(t, ctx, db)
 			if pid := seamPID(t, c); slices.Contains(pids, pid) {
 				t.Fatalf("after the Ping, a *sql.Conn is on backend %d, one of the terminated %v", pid, pids)
 			}
@@ -455,9 +423,7 @@ func TestASQLConnOfAFleetMemberNeverMovesToAnotherBackendAfterAStatementCutOffBy
 			mon := newMonitor(t)
 			name := seamFleetName()
 			m := seamJoin(t, name, arm.inner(pgConfig(t)), bulkhead.Policy{MaxConcurrent: 1, QueueWait: time.Minute})
-			if err := m.Sync(ctx); err != nil {
-				t.Fatal(err)
-			}
+			fleetSync(t, ctx, m)
 			if b := m.Gate().Stats().MaxConcurrent; b != 1 {
 				t.Fatalf("the only member of a fleet of T=1 runs on B=%d, want 1", b)
 			}
@@ -475,7 +441,7 @@ func TestASQLConnOfAFleetMemberNeverMovesToAnotherBackendAfterAStatementCutOffBy
 			// exclusively, and the lock the statement will wait for.
 			keys := fleet.LockKeys(name)
 			stmtKey := int64(os.Getpid())<<32 | time.Now().UnixNano()&0xffffffff
-			holder, err := seamPlain(t, stdlib.GetConnector(*seamPgConfig(t, "_h"))).Conn(ctx)
+			holder, err := plainDB(t, stdlib.GetConnector(*seamPgConfig(t, "_h"))).Conn(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -546,11 +512,7 @@ func TestASQLConnOfAFleetMemberNeverMovesToAnotherBackendAfterAStatementCutOffBy
 			// while it (or the tag before it) waits for a lock.
 			stmtCtx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			execDone := make(chan error, 1)
-			go func() {
-				_, err := conn.ExecContext(stmtCtx, "SELECT pg_advisory_xact_lock($1::int8)", stmtKey)
-				execDone <- err
-			}()
+			execDone := goExec(conn, stmtCtx, "SELECT pg_advisory_xact_lock($1::int8)", stmtKey)
 			awaitState(t, "the statement waits for a lock on the listening backend", waitingOn("l.pid = $1", int64(pid)))
 			cancel()
 			if err := <-execDone; !errors.Is(err, context.Canceled) {
@@ -597,17 +559,13 @@ func TestAFleetMemberWithNoShareAnswersPing(t *testing.T) {
 	name := seamFleetName()
 	p := bulkhead.Policy{MaxConcurrent: 1, QueueWait: time.Minute}
 	first := seamJoin(t, name, stdlib.GetConnector(*seamPgConfig(t, "_1")), p)
-	if err := first.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, first)
 	if s := first.Stats(); s.Share != 1 {
 		t.Fatalf("the first member of a fleet of T=1 has share %d, want 1", s.Share)
 	}
 	cfg := seamPgConfig(t, "_2")
 	second := seamJoin(t, name, stdlib.GetConnector(*cfg), p)
-	if err := second.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, ctx, second)
 	if s, b := second.Stats(), second.Gate().Stats().MaxConcurrent; s.Share != 0 || b != 0 || s.Instances != 2 {
 		t.Fatalf("a second member joining a full fleet of T=1: share %d, B=%d, %d instances; want 0, 0, 2", s.Share, b, s.Instances)
 	}
@@ -649,23 +607,11 @@ func seamMySQL(t *testing.T) (driver.Connector, *sql.DB) {
 func TestRawOnMariaDBHandsAnExecerAndAQueryerThatRunMultipleStatements(t *testing.T) {
 	ctx := seamCtx(t)
 	inner, setup := seamMySQL(t)
-	table := fmt.Sprintf("bh_seams_%d_%d", os.Getpid(), time.Now().UnixNano())
-	if _, err := setup.ExecContext(ctx, "CREATE TABLE "+table+" (id INT NOT NULL AUTO_INCREMENT, value VARCHAR(255), PRIMARY KEY (id))"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if _, err := setup.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
-			t.Errorf("drop %s: %v", table, err)
-		}
-	})
+	table := tempTable(t, setup, "id INT NOT NULL AUTO_INCREMENT, value VARCHAR(255), PRIMARY KEY (id)")
 	g, db := gateOn(t, inner, seamPolicy)
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := takeConn(t, ctx, db)
 	inserts := "INSERT INTO " + table + " (value) VALUES ('a'), ('b'); INSERT INTO " + table + " (value) VALUES ('c'), ('d'), ('e');"
-	err = conn.Raw(func(dc any) error {
+	err := conn.Raw(func(dc any) error {
 		//lint:ignore SA1019 the legacy interfaces are what the driver's tests assert
 		ex, okE := dc.(driver.Execer)
 		//lint:ignore SA1019 as above

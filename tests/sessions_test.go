@@ -27,11 +27,7 @@ func TestAListeningConnHoldsAServerConnectionButNoPermit(t *testing.T) {
 
 	t.Run("B=2, Q=0: two transactions run beside the listener", func(t *testing.T) {
 		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 2})
-		listener, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer listener.Close()
+		listener := takeConn(t, ctx, db)
 		if s := g.Stats(); s.OpenConns != 0 {
 			t.Fatalf("a *sql.Conn taken but unused: %d server connections, want 0", s.OpenConns)
 		}
@@ -47,7 +43,7 @@ func TestAListeningConnHoldsAServerConnectionButNoPermit(t *testing.T) {
 		if s := g.Stats(); s.Running != 2 || s.OpenConns != 3 {
 			t.Errorf("two transactions beside the listener: Running=%d OpenConns=%d, want 2 and 3", s.Running, s.OpenConns)
 		}
-		_, err = db.BeginTx(ctx, nil)
+		_, err := db.BeginTx(ctx, nil)
 		var re *bulkhead.RejectedError
 		if !errors.Is(err, bulkhead.ErrAdmissionFull) || !errors.As(err, &re) {
 			t.Fatalf("a third BeginTx with B=2 running: %v, want ErrAdmissionFull", err)
@@ -64,11 +60,7 @@ func TestAListeningConnHoldsAServerConnectionButNoPermit(t *testing.T) {
 
 	t.Run("B=2, Q=2: load beside the listener", func(t *testing.T) {
 		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second})
-		listener, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer listener.Close()
+		listener := takeConn(t, ctx, db)
 		if _, err := listener.ExecContext(ctx, "LISTEN "+channel); err != nil {
 			t.Fatal(err)
 		}
@@ -106,7 +98,7 @@ func TestAListeningConnHoldsAServerConnectionButNoPermit(t *testing.T) {
 		if _, err := db.ExecContext(ctx, "NOTIFY "+channel+", 'hello'"); err != nil {
 			t.Fatal(err)
 		}
-		err = listener.Raw(func(dc any) error {
+		err := listener.Raw(func(dc any) error {
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
 			u, err := bulkhead.Unwrap(dc)

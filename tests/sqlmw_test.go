@@ -52,9 +52,7 @@ func sqlmwOpen(t *testing.T, intr sqlmw.Interceptor) *sql.DB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db := sql.OpenDB(c)
-	t.Cleanup(func() { db.Close() })
-	return db
+	return plainDB(t, c)
 }
 
 // sqlmwLog is an interceptor that logs every statement it sees, with its
@@ -137,8 +135,7 @@ func TestSqlmwClaimsValidatorSoDatabaseSQLKeepsACancelledTransactionsDeadConnect
 		openAfterward int
 	}{
 		{"pgx", func(t *testing.T) (*sql.DB, func() int) {
-			db := stdlib.OpenDB(*pgConfig(t))
-			t.Cleanup(func() { db.Close() })
+			db := plainDB(t, stdlib.GetConnector(*pgConfig(t)))
 			return db, func() int { return db.Stats().OpenConnections }
 		}, false, 0},
 		{"gate over pgx", func(t *testing.T) (*sql.DB, func() int) {
@@ -200,12 +197,8 @@ func TestSqlmwClaimsValidatorSoDatabaseSQLKeepsACancelledTransactionsDeadConnect
 func TestSqlmwRawYieldsItsOwnWrapperSoPgxIsUnreachable(t *testing.T) {
 	ctx := pgTestCtx(t)
 	db := sqlmwOpen(t, sqlmw.NullInterceptor{})
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	err = conn.Raw(func(dc any) error {
+	conn := takeConn(t, ctx, db)
+	err := conn.Raw(func(dc any) error {
 		if got := fmt.Sprintf("%T", dc); got != "sqlmw.wrappedConn" {
 			return fmt.Errorf("Raw handed %s, want sqlmw.wrappedConn", got)
 		}
@@ -305,11 +298,7 @@ func TestTheGateOutsideSqlmwRejectsBeforeTheInterceptorSeesAnything(t *testing.T
 		t.Fatalf("operation while B is busy: got %v, want ErrQueueTimeout", err)
 	}
 	// B runs and Q waits: rejected at admission.
-	waiting := make(chan error, 1)
-	go func() {
-		_, err := db.ExecContext(bulkhead.WithQueueWait(ctx, time.Minute), "SELECT 'waits, then runs'")
-		waiting <- err
-	}()
+	waiting := goExec(db, bulkhead.WithQueueWait(ctx, time.Minute), "SELECT 'waits, then runs'")
 	awaitState(t, "an operation waits for the execution permit", func() bool { return g.Stats().Waiting == 1 })
 	if _, err := db.ExecContext(ctx, "SELECT 'rejected at admission'"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("operation while B runs and Q waits: got %v, want ErrAdmissionFull", err)
@@ -317,9 +306,7 @@ func TestTheGateOutsideSqlmwRejectsBeforeTheInterceptorSeesAnything(t *testing.T
 	if got := l.log(); len(got) != seen {
 		t.Errorf("the interceptor saw rejected operations: %q", got[seen:])
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	if err := <-waiting; err != nil {
 		t.Fatal(err)
 	}
@@ -367,9 +354,7 @@ func TestSqlmwOutsideTheGateSeesRejectionsAsErrors(t *testing.T) {
 	if got := l.log(); !slices.Equal(got, want) {
 		t.Errorf("the interceptor saw %q, want %q", got, want)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	txCommit(t, tx)
 	if s := g.Stats(); s.RejectedTimeout != 1 || s.Admitted != 1 {
 		t.Errorf("RejectedTimeout=%d Admitted=%d, want 1 and 1", s.RejectedTimeout, s.Admitted)
 	}

@@ -109,19 +109,8 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 		return ws.Running == 2 && ws.Waiting == 2
 	})
 
-	var peakBatchServer atomic.Int64
-	stopPoll := pollServer(func() bool {
-		var n int64
-		q := `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle'
-		        AND xact_start < statement_timestamp() AND query LIKE '%pg_sleep(0.2)%' AND pid <> pg_backend_pid()`
-		if err := m.db.QueryRowContext(ctx, q, m.app).Scan(&n); err != nil {
-			return false
-		}
-		if n > peakBatchServer.Load() {
-			peakBatchServer.Store(n)
-		}
-		return true
-	})
+	stopPoll := serverPeak(t, ctx, m.db, `SELECT count(*), '' FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle'
+	        AND xact_start < statement_timestamp() AND query LIKE '%pg_sleep(0.2)%' AND pid <> pg_backend_pid()`, m.app)
 
 	var interactiveRejected, interactiveFailed atomic.Int64
 	var iwg sync.WaitGroup
@@ -144,7 +133,7 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	iwg.Wait()
 	close(stop)
 	wg.Wait()
-	stopPoll()
+	peakBatchServer, _, _ := stopPoll()
 
 	ws, _ := g.WorkloadStats("batch")
 	s := g.Stats()
@@ -155,7 +144,7 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	t.Logf("interactive: %d ops, %d rejected, %d failed; wait p50 %v, p99 %v, max %v (own bound %v)",
 		len(waits), interactiveRejected.Load(), interactiveFailed.Load(), p50, p99, maxw, interactiveWait)
 	t.Logf("batch: %d committed, %d rejected (workload stats: admitted %d, full %d, timeout %d); peak batch transactions on the server %d",
-		batchOK.Load(), batchRejected.Load(), ws.Admitted, ws.RejectedFull, ws.RejectedTimeout, peakBatchServer.Load())
+		batchOK.Load(), batchRejected.Load(), ws.Admitted, ws.RejectedFull, ws.RejectedTimeout, peakBatchServer)
 	t.Logf("global: %+v", s)
 
 	if v := batchErr.Load(); v != nil {
@@ -174,7 +163,7 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	if batchRejected.Load() == 0 || ws.RejectedFull+ws.RejectedTimeout == 0 {
 		t.Fatal("the batch workload was never rejected: it was not saturated")
 	}
-	if n := peakBatchServer.Load(); n > 2 {
+	if n := peakBatchServer; n > 2 {
 		t.Fatalf("%d batch transactions on the server at once, want at most B_w=2", n)
 	}
 	if s.Running != 0 || s.Waiting != 0 || ws.Running != 0 || ws.Waiting != 0 {
