@@ -8,16 +8,10 @@ import (
 	"time"
 )
 
-// The permit protocol: in each of its budgets in turn, its workload's if any,
-// then the global one, an operation takes an admission permit without
-// waiting, then an execution permit in order within its queue wait and its
-// deadline. So an operation queued in its workload's budget holds nothing of
-// the global one. Only then does it get a server connection. Its permits come
-// back once (Gate.release).
-
-// budget is two semaphores under one mutex: B+Q admission permits tried
-// without waiting, and B execution permits handed out by priority, then deadline (passage.before).
-// It starts no goroutine and never waits without bound.
+// budget is two semaphores under one mutex (docs/design.md, The budget): B+Q
+// admission permits tried without waiting, and B execution permits handed
+// out by priority, then deadline (passage.before). It starts no goroutine
+// and never waits without bound.
 type budget struct {
 	name string // the workload's; "" for the global budget
 
@@ -261,7 +255,7 @@ func (l *budget) releaseHold(held, base time.Duration, under int) {
 	}
 	l.mu.Unlock()
 	if moved && l.onMove != nil {
-		emitMove(l.onMove, m)
+		emit(l.onMove, m)
 	}
 }
 
@@ -292,13 +286,6 @@ func (l *budget) observeLocked(held, base time.Duration, under int) (moved bool)
 // lateness is what an operation refused with ErrWouldMissDeadline was
 // judged on: its class's hold, the wait expected ahead, the time left.
 type lateness struct{ hold, ahead, left time.Duration }
-
-// refused confirms, with its class, the refusal ps's plan at now makes for
-// its deadline; false makes ps its class's probe.
-func (late lateness) refused(ps *passage, now time.Time) bool {
-	refuse, _ := ps.class.judge(now, ps.deadline, late.ahead)
-	return refuse
-}
 
 // grantLocked serves waiters while there is room (in dry-run, all), sending
 // away those now late, and closes drained once running is within the ceiling.
@@ -544,16 +531,13 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		l.mu.Unlock()
 		return ErrClosed
 	}
-	switch {
-	case full:
+	if full {
 		w := l.tail
 		l.unlinkLocked(w)
 		w.shed = true // its admission permit is this operation's now
 		w.sendAway(l.causeLocked(ErrAdmissionFull))
-	case l.admitted >= l.b+l.qLocked():
-		ps.over = true
-		l.admitted++
-	default:
+	} else {
+		ps.over = l.admitted >= l.b+l.qLocked() // dry-run
 		l.admitted++
 	}
 	switch {
@@ -575,14 +559,16 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		now = time.Now()
 	}
 	end, left := l.planLocked(ps, now)
-	if left <= 0 && end.cause == ErrWouldMissDeadline && !ps.late.refused(ps, now) {
-		ps.probe = true // it goes, to measure its class again
-		end, left = l.planLocked(ps, now)
+	if left <= 0 && end.cause == ErrWouldMissDeadline {
+		if refuse, _ := ps.class.judge(now, ps.deadline, ps.late.ahead); !refuse {
+			ps.probe = true // its class's probe: it goes, to measure the class again
+			end, left = l.planLocked(ps, now)
+		}
 	}
 	if left <= 0 {
 		l.admitted--
 		l.wantLocked() // refused for want of a permit: demand beyond b
-		err := l.rejectLocked(ps, end.cause, 0)
+		err := l.rejectLocked(end.cause, ps.late, 0, ps.waited())
 		l.mu.Unlock()
 		return err
 	}
@@ -650,7 +636,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	}
 	if err == nil || w.shed {
 		l.wantLocked()
-		err = l.rejectLocked(ps, cause, queued)
+		err = l.rejectLocked(cause, ps.late, queued, ps.waited())
 	}
 	l.mu.Unlock()
 	return err
@@ -708,21 +694,20 @@ func (l *budget) fullLocked() error {
 	return &e
 }
 
-// rejection is a rejection for cause, with what l holds now.
-func (l *budget) rejection(cause error, late lateness) *RejectedError {
+// rejection is a rejection for cause after waited, with what l holds now.
+func (l *budget) rejection(cause error, late lateness, waited time.Duration) *RejectedError {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.leaseLocked()
-	return &RejectedError{Cause: cause, Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.qLocked(),
-		Running: l.running, Waiting: l.waiting, Hold: late.hold, Ahead: late.ahead, Left: late.left}
+	return l.rejectLocked(cause, late, 0, waited)
 }
 
-// rejectLocked is ps's rejection for cause; queued is 1 if it counts as waiting.
-func (l *budget) rejectLocked(ps *passage, cause error, queued int) error {
+// rejectLocked is rejection with l.mu held; queued is 1 if it counts as waiting.
+func (l *budget) rejectLocked(cause error, late lateness, queued int, waited time.Duration) *RejectedError {
 	e := &RejectedError{Cause: l.causeLocked(cause), Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.qLocked(),
-		Running: l.running, Waiting: l.waiting + queued, Waited: ps.waited()}
+		Running: l.running, Waiting: l.waiting + queued, Waited: waited}
 	if cause == ErrWouldMissDeadline {
-		e.Hold, e.Ahead, e.Left = ps.late.hold, ps.late.ahead, ps.late.left
+		e.Hold, e.Ahead, e.Left = late.hold, late.ahead, late.left
 	}
 	return e
 }
@@ -837,13 +822,13 @@ func (g *Gate) admitted(p *permit) error {
 	var re *RejectedError
 	inc := func(l *budget) { l.nLease.Add(1) }
 	if !p.lease.IsZero() && leaseOver(p.lease) {
-		re = g.global.rejection(ErrLeaseExpired, lateness{})
+		re = g.global.rejection(ErrLeaseExpired, lateness{}, p.waited)
 	} else if top > 0 && !dl.IsZero() && p.start.Add(time.Duration(top)).After(dl) {
 		if p.class.c == nil { // no class holds longer than top: only then is it looked up
 			p.class = g.est.ref(p.key(), false)
 		}
 		if late, e := p.class.judge(p.start, dl, 0); late {
-			re = g.global.rejection(ErrWouldMissDeadline, lateness{hold: e, left: dl.Sub(p.start)})
+			re = g.global.rejection(ErrWouldMissDeadline, lateness{hold: e, left: dl.Sub(p.start)}, p.waited)
 			inc = func(l *budget) { l.nDeadline.Add(1) }
 		} else if e > 0 && p.start.Add(e).After(dl) {
 			p.measure, p.probe = true, true // its class's probe
@@ -851,7 +836,6 @@ func (g *Gate) admitted(p *permit) error {
 	}
 	if re != nil {
 		g.unused(p, inc)
-		re.Waited = p.waited
 		if g.opt.events.OnReject != nil {
 			g.reportReject(p, re)
 		}
