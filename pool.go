@@ -234,9 +234,7 @@ func (p *pool) dial(ctx context.Context) {
 		p.open--
 		var ch chan got
 		if len(p.reqs) > p.dialing {
-			ch = p.reqs[0]
-			p.reqs = p.reqs[1:]
-			p.waiters.Store(int32(len(p.reqs)))
+			ch = p.popLocked()
 		}
 		p.mu.Unlock()
 		if ch != nil {
@@ -271,10 +269,7 @@ func (p *pool) park(s *session, used bool) bool {
 	if p.waiters.Load() > 0 { // a caller began to wait for a session as it parked: it is theirs
 		p.mu.Lock()
 		if len(p.reqs) > 0 && !p.closed && p.unpark(s) {
-			ch := p.reqs[0]
-			p.reqs = p.reqs[1:]
-			p.waiters.Store(int32(len(p.reqs)))
-			ch <- got{s: s}
+			p.popLocked() <- got{s: s}
 		}
 		p.mu.Unlock()
 	}
@@ -328,10 +323,7 @@ func (p *pool) giveBack(s *session, used, logical bool) (keep bool) {
 // returns the sessions to close.
 func (p *pool) handLocked(s *session) []*session {
 	if len(p.reqs) > 0 && !p.closed {
-		ch := p.reqs[0]
-		p.reqs = p.reqs[1:]
-		p.waiters.Store(int32(len(p.reqs)))
-		ch <- got{s: s}
+		p.popLocked() <- got{s: s}
 		return nil
 	}
 	if p.closed || p.spare() {
@@ -341,6 +333,14 @@ func (p *pool) handLocked(s *session) []*session {
 	p.idle = append(p.idle, s)
 	p.nIdle.Store(int64(len(p.idle)))
 	return p.trimLocked()
+}
+
+// popLocked takes the first waiter out of the queue.
+func (p *pool) popLocked() chan got {
+	ch := p.reqs[0]
+	p.reqs = p.reqs[1:]
+	p.waiters.Store(int32(len(p.reqs)))
+	return ch
 }
 
 // trimLocked takes out the coldest idle sessions beyond the logical ones.
@@ -583,11 +583,7 @@ func (s *session) exec(ctx context.Context, query string, args []driver.NamedVal
 	if s.execer != nil {
 		return s.execer.ExecContext(ctx, query, args)
 	}
-	dargs, err := legacyArgs(ctx, args)
-	if err != nil {
-		return nil, err
-	}
-	return s.legacyExecer.Exec(query, dargs) //lint:ignore SA1019 legacy drivers have nothing else
+	return legacy(ctx, args, func(args []driver.Value) (driver.Result, error) { return s.legacyExecer.Exec(query, args) })
 }
 
 // query runs query on s, whose driver has a Queryer of either form.
@@ -595,21 +591,22 @@ func (s *session) query(ctx context.Context, query string, args []driver.NamedVa
 	if s.queryer != nil {
 		return s.queryer.QueryContext(ctx, query, args)
 	}
-	dargs, err := legacyArgs(ctx, args)
-	if err != nil {
-		return nil, err
-	}
-	return s.legacyQueryer.Query(query, dargs) //lint:ignore SA1019 legacy drivers have nothing else
+	return legacy(ctx, args, func(args []driver.Value) (driver.Rows, error) { return s.legacyQueryer.Query(query, args) })
 }
 
-// legacyArgs checks args for a legacy driver call: no names, ctx not ended.
-func legacyArgs(ctx context.Context, named []driver.NamedValue) ([]driver.Value, error) {
+// legacy calls a legacy driver method f with named's values, as
+// database/sql does: an error if one has a name or ctx ended.
+func legacy[T any](ctx context.Context, named []driver.NamedValue, f func([]driver.Value) (T, error)) (T, error) {
+	var zero T
 	args := make([]driver.Value, len(named))
 	for i, nv := range named {
 		if nv.Name != "" {
-			return nil, errors.New("bulkhead: driver does not support the use of named parameters")
+			return zero, errors.New("bulkhead: driver does not support the use of named parameters")
 		}
 		args[i] = nv.Value
 	}
-	return args, ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return zero, err
+	}
+	return f(args)
 }
