@@ -372,13 +372,38 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 }
 
 // runQuery runs run, which returns the driver's rows and a statement to
-// close with them, in c's open transaction, else by runRows.
+// close with them, in c's open transaction, else as an autocommit query
+// whose rows (c's, or new ones while c's are open) hold its permits; on an
+// error or a panic they are released.
 func (c *conn) runQuery(ctx context.Context, text string, run func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
 	if c.bad {
 		return nil, driver.ErrBadConn
 	}
 	if !c.tx.open {
-		return c.runRows(ctx, text, run)
+		r := &c.rows
+		if r.open {
+			r = &rows{c: c}
+		}
+		if err := c.start(ctx, KindQuery, text, &r.p); err != nil {
+			return nil, err
+		}
+		returned, handed := false, false
+		defer func() {
+			if !returned {
+				c.lose()
+			}
+			if !handed {
+				c.g.release(&r.p)
+			}
+		}()
+		ri, si, err := run()
+		returned = true
+		if err != nil {
+			return nil, opErr(ctx, err)
+		}
+		r.inner, r.stmt, r.open = ri, si, true
+		handed = true
+		return r, nil
 	}
 	if err := c.inTx(ctx, text); err != nil {
 		return nil, err
@@ -422,35 +447,6 @@ func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue
 	return ri, si, nil
 }
 
-// runRows runs run as an autocommit query whose rows (c's, or new ones while
-// c's are open) hold its permits; on an error or a panic they are released.
-func (c *conn) runRows(ctx context.Context, text string, run func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
-	r := &c.rows
-	if r.open {
-		r = &rows{c: c}
-	}
-	if err := c.start(ctx, KindQuery, text, &r.p); err != nil {
-		return nil, err
-	}
-	returned, handed := false, false
-	defer func() {
-		if !returned {
-			c.lose()
-		}
-		if !handed {
-			c.g.release(&r.p)
-		}
-	}()
-	ri, si, err := run()
-	returned = true
-	if err != nil {
-		return nil, opErr(ctx, err)
-	}
-	r.inner, r.stmt, r.open = ri, si, true
-	handed = true
-	return r, nil
-}
-
 // tx is a conn's open transaction, holding both permits.
 type tx struct {
 	c     *conn
@@ -462,7 +458,8 @@ type tx struct {
 
 func (t *tx) Commit() error {
 	returned := false
-	defer t.finish(&returned)
+	defer t.end()
+	defer t.c.finish(nil, &returned)
 	err := t.inner.Commit()
 	returned = true
 	return ctxErr(t.ctx, err)
@@ -472,21 +469,14 @@ func (t *tx) Commit() error {
 // discarded unless the driver can reset and validate it (keepConnOnRollback).
 func (t *tx) Rollback() error {
 	returned := false
-	defer t.finish(&returned)
+	defer t.end()
+	defer t.c.finish(nil, &returned)
 	if s := t.c.s; s != nil && (s.resetter == nil || s.validator == nil) && t.ctx.Err() != nil {
 		t.c.bad = true
 	}
 	err := t.inner.Rollback()
 	returned = true
 	return ctxErr(t.ctx, err)
-}
-
-// finish is conn.finish for Commit and Rollback.
-func (t *tx) finish(returned *bool) {
-	if !*returned {
-		t.c.lose()
-	}
-	t.end()
 }
 
 // end releases the transaction's permits, once.
