@@ -167,18 +167,16 @@ func leaseOver(until time.Time) bool {
 	return !now.Before(until) || !now.Round(0).Before(until.Round(0))
 }
 
-// limits returns b for the pool's sessions, the execution permits held, and
-// whether they are enforced (not in dry-run): pool.limit.
-// b is the highest in force within keepPeak, so that a B that moves up and
-// down (Policy.Adaptive) keeps its sessions instead of closing and
-// dialing them again.
-func (l *budget) limits() (b, running int, enforced bool) {
+// limits is pool.limit: the highest b in force within keepPeak, so that a B
+// moving up and down (Policy.Adaptive) keeps its sessions, and whether it is
+// enforced (not in dry-run, not closed).
+func (l *budget) limits() (b int, enforced bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.peak > l.b && time.Since(l.peakAt) > keepPeak {
 		l.peak = l.b
 	}
-	return max(l.b, l.peak), l.running, !l.dryRun && !l.closed
+	return max(l.b, l.peak), !l.dryRun && !l.closed
 }
 
 const (
@@ -517,7 +515,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		shed := !l.closed && l.tail != nil && l.tail.prio < ps.prio
 		if shed {
 			now = time.Now()
-			_, left := l.planLocked(ps, now)
+			_, _, left := l.planLocked(ps, now)
 			shed = left > 0
 		}
 		if !shed {
@@ -558,17 +556,17 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	if now.IsZero() {
 		now = time.Now()
 	}
-	end, left := l.planLocked(ps, now)
-	if left <= 0 && end.cause == ErrWouldMissDeadline {
+	at, cause, left := l.planLocked(ps, now)
+	if left <= 0 && cause == ErrWouldMissDeadline {
 		if refuse, _ := ps.class.judge(now, ps.deadline, ps.late.ahead); !refuse {
 			ps.probe = true // its class's probe: it goes, to measure the class again
-			end, left = l.planLocked(ps, now)
+			at, cause, left = l.planLocked(ps, now)
 		}
 	}
 	if left <= 0 {
 		l.admitted--
 		l.wantLocked() // refused for want of a permit: demand beyond b
-		err := l.rejectLocked(end.cause, ps.late, 0, ps.waited())
+		err := l.rejectLocked(cause, ps.late, 0, ps.waited())
 		l.mu.Unlock()
 		return err
 	}
@@ -596,7 +594,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	switch {
 	case ps.timer == nil:
 		ps.timer = time.NewTimer(left)
-	case !end.at.Equal(ps.timerEnd): // the earlier wait ended with a grant
+	case !at.Equal(ps.timerEnd): // the earlier wait ended with a grant
 		if !ps.timer.Stop() {
 			select {
 			case <-ps.timer.C:
@@ -605,7 +603,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		}
 		ps.timer.Reset(left)
 	}
-	ps.timerEnd = end.at
+	ps.timerEnd = at
 	var err error
 	select {
 	case <-w.ready:
@@ -621,7 +619,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	}
 	l.mu.Lock()
 	l.leaseLocked()
-	queued, cause := 1, end.cause
+	queued := 1
 	switch {
 	case w.granted:
 		l.running-- // granted as the wait ended: hand it on
@@ -642,26 +640,21 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	return err
 }
 
-// waitEnd is when a wait for an execution permit ends, and the rejection's cause then.
-type waitEnd struct {
-	at    time.Time
-	cause error
-}
-
-// planLocked returns when ps's wait in l, starting at now, must end, and
-// the time left until then; none left means it is refused at once (for its
-// deadline, ps.late says why). A deadline bounds the wait by the class's
-// hold: those ahead and this one are served after about (ahead+1) times
-// the gap between two grants the queue measured (before any, h/b with h
-// the budget's median hold), and it must then hold its permits in time.
-func (l *budget) planLocked(ps *passage, now time.Time) (waitEnd, time.Duration) {
+// planLocked returns when ps's wait in l, starting at now, must end, the
+// rejection's cause then, and the time left until then; none left means it
+// is refused at once (for its deadline, ps.late says why). A deadline bounds
+// the wait by the class's hold: those ahead and this one are served after
+// about (ahead+1) times the gap between two grants the queue measured
+// (before any, h/b with h the budget's median hold), and it must then hold
+// its permits in time.
+func (l *budget) planLocked(ps *passage, now time.Time) (at time.Time, cause error, left time.Duration) {
 	start := ps.start
 	if start.IsZero() {
 		start = now
 	}
-	end := waitEnd{start.Add(ps.limit), ErrQueueTimeout}
+	at, cause = start.Add(ps.limit), ErrQueueTimeout
 	if ps.deadline.IsZero() || ps.probe {
-		return end, end.at.Sub(now)
+		return at, cause, at.Sub(now)
 	}
 	if e, ok := ps.class.estimate(now); ok {
 		behind := 0
@@ -675,13 +668,13 @@ func (l *budget) planLocked(ps *passage, now time.Time) (waitEnd, time.Duration)
 		ahead := time.Duration(l.waiting-behind+1) * per
 		if now.Add(ahead + e).After(ps.deadline) {
 			ps.late = lateness{hold: e, ahead: ahead, left: ps.deadline.Sub(now)}
-			end = waitEnd{now, ErrWouldMissDeadline} // refused at once
-		} else if last := ps.deadline.Add(-e); last.Before(end.at) {
+			at, cause = now, ErrWouldMissDeadline // refused at once
+		} else if last := ps.deadline.Add(-e); last.Before(at) {
 			ps.late = lateness{hold: e, left: e}
-			end = waitEnd{last, ErrWouldMissDeadline}
+			at, cause = last, ErrWouldMissDeadline
 		}
 	}
-	return end, end.at.Sub(now)
+	return at, cause, at.Sub(now)
 }
 
 // fullLocked is the rejection of an operation that finds admission full.
