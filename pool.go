@@ -11,16 +11,9 @@ import (
 	"time"
 )
 
-// The server connections (sessions). A logical connection database/sql
-// takes back keeps its session parked: its next operation, or anyone who
-// finds no idle session (under the pool's lock), takes it with one CAS.
-// Invariants: sessions never outnumber logical connections; idle logical
-// connections never outnumber idle or parked sessions (one beyond is
-// reported invalid or bad, and database/sql discards it); and a session
-// given back beside another free one is closed if, with it, the free
-// sessions would outnumber B less the execution permits held (pool.spare).
-
-// Session states: held by one holder, parked, or closed.
+// The server connections (sessions); their rules are docs/design.md's
+// Server connections. A session is held by one holder, parked on the logical
+// connection database/sql took back (taken with one CAS), or closed.
 const (
 	held int32 = iota
 	parked
@@ -71,10 +64,9 @@ type pool struct {
 	connector   driver.Connector
 	dialTimeout time.Duration
 	init        func(context.Context, driver.Conn) error // WithConnInit's, or nil
-	// limit returns the global budget's B in force and its execution permits
-	// held, and whether it enforces them (not in dry-run); nil: never. It is
-	// called with or without mu held.
-	limit func() (b, running int, enforced bool)
+	// limit returns the global budget's B for the sessions, and whether it is
+	// enforced (budget.limits); called with or without mu held.
+	limit func() (b int, enforced bool)
 
 	mu          sync.Mutex
 	idle        []*session // held by the pool; the last is the one given back last
@@ -105,10 +97,8 @@ type got struct {
 // errBad: the driver found a session dead (ErrBadConn on reset or ping).
 var errBad = errors.New("bulkhead: the driver found the server connection bad")
 
-// lingerWait is how long a caller that finds no free session waits for a
-// give-back before dialing, once B sessions are open: at most B operations
-// run, so one session is between operations (its operation just ended, or
-// a *sql.Conn keeps it).
+// lingerWait is how long a caller that finds no free session with B open
+// waits for a give-back before dialing (docs/design.md).
 var lingerWait = 2 * time.Millisecond // a variable for tests
 
 // get takes the idle session given back last, else a parked one, else
@@ -146,7 +136,7 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 	var later *time.Timer
 	if p.dialing < len(p.reqs) {
 		dctx := context.WithoutCancel(ctx)
-		if b, _, on := p.limits(); on && p.open >= b {
+		if b, on := p.limit(); on && p.open >= b {
 			later = time.AfterFunc(lingerWait, func() { p.dialFor(dctx, ch) })
 		} else {
 			p.dialLocked(dctx)
@@ -177,14 +167,6 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 		}
 		return nil, ctx.Err()
 	}
-}
-
-// limits is limit's answer; never enforced without limit.
-func (p *pool) limits() (b, running int, enforced bool) {
-	if p.limit == nil {
-		return 0, 0, false
-	}
-	return p.limit()
 }
 
 // dialLocked starts a dial for the waiters.
@@ -284,16 +266,13 @@ func (p *pool) excess(leaving int64) bool {
 	return p.idleLogical.Load()-p.parked.Load()-leaving > int64(len(p.idle)+p.dialing)
 }
 
-// take holds a parked s; anyone but its logical connection holds p.mu.
-func (s *session) take() bool { return s.state.CompareAndSwap(parked, held) }
-
-// unpark is take, counted.
+// unpark holds a parked s, counted; anyone but its logical connection holds p.mu.
 func (p *pool) unpark(s *session) bool {
-	if s.take() {
-		p.parked.Add(-1)
-		return true
+	if !s.state.CompareAndSwap(parked, held) {
+		return false
 	}
-	return false
+	p.parked.Add(-1)
+	return true
 }
 
 // giveBack is put, for s if not nil; with logical, it also reports whether
@@ -356,12 +335,11 @@ func (p *pool) trimLocked() []*session {
 	return out
 }
 
-// spare reports whether a session given back now, with nobody waiting
-// for one, would be beyond what the budget can run: another is idle or
-// parked, and with it the free ones and those running operations outnumber
-// B. An operation granted its permits but not its session yet counts among
-// the free ones' takers, not the running: a give-back racing its grant is
-// not spare. Sessions kept between operations (a *sql.Conn) are not counted.
+// spare reports whether a session given back now, with nobody waiting for
+// one, is beyond what the budget can run: another is free (idle or parked),
+// and the free ones with it and those of running operations (inOps, not a
+// *sql.Conn's) outnumber B; one still binding its session is not in inOps,
+// so a give-back racing its grant is not spare.
 func (p *pool) spare() bool {
 	// inOps first: a session taken leaves the free ones before its
 	// operation counts in inOps, so this order never counts it twice.
@@ -370,7 +348,7 @@ func (p *pool) spare() bool {
 	if free == 0 {
 		return false
 	}
-	b, _, on := p.limits()
+	b, on := p.limit()
 	return on && free+1+in > b
 }
 
