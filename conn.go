@@ -372,38 +372,13 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 }
 
 // runQuery runs run, which returns the driver's rows and a statement to
-// close with them, in c's open transaction, else as an autocommit query
-// whose rows (c's, or new ones while c's are open) hold its permits; on an
-// error or a panic they are released.
+// close with them, in c's open transaction, else by runRows.
 func (c *conn) runQuery(ctx context.Context, text string, run func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
 	if c.bad {
 		return nil, driver.ErrBadConn
 	}
 	if !c.tx.open {
-		r := &c.rows
-		if r.open {
-			r = &rows{c: c}
-		}
-		if err := c.start(ctx, KindQuery, text, &r.p); err != nil {
-			return nil, err
-		}
-		returned, handed := false, false
-		defer func() {
-			if !returned {
-				c.lose()
-			}
-			if !handed {
-				c.g.release(&r.p)
-			}
-		}()
-		ri, si, err := run()
-		returned = true
-		if err != nil {
-			return nil, opErr(ctx, err)
-		}
-		r.inner, r.stmt, r.open = ri, si, true
-		handed = true
-		return r, nil
+		return c.runRows(ctx, text, run)
 	}
 	if err := c.inTx(ctx, text); err != nil {
 		return nil, err
@@ -445,6 +420,35 @@ func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue
 		return nil, nil, err
 	}
 	return ri, si, nil
+}
+
+// runRows runs run as an autocommit query whose rows (c's, or new ones while
+// c's are open) hold its permits; on an error or a panic they are released.
+func (c *conn) runRows(ctx context.Context, text string, run func() (driver.Rows, driver.Stmt, error)) (driver.Rows, error) {
+	r := &c.rows
+	if r.open {
+		r = &rows{c: c}
+	}
+	if err := c.start(ctx, KindQuery, text, &r.p); err != nil {
+		return nil, err
+	}
+	returned, handed := false, false
+	defer func() {
+		if !returned {
+			c.lose()
+		}
+		if !handed {
+			c.g.release(&r.p)
+		}
+	}()
+	ri, si, err := run()
+	returned = true
+	if err != nil {
+		return nil, opErr(ctx, err)
+	}
+	r.inner, r.stmt, r.open = ri, si, true
+	handed = true
+	return r, nil
 }
 
 // tx is a conn's open transaction, holding both permits.
