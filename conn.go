@@ -462,8 +462,7 @@ type tx struct {
 
 func (t *tx) Commit() error {
 	returned := false
-	defer t.end()
-	defer t.c.finish(nil, &returned)
+	defer t.finish(&returned)
 	err := t.inner.Commit()
 	returned = true
 	return ctxErr(t.ctx, err)
@@ -473,14 +472,21 @@ func (t *tx) Commit() error {
 // discarded unless the driver can reset and validate it (keepConnOnRollback).
 func (t *tx) Rollback() error {
 	returned := false
-	defer t.end()
-	defer t.c.finish(nil, &returned)
+	defer t.finish(&returned)
 	if s := t.c.s; s != nil && (s.resetter == nil || s.validator == nil) && t.ctx.Err() != nil {
 		t.c.bad = true
 	}
 	err := t.inner.Rollback()
 	returned = true
 	return ctxErr(t.ctx, err)
+}
+
+// finish is conn.finish for Commit and Rollback.
+func (t *tx) finish(returned *bool) {
+	if !*returned {
+		t.c.lose()
+	}
+	t.end()
 }
 
 // end releases the transaction's permits, once.
