@@ -8,16 +8,10 @@ import (
 	"time"
 )
 
-// The permit protocol: in each of its budgets in turn, its workload's if any,
-// then the global one, an operation takes an admission permit without
-// waiting, then an execution permit in order within its queue wait and its
-// deadline. So an operation queued in its workload's budget holds nothing of
-// the global one. Only then does it get a server connection. Its permits come
-// back once (Gate.release).
-
-// budget is two semaphores under one mutex: B+Q admission permits tried
-// without waiting, and B execution permits handed out by priority, then deadline (passage.before).
-// It starts no goroutine and never waits without bound.
+// budget is two semaphores under one mutex (docs/design.md, The budget): B+Q
+// admission permits tried without waiting, and B execution permits handed
+// out by priority, then deadline (passage.before). It starts no goroutine
+// and never waits without bound.
 type budget struct {
 	name string // the workload's; "" for the global budget
 
@@ -173,18 +167,16 @@ func leaseOver(until time.Time) bool {
 	return !now.Before(until) || !now.Round(0).Before(until.Round(0))
 }
 
-// limits returns b for the pool's sessions, the execution permits held, and
-// whether they are enforced (not in dry-run): pool.limit.
-// b is the highest in force within keepPeak, so that a B that moves up and
-// down (Policy.Adaptive) keeps its sessions instead of closing and
-// dialing them again.
-func (l *budget) limits() (b, running int, enforced bool) {
+// limits is pool.limit: the highest b in force within keepPeak, so that a B
+// moving up and down (Policy.Adaptive) keeps its sessions, and whether it is
+// enforced (not in dry-run, not closed).
+func (l *budget) limits() (b int, enforced bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.peak > l.b && time.Since(l.peakAt) > keepPeak {
 		l.peak = l.b
 	}
-	return max(l.b, l.peak), l.running, !l.dryRun && !l.closed
+	return max(l.b, l.peak), !l.dryRun && !l.closed
 }
 
 const (
@@ -265,7 +257,7 @@ func (l *budget) releaseHold(held, base time.Duration, under int) {
 	}
 	l.mu.Unlock()
 	if moved && l.onMove != nil {
-		emitMove(l.onMove, m)
+		emit(l.onMove, m)
 	}
 }
 
@@ -296,13 +288,6 @@ func (l *budget) observeLocked(held, base time.Duration, under int) (moved bool)
 // lateness is what an operation refused with ErrWouldMissDeadline was
 // judged on: its class's hold, the wait expected ahead, the time left.
 type lateness struct{ hold, ahead, left time.Duration }
-
-// refused confirms, with its class, the refusal ps's plan at now makes for
-// its deadline; false makes ps its class's probe.
-func (late lateness) refused(ps *passage, now time.Time) bool {
-	refuse, _ := ps.class.judge(now, ps.deadline, late.ahead)
-	return refuse
-}
 
 // grantLocked serves waiters while there is room (in dry-run, all), sending
 // away those now late, and closes drained once running is within the ceiling.
@@ -534,7 +519,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		shed := !l.closed && l.tail != nil && l.tail.prio < ps.prio
 		if shed {
 			now = time.Now()
-			_, left := l.planLocked(ps, now)
+			_, _, left := l.planLocked(ps, now)
 			shed = left > 0
 		}
 		if !shed {
@@ -548,16 +533,13 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		l.mu.Unlock()
 		return ErrClosed
 	}
-	switch {
-	case full:
+	if full {
 		w := l.tail
 		l.unlinkLocked(w)
 		w.shed = true // its admission permit is this operation's now
 		w.sendAway(l.causeLocked(ErrAdmissionFull))
-	case l.admitted >= l.b+l.qLocked():
-		ps.over = true
-		l.admitted++
-	default:
+	} else {
+		ps.over = l.admitted >= l.b+l.qLocked() // dry-run
 		l.admitted++
 	}
 	switch {
@@ -578,15 +560,17 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	if now.IsZero() {
 		now = time.Now()
 	}
-	end, left := l.planLocked(ps, now)
-	if left <= 0 && end.cause == ErrWouldMissDeadline && !ps.late.refused(ps, now) {
-		ps.probe = true // it goes, to measure its class again
-		end, left = l.planLocked(ps, now)
+	at, cause, left := l.planLocked(ps, now)
+	if left <= 0 && cause == ErrWouldMissDeadline {
+		if refuse, _ := ps.class.judge(now, ps.deadline, ps.late.ahead); !refuse {
+			ps.probe = true // its class's probe: it goes, to measure the class again
+			at, cause, left = l.planLocked(ps, now)
+		}
 	}
 	if left <= 0 {
 		l.admitted--
 		l.wantLocked() // refused for want of a permit: demand beyond b
-		err := l.rejectLocked(ps, end.cause, 0)
+		err := l.rejectLocked(cause, ps.late, 0, ps.waited())
 		l.mu.Unlock()
 		return err
 	}
@@ -614,7 +598,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	switch {
 	case ps.timer == nil:
 		ps.timer = time.NewTimer(left)
-	case !end.at.Equal(ps.timerEnd): // the earlier wait ended with a grant
+	case !at.Equal(ps.timerEnd): // the earlier wait ended with a grant
 		if !ps.timer.Stop() {
 			select {
 			case <-ps.timer.C:
@@ -623,7 +607,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		}
 		ps.timer.Reset(left)
 	}
-	ps.timerEnd = end.at
+	ps.timerEnd = at
 	var err error
 	select {
 	case <-w.ready:
@@ -639,7 +623,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	}
 	l.mu.Lock()
 	l.leaseLocked()
-	queued, cause := 1, end.cause
+	queued := 1
 	switch {
 	case w.granted:
 		l.running-- // granted as the wait ended: hand it on
@@ -654,33 +638,28 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	}
 	if err == nil || w.shed {
 		l.wantLocked()
-		err = l.rejectLocked(ps, cause, queued)
+		err = l.rejectLocked(cause, ps.late, queued, ps.waited())
 	}
 	l.mu.Unlock()
 	return err
 }
 
-// waitEnd is when a wait for an execution permit ends, and the rejection's cause then.
-type waitEnd struct {
-	at    time.Time
-	cause error
-}
-
-// planLocked returns when ps's wait in l, starting at now, must end, and
-// the time left until then; none left means it is refused at once (for its
-// deadline, ps.late says why). A deadline bounds the wait by the class's
-// hold: those ahead and this one are served after about (ahead+1) times
-// the gap between two grants the queue measured (before any, h/b with h
-// the budget's median hold), and it must then hold its permits in time;
-// it waits until waitSpare holds before its deadline at most.
-func (l *budget) planLocked(ps *passage, now time.Time) (waitEnd, time.Duration) {
+// planLocked returns when ps's wait in l, starting at now, must end, the
+// rejection's cause then, and the time left until then; none left means it
+// is refused at once (for its deadline, ps.late says why). A deadline bounds
+// the wait by the class's hold: those ahead and this one are served after
+// about (ahead+1) times the gap between two grants the queue measured
+// (before any, h/b with h the budget's median hold), and it must then hold
+// its permits in time; it waits until waitSpare holds before its deadline
+// at most.
+func (l *budget) planLocked(ps *passage, now time.Time) (at time.Time, cause error, left time.Duration) {
 	start := ps.start
 	if start.IsZero() {
 		start = now
 	}
-	end := waitEnd{start.Add(ps.limit), ErrQueueTimeout}
+	at, cause = start.Add(ps.limit), ErrQueueTimeout
 	if ps.deadline.IsZero() || ps.probe {
-		return end, end.at.Sub(now)
+		return at, cause, at.Sub(now)
 	}
 	if e, ok := ps.class.estimate(now); ok {
 		behind := 0
@@ -694,13 +673,13 @@ func (l *budget) planLocked(ps *passage, now time.Time) (waitEnd, time.Duration)
 		ahead := time.Duration(l.waiting-behind+1) * per
 		if now.Add(ahead + e).After(ps.deadline) {
 			ps.late = lateness{hold: e, ahead: ahead, left: ps.deadline.Sub(now)}
-			end = waitEnd{now, ErrWouldMissDeadline} // refused at once
-		} else if last := ps.deadline.Add(-waitSpare * e); last.Before(end.at) {
+			at, cause = now, ErrWouldMissDeadline // refused at once
+		} else if last := ps.deadline.Add(-waitSpare * e); last.Before(at) {
 			ps.late = lateness{hold: e, left: waitSpare * e}
-			end = waitEnd{last, ErrWouldMissDeadline}
+			at, cause = last, ErrWouldMissDeadline
 		}
 	}
-	return end, end.at.Sub(now)
+	return at, cause, at.Sub(now)
 }
 
 // fullLocked is the rejection of an operation that finds admission full.
@@ -713,21 +692,20 @@ func (l *budget) fullLocked() error {
 	return &e
 }
 
-// rejection is a rejection for cause, with what l holds now.
-func (l *budget) rejection(cause error, late lateness) *RejectedError {
+// rejection is a rejection for cause after waited, with what l holds now.
+func (l *budget) rejection(cause error, late lateness, waited time.Duration) *RejectedError {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.leaseLocked()
-	return &RejectedError{Cause: cause, Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.qLocked(),
-		Running: l.running, Waiting: l.waiting, Hold: late.hold, Ahead: late.ahead, Left: late.left}
+	return l.rejectLocked(cause, late, 0, waited)
 }
 
-// rejectLocked is ps's rejection for cause; queued is 1 if it counts as waiting.
-func (l *budget) rejectLocked(ps *passage, cause error, queued int) error {
+// rejectLocked is rejection with l.mu held; queued is 1 if it counts as waiting.
+func (l *budget) rejectLocked(cause error, late lateness, queued int, waited time.Duration) *RejectedError {
 	e := &RejectedError{Cause: l.causeLocked(cause), Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.qLocked(),
-		Running: l.running, Waiting: l.waiting + queued, Waited: ps.waited()}
+		Running: l.running, Waiting: l.waiting + queued, Waited: waited}
 	if cause == ErrWouldMissDeadline {
-		e.Hold, e.Ahead, e.Left = ps.late.hold, ps.late.ahead, ps.late.left
+		e.Hold, e.Ahead, e.Left = late.hold, late.ahead, late.left
 	}
 	return e
 }
@@ -842,13 +820,13 @@ func (g *Gate) admitted(p *permit) error {
 	var re *RejectedError
 	inc := func(l *budget) { l.nLease.Add(1) }
 	if !p.lease.IsZero() && leaseOver(p.lease) {
-		re = g.global.rejection(ErrLeaseExpired, lateness{})
+		re = g.global.rejection(ErrLeaseExpired, lateness{}, p.waited)
 	} else if top > 0 && !dl.IsZero() && p.start.Add(time.Duration(top)).After(dl) {
 		if p.class.c == nil { // no class holds longer than top: only then is it looked up
 			p.class = g.est.ref(p.key(), false)
 		}
 		if late, e := p.class.judge(p.start, dl, 0); late {
-			re = g.global.rejection(ErrWouldMissDeadline, lateness{hold: e, left: dl.Sub(p.start)})
+			re = g.global.rejection(ErrWouldMissDeadline, lateness{hold: e, left: dl.Sub(p.start)}, p.waited)
 			inc = func(l *budget) { l.nDeadline.Add(1) }
 		} else if e > 0 && p.start.Add(e).After(dl) {
 			p.measure, p.probe = true, true // its class's probe
@@ -856,7 +834,6 @@ func (g *Gate) admitted(p *permit) error {
 	}
 	if re != nil {
 		g.unused(p, inc)
-		re.Waited = p.waited
 		if g.opt.events.OnReject != nil {
 			g.reportReject(p, re)
 		}

@@ -17,9 +17,10 @@ import (
 
 // Gate is a driver.Connector that passes every operation of its *sql.DB
 // through the bulkhead: B+Q admission permits tried without waiting, then B
-// execution permits in FIFO order within QueueWait; only then a server
-// connection, so a rejected or waiting operation sends nothing. It is safe for
-// concurrent use and starts no goroutines but dials and hold-warning timers.
+// execution permits by priority, then deadline, within QueueWait; only then
+// a server connection, so a rejected or waiting operation sends nothing. It
+// is safe for concurrent use and starts no goroutines but dials and
+// hold-warning timers.
 type Gate struct {
 	inner  driver.Connector
 	err    error // an invalid policy's or option's (see Connector): Connect returns it
@@ -53,9 +54,6 @@ func (g *Gate) unknownWorkload(name string) {
 	_, seen := g.unknown[name]
 	log := !seen && len(g.unknown) < maxUnknownLogged
 	if log {
-		if g.unknown == nil {
-			g.unknown = map[string]struct{}{}
-		}
 		g.unknown[name] = struct{}{}
 	}
 	var known []string
@@ -129,7 +127,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gate{inner: inner, global: newBudget(""), est: newEstimator(), capB: -1, capQ: -1, budgets: map[string]*budget{}}
+	g := &Gate{inner: inner, global: newBudget(""), est: newEstimator(), capB: -1, capQ: -1, budgets: map[string]*budget{}, unknown: map[string]struct{}{}}
 	g.opt.dialTimeout = 30 * time.Second
 	for _, o := range opts {
 		o(&g.opt)
@@ -154,7 +152,8 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 func Connector(inner driver.Connector, p Policy, opts ...Option) *Gate {
 	g, err := New(inner, p, opts...)
 	if err != nil {
-		g = &Gate{inner: inner, err: err, global: newBudget(""), est: newEstimator(), pool: &pool{connector: inner}, policy: p}
+		g = &Gate{inner: inner, err: err, global: newBudget(""), est: newEstimator(), policy: p}
+		g.pool = &pool{connector: inner, limit: g.global.limits}
 	}
 	return g
 }

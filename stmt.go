@@ -201,11 +201,7 @@ func stmtExec(ctx context.Context, s *session, si driver.Stmt, args []driver.Nam
 	if e, ok := si.(driver.StmtExecContext); ok {
 		return e.ExecContext(ctx, args)
 	}
-	dargs, err := legacyArgs(ctx, args)
-	if err != nil {
-		return nil, err
-	}
-	return si.Exec(dargs) //lint:ignore SA1019 legacy drivers have nothing else
+	return legacy(ctx, args, si.Exec) //lint:ignore SA1019 legacy drivers have nothing else
 }
 
 func stmtQuery(ctx context.Context, s *session, si driver.Stmt, args []driver.NamedValue) (driver.Rows, error) {
@@ -216,9 +212,5 @@ func stmtQuery(ctx context.Context, s *session, si driver.Stmt, args []driver.Na
 	if q, ok := si.(driver.StmtQueryContext); ok {
 		return q.QueryContext(ctx, args)
 	}
-	dargs, err := legacyArgs(ctx, args)
-	if err != nil {
-		return nil, err
-	}
-	return si.Query(dargs) //lint:ignore SA1019 legacy drivers have nothing else
+	return legacy(ctx, args, si.Query) //lint:ignore SA1019 legacy drivers have nothing else
 }
