@@ -64,9 +64,9 @@ overload-ceiling: ## B misconfigured to 16 at 3 × C: the static gate at 16 (by 
 overload-priority: ## 3 × C, a fifth of the requests high-priority: their goodput against the gate serving them alone (overload-priority.json; ~5 min)
 	$(ADAPTIVE_RUN) --max-concurrent 2 --loads 3 --high 0.2 --duration 10s --ceiling 16 --configs fsbulkhead,gate,adaptive,alone --json overload-priority.json
 
-overload-shapes: ## every request shape (cpu, sleep, mix, outlier, lock, hotrow, roundtrips) at 1, 3, 6 × C: static B = 1 to 16 (the best is the oracle), adaptive (ceiling 16), failsafe-go's bulkhead (B = CPUs) and limiter (overload-shapes.json; ~70 min)
+overload-shapes: ## every request shape (cpu, sleep, mix, outlier, lock, hotrow, roundtrips) at 1, 3, 6 × C: static B = 1 to 16 (the best is the oracle), adaptive (ceiling 16), failsafe-go's bulkhead (B = CPUs) and limiter (overload-shapes.json, docs/shapes.svg: a chart per shape; ~70 min)
 	$(ADAPTIVE_RUN) --shape cpu,sleep,mix,outlier,lock,hotrow,roundtrips --loads 1,3,6 --duration 6s --ceiling 16 \
-	  --configs fsbulkhead,fsadaptive,static,adaptive --sweep 1,2,4,8,16 --json overload-shapes.json
+	  --configs fsbulkhead,fsadaptive,static,adaptive --sweep 1,2,4,8,16 --json overload-shapes.json --chart docs/shapes.svg
 
 fleet: ## the fleet experiment (module experiments) on local PostgreSQL: 4 processes, T = 8; one process, static B = T/4 and T/8, the fleet budget, PgBouncer; deploy, SIGKILL, scale-down; prints the table, redraws docs/fleet.svg (~2 min; pgbouncer arm: apt-get install pgbouncer)
 	$(GO) run ./experiments fleet --dsn $${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable} \
