@@ -519,7 +519,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		shed := !l.closed && l.tail != nil && l.tail.prio < ps.prio
 		if shed {
 			now = time.Now()
-			_, _, left := l.planLocked(ps, now)
+			_, left, _ := l.planLocked(ps, now)
 			shed = left > 0
 		}
 		if !shed {
@@ -560,11 +560,11 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	if now.IsZero() {
 		now = time.Now()
 	}
-	at, cause, left := l.planLocked(ps, now)
+	at, left, cause := l.planLocked(ps, now)
 	if left <= 0 && cause == ErrWouldMissDeadline {
 		if refuse, _ := ps.class.judge(now, ps.deadline, ps.late.ahead); !refuse {
 			ps.probe = true // its class's probe: it goes, to measure the class again
-			at, cause, left = l.planLocked(ps, now)
+			at, left, cause = l.planLocked(ps, now)
 		}
 	}
 	if left <= 0 {
@@ -645,21 +645,21 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 }
 
 // planLocked returns when ps's wait in l, starting at now, must end, the
-// rejection's cause then, and the time left until then; none left means it
+// time left until then and the rejection's cause then; none left means it
 // is refused at once (for its deadline, ps.late says why). A deadline bounds
 // the wait by the class's hold: those ahead and this one are served after
 // about (ahead+1) times the gap between two grants the queue measured
 // (before any, h/b with h the budget's median hold), and it must then hold
 // its permits in time; it waits until waitSpare holds before its deadline
 // at most.
-func (l *budget) planLocked(ps *passage, now time.Time) (at time.Time, cause error, left time.Duration) {
+func (l *budget) planLocked(ps *passage, now time.Time) (at time.Time, left time.Duration, cause error) {
 	start := ps.start
 	if start.IsZero() {
 		start = now
 	}
 	at, cause = start.Add(ps.limit), ErrQueueTimeout
 	if ps.deadline.IsZero() || ps.probe {
-		return at, cause, at.Sub(now)
+		return at, at.Sub(now), cause
 	}
 	if e, ok := ps.class.estimate(now); ok {
 		behind := 0
@@ -679,7 +679,7 @@ func (l *budget) planLocked(ps *passage, now time.Time) (at time.Time, cause err
 			at, cause = last, ErrWouldMissDeadline
 		}
 	}
-	return at, cause, at.Sub(now)
+	return at, at.Sub(now), cause
 }
 
 // fullLocked is the rejection of an operation that finds admission full.
