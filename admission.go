@@ -8,10 +8,16 @@ import (
 	"time"
 )
 
-// budget is two semaphores under one mutex (docs/design.md, The budget): B+Q
-// admission permits tried without waiting, and B execution permits handed
-// out by priority, then deadline (passage.before). It starts no goroutine
-// and never waits without bound.
+// The permit protocol: in each of its budgets in turn, its workload's if any,
+// then the global one, an operation takes an admission permit without
+// waiting, then an execution permit in order within its queue wait and its
+// deadline. So an operation queued in its workload's budget holds nothing of
+// the global one. Only then does it get a server connection. Its permits come
+// back once (Gate.release).
+
+// budget is two semaphores under one mutex: B+Q admission permits tried
+// without waiting, and B execution permits handed out by priority, then deadline (passage.before).
+// It starts no goroutine and never waits without bound.
 type budget struct {
 	name string // the workload's; "" for the global budget
 
@@ -167,16 +173,18 @@ func leaseOver(until time.Time) bool {
 	return !now.Before(until) || !now.Round(0).Before(until.Round(0))
 }
 
-// limits is pool.limit: the highest b in force within keepPeak, so that a B
-// moving up and down (Policy.Adaptive) keeps its sessions, and whether it is
-// enforced (not in dry-run, not closed).
-func (l *budget) limits() (b int, enforced bool) {
+// limits returns b for the pool's sessions, the execution permits held, and
+// whether they are enforced (not in dry-run): pool.limit.
+// b is the highest in force within keepPeak, so that a B that moves up and
+// down (Policy.Adaptive) keeps its sessions instead of closing and
+// dialing them again.
+func (l *budget) limits() (b, running int, enforced bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.peak > l.b && time.Since(l.peakAt) > keepPeak {
 		l.peak = l.b
 	}
-	return max(l.b, l.peak), !l.dryRun && !l.closed
+	return max(l.b, l.peak), l.running, !l.dryRun && !l.closed
 }
 
 const (
@@ -257,7 +265,7 @@ func (l *budget) releaseHold(held, base time.Duration, under int) {
 	}
 	l.mu.Unlock()
 	if moved && l.onMove != nil {
-		emit(l.onMove, m)
+		emitMove(l.onMove, m)
 	}
 }
 
@@ -288,6 +296,13 @@ func (l *budget) observeLocked(held, base time.Duration, under int) (moved bool)
 // lateness is what an operation refused with ErrWouldMissDeadline was
 // judged on: its class's hold, the wait expected ahead, the time left.
 type lateness struct{ hold, ahead, left time.Duration }
+
+// refused confirms, with its class, the refusal ps's plan at now makes for
+// its deadline; false makes ps its class's probe.
+func (late lateness) refused(ps *passage, now time.Time) bool {
+	refuse, _ := ps.class.judge(now, ps.deadline, late.ahead)
+	return refuse
+}
 
 // grantLocked serves waiters while there is room (in dry-run, all), sending
 // away those now late, and closes drained once running is within the ceiling.
@@ -519,7 +534,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		shed := !l.closed && l.tail != nil && l.tail.prio < ps.prio
 		if shed {
 			now = time.Now()
-			_, left, _ := l.planLocked(ps, now)
+			_, left := l.planLocked(ps, now)
 			shed = left > 0
 		}
 		if !shed {
@@ -533,13 +548,16 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		l.mu.Unlock()
 		return ErrClosed
 	}
-	if full {
+	switch {
+	case full:
 		w := l.tail
 		l.unlinkLocked(w)
 		w.shed = true // its admission permit is this operation's now
 		w.sendAway(l.causeLocked(ErrAdmissionFull))
-	} else {
-		ps.over = l.admitted >= l.b+l.qLocked() // dry-run
+	case l.admitted >= l.b+l.qLocked():
+		ps.over = true
+		l.admitted++
+	default:
 		l.admitted++
 	}
 	switch {
@@ -560,17 +578,15 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	if now.IsZero() {
 		now = time.Now()
 	}
-	at, left, cause := l.planLocked(ps, now)
-	if left <= 0 && cause == ErrWouldMissDeadline {
-		if refuse, _ := ps.class.judge(now, ps.deadline, ps.late.ahead); !refuse {
-			ps.probe = true // its class's probe: it goes, to measure the class again
-			at, left, cause = l.planLocked(ps, now)
-		}
+	end, left := l.planLocked(ps, now)
+	if left <= 0 && end.cause == ErrWouldMissDeadline && !ps.late.refused(ps, now) {
+		ps.probe = true // it goes, to measure its class again
+		end, left = l.planLocked(ps, now)
 	}
 	if left <= 0 {
 		l.admitted--
 		l.wantLocked() // refused for want of a permit: demand beyond b
-		err := l.rejectLocked(cause, ps.late, 0, ps.waited())
+		err := l.rejectLocked(ps, end.cause, 0)
 		l.mu.Unlock()
 		return err
 	}
@@ -598,7 +614,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	switch {
 	case ps.timer == nil:
 		ps.timer = time.NewTimer(left)
-	case !at.Equal(ps.timerEnd): // the earlier wait ended with a grant
+	case !end.at.Equal(ps.timerEnd): // the earlier wait ended with a grant
 		if !ps.timer.Stop() {
 			select {
 			case <-ps.timer.C:
@@ -607,7 +623,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 		}
 		ps.timer.Reset(left)
 	}
-	ps.timerEnd = at
+	ps.timerEnd = end.at
 	var err error
 	select {
 	case <-w.ready:
@@ -623,7 +639,7 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	}
 	l.mu.Lock()
 	l.leaseLocked()
-	queued := 1
+	queued, cause := 1, end.cause
 	switch {
 	case w.granted:
 		l.running-- // granted as the wait ended: hand it on
@@ -638,28 +654,33 @@ func (l *budget) take(ctx context.Context, ps *passage) error {
 	}
 	if err == nil || w.shed {
 		l.wantLocked()
-		err = l.rejectLocked(cause, ps.late, queued, ps.waited())
+		err = l.rejectLocked(ps, cause, queued)
 	}
 	l.mu.Unlock()
 	return err
 }
 
-// planLocked returns when ps's wait in l, starting at now, must end, the
-// time left until then and the rejection's cause then; none left means it
-// is refused at once (for its deadline, ps.late says why). A deadline bounds
-// the wait by the class's hold: those ahead and this one are served after
-// about (ahead+1) times the gap between two grants the queue measured
-// (before any, h/b with h the budget's median hold), and it must then hold
-// its permits in time; it waits until waitSpare holds before its deadline
-// at most.
-func (l *budget) planLocked(ps *passage, now time.Time) (at time.Time, left time.Duration, cause error) {
+// waitEnd is when a wait for an execution permit ends, and the rejection's cause then.
+type waitEnd struct {
+	at    time.Time
+	cause error
+}
+
+// planLocked returns when ps's wait in l, starting at now, must end, and
+// the time left until then; none left means it is refused at once (for its
+// deadline, ps.late says why). A deadline bounds the wait by the class's
+// hold: those ahead and this one are served after about (ahead+1) times
+// the gap between two grants the queue measured (before any, h/b with h
+// the budget's median hold), and it must then hold its permits in time;
+// it waits until waitSpare holds before its deadline at most.
+func (l *budget) planLocked(ps *passage, now time.Time) (waitEnd, time.Duration) {
 	start := ps.start
 	if start.IsZero() {
 		start = now
 	}
-	at, cause = start.Add(ps.limit), ErrQueueTimeout
+	end := waitEnd{start.Add(ps.limit), ErrQueueTimeout}
 	if ps.deadline.IsZero() || ps.probe {
-		return at, at.Sub(now), cause
+		return end, end.at.Sub(now)
 	}
 	if e, ok := ps.class.estimate(now); ok {
 		behind := 0
@@ -673,13 +694,13 @@ func (l *budget) planLocked(ps *passage, now time.Time) (at time.Time, left time
 		ahead := time.Duration(l.waiting-behind+1) * per
 		if now.Add(ahead + e).After(ps.deadline) {
 			ps.late = lateness{hold: e, ahead: ahead, left: ps.deadline.Sub(now)}
-			at, cause = now, ErrWouldMissDeadline // refused at once
-		} else if last := ps.deadline.Add(-waitSpare * e); last.Before(at) {
+			end = waitEnd{now, ErrWouldMissDeadline} // refused at once
+		} else if last := ps.deadline.Add(-waitSpare * e); last.Before(end.at) {
 			ps.late = lateness{hold: e, left: waitSpare * e}
-			at, cause = last, ErrWouldMissDeadline
+			end = waitEnd{last, ErrWouldMissDeadline}
 		}
 	}
-	return at, at.Sub(now), cause
+	return end, end.at.Sub(now)
 }
 
 // fullLocked is the rejection of an operation that finds admission full.
@@ -692,20 +713,21 @@ func (l *budget) fullLocked() error {
 	return &e
 }
 
-// rejection is a rejection for cause after waited, with what l holds now.
-func (l *budget) rejection(cause error, late lateness, waited time.Duration) *RejectedError {
+// rejection is a rejection for cause, with what l holds now.
+func (l *budget) rejection(cause error, late lateness) *RejectedError {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.leaseLocked()
-	return l.rejectLocked(cause, late, 0, waited)
+	return &RejectedError{Cause: cause, Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.qLocked(),
+		Running: l.running, Waiting: l.waiting, Hold: late.hold, Ahead: late.ahead, Left: late.left}
 }
 
-// rejectLocked is rejection with l.mu held; queued is 1 if it counts as waiting.
-func (l *budget) rejectLocked(cause error, late lateness, queued int, waited time.Duration) *RejectedError {
+// rejectLocked is ps's rejection for cause; queued is 1 if it counts as waiting.
+func (l *budget) rejectLocked(ps *passage, cause error, queued int) error {
 	e := &RejectedError{Cause: l.causeLocked(cause), Workload: l.name, MaxConcurrent: l.b, MaxQueue: l.qLocked(),
-		Running: l.running, Waiting: l.waiting + queued, Waited: waited}
+		Running: l.running, Waiting: l.waiting + queued, Waited: ps.waited()}
 	if cause == ErrWouldMissDeadline {
-		e.Hold, e.Ahead, e.Left = late.hold, late.ahead, late.left
+		e.Hold, e.Ahead, e.Left = ps.late.hold, ps.late.ahead, ps.late.left
 	}
 	return e
 }
@@ -820,13 +842,13 @@ func (g *Gate) admitted(p *permit) error {
 	var re *RejectedError
 	inc := func(l *budget) { l.nLease.Add(1) }
 	if !p.lease.IsZero() && leaseOver(p.lease) {
-		re = g.global.rejection(ErrLeaseExpired, lateness{}, p.waited)
+		re = g.global.rejection(ErrLeaseExpired, lateness{})
 	} else if top > 0 && !dl.IsZero() && p.start.Add(time.Duration(top)).After(dl) {
 		if p.class.c == nil { // no class holds longer than top: only then is it looked up
 			p.class = g.est.ref(p.key(), false)
 		}
 		if late, e := p.class.judge(p.start, dl, 0); late {
-			re = g.global.rejection(ErrWouldMissDeadline, lateness{hold: e, left: dl.Sub(p.start)}, p.waited)
+			re = g.global.rejection(ErrWouldMissDeadline, lateness{hold: e, left: dl.Sub(p.start)})
 			inc = func(l *budget) { l.nDeadline.Add(1) }
 		} else if e > 0 && p.start.Add(e).After(dl) {
 			p.measure, p.probe = true, true // its class's probe
@@ -834,6 +856,7 @@ func (g *Gate) admitted(p *permit) error {
 	}
 	if re != nil {
 		g.unused(p, inc)
+		re.Waited = p.waited
 		if g.opt.events.OnReject != nil {
 			g.reportReject(p, re)
 		}

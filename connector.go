@@ -54,6 +54,9 @@ func (g *Gate) unknownWorkload(name string) {
 	_, seen := g.unknown[name]
 	log := !seen && len(g.unknown) < maxUnknownLogged
 	if log {
+		if g.unknown == nil {
+			g.unknown = map[string]struct{}{}
+		}
 		g.unknown[name] = struct{}{}
 	}
 	var known []string
@@ -127,7 +130,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gate{inner: inner, global: newBudget(""), est: newEstimator(), capB: -1, capQ: -1, budgets: map[string]*budget{}, unknown: map[string]struct{}{}}
+	g := &Gate{inner: inner, global: newBudget(""), est: newEstimator(), capB: -1, capQ: -1, budgets: map[string]*budget{}}
 	g.opt.dialTimeout = 30 * time.Second
 	for _, o := range opts {
 		o(&g.opt)
@@ -152,8 +155,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 func Connector(inner driver.Connector, p Policy, opts ...Option) *Gate {
 	g, err := New(inner, p, opts...)
 	if err != nil {
-		g = &Gate{inner: inner, err: err, global: newBudget(""), est: newEstimator(), policy: p}
-		g.pool = &pool{connector: inner, limit: g.global.limits}
+		g = &Gate{inner: inner, err: err, global: newBudget(""), est: newEstimator(), pool: &pool{connector: inner}, policy: p}
 	}
 	return g
 }

@@ -45,19 +45,25 @@ type Events struct {
 	OnLimit   func(Move)  // Policy.Adaptive moved the B in force, on the goroutine of the release that ended its window
 }
 
-// emit calls f with v (an Event, or OnLimit's Move), logging and recovering
-// a panic: it would escape between taking permits and registering their release.
-func emit[T Event | Move](f func(T), v T) {
+// emit calls f, logging and recovering a panic: it would escape between
+// taking permits and registering their release.
+func emit(f func(Event), e Event) {
 	defer func() {
-		if r := recover(); r != nil {
-			kind := "limit"
-			if e, ok := any(v).(Event); ok {
-				kind = e.Kind.String()
-			}
-			slog.Default().Error("bulkhead: event callback panicked", "kind", kind, "panic", r, "stack", string(debug.Stack()))
+		if v := recover(); v != nil {
+			slog.Default().Error("bulkhead: event callback panicked", "kind", e.Kind.String(), "panic", v, "stack", string(debug.Stack()))
 		}
 	}()
-	f(v)
+	f(e)
+}
+
+// emitMove is emit for OnLimit.
+func emitMove(f func(Move), m Move) {
+	defer func() {
+		if v := recover(); v != nil {
+			slog.Default().Error("bulkhead: event callback panicked", "kind", "limit", "panic", v, "stack", string(debug.Stack()))
+		}
+	}()
+	f(m)
 }
 
 // JoinEvents returns Events calling each callback of es in order; one no
@@ -68,22 +74,27 @@ func JoinEvents(es ...Events) Events {
 		j.OnAdmit = then(j.OnAdmit, e.OnAdmit)
 		j.OnReject = then(j.OnReject, e.OnReject)
 		j.OnRelease = then(j.OnRelease, e.OnRelease)
-		j.OnLimit = then(j.OnLimit, e.OnLimit)
+		switch f, g := j.OnLimit, e.OnLimit; {
+		case f == nil:
+			j.OnLimit = g
+		case g != nil:
+			j.OnLimit = func(m Move) { f(m); g(m) }
+		}
 	}
 	return j
 }
 
 // then returns a callback calling f, then g; nil if both are.
-func then[T any](f, g func(T)) func(T) {
+func then(f, g func(Event)) func(Event) {
 	switch {
 	case f == nil:
 		return g
 	case g == nil:
 		return f
 	}
-	return func(v T) {
-		f(v)
-		g(v)
+	return func(e Event) {
+		f(e)
+		g(e)
 	}
 }
 

@@ -11,9 +11,16 @@ import (
 	"time"
 )
 
-// The server connections (sessions); their rules are docs/design.md's
-// Server connections. A session is held by one holder, parked on the logical
-// connection database/sql took back (taken with one CAS), or closed.
+// The server connections (sessions). A logical connection database/sql
+// takes back keeps its session parked: its next operation, or anyone who
+// finds no idle session (under the pool's lock), takes it with one CAS.
+// Invariants: sessions never outnumber logical connections; idle logical
+// connections never outnumber idle or parked sessions (one beyond is
+// reported invalid or bad, and database/sql discards it); and a session
+// given back beside another free one is closed if, with it, the free
+// sessions would outnumber B less the execution permits held (pool.spare).
+
+// Session states: held by one holder, parked, or closed.
 const (
 	held int32 = iota
 	parked
@@ -64,9 +71,10 @@ type pool struct {
 	connector   driver.Connector
 	dialTimeout time.Duration
 	init        func(context.Context, driver.Conn) error // WithConnInit's, or nil
-	// limit returns the global budget's B for the sessions, and whether it is
-	// enforced (budget.limits); called with or without mu held.
-	limit func() (b int, enforced bool)
+	// limit returns the global budget's B in force and its execution permits
+	// held, and whether it enforces them (not in dry-run); nil: never. It is
+	// called with or without mu held.
+	limit func() (b, running int, enforced bool)
 
 	mu          sync.Mutex
 	idle        []*session // held by the pool; the last is the one given back last
@@ -97,8 +105,10 @@ type got struct {
 // errBad: the driver found a session dead (ErrBadConn on reset or ping).
 var errBad = errors.New("bulkhead: the driver found the server connection bad")
 
-// lingerWait is how long a caller that finds no free session with B open
-// waits for a give-back before dialing (docs/design.md).
+// lingerWait is how long a caller that finds no free session waits for a
+// give-back before dialing, once B sessions are open: at most B operations
+// run, so one session is between operations (its operation just ended, or
+// a *sql.Conn keeps it).
 var lingerWait = 2 * time.Millisecond // a variable for tests
 
 // get takes the idle session given back last, else a parked one, else
@@ -136,7 +146,7 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 	var later *time.Timer
 	if p.dialing < len(p.reqs) {
 		dctx := context.WithoutCancel(ctx)
-		if b, on := p.limit(); on && p.open >= b {
+		if b, _, on := p.limits(); on && p.open >= b {
 			later = time.AfterFunc(lingerWait, func() { p.dialFor(dctx, ch) })
 		} else {
 			p.dialLocked(dctx)
@@ -167,6 +177,14 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 		}
 		return nil, ctx.Err()
 	}
+}
+
+// limits is limit's answer; never enforced without limit.
+func (p *pool) limits() (b, running int, enforced bool) {
+	if p.limit == nil {
+		return 0, 0, false
+	}
+	return p.limit()
 }
 
 // dialLocked starts a dial for the waiters.
@@ -216,7 +234,9 @@ func (p *pool) dial(ctx context.Context) {
 		p.open--
 		var ch chan got
 		if len(p.reqs) > p.dialing {
-			ch = p.popLocked()
+			ch = p.reqs[0]
+			p.reqs = p.reqs[1:]
+			p.waiters.Store(int32(len(p.reqs)))
 		}
 		p.mu.Unlock()
 		if ch != nil {
@@ -251,7 +271,10 @@ func (p *pool) park(s *session, used bool) bool {
 	if p.waiters.Load() > 0 { // a caller began to wait for a session as it parked: it is theirs
 		p.mu.Lock()
 		if len(p.reqs) > 0 && !p.closed && p.unpark(s) {
-			p.popLocked() <- got{s: s}
+			ch := p.reqs[0]
+			p.reqs = p.reqs[1:]
+			p.waiters.Store(int32(len(p.reqs)))
+			ch <- got{s: s}
 		}
 		p.mu.Unlock()
 	}
@@ -266,13 +289,16 @@ func (p *pool) excess(leaving int64) bool {
 	return p.idleLogical.Load()-p.parked.Load()-leaving > int64(len(p.idle)+p.dialing)
 }
 
-// unpark holds a parked s, counted; anyone but its logical connection holds p.mu.
+// take holds a parked s; anyone but its logical connection holds p.mu.
+func (s *session) take() bool { return s.state.CompareAndSwap(parked, held) }
+
+// unpark is take, counted.
 func (p *pool) unpark(s *session) bool {
-	if !s.state.CompareAndSwap(parked, held) {
-		return false
+	if s.take() {
+		p.parked.Add(-1)
+		return true
 	}
-	p.parked.Add(-1)
-	return true
+	return false
 }
 
 // giveBack is put, for s if not nil; with logical, it also reports whether
@@ -302,7 +328,10 @@ func (p *pool) giveBack(s *session, used, logical bool) (keep bool) {
 // returns the sessions to close.
 func (p *pool) handLocked(s *session) []*session {
 	if len(p.reqs) > 0 && !p.closed {
-		p.popLocked() <- got{s: s}
+		ch := p.reqs[0]
+		p.reqs = p.reqs[1:]
+		p.waiters.Store(int32(len(p.reqs)))
+		ch <- got{s: s}
 		return nil
 	}
 	if p.closed || p.spare() {
@@ -312,14 +341,6 @@ func (p *pool) handLocked(s *session) []*session {
 	p.idle = append(p.idle, s)
 	p.nIdle.Store(int64(len(p.idle)))
 	return p.trimLocked()
-}
-
-// popLocked takes the first waiter out of the queue.
-func (p *pool) popLocked() chan got {
-	ch := p.reqs[0]
-	p.reqs = p.reqs[1:]
-	p.waiters.Store(int32(len(p.reqs)))
-	return ch
 }
 
 // trimLocked takes out the coldest idle sessions beyond the logical ones.
@@ -335,11 +356,12 @@ func (p *pool) trimLocked() []*session {
 	return out
 }
 
-// spare reports whether a session given back now, with nobody waiting for
-// one, is beyond what the budget can run: another is free (idle or parked),
-// and the free ones with it and those of running operations (inOps, not a
-// *sql.Conn's) outnumber B; one still binding its session is not in inOps,
-// so a give-back racing its grant is not spare.
+// spare reports whether a session given back now, with nobody waiting
+// for one, would be beyond what the budget can run: another is idle or
+// parked, and with it the free ones and those running operations outnumber
+// B. An operation granted its permits but not its session yet counts among
+// the free ones' takers, not the running: a give-back racing its grant is
+// not spare. Sessions kept between operations (a *sql.Conn) are not counted.
 func (p *pool) spare() bool {
 	// inOps first: a session taken leaves the free ones before its
 	// operation counts in inOps, so this order never counts it twice.
@@ -348,7 +370,7 @@ func (p *pool) spare() bool {
 	if free == 0 {
 		return false
 	}
-	b, on := p.limit()
+	b, _, on := p.limits()
 	return on && free+1+in > b
 }
 
@@ -561,7 +583,11 @@ func (s *session) exec(ctx context.Context, query string, args []driver.NamedVal
 	if s.execer != nil {
 		return s.execer.ExecContext(ctx, query, args)
 	}
-	return legacy(ctx, args, func(args []driver.Value) (driver.Result, error) { return s.legacyExecer.Exec(query, args) })
+	dargs, err := legacyArgs(ctx, args)
+	if err != nil {
+		return nil, err
+	}
+	return s.legacyExecer.Exec(query, dargs) //lint:ignore SA1019 legacy drivers have nothing else
 }
 
 // query runs query on s, whose driver has a Queryer of either form.
@@ -569,22 +595,21 @@ func (s *session) query(ctx context.Context, query string, args []driver.NamedVa
 	if s.queryer != nil {
 		return s.queryer.QueryContext(ctx, query, args)
 	}
-	return legacy(ctx, args, func(args []driver.Value) (driver.Rows, error) { return s.legacyQueryer.Query(query, args) })
+	dargs, err := legacyArgs(ctx, args)
+	if err != nil {
+		return nil, err
+	}
+	return s.legacyQueryer.Query(query, dargs) //lint:ignore SA1019 legacy drivers have nothing else
 }
 
-// legacy calls a legacy driver method f with named's values, as
-// database/sql does: an error if one has a name or ctx ended.
-func legacy[T any](ctx context.Context, named []driver.NamedValue, f func([]driver.Value) (T, error)) (T, error) {
-	var zero T
+// legacyArgs checks args for a legacy driver call: no names, ctx not ended.
+func legacyArgs(ctx context.Context, named []driver.NamedValue) ([]driver.Value, error) {
 	args := make([]driver.Value, len(named))
 	for i, nv := range named {
 		if nv.Name != "" {
-			return zero, errors.New("bulkhead: driver does not support the use of named parameters")
+			return nil, errors.New("bulkhead: driver does not support the use of named parameters")
 		}
 		args[i] = nv.Value
 	}
-	if err := ctx.Err(); err != nil {
-		return zero, err
-	}
-	return f(args)
+	return args, ctx.Err()
 }

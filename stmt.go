@@ -201,7 +201,11 @@ func stmtExec(ctx context.Context, s *session, si driver.Stmt, args []driver.Nam
 	if e, ok := si.(driver.StmtExecContext); ok {
 		return e.ExecContext(ctx, args)
 	}
-	return legacy(ctx, args, si.Exec) //lint:ignore SA1019 legacy drivers have nothing else
+	dargs, err := legacyArgs(ctx, args)
+	if err != nil {
+		return nil, err
+	}
+	return si.Exec(dargs) //lint:ignore SA1019 legacy drivers have nothing else
 }
 
 func stmtQuery(ctx context.Context, s *session, si driver.Stmt, args []driver.NamedValue) (driver.Rows, error) {
@@ -212,5 +216,9 @@ func stmtQuery(ctx context.Context, s *session, si driver.Stmt, args []driver.Na
 	if q, ok := si.(driver.StmtQueryContext); ok {
 		return q.QueryContext(ctx, args)
 	}
-	return legacy(ctx, args, si.Query) //lint:ignore SA1019 legacy drivers have nothing else
+	dargs, err := legacyArgs(ctx, args)
+	if err != nil {
+		return nil, err
+	}
+	return si.Query(dargs) //lint:ignore SA1019 legacy drivers have nothing else
 }
