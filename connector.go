@@ -297,6 +297,11 @@ func (g *Gate) applyLocked(p Policy) {
 	if p.Adaptive {
 		floor = max(1, p.MinConcurrent)
 	}
+	// lapsed before the resize: a queue a fallback of 0 sends away was
+	// refused for the lease, not for a full admission.
+	g.global.mu.Lock()
+	g.global.lapsed = lapsed
+	g.global.mu.Unlock()
 	g.global.resize(b, q, p.QueueWait, p.DryRun, floor)
 	g.global.setLease(g.capUntil, g.capAfter, lapsed)
 	if len(p.Workloads) == 0 {
