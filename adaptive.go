@@ -15,10 +15,11 @@ import "time"
 // completions found every permit held (otherwise the holds tell of a lower
 // concurrency), and up only if callers waited or were refused during it;
 // each move is judged on the first such window after it, against the mean
-// of the windows since the move before, and no other move is made before: a step up is kept if it won at least upGain of what the
-// added operations could bring, or if callers did not wait at every
-// completion after it (it met their demand), a step down if it lost at
-// most upGain; else it is undone and steps to that limit or beyond are not tried again
+// of the windows since the move before, and no other move is made before:
+// a step up is kept if it won at least upGain of what the added operations
+// could bring, or if callers did not wait at every completion after it (it
+// met their demand), a step down if it lost at most upGain; else it is
+// undone and steps to that limit or beyond are not tried again
 // for backoffMin windows, twice as many after each undo in a row, up to
 // backoffMax. From the floor the limit doubles while each doubling wins
 // slowGain of what it could (slow start). Past it, the operations waiting
