@@ -6,6 +6,8 @@ import (
 	"database/sql/driver"
 	"errors"
 	"time"
+
+	"github.com/dbbulkhead/bulkhead/internal/convert"
 )
 
 // conn is a logical connection, kept in database/sql's pool. It holds a
@@ -246,7 +248,7 @@ func (c *conn) Close() error {
 	return nil
 }
 
-// CheckNamedValue accepts every argument: convertArgs converts it later.
+// CheckNamedValue accepts every argument: convert.Args converts it later.
 func (c *conn) CheckNamedValue(*driver.NamedValue) error { return nil }
 
 // Ping is not gated; without the driver's Pinger it returns nil.
@@ -343,7 +345,7 @@ func (c *conn) startExec(ctx context.Context, text string) (*permit, error) {
 func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	s := c.s
 	if s.execer != nil || s.legacyExecer != nil {
-		cargs, err := convertArgs(args, s.checker, nil)
+		cargs, err := convert.Args(args, s.checker, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -400,7 +402,7 @@ func (c *conn) runQuery(ctx context.Context, text string, run func() (driver.Row
 func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, driver.Stmt, error) {
 	s := c.s
 	if s.queryer != nil || s.legacyQueryer != nil {
-		cargs, err := convertArgs(args, s.checker, nil)
+		cargs, err := convert.Args(args, s.checker, nil)
 		if err != nil {
 			return nil, nil, err
 		}

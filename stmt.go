@@ -5,6 +5,8 @@ import (
 	"context"
 	"database/sql/driver"
 	"sync"
+
+	"github.com/dbbulkhead/bulkhead/internal/convert"
 )
 
 // stmt is a prepared statement of one logical connection. The driver's is
@@ -130,10 +132,10 @@ func (st *stmt) on(ctx context.Context) (driver.Stmt, error) {
 	return si, nil
 }
 
-// NumInput is -1: convertArgs checks the count against the driver's.
+// NumInput is -1: convert.Args checks the count against the driver's.
 func (st *stmt) NumInput() int { return -1 }
 
-// CheckNamedValue accepts every argument as it is (see convertArgs).
+// CheckNamedValue accepts every argument as it is (see convert.Args).
 func (st *stmt) CheckNamedValue(*driver.NamedValue) error { return nil }
 
 // Close closes st; the last of its text closes the driver's statements.
@@ -194,7 +196,7 @@ func (st *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (dri
 
 // stmtExec and stmtQuery convert args for si on s and run it.
 func stmtExec(ctx context.Context, s *session, si driver.Stmt, args []driver.NamedValue) (driver.Result, error) {
-	args, err := convertArgs(args, s.checker, si)
+	args, err := convert.Args(args, s.checker, si)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +211,7 @@ func stmtExec(ctx context.Context, s *session, si driver.Stmt, args []driver.Nam
 }
 
 func stmtQuery(ctx context.Context, s *session, si driver.Stmt, args []driver.NamedValue) (driver.Rows, error) {
-	args, err := convertArgs(args, s.checker, si)
+	args, err := convert.Args(args, s.checker, si)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,7 @@
-package bulkhead
+// Package convert converts a driver call's arguments as database/sql does
+// before it calls the driver, for a gate that calls the driver later, on
+// the server connection that runs the call.
+package convert
 
 import (
 	"database/sql/driver"
@@ -6,11 +9,11 @@ import (
 	"reflect"
 )
 
-// convertArgs converts args in place as database/sql does
+// Args converts args in place as database/sql does
 // (driverArgsConnLocked): si's NamedValueChecker, else nvc, then si's
 // ColumnConverter, then the default; a statement's count must then match
 // its NumInput. si is nil for a connection's Exec or Query.
-func convertArgs(args []driver.NamedValue, nvc driver.NamedValueChecker, si driver.Stmt) ([]driver.NamedValue, error) {
+func Args(args []driver.NamedValue, nvc driver.NamedValueChecker, si driver.Stmt) ([]driver.NamedValue, error) {
 	want := -1
 	var cci driver.ColumnConverter
 	if si != nil {
