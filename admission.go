@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dbbulkhead/bulkhead/internal/adaptive"
 )
 
 // The permit protocol: in each of its budgets in turn, its workload's if any,
@@ -37,14 +39,14 @@ type budget struct {
 	nAdmitted, nFull, nTimeout, nConnFailed, nCanceled, nWait, nWaitNanos, nWouldWait atomic.Int64
 
 	// Off the fields every operation touches; guarded by mu.
-	prio      int           // a workload's Priority: that of its operations in the global budget
-	recent    holdRing      // its operations' last holds, all classes together
-	granted   time.Time     // when a waiter was last granted its permit, the queue never empty since; zero: none
-	gap       time.Duration // the moving average (1/gapWeight) of the time between two such grants; 0: none
-	peak      int           // the highest b in force lately, whose sessions the pool keeps (keepPeak)
-	peakAt    time.Time     // when b fell below peak
-	adapt     *adaptive     // moves b within its ceiling; nil: b is the limit set
-	onMove    func(Move)    // Events.OnLimit, for the global budget; set by New
+	prio      int             // a workload's Priority: that of its operations in the global budget
+	recent    holdRing        // its operations' last holds, all classes together
+	granted   time.Time       // when a waiter was last granted its permit, the queue never empty since; zero: none
+	gap       time.Duration   // the moving average (1/gapWeight) of the time between two such grants; 0: none
+	peak      int             // the highest b in force lately, whose sessions the pool keeps (keepPeak)
+	peakAt    time.Time       // when b fell below peak
+	adapt     *adaptive.Limit // moves b within its ceiling; nil: b is the limit set
+	onMove    func(Move)      // Events.OnLimit, for the global budget; set by New
 	nDeadline atomic.Int64
 	nLease    atomic.Int64
 	lease     time.Time   // when set, the instant b stops holding (Gate.CapUntil); then b ≤ leaseB
@@ -87,12 +89,12 @@ func (l *budget) resize(b, q int, wait time.Duration, dryRun bool, floor int) {
 	case floor <= 0:
 		l.adapt = nil
 	case l.adapt == nil:
-		l.adapt = newAdaptive()
+		l.adapt = adaptive.New()
 		l.b = floor // start low: never above what the database showed it can take
 	}
 	if l.adapt != nil {
 		floor = min(floor, b)
-		l.adapt.floor, l.adapt.ceil = floor, b
+		l.adapt.Floor, l.adapt.Ceil = floor, b
 		b = min(max(l.b, floor), b)
 	}
 	l.setLimitLocked(b)
@@ -160,7 +162,7 @@ func (l *budget) leaseLocked() {
 	}
 	l.lease = time.Time{}
 	if a := l.adapt; a != nil {
-		a.ceil, a.floor = min(a.ceil, l.leaseB), min(a.floor, l.leaseB)
+		a.Ceil, a.Floor = min(a.Ceil, l.leaseB), min(a.Floor, l.leaseB)
 	}
 	l.lapsed = l.lapsed || l.leaseB < l.b
 	l.setLimitLocked(min(l.b, l.leaseB))
@@ -203,7 +205,7 @@ const (
 // ceilingLocked is the most b may be: the limit set, which Policy.Adaptive moves b below.
 func (l *budget) ceilingLocked() int {
 	if l.adapt != nil {
-		return l.adapt.ceil
+		return l.adapt.Ceil
 	}
 	return l.b
 }
@@ -228,7 +230,7 @@ func (l *budget) tryAcquire() (ok, measure bool, lease time.Time, under int) {
 // wantLocked tells the adaptive limit, if any, that callers wanted more than b.
 func (l *budget) wantLocked() {
 	if l.adapt != nil {
-		l.adapt.want()
+		l.adapt.Want()
 	}
 }
 
@@ -261,7 +263,7 @@ func (l *budget) releaseHold(held, base time.Duration, under int) {
 	l.grantLocked()
 	var m Move
 	if moved {
-		m = l.adapt.last
+		m = Move(l.adapt.Last())
 	}
 	l.mu.Unlock()
 	if moved && l.onMove != nil {
@@ -280,7 +282,7 @@ func (l *budget) observeLocked(held, base time.Duration, under int) (moved bool)
 		l.recent.add(held)
 	}
 	if l.adapt != nil {
-		if b, ok := l.adapt.observe(held, base, under, l.b, l.running+1 >= l.b, l.waiting > 0); ok {
+		if b, ok := l.adapt.Observe(held, base, under, l.b, l.running+1 >= l.b, l.waiting > 0); ok {
 			peak, peakAt := max(l.peak, b), l.peakAt
 			if b < l.peak && l.b == l.peak {
 				peakAt = time.Now() // b leaves its peak
@@ -416,7 +418,7 @@ func (l *budget) stats(s *Stats) {
 	s.MaxConcurrent, s.MaxQueue, s.QueueWait, s.DryRun = l.b, l.qLocked(), l.wait, l.dryRun
 	s.Running, s.Waiting, s.Hold = l.running, l.waiting, l.recent.median
 	if l.adapt != nil {
-		s.LastMove = l.adapt.last
+		s.LastMove = Move(l.adapt.Last())
 	}
 	l.mu.Unlock()
 	s.Admitted, s.RejectedFull, s.RejectedTimeout = l.nAdmitted.Load(), l.nFull.Load(), l.nTimeout.Load()

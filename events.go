@@ -114,3 +114,20 @@ func ReasonLabel(err error) string {
 	}
 	return ""
 }
+
+// Move is a change of the B in force under Policy.Adaptive and the signal
+// it was made on (Stats.LastMove).
+type Move struct {
+	From, To int
+	// Why: "slow start" (doubling while it pays), "queueing" (more than one
+	// operation waits inside the database), "room" (under a third does),
+	// "explore" (a periodic step up), "undone" (the step before won, or
+	// lost, too much or too little), "kept" (the step before was judged
+	// and kept), or "" before any.
+	Why string
+	// Queued is Vegas's estimate of the operations waiting inside the
+	// database over the window the move was made on, B·(1 − mean(base/held))
+	// with each hold's class's base hold; Gain is that window's goodput ÷
+	// the one before the step judged (0: none judged).
+	Queued, Gain float64
+}

@@ -1,8 +1,10 @@
-package bulkhead
+// Package adaptive is the limit Policy.Adaptive moves: the least number of
+// operations at once that gets the most goodput, read from their holds.
+package adaptive
 
 import "time"
 
-// adaptive moves a budget's limit between floor and ceil to the least that
+// Limit moves a budget's limit between floor and ceil to the least that
 // gets the most goodput: work done within deadlines per second, by Little's
 // law: with every permit busy, limit·Σbase/Σheld over a window of
 // completions, each weighed by its class's base hold (its work with nothing
@@ -31,8 +33,8 @@ import "time"
 // windows, or at once after a step up that was kept: for work whose holds
 // grow with the limit while goodput still rises. Guarded by the budget's
 // mutex.
-type adaptive struct {
-	floor, ceil int
+type Limit struct {
+	Floor, Ceil int // the bounds it moves within; the caller sets them
 
 	// The window being measured.
 	n       int     // completions
@@ -62,8 +64,11 @@ type adaptive struct {
 	last Move // the last move, and what it was made on
 }
 
-// Move is a change of the B in force under Policy.Adaptive and the signal
-// it was made on (Stats.LastMove).
+// Last returns the last move, and what it was made on.
+func (a *Limit) Last() Move { return a.last }
+
+// Move is a change of the limit and the signal it was made on
+// (bulkhead.Move).
 type Move struct {
 	From, To int
 	// Why: "slow start" (doubling while it pays), "queueing" (more than one
@@ -93,19 +98,20 @@ const (
 	backoffMax   = 512     // the most it is blocked after undos in a row
 )
 
-func newAdaptive() *adaptive { return &adaptive{slow: true} }
+// New returns a limit in slow start.
+func New() *Limit { return &Limit{slow: true} }
 
-// want records a caller refused (in dry-run, one that would have waited).
-func (a *adaptive) want() { a.wanted, a.refused = true, true }
+// Want records a caller refused (in dry-run, one that would have waited).
+func (a *Limit) Want() { a.wanted, a.refused = true, true }
 
-// observe adds the completion of one operation under limit b, granted its
+// Observe adds the completion of one operation under limit b, granted its
 // permit under limit from: it held its permits held, its class's base hold
 // is base, 0 if it did no work (cut off at its deadline); full reports
 // whether every permit of b was held as it completed, waited whether
 // callers wait. Only operations granted under b count: one from before a
 // move held them under the limit before. At a window's end it returns the
 // limit to put in force, and true if it differs from b.
-func (a *adaptive) observe(held, base time.Duration, from, b int, full, waited bool) (int, bool) {
+func (a *Limit) Observe(held, base time.Duration, from, b int, full, waited bool) (int, bool) {
 	a.wanted = a.wanted || waited
 	wanted := waited || a.refused
 	a.refused = false
@@ -170,12 +176,12 @@ func (a *adaptive) observe(held, base time.Duration, from, b int, full, waited b
 	}
 	a.rates += rate
 	a.nRates++
-	up := wanted && b < a.ceil && (a.upBlock == 0 || b+1 < a.upTop)
-	down := b > a.floor && (a.downBlock == 0 || b-1 > a.downBottom)
+	up := wanted && b < a.Ceil && (a.upBlock == 0 || b+1 < a.upTop)
+	down := b > a.Floor && (a.downBlock == 0 || b-1 > a.downBottom)
 	nb, why := b, ""
 	switch {
 	case a.slow && up:
-		nb, why = min(2*b, a.ceil), "slow start"
+		nb, why = min(2*b, a.Ceil), "slow start"
 		if a.upBlock > 0 {
 			nb = min(nb, a.upTop-1)
 		}
