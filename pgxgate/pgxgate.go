@@ -11,12 +11,16 @@
 //     connection in the background), so its permits come back early and
 //     the server can run more than B transactions for a moment (measured:
 //     up to 8 with B=2 under a storm of cancellations). pgxgate installs
-//     pgconn's CancelRequestContextWatcherHandler instead: a cancelled
-//     statement sends a cancel request and returns only once the server
-//     answered (at most DeadlineDelay: then pgx closes the connection),
-//     and the connection stays usable. The cost: pgx waits 100ms after
-//     each cancel request before it reuses the connection, so a cancelled
-//     operation holds its permits that much longer.
+//     its own context handling instead: a cancelled statement sends a
+//     cancel request and returns only once the server answered the
+//     statement and acknowledged the cancel request (at most
+//     DeadlineDelay: then the connection is closed), and the connection
+//     stays usable. A cancel request the server takes after the statement
+//     ended would stop the connection's next statement, so the wait for
+//     its acknowledgement is not cut short (pgx's own handler stops
+//     waiting when the statement ends and sleeps 100 ms: under load, the
+//     next caller's statement failed with 57014). A cancelled operation
+//     holds its permits until then.
 //   - The end of a transaction: pgx's Commit and Rollback run with the
 //     context BeginTx was given. When that context ended (database/sql
 //     then rolls the transaction back from its own goroutine), pgx sends
@@ -64,8 +68,9 @@ import (
 	"github.com/dbbulkhead/bulkhead"
 )
 
-// DeadlineDelay is how long, after a context ends, pgx waits for the
-// server to answer the cancel request before it closes the connection.
+// DeadlineDelay is how long, after a context ends, the server has to answer
+// the statement and acknowledge the cancel request before the connection
+// is closed.
 const DeadlineDelay = time.Second
 
 // EndGrace bounds a COMMIT or ROLLBACK sent by pgxgate's connections: past
@@ -78,8 +83,43 @@ const EndGrace = 5 * time.Second
 // replaces any BuildContextWatcherHandler already set.
 func WaitForServer(cfg *pgx.ConnConfig) {
 	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: DeadlineDelay}
+		return &cancelHandler{conn: pc}
 	}
+}
+
+// cancelHandler sends a cancel request once an operation's context ended,
+// and lets the operation return only once the server acknowledged it (it
+// closed the cancel connection, having signalled the backend; libpq's
+// PQcancel waits the same way), however soon the statement ended: a cancel
+// request the server takes later would stop the connection's next
+// statement. pgx's CancelRequestContextWatcherHandler stops waiting when
+// the statement ends, then sleeps 100 ms. Within DeadlineDelay the server
+// answers the statement (else pgx closes the connection) and the cancel
+// request; one not acknowledged by then closes the connection, and its
+// next use fails before it sends anything.
+type cancelHandler struct {
+	conn  *pgconn.PgConn
+	acked chan bool
+}
+
+func (h *cancelHandler) HandleCancel(context.Context) {
+	deadline := time.Now().Add(DeadlineDelay)
+	h.conn.Conn().SetDeadline(deadline)
+	h.acked = make(chan bool, 1)
+	go func() {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		defer cancel()
+		err := h.conn.CancelRequest(ctx) // nil also when its wait was cut off
+		h.acked <- err == nil && ctx.Err() == nil
+	}()
+}
+
+func (h *cancelHandler) HandleUnwatchAfterCancel() {
+	if !<-h.acked {
+		h.conn.Conn().Close()
+		return
+	}
+	h.conn.Conn().SetDeadline(time.Time{})
 }
 
 // New returns a gate in front of Connector(cfg) with policy p. Errors are
