@@ -1,7 +1,7 @@
 package tests
 
-// Adaptive B and the deadline-bounded wait on PostgreSQL through pgxgate
-// (issue 35): the sessions stay as adaptive B moves, and a waiter leaves the
+// Adaptive B and the deadline-bounded wait on PostgreSQL through pgxgate:
+// the sessions stay as adaptive B moves, and a waiter leaves the
 // queue while two of its class's holds are still left before its deadline,
 // having sent nothing.
 
