@@ -8,12 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // Tests of the unexported budget. Tests that need time to pass run in a
@@ -109,17 +110,10 @@ func admPoll(ch <-chan admResult) (admResult, bool) {
 	}
 }
 
-// admWaitFor polls cond, with real time, until it holds. The deadline
-// only turns a hang into a failure.
+// admWaitFor polls cond, with real time, until it holds (testkit.Await).
 func admWaitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition never held")
-		}
-		runtime.Gosched()
-	}
+	testkit.Await(t, "the condition held", cond)
 }
 
 // admBubbleBudget returns a budget for a synctest bubble, closed at the

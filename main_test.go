@@ -6,12 +6,11 @@ import (
 	"context"
 	"database/sql"
 	"os"
-	"runtime"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/dbbulkhead/bulkhead/internal/leakcheck"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // The root module's tests run on the in-process fake driver alone; the
@@ -19,18 +18,11 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(leakcheck.Run(m)) }
 
-// awaitState waits until cond holds, polling state without sleeping. It
-// gives up, failing the test, only after a generous bound meant to turn a
-// hang into a failure, never to measure time.
+// awaitState waits until cond holds, polling state without sleeping
+// (testkit.Await).
 func awaitState(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting until %s", what)
-		}
-		runtime.Gosched()
-	}
+	testkit.Await(t, what, cond)
 }
 
 // inParallel runs f each times on each of workers goroutines, a goroutine

@@ -24,6 +24,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 func rzSet(t *testing.T, g *bulkhead.Gate, p bulkhead.Policy) {
@@ -565,7 +566,7 @@ func TestAGateCappedToNoPermitRejectsAtOnceAndKeepsNobodyWaiting(t *testing.T) {
 		capped := make(chan error, 1)
 		go func() { capped <- r.g.Cap(bg, 0, 2) }()
 		synctest.Wait()
-		err := wlRecv(t, "c", c)
+		err := testkit.Recv(t, "c", c)
 		re := wlRejected(t, "an operation queued as B fell to 0", err, bulkhead.ErrAdmissionFull, "", 0, 0)
 		if time.Since(start) != 0 || re.Waiting != 0 {
 			t.Fatalf("c was refused after %v with %+v, want at once, nobody left waiting", time.Since(start), re)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // smFill fills the admission of e's gate of B=1 and Q=q (0 or 1): a
@@ -386,28 +387,17 @@ func TestCapWaitsForTheOperationsBeyondItsLimit(t *testing.T) {
 // database/sql has connections.
 func TestServerConnectionsNeverOutnumberDatabaseSQLsConnections(t *testing.T) {
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Second})
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	for range 6 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				e.db.Exec("UPDATE t")
-			}
-		})
-	}
+	halt := testkit.Repeat(6, func(int) bool {
+		e.db.Exec("UPDATE t")
+		return true
+	})
 	for i := range 200 {
 		e.db.SetMaxIdleConns(i % 5)
 		if i%7 == 0 {
 			e.g.SetPolicy(bulkhead.Policy{MaxConcurrent: 1 + i%4, MaxQueue: 4, QueueWait: time.Second})
 		}
 	}
-	close(stop)
-	wg.Wait()
+	halt()
 	e.db.SetMaxIdleConns(1)
 	if open, s := e.fc.Open(), e.db.Stats(); open > s.OpenConnections || open > 1 {
 		t.Fatalf("%d server connections open, database/sql %+v: want at most its 1", open, s)

@@ -290,16 +290,14 @@ func TestUnderLoadTheGateKeepsItsSessions(t *testing.T) {
 				var w dlWork
 				g, db, fc := dlGate(t, Policy{MaxConcurrent: c.b, MaxQueue: 4 * c.b, QueueWait: 50 * time.Millisecond})
 				fc.SetHook(w.hook)
-				stop := make(chan struct{})
 				var load dlLoad
-				load.run(db, c.callers, stop, func(i int) (string, time.Duration) {
+				halt := load.run(db, c.callers, func(i int) (string, time.Duration) {
 					return fmt.Sprintf("sleep %dms", 1+i%3), 100 * time.Millisecond
 				})
 				time.Sleep(time.Second)
 				dials := g.Stats().Dials
 				time.Sleep(10 * time.Second)
-				close(stop)
-				load.wg.Wait()
+				halt()
 				if d := g.Stats().Dials - dials; d > 1 {
 					t.Fatalf("%d dials in 10 s after the first second (%d ran), want at most 1", d, load.ok.Load())
 				}

@@ -21,6 +21,7 @@ import (
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // wlRig is a gate on the fake driver whose Exec (and Query) of
@@ -223,17 +224,6 @@ func wlRejected(t *testing.T, what string, err error, cause error, workload stri
 	return re
 }
 
-func wlRecv(t *testing.T, what string, ch <-chan error) error {
-	t.Helper()
-	select {
-	case err := <-ch:
-		return err
-	case <-time.After(30 * time.Second): // turns a hang into a failure, measures nothing
-		t.Fatalf("%s never returned", what)
-		return nil
-	}
-}
-
 // done lets the held operation name return and fails the test unless it
 // returned nil on ch.
 func (r *wlRig) done(t *testing.T, name string, ch <-chan error) {
@@ -264,7 +254,7 @@ func (r *wlRig) doneN(t *testing.T, prefix string, chs []<-chan error) {
 
 func wlOK(t *testing.T, what string, ch <-chan error) {
 	t.Helper()
-	if err := wlRecv(t, what, ch); err != nil {
+	if err := testkit.Recv(t, what, ch); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
 }
@@ -438,7 +428,7 @@ func TestAWorkloadsQueueWaitCoversItsWaitForBothBudgets(t *testing.T) {
 		if !r.hasEntered("u2") || r.hasEntered("b2") {
 			t.Fatalf("entered %v: want u2 to run and b2 to wait", r.enteredOrder())
 		}
-		err := wlRecv(t, "b2", b2)
+		err := testkit.Recv(t, "b2", b2)
 		re := wlRejected(t, "b2, out of time in the global queue", err, bulkhead.ErrQueueTimeout, "", 2, 2)
 		if got := time.Since(start); re.Waited != 100*time.Millisecond || got != 100*time.Millisecond {
 			t.Fatalf("b2 waited %v (returned after %v), want the workload's 100ms in all", re.Waited, got)

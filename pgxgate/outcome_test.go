@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // A COMMIT the server answered with an error has a known outcome: nothing
@@ -134,7 +135,7 @@ func TestACommitWhoseReplyIsLostIsAnUnknownOutcome(t *testing.T) {
 		t.Errorf("Commit: %v reaches a server error, but the server never answered", err)
 	}
 	commitAnswered500(t, ctx, err)
-	await(t, "the gate drops the closed connection", func() bool {
+	testkit.Await(t, "the gate drops the closed connection", func() bool {
 		s := g.Stats()
 		return s.Running == 0 && s.OpenConns == 0
 	})

@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"os"
 	"reflect"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/httpgate"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
@@ -146,19 +146,6 @@ func (m *monitor) active(t *testing.T, app string) int {
 	return n
 }
 
-// await polls cond, yielding, until it holds; the bound only turns a hang
-// into a failure.
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting until %s", what)
-		}
-		runtime.Gosched()
-	}
-}
-
 // cancelTries runs n statements that the server would run for a minute,
 // each on a *sql.Conn, cancels each once the server runs it, and polls
 // pg_stat_activity once, right after the call returned. It returns in how
@@ -187,7 +174,7 @@ func cancelTries(t *testing.T, m *monitor, db *sql.DB, app string, n int) (still
 			_, err := c.ExecContext(ctx, "SELECT pg_sleep(60)")
 			done <- err
 		}()
-		await(t, "the server runs the statement", func() bool { return m.active(t, app) == 1 })
+		testkit.Await(t, "the server runs the statement", func() bool { return m.active(t, app) == 1 })
 		cancel()
 		err = <-done
 		if err == nil {
@@ -213,7 +200,7 @@ func cancelTries(t *testing.T, m *monitor, db *sql.DB, app string, n int) (still
 		}
 		c.Close()
 		// Before the next try, the server must be done with this one.
-		await(t, "the server stopped the statement", func() bool { return m.active(t, app) == 0 })
+		testkit.Await(t, "the server stopped the statement", func() bool { return m.active(t, app) == 0 })
 	}
 	return stillActive, closed, len(pids)
 }

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/fleet"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/promgate"
 )
 
@@ -42,19 +42,6 @@ func gatedOn(t *testing.T, c *promgate.Collector, fc *fakedb.Connector, p bulkhe
 	db := g.OpenDB()
 	t.Cleanup(func() { db.Close() })
 	return g, db
-}
-
-// await waits, without sleeping, until cond holds, or fails the test
-// after 10 s.
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		runtime.Gosched()
-	}
 }
 
 // statsHelp is the exposition of the Stats-derived metrics, with a %d
@@ -152,7 +139,7 @@ bulkhead_max_queue_wait_seconds 3600
 		_, err := db.ExecContext(waitCtx, "UPDATE t SET v = 1")
 		waited <- err
 	}()
-	await(t, "the second operation waits", func() bool { return gate.Stats().Waiting == 1 })
+	testkit.Await(t, "the second operation waits", func() bool { return gate.Stats().Waiting == 1 })
 	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 2"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("third operation: %v, want ErrAdmissionFull", err)
 	}
@@ -253,7 +240,7 @@ func TestHistogramsObserveEachAdmittedWaitAndEachHoldByKind(t *testing.T) {
 		_, err := db.ExecContext(ctx, "UPDATE t SET v = 1")
 		waited <- err
 	}()
-	await(t, "the statement waits", func() bool { return gate.Stats().Waiting == 1 })
+	testkit.Await(t, "the statement waits", func() bool { return gate.Stats().Waiting == 1 })
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
@@ -446,7 +433,7 @@ func TestCollectorReportsTheFleetOnlyForAFleetMember(t *testing.T) {
 	defer m.Gate().OpenDB().Close()
 	c.Attach(m.Gate())
 	c.AttachFleet(m)
-	await(t, "the loop's first round", func() bool { return m.Stats().Rounds > 0 })
+	testkit.Await(t, "the loop's first round", func() bool { return m.Stats().Rounds > 0 })
 	if err := m.Sync(t.Context()); !errors.Is(err, fleet.ErrCoordination) {
 		t.Fatalf("Sync on the fake driver: %v, want ErrCoordination", err)
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // EnvDatabaseURL names the PostgreSQL server the real-server tests use.
@@ -272,21 +272,7 @@ func (m *monitor) Connections(t testing.TB) int { return m.count(t, "") }
 // look returns false or the returned function is called; that function
 // returns once the goroutine has ended.
 func pollServer(look func() bool) (stop func()) {
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-quit:
-				return
-			default:
-			}
-			if !look() {
-				return
-			}
-		}
-	}()
-	return func() { close(quit); <-done }
+	return testkit.Repeat(1, func(int) bool { return look() })
 }
 
 // serverPeak polls q on db, in a goroutine of its own, until the returned
@@ -330,16 +316,9 @@ func goExec(e interface {
 	return done
 }
 
-// awaitState waits until cond holds, polling state without sleeping. It
-// gives up, failing the test, only after a generous bound meant to turn a
-// hang into a failure, never to measure time.
+// awaitState waits until cond holds, polling state without sleeping
+// (testkit.Await).
 func awaitState(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting until %s", what)
-		}
-		runtime.Gosched()
-	}
+	testkit.Await(t, what, cond)
 }
