@@ -617,13 +617,8 @@ func TestTheGateRefusesAnOperationThatWouldMissItsDeadlineWithoutReachingTheDriv
 		_, g, db, fc := dlWorkGate(t, dlEveryOneMeasured(1), ev.option())
 		// Measured: a statement that holds a minute, and a transaction
 		// given 65s that holds a minute.
-		if _, err := db.ExecContext(context.Background(), "sleep 1m"); err != nil {
-			t.Fatal(err)
-		}
-		tx, err := db.BeginTx(dlDeadline(t, 65*time.Second), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, context.Background(), db, "sleep 1m")
+		tx := testkit.Begin(t, dlDeadline(t, 65*time.Second), db)
 		time.Sleep(time.Minute)
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)
@@ -631,7 +626,7 @@ func TestTheGateRefusesAnOperationThatWouldMissItsDeadlineWithoutReachingTheDriv
 		before, execs, begins := g.Stats(), fc.Count(fakedb.OpExec), fc.Count(fakedb.OpBegin)
 
 		ctx := dlDeadline(t, 30*time.Second)
-		_, err = db.ExecContext(ctx, "sleep 1m")
+		_, err := db.ExecContext(ctx, "sleep 1m")
 		if re := dlMissed(t, "exec", err); re.Hold != time.Minute || re.Left != 30*time.Second {
 			t.Fatalf("rejection %+v, want Hold 1m, Left 30s", *re)
 		}
@@ -861,17 +856,12 @@ func TestTheGateMeasuresHoldTimesOffTheFastPathOrAllWhenAdaptive(t *testing.T) {
 	t.Run("fixed", func(t *testing.T) {
 		g, db, _ := dlGate(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
 		for range 3 {
-			if _, err := db.ExecContext(bg, "UPDATE t SET v = 1"); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, bg, db, "UPDATE t SET v = 1")
 		}
 		if s := g.Stats(); s.Hold != 0 {
 			t.Fatalf("Hold %v after operations that found a permit free, want 0", s.Hold)
 		}
-		tx, err := db.BeginTx(bg, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := testkit.Begin(t, bg, db)
 		done := make(chan error, 1)
 		go func() {
 			_, err := db.ExecContext(bg, "UPDATE t SET v = 2")
@@ -890,9 +880,7 @@ func TestTheGateMeasuresHoldTimesOffTheFastPathOrAllWhenAdaptive(t *testing.T) {
 	})
 	t.Run("adaptive", func(t *testing.T) {
 		g, db, _ := dlGate(t, Policy{MaxConcurrent: 4, Adaptive: true})
-		if _, err := db.ExecContext(bg, "UPDATE t SET v = 1"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, bg, db, "UPDATE t SET v = 1")
 		if s := g.Stats(); s.Hold <= 0 {
 			t.Fatalf("Hold %v after an operation under Adaptive, want it measured", s.Hold)
 		}

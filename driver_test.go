@@ -25,6 +25,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // fkEnv is a gate on a fake driver and the *sql.DB opened on it.
@@ -107,7 +108,7 @@ var fkB1 = bulkhead.Policy{MaxConcurrent: 1}
 func fkRaw(t *testing.T, db *sql.DB, f func(dc any)) {
 	t.Helper()
 	ctx := context.Background()
-	c := fkConn(t, ctx, db)
+	c := testkit.Conn(t, ctx, db)
 	defer c.Close()
 	if err := c.Raw(func(dc any) error { f(dc); return nil }); err != nil {
 		t.Fatal(err)
@@ -328,7 +329,7 @@ func TestUnwrapReturnsTheDriversOwnConnFromRaw(t *testing.T) {
 func TestTheArticleDemoOnTheFakeDriverRejectsTheSecondOperationAndCommits42(t *testing.T) {
 	ctx := context.Background()
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
-	tx := fkBegin(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db)
 	_, err := e.db.ExecContext(ctx, "UPDATE t")
 	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, bulkhead.ErrAdmissionFull) || errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("second operation: %v, want an admission-full rejection", err)
@@ -380,7 +381,7 @@ func TestATransactionHoldsItsPermitsUntilTheDriversCommitOrRollbackReturned(t *t
 		op fakedb.Op
 		f  func(*sql.Tx) error
 	}{{fakedb.OpCommit, (*sql.Tx).Commit}, {fakedb.OpRollback, (*sql.Tx).Rollback}} {
-		tx := fkBegin(t, ctx, e.db)
+		tx := testkit.Begin(t, ctx, e.db)
 		e.running(t, 1, "transaction begun")
 		fkBlocked(t, e.fc, end.op, func() error { return end.f(tx) }, func() {
 			e.running(t, 1, "inside the driver's "+end.op.String())
@@ -507,7 +508,7 @@ func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dbStmt.Close()
-	tx := fkBegin(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db)
 	before := e.g.Stats()
 	if _, err := tx.ExecContext(ctx, "UPDATE t"); err != nil {
 		t.Fatalf("exec in tx: %v", err)
@@ -547,7 +548,7 @@ func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
 func TestACancelledTransactionIsReleasedOnceByDatabaseSQLsRollback(t *testing.T) {
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
 	ctx, cancel := context.WithCancel(context.Background())
-	tx := fkBegin(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db)
 	b := e.fc.Block(fakedb.OpRollback)
 	cancel()
 	b.Wait(1) // database/sql's goroutine is in the driver's Rollback
@@ -756,7 +757,7 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 	// A queue timeout: the driver never sees the statement, and database/sql
 	// neither retries it nor dials again.
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Millisecond})
-	tx := fkBegin(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db)
 	_, err := e.db.ExecContext(ctx, "UPDATE t")
 	if !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("got %v, want a queue timeout", err)
@@ -783,7 +784,7 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 
 	// Admission full at the wrapper: a nested operation on a pinned conn.
 	e1 := fkOpen(t, nil, fkB1)
-	c := fkConn(t, ctx, e1.db)
+	c := testkit.Conn(t, ctx, e1.db)
 	rows, err := c.QueryContext(ctx, "SELECT 1")
 	if err != nil {
 		t.Fatal(err)
@@ -909,7 +910,7 @@ func TestTheErrSkipFallbackChecksArgumentsWithTheStatementsCheckerAsDatabaseSQLD
 func TestClosingTheDBMakesAQueuedOperationReturnErrClosed(t *testing.T) {
 	ctx := context.Background()
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait})
-	tx := fkBegin(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db)
 	done := e.exec(ctx, "UPDATE t")
 	awaitState(t, "the exec waits for a permit", func() bool { return e.g.Stats().Waiting == 1 })
 	if err := e.db.Close(); err != nil {
@@ -1040,12 +1041,12 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 			OnReject:  record("reject"),
 			OnRelease: record("release"),
 		}))
-	fkMustExec(t, ctx, e.db, "UPDATE t")
+	testkit.Exec(t, ctx, e.db, "UPDATE t")
 	if err := e.db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)); err != nil {
 		t.Fatal(err)
 	}
-	tx := fkBegin(t, ctx, e.db) // holds the execution permit
-	c := fkConn(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db) // holds the execution permit
+	c := testkit.Conn(t, ctx, e.db)
 	defer c.Close()
 	waiter := e.exec(bulkhead.WithQueueWait(ctx, time.Hour), "UPDATE t")
 	awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
@@ -1058,7 +1059,7 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 	if err := <-waiter; err != nil {
 		t.Fatal(err)
 	}
-	tx = fkBegin(t, ctx, e.db) // holds the execution permit again
+	tx = testkit.Begin(t, ctx, e.db) // holds the execution permit again
 	if _, err := c.ExecContext(ctx, "UPDATE t"); !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("exec on the pinned conn: %v, want a queue timeout", err)
 	}
@@ -1138,7 +1139,7 @@ func TestHoldWarningReportsAnOperationHeldLongerThanTheLimit(t *testing.T) {
 	const limit = time.Microsecond
 	reports := make(chan bulkhead.Event, 1)
 	e := fkOpen(t, nil, fkB1, bulkhead.WithHoldWarning(limit, func(ev bulkhead.Event) { reports <- ev }))
-	tx := fkBegin(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db)
 	ev := <-reports // the transaction stays open until the report came
 	if ev.Kind != bulkhead.KindTx || ev.Held != limit {
 		t.Fatalf("report %+v, want a transaction held %v", ev, limit)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // setLingerWait sets lingerWait for one test and returns what restores it.
@@ -37,13 +38,8 @@ func spareRig(t *testing.T, p Policy, kept bool) (*fakedb.Connector, *Gate, *sql
 		return fc, g, db, nil
 	}
 	ctx := context.Background()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.ExecContext(ctx, "UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	c := testkit.Conn(t, ctx, db)
+	testkit.Exec(t, ctx, c, "UPDATE t")
 	return fc, g, db, c
 }
 
@@ -195,9 +191,7 @@ func TestAConnectionTakenBackTwiceByDatabaseSQLKeepsItsSession(t *testing.T) {
 	}
 	dials, closes := g.Stats().Dials, fc.Count(fakedb.OpConnClose)
 	for range 10 {
-		if _, err := db.ExecContext(ctx, "UPDATE t"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, ctx, db, "UPDATE t")
 	}
 	if d, cl := g.Stats().Dials-dials, fc.Count(fakedb.OpConnClose)-closes; d != 0 || cl != 0 {
 		t.Fatalf("10 operations one at a time dialed %d and closed %d server connections, want none", d, cl)

@@ -359,7 +359,7 @@ func TestAnUnknownWorkloadNameIsCountedAndLoggedOnce(t *testing.T) {
 	r := wlOpen(t, wlBatch)
 	ctx := bulkhead.WithWorkload(context.Background(), "bacth")
 	for range 3 {
-		fkMustExec(t, ctx, r.db, "quick")
+		testkit.Exec(t, ctx, r.db, "quick")
 	}
 	if s := r.g.Stats(); s.UnknownWorkload != 3 || s.Admitted != 3 {
 		t.Fatalf("stats %+v: want 3 operations admitted in the global budget, 3 counted as naming an unknown workload", s)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead/internal/leakcheck"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/httpgate"
@@ -54,10 +55,7 @@ func openGate(t *testing.T, c driver.Connector, p bulkhead.Policy) (*bulkhead.Ga
 // begin begins a transaction on db, failing the test if it cannot.
 func begin(t *testing.T, db *sql.DB) *sql.Tx {
 	t.Helper()
-	tx, err := db.BeginTx(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, t.Context(), db)
 	return tx
 }
 

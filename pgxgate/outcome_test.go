@@ -43,9 +43,7 @@ func TestACommitTheServerAnsweredWithAnErrorReturnsItAndKeepsTheConnection(t *te
 
 			otx := begin(t, ctx, other.db)
 			defer otx.Rollback()
-			if _, err := otx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1, 'other')"); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, ctx, otx, "INSERT INTO "+table+" VALUES (1, 'other')")
 			tx := begin(t, ctx, db)
 			var pid int
 			if err := tx.QueryRowContext(ctx, "INSERT INTO "+table+" VALUES (1, 'gated') RETURNING pg_backend_pid()").Scan(&pid); err != nil {
@@ -120,9 +118,7 @@ func TestACommitWhoseReplyIsLostIsAnUnknownOutcome(t *testing.T) {
 	ctl.table(t, table, "id int")
 
 	tx := begin(t, ctx, db)
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1)"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, tx, "INSERT INTO "+table+" VALUES (1)")
 	d.dropAfterCommit.Store(true)
 	err := tx.Commit()
 	t.Logf("Commit: %v", err)

@@ -89,10 +89,7 @@ func gateDB(t *testing.T, g *bulkhead.Gate, err error) (*bulkhead.Gate, *sql.DB)
 // begin begins a transaction on db, failing the test if it cannot.
 func begin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
 	t.Helper()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, ctx, db)
 	return tx
 }
 
@@ -159,24 +156,17 @@ func cancelTries(t *testing.T, m *monitor, db *sql.DB, app string, n int) (still
 	t.Helper()
 	pids := map[int]bool{}
 	for i := range n {
-		c, err := db.Conn(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := testkit.Conn(t, t.Context(), db)
 		var pid int
 		if err := c.QueryRowContext(t.Context(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 			t.Fatalf("try %d: %v", i, err)
 		}
 		pids[pid] = true
 		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error, 1)
-		go func() {
-			_, err := c.ExecContext(ctx, "SELECT pg_sleep(60)")
-			done <- err
-		}()
+		done := testkit.GoExec(ctx, c, "SELECT pg_sleep(60)")
 		testkit.Await(t, "the server runs the statement", func() bool { return m.active(t, app) == 1 })
 		cancel()
-		err = <-done
+		err := <-done
 		if err == nil {
 			t.Fatalf("try %d: the cancelled statement succeeded", i)
 		}

@@ -128,10 +128,7 @@ bulkhead_max_queue_wait_seconds 3600
 	compare(t, c, limits, "bulkhead_max_concurrent", "bulkhead_max_queue", "bulkhead_max_queue_wait_seconds")
 	compareStats(t, c, statsWant{})
 
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, ctx, db)
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	waited := make(chan error, 1)
@@ -186,10 +183,7 @@ func TestCollectorCountsQueueTimeoutsApartFromAdmissionFull(t *testing.T) {
 	// B=1, Q=1 and a 1ns queue wait: the second operation is admitted, then
 	// rejected at once because no execution permit is free.
 	_, db := gated(t, c, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
-	tx, err := db.BeginTx(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, t.Context(), db)
 	defer tx.Rollback()
 	if _, err := db.ExecContext(t.Context(), "UPDATE t SET v = 1"); !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("second operation: %v, want ErrQueueTimeout", err)
@@ -231,10 +225,7 @@ func TestHistogramsObserveEachAdmittedWaitAndEachHoldByKind(t *testing.T) {
 	gate, db := gated(t, c, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
 	ctx := t.Context()
 
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, ctx, db)
 	waited := make(chan error, 1)
 	go func() {
 		_, err := db.ExecContext(ctx, "UPDATE t SET v = 1")
@@ -277,9 +268,7 @@ func TestCollectorsOfTwoGatesShareARegistryAndPassLint(t *testing.T) {
 	for _, db := range []string{"orders", "users"} {
 		c := promgate.New(promgate.Opts{ConstLabels: prometheus.Labels{"db": db}})
 		_, sdb := gated(t, c, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second})
-		if _, err := sdb.ExecContext(t.Context(), "UPDATE t SET v = 1"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, t.Context(), sdb, "UPDATE t SET v = 1")
 		reg.MustRegister(c)
 	}
 	problems, err := testutil.GatherAndLint(reg)
@@ -347,10 +336,7 @@ func TestCollectorReportsEachWorkloadInItsOwnFamilies(t *testing.T) {
 		Workloads: map[string]bulkhead.Workload{"reports": {MaxConcurrent: 1}, "api": {MaxConcurrent: 2}},
 	})
 	ctx := bulkhead.WithWorkload(t.Context(), "reports")
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, ctx, db)
 	// The workload's one permit is held: its next operation is rejected,
 	// while the global budget still has room.
 	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 1"); !errors.Is(err, bulkhead.ErrRejected) {
@@ -400,10 +386,7 @@ bulkhead_admitted_total 2
 func TestCollectorReportsADryRunAndWhatWouldHaveWaited(t *testing.T) {
 	c := promgate.New(promgate.Opts{})
 	_, db := gated(t, c, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second, DryRun: true})
-	tx, err := db.BeginTx(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, t.Context(), db)
 	// B=1 in dry run: the second operation would have waited, and runs.
 	if _, err := db.ExecContext(t.Context(), "UPDATE t SET v = 1"); err != nil {
 		t.Fatalf("dry run: %v", err)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/sloggate"
 )
 
@@ -106,10 +107,7 @@ func loggedDB(t *testing.T, h *recordLog, p bulkhead.Policy) *sql.DB {
 // transaction is left open.
 func rejectBehindTx(t *testing.T, ctx context.Context, db *sql.DB, want error) *sql.Tx {
 	t.Helper()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, ctx, db)
 	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 1"); !errors.Is(err, want) {
 		t.Fatalf("exec while the transaction holds the permit: %v, want %v", err, want)
 	}
@@ -126,9 +124,7 @@ func TestEventsLogsAdmitAndReleaseAtDebugAndRejectAtWarn(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 2"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, db, "UPDATE t SET v = 2")
 
 	lines, durs := h.got()
 	want := []string{
@@ -199,10 +195,7 @@ func TestEventsNamesTheWorkloadAndTellsADryRunRejectionApart(t *testing.T) {
 		Workloads: map[string]bulkhead.Workload{"reports": {MaxConcurrent: 1}},
 	})
 	ctx := bulkhead.WithWorkload(t.Context(), "reports")
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, ctx, db)
 	// B=1, Q=0 in dry run: the second operation would be rejected, and runs.
 	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 1"); err != nil {
 		t.Fatalf("dry run: %v, want no rejection", err)

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
@@ -274,18 +275,14 @@ func TestCommittedRowsStayAndRolledBackRowsVanishWithPermitsBack(t *testing.T) {
 	table := tempTable(t, newMonitor(t).db, "id int PRIMARY KEY")
 
 	tx := pgBegin(t, ctx, db)
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1), (2)"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, tx, "INSERT INTO "+table+" VALUES (1), (2)")
 	if err := tx.Commit(); err != nil {
 		t.Fatalf("commit: %v", err)
 	}
 	pgExpectIdle(t, g)
 
 	tx = pgBegin(t, ctx, db)
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (3), (4)"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, tx, "INSERT INTO "+table+" VALUES (3), (4)")
 	if err := tx.Rollback(); err != nil {
 		t.Fatalf("rollback: %v", err)
 	}
@@ -604,9 +601,7 @@ func TestWorkRunsAgainAfterAServerStatementTimeout(t *testing.T) {
 	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
 
 	tx := pgBegin(t, ctx, db)
-	if _, err := tx.ExecContext(ctx, "SET LOCAL statement_timeout = '100ms'"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, tx, "SET LOCAL statement_timeout = '100ms'")
 	_, err := tx.ExecContext(ctx, "SELECT pg_sleep(2)")
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "57014" {

@@ -28,6 +28,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/tests/internal/sqlcdb"
 )
 
@@ -507,9 +508,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 			t.Run("B=1 Q=0 rejects a second operation while a transaction holds the permit", func(t *testing.T) {
 				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, &igTracker{})
 				tx := pgBegin(t, ctx, db)
-				if _, err := tx.ExecContext(ctx, insert(table), 1); err != nil {
-					t.Fatal(err)
-				}
+				testkit.Exec(t, ctx, tx, insert(table), 1)
 				_, err := db.ExecContext(ctx, insert(table), 2)
 				if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, bulkhead.ErrAdmissionFull) || errors.Is(err, driver.ErrBadConn) {
 					t.Errorf("second operation: %v, want ErrRejected and ErrAdmissionFull, not ErrBadConn", err)
@@ -536,9 +535,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 				for _, commit := range []bool{true, false} {
 					tx := pgBegin(t, ctx, db)
 					for v := range 3 {
-						if _, err := tx.ExecContext(ctx, insert(table), v); err != nil {
-							t.Fatal(err)
-						}
+						testkit.Exec(t, ctx, tx, insert(table), v)
 					}
 					if s := g.Stats(); s.Running != 1 {
 						t.Errorf("%d running inside the transaction, want 1", s.Running)
@@ -563,9 +560,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 			t.Run("an operation beyond B+Q is rejected at once while one waits", func(t *testing.T) {
 				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Minute}, &igTracker{})
 				tx := pgBegin(t, ctx, db)
-				if _, err := tx.ExecContext(ctx, insert(table), 1); err != nil {
-					t.Fatal(err)
-				}
+				testkit.Exec(t, ctx, tx, insert(table), 1)
 				waited := goExec(db, ctx, insert(table), 2)
 				awaitState(t, "the second operation waits", func() bool { return g.Stats().Waiting == 1 })
 				if _, err := db.ExecContext(ctx, insert(table), 3); !errors.Is(err, bulkhead.ErrAdmissionFull) {
@@ -608,9 +603,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 			t.Run("statements with arguments hold one permit at a time", func(t *testing.T) {
 				k := &igTracker{}
 				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, k)
-				if _, err := db.ExecContext(ctx, insert(table), 5); err != nil {
-					t.Fatal(err)
-				}
+				testkit.Exec(t, ctx, db, insert(table), 5)
 				var v int
 				if err := db.QueryRowContext(ctx, "SELECT v FROM "+table+" WHERE v = "+d.ph(1), 5).Scan(&v); err != nil || v != 5 {
 					t.Fatalf("query: %d, %v", v, err)
@@ -659,9 +652,7 @@ func TestSQLiteSecondWriterIsBusyWhileItHoldsItsPermit(t *testing.T) {
 	insert := "INSERT INTO " + table + " (v) VALUES (?)"
 
 	tx1 := pgBegin(t, ctx, db)
-	if _, err := tx1.ExecContext(ctx, insert, 1); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, tx1, insert, 1)
 	tx2 := pgBegin(t, ctx, db)
 	_, err := tx2.ExecContext(ctx, insert, 2)
 	var se *sqlite.Error
@@ -742,9 +733,7 @@ func TestErrSkipFallbackIsOneGatedOperation(t *testing.T) {
 	ctx := pgTestCtx(t)
 
 	fc.FailNext(fakedb.OpExec, 1, driver.ErrSkip)
-	if _, err := db.ExecContext(ctx, "UPDATE t SET v = ?", 1); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, db, "UPDATE t SET v = ?", 1)
 	if got := k.kinds(); got != "transaction=0 statement=1 query=0" {
 		t.Errorf("one Exec answered by ErrSkip: admissions %s, want one statement", got)
 	}

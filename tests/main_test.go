@@ -181,10 +181,7 @@ func gateOn(t testing.TB, inner driver.Connector, p bulkhead.Policy, opts ...bul
 // takeConn takes a *sql.Conn from db, closed at the end of the test.
 func takeConn(t testing.TB, ctx context.Context, db *sql.DB) *sql.Conn {
 	t.Helper()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testkit.Conn(t, ctx, db)
 	t.Cleanup(func() { c.Close() })
 	return c
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // relBound is the generous bound on anything that must "return
@@ -423,12 +424,8 @@ func (r *relRig) table(extra string) string {
 		cols += ", " + extra
 	}
 	ctx := r.ctx()
-	if _, err := r.ctl.ExecContext(ctx, "DROP TABLE IF EXISTS "+name); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.ctl.ExecContext(ctx, "CREATE TABLE "+name+" ("+cols+")"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, r.ctl, "DROP TABLE IF EXISTS "+name)
+	testkit.Exec(t, ctx, r.ctl, "CREATE TABLE "+name+" ("+cols+")")
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), relBound)
 		defer cancel()
@@ -520,10 +517,7 @@ func (r *relRig) key(n int64) int64 {
 func (r *relRig) lockServer(k int64) (unlock func()) {
 	t := r.t
 	t.Helper()
-	c, err := r.ctl.Conn(r.ctx())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testkit.Conn(t, r.ctx(), r.ctl)
 	if _, err := c.ExecContext(r.ctx(), "SELECT pg_advisory_lock($1)", k); err != nil {
 		c.Close()
 		t.Fatal(err)
@@ -1225,9 +1219,7 @@ func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 		r := newRelRig(t, p, relRigOptions{})
 		table := r.table("")
 		ctx := r.ctx()
-		if _, err := r.ctl.ExecContext(ctx, "INSERT INTO "+table+" (id, v) VALUES (1, 10), (2, 20)"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, ctx, r.ctl, "INSERT INTO "+table+" (id, v) VALUES (1, 10), (2, 20)")
 		ser := &sql.TxOptions{Isolation: sql.LevelSerializable}
 		t1, err := r.db.BeginTx(ctx, ser)
 		if err != nil {
@@ -1243,12 +1235,8 @@ func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if _, err := t1.ExecContext(ctx, "UPDATE "+table+" SET v = v + 1 WHERE id = 1"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := t2.ExecContext(ctx, "UPDATE "+table+" SET v = v + 1 WHERE id = 2"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, ctx, t1, "UPDATE "+table+" SET v = v + 1 WHERE id = 1")
+		testkit.Exec(t, ctx, t2, "UPDATE "+table+" SET v = v + 1 WHERE id = 2")
 		if err := relInsert(ctx, t2, table, 3); err != nil {
 			t.Fatal(err)
 		}
@@ -1277,10 +1265,7 @@ func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 		r := newRelRig(t, p, relRigOptions{})
 		table := r.table("u int UNIQUE DEFERRABLE INITIALLY DEFERRED")
 		ctx := r.ctx()
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := testkit.Begin(t, ctx, r.db)
 		if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" (id, u) VALUES (1, 7), (2, 7)"); err != nil {
 			t.Fatalf("the duplicate must pass until COMMIT: %v", err)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli/clitest"
 	"github.com/dbbulkhead/bulkhead/fleet"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // serverLimit reads max_connections − superuser_reserved_connections −
@@ -88,10 +89,7 @@ func TestBudgetListsConnectionsInUseByApplication(t *testing.T) {
 	cfg.RuntimeParams["application_name"] = probe
 	db := stdlib.OpenDB(*cfg)
 	defer db.Close()
-	conn, err := db.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testkit.Conn(t, context.Background(), db)
 	defer conn.Close()
 	r := runOK(t, nil, "budget", "--dsn", url, "--conns-per-instance", "1")
 	if !strings.Contains(r.Stdout, probe) {
@@ -213,14 +211,9 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer orphan.Close()
-	tx, err := orphan.BeginTx(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, t.Context(), orphan)
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(t.Context(), "SELECT pg_advisory_lock_shared($1, 12345)", fleet.LockKeys(name).Conns); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, t.Context(), tx, "SELECT pg_advisory_lock_shared($1, 12345)", fleet.LockKeys(name).Conns)
 	r = runCmd(t, nil, "budget", "--dsn", url, "--fleet", name, "--max-concurrent", "4", "--max-queue", "0")
 	if r.Code != cli.ExitFinding || !strings.Contains(r.Stdout, "orphans: 1 busy connections beyond their instance's slots") || !strings.Contains(r.Stdout, "fleet: OVER T by 1 (4 slots held, 1 orphans, T=4)") {
 		t.Fatalf("T=4 against 4 slots held and an orphan: exit %d\n%s", r.Code, r.Stdout)

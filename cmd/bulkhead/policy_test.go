@@ -18,6 +18,7 @@ import (
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli/clitest"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 func TestPolicyPrintsTheDefaultsWhenNothingIsSet(t *testing.T) {
@@ -117,10 +118,7 @@ func TestPolicyCountsTheServerConnectionsAGateOfThePolicyKeeps(t *testing.T) {
 
 	var txs []*sql.Tx
 	for range b {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := testkit.Begin(t, ctx, db)
 		txs = append(txs, tx)
 	}
 	if n := server(); n != printed {
@@ -132,14 +130,9 @@ func TestPolicyCountsTheServerConnectionsAGateOfThePolicyKeeps(t *testing.T) {
 		}
 	}
 
-	kept, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kept := testkit.Conn(t, ctx, db)
 	defer kept.Close()
-	if _, err := kept.ExecContext(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, kept, "SELECT 1")
 	var wg sync.WaitGroup
 	for range 3 * (b + q) {
 		wg.Go(func() {
