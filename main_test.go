@@ -3,11 +3,10 @@
 package bulkhead_test
 
 import (
-	"context"
-	"database/sql"
 	"os"
-	"sync"
 	"testing"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/dbbulkhead/bulkhead/internal/leakcheck"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
@@ -29,52 +28,18 @@ func awaitState(t testing.TB, what string, cond func() bool) {
 // stopping at its first error, and fails the test on any error.
 func inParallel(t *testing.T, workers, each int, f func() error) {
 	t.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
+	var g errgroup.Group
 	for range workers {
-		wg.Go(func() {
+		g.Go(func() error {
 			for range each {
 				if err := f(); err != nil {
-					errs <- err
-					return
+					return err
 				}
 			}
+			return nil
 		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// fkMustExec runs query on x (a *sql.DB, *sql.Conn or *sql.Tx), failing
-// the test on an error.
-func fkMustExec(t *testing.T, ctx context.Context, x interface {
-	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}, query string, args ...any) {
-	t.Helper()
-	if _, err := x.ExecContext(ctx, query, args...); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// fkConn takes a connection of db, failing the test if it cannot.
-func fkConn(t *testing.T, ctx context.Context, db *sql.DB) *sql.Conn {
-	t.Helper()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-// fkBegin begins a transaction on db, failing the test if it cannot.
-func fkBegin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
-	t.Helper()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tx
 }
