@@ -297,6 +297,14 @@ func newRelRig(t *testing.T, p bulkhead.Policy, o relRigOptions) *relRig {
 	return r
 }
 
+// relOpen is newRelRig with a table of the test's own (relRig.table) and
+// a context bounding the test's calls (relRig.ctx).
+func relOpen(t *testing.T, p bulkhead.Policy, o relRigOptions) (*relRig, string, context.Context) {
+	t.Helper()
+	r := newRelRig(t, p, o)
+	return r, r.table(""), r.ctx()
+}
+
 // terminateApp terminates every backend of the application, telling the
 // poller first (relServerPoll.terminating), and waits for them to exit.
 func (r *relRig) terminateApp(ctx context.Context) error {
@@ -660,10 +668,7 @@ func TestSaturationNeverOpensMoreThanBTransactionsOnTheServer(t *testing.T) {
 	for _, q := range []int{28, 4} {
 		t.Run(fmt.Sprintf("Q=%d", q), func(t *testing.T) {
 			const callers, b = 32, 4
-			p := bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Hour}
-			r := newRelRig(t, p, relRigOptions{maxConns: b + q})
-			table := r.table("")
-			ctx := r.ctx()
+			r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Hour}, relRigOptions{maxConns: b + q})
 			k := r.key(0)
 			unlock := r.lockServer(k)
 
@@ -719,10 +724,7 @@ func TestSaturationNeverOpensMoreThanBTransactionsOnTheServer(t *testing.T) {
 
 func TestOneMoreCallerIsRejectedAtOnceWhileBRunAndQWait(t *testing.T) {
 	const b, q = 2, 2
-	p := bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Hour}
-	r := newRelRig(t, p, relRigOptions{maxConns: b + q})
-	table := r.table("")
-	ctx := r.ctx()
+	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Hour}, relRigOptions{maxConns: b + q})
 	k := r.key(0)
 
 	// A statement prepared while the gate is idle, run once admission is full.
@@ -862,9 +864,7 @@ func TestCancelledStatementReturnsBeforeTheServerFinishesAndTheServerStopsIt(t *
 						return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: 5 * time.Second}
 					}
 				}
-				r := newRelRig(t, p, relRigOptions{cfg: cfg})
-				table := r.table("")
-				ctx := r.ctx()
+				r, table, ctx := relOpen(t, p, relRigOptions{cfg: cfg})
 				done := make(chan error, 1)
 				// The statement's context is cancelled once the server
 				// runs it: on a busy machine a timer started before
@@ -923,9 +923,7 @@ func TestCancelledStatementReturnsBeforeTheServerFinishesAndTheServerStopsIt(t *
 // transaction, and the permits come back exactly once, whichever wins.
 func TestCancelledTransactionReleasesExactlyOnceWhileTheUserEndsItConcurrently(t *testing.T) {
 	const rounds = 300
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second}
-	r := newRelRig(t, p, relRigOptions{})
-	table := r.table("")
+	r, table, _ := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second}, relRigOptions{})
 	var want []int64
 	outcomes := map[string]int{}
 	lingering := 0
@@ -993,10 +991,7 @@ func TestCancelledTransactionReleasesExactlyOnceWhileTheUserEndsItConcurrently(t
 // permits come back then, and the user's Rollback only reports ErrTxDone.
 func TestTransactionCancelledDuringAStatementGivesThePermitsBackOnce(t *testing.T) {
 	const rounds = 4
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second}
-	r := newRelRig(t, p, relRigOptions{})
-	table := r.table("")
-	base := r.ctx()
+	r, table, base := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second}, relRigOptions{})
 	for i := range rounds {
 		ctx, cancel := context.WithCancel(base)
 		tx := r.holdRow(ctx, table, int64(i))
@@ -1079,9 +1074,7 @@ func TestServerSideFaultsEndTheTransactionAndGiveThePermitsBack(t *testing.T) {
 	}
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
-			r := newRelRig(t, p, relRigOptions{})
-			table := r.table("")
-			ctx := r.ctx()
+			r, table, ctx := relOpen(t, p, relRigOptions{})
 			tx := r.holdRow(ctx, table, 1)
 			err := f.run(ctx, r, tx)
 			if err == nil || (f.code != "" && relPgCode(err) != f.code) {
@@ -1112,10 +1105,7 @@ func TestServerSideFaultsEndTheTransactionAndGiveThePermitsBack(t *testing.T) {
 // reports is the order of the grants.
 func TestWaitersProceedInArrivalOrderWhenTheHoldersAreTerminated(t *testing.T) {
 	const b, q = 2, 4
-	p := bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Minute}
-	r := newRelRig(t, p, relRigOptions{maxConns: b + q})
-	table := r.table("")
-	ctx := r.ctx()
+	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Minute}, relRigOptions{maxConns: b + q})
 
 	pids := make(chan int, b)
 	holderErrs := make(chan error, b)
@@ -1216,9 +1206,7 @@ func TestWaitersProceedInArrivalOrderWhenTheHoldersAreTerminated(t *testing.T) {
 func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 	t.Run("serialization failure", func(t *testing.T) {
 		p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 0, QueueWait: 0}
-		r := newRelRig(t, p, relRigOptions{})
-		table := r.table("")
-		ctx := r.ctx()
+		r, table, ctx := relOpen(t, p, relRigOptions{})
 		testkit.Exec(t, ctx, r.ctl, "INSERT INTO "+table+" (id, v) VALUES (1, 10), (2, 20)")
 		ser := &sql.TxOptions{Isolation: sql.LevelSerializable}
 		t1, err := r.db.BeginTx(ctx, ser)
@@ -1288,10 +1276,7 @@ func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 // 10. A panic in the user's transaction callback.
 
 func TestPanicInATransactionCallbackPropagatesAndReleases(t *testing.T) {
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: 0}
-	r := newRelRig(t, p, relRigOptions{})
-	table := r.table("")
-	ctx := r.ctx()
+	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: 0}, relRigOptions{})
 	type boom struct{}
 	catch := func(f func()) (v any) {
 		defer func() { v = recover() }()
@@ -1407,10 +1392,7 @@ func TestNestedCallInsideATransactionFailsBoundedInsteadOfDeadlocking(t *testing
 			want = bulkhead.ErrQueueTimeout
 		}
 		t.Run(fmt.Sprintf("Q=%d", q), func(t *testing.T) {
-			p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: 50 * time.Millisecond}
-			r := newRelRig(t, p, relRigOptions{})
-			table := r.table("")
-			ctx := r.ctx()
+			r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: 50 * time.Millisecond}, relRigOptions{})
 			nested := []struct {
 				name string
 				call func() error
@@ -1447,10 +1429,7 @@ func TestNestedCallInsideATransactionFailsBoundedInsteadOfDeadlocking(t *testing
 // 14. Ending a transaction twice; closing the DB with waiters.
 
 func TestEndingATransactionTwiceReturnsErrTxDoneWithoutAnotherRelease(t *testing.T) {
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: 0}
-	r := newRelRig(t, p, relRigOptions{})
-	table := r.table("")
-	ctx := r.ctx()
+	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: 0}, relRigOptions{})
 	ends := []struct {
 		name        string
 		first, then func(*sql.Tx) error
@@ -1487,10 +1466,7 @@ func TestEndingATransactionTwiceReturnsErrTxDoneWithoutAnotherRelease(t *testing
 
 func TestClosingTheDBMakesWaitersReturnErrClosedPromptly(t *testing.T) {
 	const q = 3
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour}
-	r := newRelRig(t, p, relRigOptions{})
-	table := r.table("")
-	ctx := r.ctx()
+	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour}, relRigOptions{})
 	holder := r.holdRow(ctx, table, 1)
 	errs := make(chan error, q)
 	for i := range q {
