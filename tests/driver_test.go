@@ -22,7 +22,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
@@ -417,16 +416,6 @@ func TestAnExpiredQueueWaitIsARejectionAndAnInterruptedWaitIsACancellation(t *te
 
 // ---- 5. work going on after cancellation ----
 
-// pgCancelRequests makes pgx answer a cancelled context by asking the server
-// to cancel the statement and returning only after it did; the one-second
-// deadline is a fallback for a server that does not answer.
-func pgCancelRequests(cfg *pgx.ConnConfig) *pgx.ConnConfig {
-	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: time.Second}
-	}
-	return cfg
-}
-
 // pgStorm runs 6 workers for at most 1.5 s (and 40 operations each), each
 // running `SELECT pg_sleep(0.2)` under a 30 ms context, inside a
 // transaction when inTx, while the test goroutine polls the server.
@@ -530,8 +519,10 @@ var pgStormConfigs = []struct {
 		// rollback after the context ended sends nothing and closes the
 		// connection: the server may hold the transaction a moment longer.
 		// Documented, not asserted.
-		name:      "pgx cancel request handler",
-		connector: func(t *testing.T) driver.Connector { return stdlib.GetConnector(*pgCancelRequests(pgConfig(t))) },
+		name: "pgx cancel request handler",
+		connector: func(t *testing.T) driver.Connector {
+			return stdlib.GetConnector(*pgCancelRequests(pgConfig(t), time.Second))
+		},
 	},
 	{
 		// pgx's defaults: documented, not asserted, because the server-side

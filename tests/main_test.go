@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/ory/dockertest/v3"
 	"go.uber.org/goleak"
@@ -138,6 +140,16 @@ func pgConfig(t testing.TB) *pgx.ConnConfig {
 		t.Fatalf("parse %s: %v", EnvDatabaseURL, err)
 	}
 	cfg.RuntimeParams["application_name"] = appName(t)
+	return cfg
+}
+
+// pgCancelRequests makes pgx answer a cancelled context by asking the
+// server to cancel the statement and returning only after it did;
+// deadline is a fallback for a server that does not answer.
+func pgCancelRequests(cfg *pgx.ConnConfig, deadline time.Duration) *pgx.ConnConfig {
+	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: deadline}
+	}
 	return cfg
 }
 

@@ -37,7 +37,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
@@ -860,9 +859,7 @@ func TestCancelledStatementReturnsBeforeTheServerFinishesAndTheServerStopsIt(t *
 			t.Run(handler+" "+c.name, func(t *testing.T) {
 				cfg := relConfig(t)
 				if waitCancel {
-					cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
-						return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: 5 * time.Second}
-					}
+					cfg = pgCancelRequests(cfg, 5*time.Second)
 				}
 				r, table, ctx := relOpen(t, p, relRigOptions{cfg: cfg})
 				done := make(chan error, 1)
