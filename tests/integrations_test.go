@@ -472,13 +472,17 @@ func igOpenSQLite(t *testing.T) (driver.Connector, *sql.DB) {
 	return c, plainDB(t, c)
 }
 
-func igCount(t *testing.T, setup *sql.DB, table string) int {
+// igRows fails the test unless table, read through setup, holds want
+// rows.
+func igRows(t *testing.T, setup *sql.DB, table string, want int) {
 	t.Helper()
 	var n int
 	if err := setup.QueryRowContext(t.Context(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
 		t.Fatalf("count %s: %v", table, err)
 	}
-	return n
+	if n != want {
+		t.Errorf("%d rows, want %d", n, want)
+	}
 }
 
 // TestEveryDriverKeepsTheDriverNeutralContract runs the part of the
@@ -524,9 +528,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 				if s := g.Stats(); s.Running != 0 || s.OpenConns > 1 {
 					t.Errorf("stats %+v, want 0 running, at most 1 connection", s)
 				}
-				if n := igCount(t, setup, table); n != 2 {
-					t.Errorf("%d rows, want 2", n)
-				}
+				igRows(t, setup, table, 2)
 			})
 
 			t.Run("commit keeps, rollback discards, and both give the permit back", func(t *testing.T) {
@@ -549,9 +551,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 						t.Errorf("%d running after commit=%v, want 0", s.Running, commit)
 					}
 				}
-				if n := igCount(t, setup, table); n != 3 {
-					t.Errorf("%d rows, want the 3 committed", n)
-				}
+				igRows(t, setup, table, 3)
 				if got := k.kinds(); got != "transaction=2 statement=0 query=0" {
 					t.Errorf("admissions %s, want the two transactions alone", got)
 				}
@@ -578,9 +578,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 				if s := g.Stats(); s.Running != 0 || s.Waiting != 0 || s.OpenConns > 2 {
 					t.Errorf("stats %+v, want 0 running and waiting, at most 2 connections", s)
 				}
-				if n := igCount(t, setup, table); n != 2 {
-					t.Errorf("%d rows, want 2", n)
-				}
+				igRows(t, setup, table, 2)
 			})
 
 			t.Run("an admitted operation is rejected when the queue wait ends", func(t *testing.T) {
@@ -595,9 +593,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 				if s := g.Stats(); s.Running != 0 || s.RejectedTimeout != 1 {
 					t.Errorf("stats %+v, want 0 running, 1 queue timeout", s)
 				}
-				if n := igCount(t, setup, table); n != 0 {
-					t.Errorf("%d rows, want none", n)
-				}
+				igRows(t, setup, table, 0)
 			})
 
 			t.Run("statements with arguments hold one permit at a time", func(t *testing.T) {
@@ -667,9 +663,7 @@ func TestSQLiteSecondWriterIsBusyWhileItHoldsItsPermit(t *testing.T) {
 	if s := g.Stats(); s.Running != 0 {
 		t.Errorf("%d running after both ended, want 0", s.Running)
 	}
-	if n := igCount(t, setup, table); n != 1 {
-		t.Errorf("%d rows, want 1", n)
-	}
+	igRows(t, setup, table, 1)
 }
 
 func TestGORMWithPreparedStatementsGatesEachExecutionNotThePreparation(t *testing.T) {
