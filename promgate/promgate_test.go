@@ -131,11 +131,7 @@ bulkhead_max_queue_wait_seconds 3600
 	tx := testkit.Begin(t, ctx, db)
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	waited := make(chan error, 1)
-	go func() {
-		_, err := db.ExecContext(waitCtx, "UPDATE t SET v = 1")
-		waited <- err
-	}()
+	waited := testkit.GoExec(waitCtx, db, "UPDATE t SET v = 1")
 	testkit.Await(t, "the second operation waits", func() bool { return gate.Stats().Waiting == 1 })
 	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 2"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("third operation: %v, want ErrAdmissionFull", err)
@@ -153,26 +149,17 @@ bulkhead_max_queue_wait_seconds 3600
 	}
 	compareStats(t, c, statsWant{open: 1, idle: 1, admitted: 1, full: 1, canceled: 1, dials: 1})
 
-	// Only the transaction was admitted, and it did not wait. An untagged
-	// operation's workload label is empty, which Prometheus reads as absent.
+	// Only the transaction was admitted, and it did not wait: every bucket
+	// holds it. An untagged operation's workload label is empty, which
+	// Prometheus reads as absent.
 	wait := `
 # HELP bulkhead_queue_wait_seconds Time each admitted operation waited for its permits (0 when they were free), by workload ("" for none).
 # TYPE bulkhead_queue_wait_seconds histogram
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.0001"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.00025"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.0005"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.001"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.0025"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.005"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.01"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.025"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.05"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.1"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.25"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.5"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="1"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="+Inf"} 1
-bulkhead_queue_wait_seconds_sum{workload=""} 0
+`
+	for _, le := range strings.Fields("0.0001 0.00025 0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 +Inf") {
+		wait += fmt.Sprintf("bulkhead_queue_wait_seconds_bucket{workload=\"\",le=%q} 1\n", le)
+	}
+	wait += `bulkhead_queue_wait_seconds_sum{workload=""} 0
 bulkhead_queue_wait_seconds_count{workload=""} 1
 `
 	compare(t, c, wait, "bulkhead_queue_wait_seconds")
@@ -226,11 +213,7 @@ func TestHistogramsObserveEachAdmittedWaitAndEachHoldByKind(t *testing.T) {
 	ctx := t.Context()
 
 	tx := testkit.Begin(t, ctx, db)
-	waited := make(chan error, 1)
-	go func() {
-		_, err := db.ExecContext(ctx, "UPDATE t SET v = 1")
-		waited <- err
-	}()
+	waited := testkit.GoExec(ctx, db, "UPDATE t SET v = 1")
 	testkit.Await(t, "the statement waits", func() bool { return gate.Stats().Waiting == 1 })
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
