@@ -47,12 +47,8 @@ func wlOpen(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) *wlRig {
 		if !ok || (op != fakedb.OpExec && op != fakedb.OpQuery) {
 			return nil
 		}
-		r.mu.Lock()
-		ch := r.gateLocked(name)
-		r.entered = append(r.entered, name)
-		r.mu.Unlock()
 		select {
-		case <-ch:
+		case <-r.enter(name):
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
@@ -75,6 +71,15 @@ func wlOpen(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) *wlRig {
 		r.wg.Wait()
 	})
 	return r
+}
+
+// enter records that the held operation name entered the driver and
+// returns its gate, closed when it may return.
+func (r *wlRig) enter(name string) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.entered = append(r.entered, name)
+	return r.gateLocked(name)
 }
 
 func (r *wlRig) gateLocked(name string) chan struct{} {
@@ -157,17 +162,7 @@ func (r *wlRig) startN(t *testing.T, ctx context.Context, prefix string, n int) 
 // (the transaction holds the permits, the statement takes none) and
 // commits.
 func (r *wlRig) tx(ctx context.Context, name string) <-chan error {
-	return r.spawn(func() error {
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, "hold "+name); err != nil {
-			tx.Rollback()
-			return err
-		}
-		return tx.Commit()
-	})
+	return r.spawn(func() error { return testkit.Tx(ctx, r.db, "hold "+name) })
 }
 
 // finish lets the held operation name return.

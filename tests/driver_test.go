@@ -625,17 +625,7 @@ func TestPoolExhaustionEndsInSuccessOrRejectionAndTheStatsAddUp(t *testing.T) {
 		wg.Go(func() {
 			<-start
 			for range each {
-				err := func() error {
-					tx, err := db.BeginTx(ctx, nil)
-					if err != nil {
-						return err
-					}
-					if _, err := tx.ExecContext(ctx, sleep); err != nil {
-						tx.Rollback()
-						return err
-					}
-					return tx.Commit()
-				}()
+				err := testkit.Tx(ctx, db, sleep)
 				switch {
 				case err == nil:
 					ok.Add(1)

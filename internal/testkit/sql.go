@@ -28,6 +28,20 @@ func Begin(t testing.TB, ctx context.Context, db Beginner) *sql.Tx {
 	return tx
 }
 
+// Tx runs query in a transaction of its own on db, committed, or rolled
+// back if the statement fails.
+func Tx(ctx context.Context, db Beginner, query string, args ...any) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
 // Conn takes a connection of db, failing the test if it cannot; the
 // caller closes it.
 func Conn(t testing.TB, ctx context.Context, db *sql.DB) *sql.Conn {
