@@ -862,11 +862,7 @@ func TestTheGateMeasuresHoldTimesOffTheFastPathOrAllWhenAdaptive(t *testing.T) {
 			t.Fatalf("Hold %v after operations that found a permit free, want 0", s.Hold)
 		}
 		tx := testkit.Begin(t, bg, db)
-		done := make(chan error, 1)
-		go func() {
-			_, err := db.ExecContext(bg, "UPDATE t SET v = 2")
-			done <- err
-		}()
+		done := testkit.GoExec(bg, db, "UPDATE t SET v = 2")
 		admWaitFor(t, func() bool { return g.Stats().Waiting == 1 })
 		if err := tx.Rollback(); err != nil {
 			t.Fatal(err)

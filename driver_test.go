@@ -73,11 +73,7 @@ func (e *fkEnv) running(t *testing.T, want int, when string) {
 // exec runs an Exec of query on e's DB on a goroutine; its error arrives
 // on the channel.
 func (e *fkEnv) exec(ctx context.Context, query string) <-chan error {
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(ctx, query)
-		done <- err
-	}()
+	done := testkit.GoExec(ctx, e.db, query)
 	return done
 }
 

@@ -167,11 +167,7 @@ func TestAConnectionTakenBackTwiceByDatabaseSQLKeepsItsSession(t *testing.T) {
 		// A caller waits in database/sql's queue; it gives up as the
 		// running operation's connection is given back, maybe handed to it.
 		wctx, cancel := context.WithCancel(ctx)
-		gaveUp := make(chan error, 1)
-		go func() {
-			_, err := db.ExecContext(wctx, "UPDATE t")
-			gaveUp <- err
-		}()
+		gaveUp := testkit.GoExec(wctx, db, "UPDATE t")
 		admWaitFor(t, func() bool { return db.Stats().WaitCount > waits })
 		var once sync.Once
 		fc.SetHook(func(_ context.Context, op fakedb.Op, _ string) error {

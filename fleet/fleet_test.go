@@ -71,11 +71,7 @@ func TestASQLConnKeepsItsServerConnectionWhenAStatementIsCutOff(t *testing.T) {
 	before := id()
 	b := fc.Block(fakedb.OpExec)
 	cut, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.ExecContext(cut, "UPDATE t")
-		done <- err
-	}()
+	done := testkit.GoExec(cut, c, "UPDATE t")
 	b.Wait(1)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {

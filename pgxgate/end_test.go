@@ -222,11 +222,7 @@ var endings = []struct {
 	}},
 	{"context ends while a statement runs", 20, func(r *endRig, _ *endTally, _ int) func(context.Context, context.CancelFunc, *sql.Tx) error {
 		return func(ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error {
-			done := make(chan error, 1)
-			go func() {
-				_, err := tx.ExecContext(ctx, "SELECT pg_sleep(60)")
-				done <- err
-			}()
+			done := testkit.GoExec(ctx, tx, "SELECT pg_sleep(60)")
 			testkit.Await(r.t, "the server runs the statement", func() bool { return r.ctl.active(r.t, r.app) == 1 })
 			cancel()
 			err := <-done

@@ -313,16 +313,11 @@ func serverPeak(t testing.TB, ctx context.Context, db *sql.DB, q string, args ..
 }
 
 // goExec runs e.ExecContext(ctx, query, args...) in a goroutine of its
-// own and sends its error on the returned channel.
+// own and sends its error on the returned channel (testkit.GoExec).
 func goExec(e interface {
 	ExecContext(context.Context, string, ...any) (sql.Result, error)
 }, ctx context.Context, query string, args ...any) chan error {
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.ExecContext(ctx, query, args...)
-		done <- err
-	}()
-	return done
+	return testkit.GoExec(ctx, e, query, args...)
 }
 
 // awaitState waits until cond holds, polling state without sleeping
