@@ -620,9 +620,7 @@ func TestTheGateRefusesAnOperationThatWouldMissItsDeadlineWithoutReachingTheDriv
 		testkit.Exec(t, context.Background(), db, "sleep 1m")
 		tx := testkit.Begin(t, dlDeadline(t, 65*time.Second), db)
 		time.Sleep(time.Minute)
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Commit(t, tx)
 		before, execs, begins := g.Stats(), fc.Count(fakedb.OpExec), fc.Count(fakedb.OpBegin)
 
 		ctx := dlDeadline(t, 30*time.Second)
@@ -864,9 +862,7 @@ func TestTheGateMeasuresHoldTimesOffTheFastPathOrAllWhenAdaptive(t *testing.T) {
 		tx := testkit.Begin(t, bg, db)
 		done := testkit.GoExec(bg, db, "UPDATE t SET v = 2")
 		admWaitFor(t, func() bool { return g.Stats().Waiting == 1 })
-		if err := tx.Rollback(); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Rollback(t, tx)
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}

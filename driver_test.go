@@ -338,9 +338,7 @@ func TestTheArticleDemoOnTheFakeDriverRejectsTheSecondOperationAndCommits42(t *t
 	if err := tx.QueryRowContext(ctx, "SELECT 42").Scan(&v); err != nil || v != 42 {
 		t.Fatalf("query in the transaction: %d, %v; want 42", v, err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	s := e.g.Stats()
 	if s.Running != 0 || s.Admitted != 1 || s.RejectedFull != 1 || s.Dials != 1 {
 		t.Fatalf("after commit: %+v, want Running 0, Admitted 1, RejectedFull 1, Dials 1", s)
@@ -535,9 +533,7 @@ func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
 	if after := e.g.Stats(); after != before {
 		t.Fatalf("statements inside the transaction changed the stats:\nbefore %+v\nafter  %+v", before, after)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	e.balanced(t)
 }
 
@@ -1049,9 +1045,7 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 	if _, err := e.db.ExecContext(ctx, "UPDATE t"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("exec with B running and Q waiting: %v, want admission full", err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	if err := <-waiter; err != nil {
 		t.Fatal(err)
 	}
@@ -1064,9 +1058,7 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 	if _, err := c.ExecContext(cctx, "UPDATE t"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("exec with a cancelled context: %v", err) // a cancellation: no event
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	rows, err := c.QueryContext(ctx, "SELECT 1")
 	if err != nil {
 		t.Fatal(err)
@@ -1140,9 +1132,7 @@ func TestHoldWarningReportsAnOperationHeldLongerThanTheLimit(t *testing.T) {
 	if ev.Kind != bulkhead.KindTx || ev.Held != limit {
 		t.Fatalf("report %+v, want a transaction held %v", ev, limit)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	e.balanced(t)
 }
 

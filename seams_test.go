@@ -37,9 +37,7 @@ func smFill(t *testing.T, e *fkEnv, q int) (free func()) {
 	}
 	return func() {
 		t.Helper()
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Commit(t, tx)
 		if q == 1 {
 			if err := <-waiting; err != nil {
 				t.Fatal(err)

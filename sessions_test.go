@@ -182,9 +182,7 @@ func TestAConnectionsServerConnectionStaysWithItAndClosesWithIt(t *testing.T) {
 		if ids := inTx(); len(ids) != 1 || ids[0] != 4 {
 			t.Fatalf("round %d: the transaction runs on server connections %v, want [4], its connection's", round, ids)
 		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Commit(t, tx)
 	}
 	// database/sql keeps one idle connection, the first given back: the
 	// gate keeps its server connection, 1, and closes the others with

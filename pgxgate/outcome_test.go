@@ -83,9 +83,7 @@ func TestACommitTheServerAnsweredWithAnErrorReturnsItAndKeepsTheConnection(t *te
 				t.Errorf("the backend %d after Commit: state %q, %v; want it open and idle", pid, state, err)
 			}
 			if !c.otherCommit {
-				if err := otx.Rollback(); err != nil {
-					t.Fatal(err)
-				}
+				testkit.Rollback(t, otx)
 			}
 			var next, gated int
 			if err := db.QueryRowContext(ctx, "SELECT pg_backend_pid(), (SELECT count(*) FROM "+table+" WHERE who = 'gated')").Scan(&next, &gated); err != nil {

@@ -144,9 +144,7 @@ bulkhead_max_queue_wait_seconds 3600
 	if err := <-waited; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled waiter: %v, want context.Canceled", err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	compareStats(t, c, statsWant{open: 1, idle: 1, admitted: 1, full: 1, canceled: 1, dials: 1})
 
 	// Only the transaction was admitted, and it did not wait: every bucket
@@ -215,9 +213,7 @@ func TestHistogramsObserveEachAdmittedWaitAndEachHoldByKind(t *testing.T) {
 	tx := testkit.Begin(t, ctx, db)
 	waited := testkit.GoExec(ctx, db, "UPDATE t SET v = 1")
 	testkit.Await(t, "the statement waits", func() bool { return gate.Stats().Waiting == 1 })
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	if err := <-waited; err != nil {
 		t.Fatalf("the statement that waited: %v", err)
 	}
@@ -328,9 +324,7 @@ func TestCollectorReportsEachWorkloadInItsOwnFamilies(t *testing.T) {
 	if _, err := db.ExecContext(t.Context(), "UPDATE t SET v = 2"); err != nil {
 		t.Fatalf("untagged operation: %v", err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	want := `
 # HELP bulkhead_workload_admitted_total Operations that got their permits and a server connection, and ran.
 # TYPE bulkhead_workload_admitted_total counter
@@ -374,9 +368,7 @@ func TestCollectorReportsADryRunAndWhatWouldHaveWaited(t *testing.T) {
 	if _, err := db.ExecContext(t.Context(), "UPDATE t SET v = 1"); err != nil {
 		t.Fatalf("dry run: %v", err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	want := `
 # HELP bulkhead_dry_run 1 while the policy is a dry run: rejections are counted and reported, not made.
 # TYPE bulkhead_dry_run gauge

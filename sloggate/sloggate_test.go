@@ -121,9 +121,7 @@ func TestEventsLogsAdmitAndReleaseAtDebugAndRejectAtWarn(t *testing.T) {
 	db := loggedDB(t, h, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
 	ctx := t.Context()
 	tx := rejectBehindTx(t, ctx, db, bulkhead.ErrQueueTimeout)
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	testkit.Exec(t, ctx, db, "UPDATE t SET v = 2")
 
 	lines, durs := h.got()
@@ -200,9 +198,7 @@ func TestEventsNamesTheWorkloadAndTellsADryRunRejectionApart(t *testing.T) {
 	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 1"); err != nil {
 		t.Fatalf("dry run: %v, want no rejection", err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	lines, _ := h.got()
 	for _, want := range []string{
 		"DEBUG bulkhead: admitted kind=transaction workload=reports",

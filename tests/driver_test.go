@@ -51,21 +51,8 @@ func pgBegin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
 	return tx
 }
 
-// txCommit commits tx, failing the test if the commit fails.
-func txCommit(t testing.TB, tx *sql.Tx) {
-	t.Helper()
-	if err := tx.Commit(); err != nil {
-		t.Fatalf("commit: %v", err)
-	}
-}
-
-// txRollback rolls tx back, failing the test if the rollback fails.
-func txRollback(t testing.TB, tx *sql.Tx) {
-	t.Helper()
-	if err := tx.Rollback(); err != nil {
-		t.Fatalf("rollback: %v", err)
-	}
-}
+// txCommit and txRollback end tx, failing the test if that fails.
+var txCommit, txRollback = testkit.Commit, testkit.Rollback
 
 // pgWarm leaves n idle connections in db's pool.
 func pgWarm(t testing.TB, ctx context.Context, db *sql.DB, n int) {
@@ -262,16 +249,12 @@ func TestCommittedRowsStayAndRolledBackRowsVanishWithPermitsBack(t *testing.T) {
 
 	tx := pgBegin(t, ctx, db)
 	testkit.Exec(t, ctx, tx, "INSERT INTO "+table+" VALUES (1), (2)")
-	if err := tx.Commit(); err != nil {
-		t.Fatalf("commit: %v", err)
-	}
+	txCommit(t, tx)
 	pgExpectIdle(t, g)
 
 	tx = pgBegin(t, ctx, db)
 	testkit.Exec(t, ctx, tx, "INSERT INTO "+table+" VALUES (3), (4)")
-	if err := tx.Rollback(); err != nil {
-		t.Fatalf("rollback: %v", err)
-	}
+	txRollback(t, tx)
 	pgExpectIdle(t, g)
 
 	var ids []int

@@ -119,9 +119,7 @@ func TestPolicyCountsTheServerConnectionsAGateOfThePolicyKeeps(t *testing.T) {
 		t.Errorf("policy prints %d connections per instance; B=%d transactions at once hold %d", printed, b, n)
 	}
 	for _, tx := range txs {
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Commit(t, tx)
 	}
 
 	kept := testkit.Conn(t, ctx, db)

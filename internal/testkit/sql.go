@@ -42,6 +42,22 @@ func Tx(ctx context.Context, db Beginner, query string, args ...any) error {
 	return tx.Commit()
 }
 
+// Commit commits tx, failing the test if the commit fails.
+func Commit(t testing.TB, tx *sql.Tx) {
+	t.Helper()
+	if err := tx.Commit(); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+}
+
+// Rollback rolls tx back, failing the test if the rollback fails.
+func Rollback(t testing.TB, tx *sql.Tx) {
+	t.Helper()
+	if err := tx.Rollback(); err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
+}
+
 // Conn takes a connection of db, failing the test if it cannot; the
 // caller closes it.
 func Conn(t testing.TB, ctx context.Context, db *sql.DB) *sql.Conn {
