@@ -25,6 +25,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
@@ -53,12 +54,7 @@ func fkOpen(t *testing.T, fc *fakedb.Connector, p bulkhead.Policy, opts ...bulkh
 		e.releases.Add(1)
 		e.released <- ev
 	}})
-	g, err := bulkhead.New(fc, p, append([]bulkhead.Option{rec}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.g, e.db = g, g.OpenDB()
-	t.Cleanup(func() { e.db.Close() })
+	e.g, e.db = gatetest.Open(t, fc, p, append([]bulkhead.Option{rec}, opts...)...)
 	return e
 }
 

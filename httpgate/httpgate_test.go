@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
 	"github.com/dbbulkhead/bulkhead/internal/leakcheck"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 
@@ -33,23 +34,10 @@ func TestMain(m *testing.M) { os.Exit(leakcheck.Run(m)) }
 // timeout, the one after (while it still waits) with admission full.
 func busyDB(t *testing.T) *sql.DB {
 	t.Helper()
-	_, db := openGate(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
+	_, db := gatetest.Open(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
 	tx := begin(t, db)
 	t.Cleanup(func() { tx.Rollback() })
 	return db
-}
-
-// openGate opens a gate with policy p on c and its *sql.DB, closed at the
-// end of the test.
-func openGate(t *testing.T, c driver.Connector, p bulkhead.Policy) (*bulkhead.Gate, *sql.DB) {
-	t.Helper()
-	g, err := bulkhead.New(c, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return g, db
 }
 
 // begin begins a transaction on db, failing the test if it cannot.
@@ -71,7 +59,7 @@ func dbErrors(t *testing.T) map[string]error {
 		t.Fatalf("busy gate: %v, want a queue timeout", errs["queue timeout"])
 	}
 
-	g, full := openGate(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
+	g, full := gatetest.Open(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
 	tx := begin(t, full)
 	_, errs["admission full"] = full.ExecContext(t.Context(), "UPDATE t SET v = 1")
 	if !errors.Is(errs["admission full"], bulkhead.ErrAdmissionFull) {
@@ -82,7 +70,7 @@ func dbErrors(t *testing.T) map[string]error {
 	_, errs["closed"] = full.ExecContext(t.Context(), "UPDATE t SET v = 1")
 
 	open := func() *sql.DB {
-		_, db := openGate(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
+		_, db := gatetest.Open(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
 		return db
 	}
 	ctx, cancel := context.WithCancel(t.Context())
@@ -225,7 +213,7 @@ func TestHandlerAnswersARejectedRequestWith503OverHTTP(t *testing.T) {
 }
 
 func TestHandlerFuncAnswersACancelledRequestWith499AndPassesSuccess(t *testing.T) {
-	g, db := openGate(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
+	g, db := gatetest.Open(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
 	h := httpgate.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		if _, err := db.ExecContext(r.Context(), "UPDATE orders SET v = 1"); err != nil {
 			return err
@@ -277,7 +265,7 @@ func TestADatabaseThatRefusesConnectionsIsAnswered503WithRetryAfter(t *testing.T
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	g, db := openGate(t, tcpConnector{addr}, bulkhead.Policy{MaxConcurrent: 1})
+	g, db := gatetest.Open(t, tcpConnector{addr}, bulkhead.Policy{MaxConcurrent: 1})
 	var dbErr error
 	h := httpgate.Responder{RetryAfter: 3 * time.Second}.Handler(func(w http.ResponseWriter, r *http.Request) error {
 		_, dbErr = db.ExecContext(r.Context(), "UPDATE orders SET v = 1")

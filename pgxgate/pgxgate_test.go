@@ -22,6 +22,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/httpgate"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
@@ -70,8 +71,7 @@ func openGate(t *testing.T, cfg *pgx.ConnConfig, p bulkhead.Policy, opts ...bulk
 // keeping cfg's context handling; its *sql.DB is closed when the test ends.
 func openDefault(t *testing.T, cfg *pgx.ConnConfig, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
-	g, err := bulkhead.New(stdlib.GetConnector(*cfg), p, opts...)
-	return gateDB(t, g, err)
+	return gatetest.Open(t, stdlib.GetConnector(*cfg), p, opts...)
 }
 
 // gateDB fails the test on err, else opens g's *sql.DB and closes it when

@@ -18,6 +18,7 @@ import (
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/fleet"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/promgate"
 )
@@ -34,13 +35,8 @@ func gated(t *testing.T, c *promgate.Collector, p bulkhead.Policy) (*bulkhead.Ga
 // gatedOn is gated on the fake driver fc.
 func gatedOn(t *testing.T, c *promgate.Collector, fc *fakedb.Connector, p bulkhead.Policy) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
-	g, err := bulkhead.New(fc, p, bulkhead.WithEvents(c.Events()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, db := gatetest.Open(t, fc, p, bulkhead.WithEvents(c.Events()))
 	c.Attach(g)
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
 	return g, db
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/sloggate"
 )
@@ -93,12 +94,7 @@ func (h *recordLog) wantLines(t *testing.T, want ...string) {
 // the *sql.DB is closed when the test ends.
 func loggedDB(t *testing.T, h *recordLog, p bulkhead.Policy) *sql.DB {
 	t.Helper()
-	g, err := bulkhead.New(fakedb.New(), p, bulkhead.WithEvents(sloggate.Events(slog.New(h))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
+	_, db := gatetest.Open(t, fakedb.New(), p, bulkhead.WithEvents(sloggate.Events(slog.New(h))))
 	return db
 }
 

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
@@ -181,13 +182,7 @@ func plainDB(t testing.TB, c driver.Connector) *sql.DB {
 // closed at the end of the test.
 func gateOn(t testing.TB, inner driver.Connector, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
-	g, err := bulkhead.New(inner, p, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return g, db
+	return gatetest.Open(t, inner, p, opts...)
 }
 
 // takeConn takes a *sql.Conn from db, closed at the end of the test.

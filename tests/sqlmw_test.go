@@ -268,13 +268,8 @@ func TestSqlmwWrapsADriverAndADSNSoAConnectorsSettingsAreLost(t *testing.T) {
 func TestTheGateOutsideSqlmwRejectsBeforeTheInterceptorSeesAnything(t *testing.T) {
 	ctx := pgTestCtx(t)
 	var l sqlmwLog
-	g, err := bulkhead.New(sqlmwConnector{sqlmw.Driver(stdlib.GetDefaultDriver(), &l), sqlmwDSN(t)},
+	g, db := gateOn(t, sqlmwConnector{sqlmw.Driver(stdlib.GetDefaultDriver(), &l), sqlmwDSN(t)},
 		bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
 	pgWarm(t, ctx, db, 2)
 
 	var v int

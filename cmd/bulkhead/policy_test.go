@@ -15,6 +15,7 @@ import (
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli/clitest"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
@@ -94,12 +95,7 @@ func TestPolicyCountsTheServerConnectionsAGateOfThePolicyKeeps(t *testing.T) {
 	printed, _ := strconv.Atoi(m[1])
 
 	app := fmt.Sprintf("bulkhead_policy_conns_%d", os.Getpid())
-	g, err := bulkhead.New(serverConnector(t, app), bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	g, db := gatetest.Open(t, serverConnector(t, app), bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Second})
 	ctl := openServer(t)
 	ctx := t.Context()
 	server := func() int {
