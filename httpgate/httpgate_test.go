@@ -35,16 +35,9 @@ func TestMain(m *testing.M) { os.Exit(leakcheck.Run(m)) }
 func busyDB(t *testing.T) *sql.DB {
 	t.Helper()
 	_, db := gatetest.Open(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
-	tx := begin(t, db)
+	tx := testkit.Begin(t, t.Context(), db)
 	t.Cleanup(func() { tx.Rollback() })
 	return db
-}
-
-// begin begins a transaction on db, failing the test if it cannot.
-func begin(t *testing.T, db *sql.DB) *sql.Tx {
-	t.Helper()
-	tx := testkit.Begin(t, t.Context(), db)
-	return tx
 }
 
 // dbErrors returns real errors of gated calls: a queue-timeout rejection,
@@ -60,7 +53,7 @@ func dbErrors(t *testing.T) map[string]error {
 	}
 
 	g, full := gatetest.Open(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
-	tx := begin(t, full)
+	tx := testkit.Begin(t, t.Context(), full)
 	_, errs["admission full"] = full.ExecContext(t.Context(), "UPDATE t SET v = 1")
 	if !errors.Is(errs["admission full"], bulkhead.ErrAdmissionFull) {
 		t.Fatalf("full gate: %v, want admission full", errs["admission full"])

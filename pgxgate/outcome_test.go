@@ -41,10 +41,10 @@ func TestACommitTheServerAnsweredWithAnErrorReturnsItAndKeepsTheConnection(t *te
 			table := fmt.Sprintf("pgxgate_answered_%d_%s", os.Getpid(), c.code)
 			ctl.table(t, table, "id int UNIQUE DEFERRABLE INITIALLY DEFERRED, who text")
 
-			otx := begin(t, ctx, other.db)
+			otx := testkit.Begin(t, ctx, other.db)
 			defer otx.Rollback()
 			testkit.Exec(t, ctx, otx, "INSERT INTO "+table+" VALUES (1, 'other')")
-			tx := begin(t, ctx, db)
+			tx := testkit.Begin(t, ctx, db)
 			var pid int
 			if err := tx.QueryRowContext(ctx, "INSERT INTO "+table+" VALUES (1, 'gated') RETURNING pg_backend_pid()").Scan(&pid); err != nil {
 				t.Fatal(err)
@@ -115,7 +115,7 @@ func TestACommitWhoseReplyIsLostIsAnUnknownOutcome(t *testing.T) {
 	table := fmt.Sprintf("pgxgate_lost_%d", os.Getpid())
 	ctl.table(t, table, "id int")
 
-	tx := begin(t, ctx, db)
+	tx := testkit.Begin(t, ctx, db)
 	testkit.Exec(t, ctx, tx, "INSERT INTO "+table+" VALUES (1)")
 	d.dropAfterCommit.Store(true)
 	err := tx.Commit()

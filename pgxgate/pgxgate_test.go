@@ -64,7 +64,7 @@ func pgConfig(t *testing.T, variant string) (*pgx.ConnConfig, string) {
 func openGate(t *testing.T, cfg *pgx.ConnConfig, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
 	g, err := pgxgate.New(cfg, p, opts...)
-	return gateDB(t, g, err)
+	return gatetest.DB(t, g, err)
 }
 
 // openDefault opens a gate with bulkhead.New on stdlib.GetConnector(*cfg),
@@ -72,25 +72,6 @@ func openGate(t *testing.T, cfg *pgx.ConnConfig, p bulkhead.Policy, opts ...bulk
 func openDefault(t *testing.T, cfg *pgx.ConnConfig, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
 	return gatetest.Open(t, stdlib.GetConnector(*cfg), p, opts...)
-}
-
-// gateDB fails the test on err, else opens g's *sql.DB and closes it when
-// the test ends.
-func gateDB(t *testing.T, g *bulkhead.Gate, err error) (*bulkhead.Gate, *sql.DB) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return g, db
-}
-
-// begin begins a transaction on db, failing the test if it cannot.
-func begin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
-	t.Helper()
-	tx := testkit.Begin(t, ctx, db)
-	return tx
 }
 
 // commitAnswered500 fails the test if the error of a Commit whose caller's
