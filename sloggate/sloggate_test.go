@@ -398,13 +398,16 @@ func TestEventsLogsNoRejectionThroughALoggerAboveWarn(t *testing.T) {
 func BenchmarkEventsReject(b *testing.B) {
 	text := slog.New(slog.NewTextHandler(io.Discard, nil))
 	e := bulkhead.Event{Kind: bulkhead.KindQuery, Workload: "reports", Reason: bulkhead.ErrQueueTimeout}
-	b.Run("summed", func(b *testing.B) {
-		ev := sloggate.Events(text)
-		b.ReportAllocs()
-		for b.Loop() {
-			ev.OnReject(e)
-		}
-	})
+	serial := func(name string, events func() bulkhead.Events) {
+		b.Run(name, func(b *testing.B) {
+			ev := events()
+			b.ReportAllocs()
+			for b.Loop() {
+				ev.OnReject(e)
+			}
+		})
+	}
+	serial("summed", func() bulkhead.Events { return sloggate.Events(text) })
 	b.Run("summed-parallel", func(b *testing.B) {
 		ev := sloggate.Events(text)
 		b.ReportAllocs()
@@ -425,18 +428,6 @@ func BenchmarkEventsReject(b *testing.B) {
 			i++
 		}
 	})
-	b.Run("each", func(b *testing.B) {
-		ev := sloggate.EventsEvery(text, 0)
-		b.ReportAllocs()
-		for b.Loop() {
-			ev.OnReject(e)
-		}
-	})
-	b.Run("disabled", func(b *testing.B) {
-		ev := sloggate.Events(slog.New(slog.DiscardHandler))
-		b.ReportAllocs()
-		for b.Loop() {
-			ev.OnReject(e)
-		}
-	})
+	serial("each", func() bulkhead.Events { return sloggate.EventsEvery(text, 0) })
+	serial("disabled", func() bulkhead.Events { return sloggate.Events(slog.New(slog.DiscardHandler)) })
 }
