@@ -8,10 +8,11 @@ package bulkhead
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // adWork is the hold time of an operation with no queueing inside the
@@ -34,7 +35,7 @@ func TestAdaptiveBudgetStartsAtTheFloorAndGrowingServesAWaiter(t *testing.T) {
 		l.observeLocked(adWork, adWork, l.b)
 	}
 	l.mu.Unlock()
-	if r := dlRecv(t, "the waiter", res); r.err != nil {
+	if r := testkit.Recv(t, "the waiter", res); r.err != nil {
 		t.Fatalf("waiter when b grew: %v, want the new permit", r.err)
 	}
 	if s := admStats(l); s.MaxConcurrent != 2 || s.Running != 2 || s.Waiting != 0 || s.LastMove.To != 2 || s.LastMove.Why != "slow start" {
@@ -111,32 +112,22 @@ func TestAdaptiveOnAMixOfTransactionsThatNeverQueueGoesToTheCeiling(t *testing.T
 		var w dlWork
 		g, db, fc := dlGate(t, Policy{MaxConcurrent: 16, MaxQueue: 64, QueueWait: time.Second, Adaptive: true})
 		fc.SetHook(w.hook)
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for c := range 32 {
-			wg.Go(func() {
-				for i := c; ; i += 32 {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					q := "sleep 1ms"
-					if i%10 == 9 {
-						q = "sleep 30ms"
-					}
-					tx, err := db.BeginTx(context.Background(), nil)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					if _, err := tx.Exec(q); err != nil {
-						t.Error(err)
-					}
-					tx.Commit()
-				}
-			})
-		}
+		halt := testkit.Repeat(32, func(i int) bool {
+			q := "sleep 1ms"
+			if i%10 == 9 {
+				q = "sleep 30ms"
+			}
+			tx, err := db.BeginTx(context.Background(), nil)
+			if err != nil {
+				t.Error(err)
+				return false
+			}
+			if _, err := tx.Exec(q); err != nil {
+				t.Error(err)
+			}
+			tx.Commit()
+			return true
+		})
 		var sum, n int
 		for i := range 40 { // 4 s, B read every 100 ms from the second on
 			time.Sleep(100 * time.Millisecond)
@@ -145,8 +136,7 @@ func TestAdaptiveOnAMixOfTransactionsThatNeverQueueGoesToTheCeiling(t *testing.T
 				n++
 			}
 		}
-		close(stop)
-		wg.Wait()
+		halt()
 		if avg := float64(sum) / float64(n); avg < 14 {
 			t.Fatalf("B averaged %.1f on a mix that never queues, want near the ceiling 16 (last move %+v)", avg, g.Stats().LastMove)
 		}

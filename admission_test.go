@@ -8,12 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // Tests of the unexported budget. Tests that need time to pass run in a
@@ -109,17 +110,10 @@ func admPoll(ch <-chan admResult) (admResult, bool) {
 	}
 }
 
-// admWaitFor polls cond, with real time, until it holds. The deadline
-// only turns a hang into a failure.
+// admWaitFor polls cond, with real time, until it holds (testkit.Await).
 func admWaitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition never held")
-		}
-		runtime.Gosched()
-	}
+	testkit.Await(t, "the condition held", cond)
 }
 
 // admBubbleBudget returns a budget for a synctest bubble, closed at the
@@ -613,6 +607,36 @@ func (c admRaceCounts) add(err error) {
 	c[err.Error()]++
 }
 
+// settle counts the outcome of the waiter on ch, which must be the permit,
+// given back at once, or the error want; it reports whether the waiter
+// got the permit.
+func (c admRaceCounts) settle(t *testing.T, l *budget, what string, ch <-chan admResult, want error) (granted bool) {
+	t.Helper()
+	r := <-ch
+	c.add(r.err)
+	switch r.err {
+	case nil:
+		l.release(0)
+		return true
+	case want:
+		return false
+	}
+	t.Fatalf("%s = %v, want nil or %v", what, r.err, want)
+	return false
+}
+
+// admRace runs a and b at once, on two goroutines let go together, and
+// returns once both returned.
+func admRace(a, b func()) {
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, f := range []func(){a, b} {
+		wg.Go(func() { <-start; f() })
+	}
+	close(start)
+	wg.Wait()
+}
+
 // In each iteration a queued waiter's context is canceled at the same time
 // as the holder releases. Whichever wins, the permit must end up with the
 // second waiter (handed on if the first one was granted as it gave up), and
@@ -631,25 +655,12 @@ func TestCancellationRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 			second := admQueued(context.Background(), l)
 			admCheck(t, l, 1, 2)
 
-			start := make(chan struct{})
-			var wg sync.WaitGroup
-			wg.Add(2)
-			go func() { defer wg.Done(); <-start; cancel() }()
-			go func() { defer wg.Done(); <-start; l.release(0) }()
-			close(start)
-			wg.Wait()
+			admRace(cancel, func() { l.release(0) })
 			releases++
 
-			r := <-first
-			counts.add(r.err)
-			switch r.err {
-			case nil:
+			if counts.settle(t, l, fmt.Sprintf("iteration %d: first waiter", i), first, context.Canceled) {
 				acquires++
-				l.release(0)
 				releases++
-			case context.Canceled:
-			default:
-				t.Fatalf("iteration %d: first waiter = %v, want nil or context.Canceled", i, r.err)
 			}
 			r2 := <-second
 			if r2.err != nil {
@@ -720,25 +731,12 @@ func TestCloseRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 			first := admQueued(context.Background(), l)
 			second := admQueued(context.Background(), l)
 
-			start := make(chan struct{})
-			var wg sync.WaitGroup
-			wg.Add(2)
-			go func() { defer wg.Done(); <-start; l.close() }()
-			go func() { defer wg.Done(); <-start; l.release(0) }()
-			close(start)
-			wg.Wait()
+			admRace(l.close, func() { l.release(0) })
 
 			granted := 0
 			for _, ch := range []<-chan admResult{first, second} {
-				r := <-ch
-				counts.add(r.err)
-				switch r.err {
-				case nil:
+				if counts.settle(t, l, fmt.Sprintf("iteration %d: waiter", i), ch, ErrClosed) {
 					granted++
-					l.release(0)
-				case ErrClosed:
-				default:
-					t.Fatalf("iteration %d: waiter = %v, want nil or ErrClosed", i, r.err)
 				}
 			}
 			admCheck(t, l, 0, 0)

@@ -5,14 +5,13 @@ package bulkhead
 import (
 	"context"
 	"database/sql/driver"
-	"runtime"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sync/semaphore"
 
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // Benchmarks of the gate alone, with golang.org/x/sync/semaphore as the
@@ -204,11 +203,11 @@ func BenchmarkWaiterMemory(b *testing.B) {
 	b.Run("sem=goroutine", func(b *testing.B) {
 		parked := make(chan struct{}, waiters)
 		var release chan struct{}
-		measureWaiters(b, waiters, waiterRig{
-			hold:   func() { release = make(chan struct{}) },
-			wait:   func() { parked <- struct{}{}; <-release },
-			parked: func() int { return len(parked) },
-			free: func() {
+		testkit.MeasureWaiters(b, waiters, testkit.Waiters{
+			Hold:   func() { release = make(chan struct{}) },
+			Wait:   func() { parked <- struct{}{}; <-release },
+			Parked: func() int { return len(parked) },
+			Free: func() {
 				close(release)
 				for range waiters {
 					<-parked
@@ -223,60 +222,17 @@ func BenchmarkWaiterMemory(b *testing.B) {
 				panic(err)
 			}
 		}
-		measureWaiters(b, waiters, waiterRig{
-			hold: acquire,
-			wait: func() { acquire(); l.release(0) },
-			parked: func() int {
+		testkit.MeasureWaiters(b, waiters, testkit.Waiters{
+			Hold: acquire,
+			Wait: func() { acquire(); l.release(0) },
+			Parked: func() int {
 				l.mu.Lock()
 				defer l.mu.Unlock()
 				return l.waiting
 			},
-			free: func() { l.release(0) },
+			Free: func() { l.release(0) },
 		})
 	})
-}
-
-// waiterRig is what measureWaiters needs of a kind of waiter.
-type waiterRig struct {
-	hold   func()     // take the only permit
-	wait   func()     // one waiter: block until it gets a permit, then give it back
-	parked func() int // how many waiters are blocked now
-	free   func()     // give back the permit hold took
-}
-
-// measureWaiters runs, b.N times: hold the permit, start n goroutines
-// running wait, wait (yielding) until all n are parked, measure, then free
-// the permit and wait for the goroutines to end.
-func measureWaiters(b *testing.B, n int, r waiterRig) {
-	b.ReportAllocs()
-	var total float64
-	runs := 0
-	for b.Loop() {
-		r.hold()
-		before := inUse()
-		var wg sync.WaitGroup
-		for range n {
-			wg.Go(r.wait)
-		}
-		for limit := time.Now().Add(time.Minute); r.parked() < n; runtime.Gosched() {
-			if time.Now().After(limit) {
-				b.Fatalf("%d of %d waiters parked after a minute", r.parked(), n)
-			}
-		}
-		total += float64(inUse()-before) / float64(n)
-		runs++
-		r.free()
-		wg.Wait()
-	}
-	b.ReportMetric(total/float64(runs), "bytes/waiter")
-}
-
-// inUse is the heap and stack memory in use, after a GC.
-func inUse() int64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapInuse + m.StackInuse)
 }
 
 // BenchmarkConnPath measures the calls database/sql makes on a driver

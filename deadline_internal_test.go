@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // dlEstimated returns a new estimator and its class "work", whose last
@@ -75,19 +76,6 @@ func dlQueue(t *testing.T, ctx context.Context, l *budget, c classRef, n int) <-
 		return admRead(l).waiting == n
 	})
 	return ch
-}
-
-// dlRecv returns the result on ch. The bound only turns a hang into a
-// failure.
-func dlRecv(t *testing.T, what string, ch <-chan admResult) admResult {
-	t.Helper()
-	select {
-	case r := <-ch:
-		return r
-	case <-time.After(30 * time.Second):
-		t.Fatalf("%s never returned", what)
-		return admResult{}
-	}
 }
 
 // dlNone fails if a result is on ch.
@@ -170,7 +158,7 @@ func TestWithoutADeadlineOrAnEstimateAnOperationWaitsItsTurn(t *testing.T) {
 	unmeasured := dlQueue(t, dlDeadline(t, time.Minute), l, classRef{}, 2)
 	for _, ch := range []<-chan admResult{unmeasured, none} {
 		l.release(0)
-		if r := dlRecv(t, "waiter", ch); r.err != nil {
+		if r := testkit.Recv(t, "waiter", ch); r.err != nil {
 			t.Fatalf("a waiter without a deadline or an estimate: %v, want its turn", r.err)
 		}
 	}
@@ -193,7 +181,7 @@ func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
 	}
 	// Four to be served at 10m per permit, 2 permits: 20m, then its minute.
 	ch := dlGo(dlDeadline(t, 15*time.Minute), l, c)
-	re := dlMissed(t, "an operation with 3 queued ahead", dlRecv(t, "it", ch).err)
+	re := dlMissed(t, "an operation with 3 queued ahead", testkit.Recv(t, "it", ch).err)
 	if re.Ahead != 20*time.Minute || re.Hold != time.Minute {
 		t.Fatalf("rejection %+v, want Ahead 20m, Hold 1m", *re)
 	}
@@ -204,7 +192,7 @@ func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
 		if i < 3 {
 			q = queued[i]
 		}
-		if r := dlRecv(t, "waiter", q); r.err != nil {
+		if r := testkit.Recv(t, "waiter", q); r.err != nil {
 			t.Fatal(r.err)
 		}
 	}
@@ -234,11 +222,11 @@ func TestAWaiterThatCanNoLongerMakeItsDeadlineIsSentAwayAtItsTurn(t *testing.T) 
 		}
 		dlNone(t, "w1", w1)
 		l.release(0) // w1's turn: 45s left for a hold of 1m
-		re := dlMissed(t, "w1 at its turn", dlRecv(t, "w1", w1).err)
+		re := dlMissed(t, "w1 at its turn", testkit.Recv(t, "w1", w1).err)
 		if re.Hold != time.Minute || re.Left != 45*time.Second || re.Running != 1 || re.Waiting != 0 {
 			t.Fatalf("w1's rejection %+v, want Hold 1m, Left 45s, 1 running (w2)", *re)
 		}
-		if r := dlRecv(t, "w2", w2); r.err != nil || time.Since(now) != 0 {
+		if r := testkit.Recv(t, "w2", w2); r.err != nil || time.Since(now) != 0 {
 			t.Fatalf("w2: %v after %v, want the permit w1 could not use, at once", r.err, time.Since(now))
 		}
 		l.release(0)
@@ -591,39 +579,31 @@ func (r *dlRejects) list() []Event {
 	return append([]Event(nil), r.got...)
 }
 
-// dlLoad runs n callers, each running statements from next back to back
-// with a deadline of its own, until stop is closed; it counts outcomes.
+// dlLoad counts the outcomes of the statements run.
 type dlLoad struct {
 	ok, late, other atomic.Int64
-	wg              sync.WaitGroup
 }
 
-func (l *dlLoad) run(db *sql.DB, n int, stop <-chan struct{}, next func(i int) (query string, deadline time.Duration)) {
-	for c := range n {
-		l.wg.Go(func() {
-			for i := c; ; i += n {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				q, d := next(i)
-				ctx, cancel := context.WithTimeout(context.Background(), d)
-				_, err := db.ExecContext(ctx, q)
-				cancel()
-				switch {
-				case err == nil:
-					l.ok.Add(1)
-					continue
-				case errors.Is(err, ErrWouldMissDeadline):
-					l.late.Add(1)
-				default:
-					l.other.Add(1)
-				}
-				time.Sleep(time.Millisecond) // a refused caller backs off a little
-			}
-		})
-	}
+// run runs n callers, each running statements from next back to back
+// with a deadline of its own, until halt is called.
+func (l *dlLoad) run(db *sql.DB, n int, next func(i int) (query string, deadline time.Duration)) (halt func()) {
+	return testkit.Repeat(n, func(i int) bool {
+		q, d := next(i)
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		_, err := db.ExecContext(ctx, q)
+		cancel()
+		switch {
+		case err == nil:
+			l.ok.Add(1)
+			return true
+		case errors.Is(err, ErrWouldMissDeadline):
+			l.late.Add(1)
+		default:
+			l.other.Add(1)
+		}
+		time.Sleep(time.Millisecond) // a refused caller backs off a little
+		return true
+	})
 }
 
 // Through database/sql: a statement and a transaction whose deadline is
@@ -637,21 +617,14 @@ func TestTheGateRefusesAnOperationThatWouldMissItsDeadlineWithoutReachingTheDriv
 		_, g, db, fc := dlWorkGate(t, dlEveryOneMeasured(1), ev.option())
 		// Measured: a statement that holds a minute, and a transaction
 		// given 65s that holds a minute.
-		if _, err := db.ExecContext(context.Background(), "sleep 1m"); err != nil {
-			t.Fatal(err)
-		}
-		tx, err := db.BeginTx(dlDeadline(t, 65*time.Second), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, context.Background(), db, "sleep 1m")
+		tx := testkit.Begin(t, dlDeadline(t, 65*time.Second), db)
 		time.Sleep(time.Minute)
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Commit(t, tx)
 		before, execs, begins := g.Stats(), fc.Count(fakedb.OpExec), fc.Count(fakedb.OpBegin)
 
 		ctx := dlDeadline(t, 30*time.Second)
-		_, err = db.ExecContext(ctx, "sleep 1m")
+		_, err := db.ExecContext(ctx, "sleep 1m")
 		if re := dlMissed(t, "exec", err); re.Hold != time.Minute || re.Left != 30*time.Second {
 			t.Fatalf("rejection %+v, want Hold 1m, Left 30s", *re)
 		}
@@ -698,16 +671,14 @@ func TestInAMixNoCallIsRefusedWhoseDeadlineIsTenTimesItsOwnHold(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, g, db, _ := dlWorkGate(t, dlEveryOneMeasured(4))
 		var load dlLoad
-		stop := make(chan struct{})
-		load.run(db, 4, stop, func(i int) (string, time.Duration) {
+		halt := load.run(db, 4, func(i int) (string, time.Duration) {
 			if i%10 == 9 {
 				return "sleep 30ms", 300 * time.Millisecond
 			}
 			return "sleep 1ms", 10 * time.Millisecond
 		})
 		time.Sleep(10 * time.Second)
-		close(stop)
-		load.wg.Wait()
+		halt()
 		if load.late.Load() != 0 || load.other.Load() != 0 || load.ok.Load() < 1000 {
 			t.Fatalf("%d ran, %d refused as late, %d failed; want none refused, none failed (stats %+v)", load.ok.Load(), load.late.Load(), load.other.Load(), g.Stats())
 		}
@@ -772,8 +743,7 @@ func TestAfterOneStatementAThousandTimesSlowerNoCallWithTenTimesItsHoldIsRefused
 			synctest.Test(t, func(t *testing.T) {
 				w, g, db, _ := dlWorkGate(t, dlEveryOneMeasured(2))
 				var load dlLoad
-				stop := make(chan struct{})
-				load.run(db, 2, stop, func(i int) (string, time.Duration) {
+				halt := load.run(db, 2, func(i int) (string, time.Duration) {
 					if i == 100 {
 						w.outlier.Store(slow == "sleep 1ms")
 						return slow, 2 * time.Second
@@ -781,8 +751,7 @@ func TestAfterOneStatementAThousandTimesSlowerNoCallWithTenTimesItsHoldIsRefused
 					return "sleep 1ms", 10 * time.Millisecond
 				})
 				time.Sleep(5 * time.Second)
-				close(stop)
-				load.wg.Wait()
+				halt()
 				if load.late.Load() != 0 || load.other.Load() != 0 {
 					t.Fatalf("%d ran, %d refused as late, %d failed; want none refused (stats %+v)", load.ok.Load(), load.late.Load(), load.other.Load(), g.Stats())
 				}
@@ -806,39 +775,29 @@ func TestAfterALockCallsRunAgainWithinASecondOfItsRelease(t *testing.T) {
 			released  time.Time
 			refusedIn atomic.Int64
 		)
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for range 8 {
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-					_, err := db.ExecContext(ctx, "sleep 5ms")
-					cancel()
-					now := time.Now()
-					mu.Lock()
-					if !released.IsZero() {
-						if err == nil && firstOK.IsZero() {
-							firstOK = now
-						}
-						if err != nil {
-							lastFail = now
-						}
-					}
-					mu.Unlock()
-					if errors.Is(err, ErrWouldMissDeadline) {
-						refusedIn.Add(1)
-					}
-					if err != nil {
-						time.Sleep(10 * time.Millisecond) // a caller backs off a little
-					}
+		halt := testkit.Repeat(8, func(int) bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, err := db.ExecContext(ctx, "sleep 5ms")
+			cancel()
+			now := time.Now()
+			mu.Lock()
+			if !released.IsZero() {
+				if err == nil && firstOK.IsZero() {
+					firstOK = now
 				}
-			})
-		}
+				if err != nil {
+					lastFail = now
+				}
+			}
+			mu.Unlock()
+			if errors.Is(err, ErrWouldMissDeadline) {
+				refusedIn.Add(1)
+			}
+			if err != nil {
+				time.Sleep(10 * time.Millisecond) // a caller backs off a little
+			}
+			return true
+		})
 		time.Sleep(time.Second)
 		w.hold()
 		time.Sleep(3 * time.Second)
@@ -847,8 +806,7 @@ func TestAfterALockCallsRunAgainWithinASecondOfItsRelease(t *testing.T) {
 		mu.Unlock()
 		w.release()
 		time.Sleep(3 * time.Second)
-		close(stop)
-		wg.Wait()
+		halt()
 		if refusedIn.Load() == 0 {
 			t.Fatalf("no call refused as late during the lock: the scenario did not happen (stats %+v)", g.Stats())
 		}
@@ -896,26 +854,15 @@ func TestTheGateMeasuresHoldTimesOffTheFastPathOrAllWhenAdaptive(t *testing.T) {
 	t.Run("fixed", func(t *testing.T) {
 		g, db, _ := dlGate(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
 		for range 3 {
-			if _, err := db.ExecContext(bg, "UPDATE t SET v = 1"); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, bg, db, "UPDATE t SET v = 1")
 		}
 		if s := g.Stats(); s.Hold != 0 {
 			t.Fatalf("Hold %v after operations that found a permit free, want 0", s.Hold)
 		}
-		tx, err := db.BeginTx(bg, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() {
-			_, err := db.ExecContext(bg, "UPDATE t SET v = 2")
-			done <- err
-		}()
+		tx := testkit.Begin(t, bg, db)
+		done := testkit.GoExec(bg, db, "UPDATE t SET v = 2")
 		admWaitFor(t, func() bool { return g.Stats().Waiting == 1 })
-		if err := tx.Rollback(); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Rollback(t, tx)
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
@@ -925,9 +872,7 @@ func TestTheGateMeasuresHoldTimesOffTheFastPathOrAllWhenAdaptive(t *testing.T) {
 	})
 	t.Run("adaptive", func(t *testing.T) {
 		g, db, _ := dlGate(t, Policy{MaxConcurrent: 4, Adaptive: true})
-		if _, err := db.ExecContext(bg, "UPDATE t SET v = 1"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, bg, db, "UPDATE t SET v = 1")
 		if s := g.Stats(); s.Hold <= 0 {
 			t.Fatalf("Hold %v after an operation under Adaptive, want it measured", s.Hold)
 		}

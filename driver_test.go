@@ -25,6 +25,8 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // fkEnv is a gate on a fake driver and the *sql.DB opened on it.
@@ -52,12 +54,7 @@ func fkOpen(t *testing.T, fc *fakedb.Connector, p bulkhead.Policy, opts ...bulkh
 		e.releases.Add(1)
 		e.released <- ev
 	}})
-	g, err := bulkhead.New(fc, p, append([]bulkhead.Option{rec}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.g, e.db = g, g.OpenDB()
-	t.Cleanup(func() { e.db.Close() })
+	e.g, e.db = gatetest.Open(t, fc, p, append([]bulkhead.Option{rec}, opts...)...)
 	return e
 }
 
@@ -72,11 +69,7 @@ func (e *fkEnv) running(t *testing.T, want int, when string) {
 // exec runs an Exec of query on e's DB on a goroutine; its error arrives
 // on the channel.
 func (e *fkEnv) exec(ctx context.Context, query string) <-chan error {
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.db.ExecContext(ctx, query)
-		done <- err
-	}()
+	done := testkit.GoExec(ctx, e.db, query)
 	return done
 }
 
@@ -107,7 +100,7 @@ var fkB1 = bulkhead.Policy{MaxConcurrent: 1}
 func fkRaw(t *testing.T, db *sql.DB, f func(dc any)) {
 	t.Helper()
 	ctx := context.Background()
-	c := fkConn(t, ctx, db)
+	c := testkit.Conn(t, ctx, db)
 	defer c.Close()
 	if err := c.Raw(func(dc any) error { f(dc); return nil }); err != nil {
 		t.Fatal(err)
@@ -328,7 +321,7 @@ func TestUnwrapReturnsTheDriversOwnConnFromRaw(t *testing.T) {
 func TestTheArticleDemoOnTheFakeDriverRejectsTheSecondOperationAndCommits42(t *testing.T) {
 	ctx := context.Background()
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
-	tx := fkBegin(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db)
 	_, err := e.db.ExecContext(ctx, "UPDATE t")
 	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, bulkhead.ErrAdmissionFull) || errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("second operation: %v, want an admission-full rejection", err)
@@ -341,9 +334,7 @@ func TestTheArticleDemoOnTheFakeDriverRejectsTheSecondOperationAndCommits42(t *t
 	if err := tx.QueryRowContext(ctx, "SELECT 42").Scan(&v); err != nil || v != 42 {
 		t.Fatalf("query in the transaction: %d, %v; want 42", v, err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	s := e.g.Stats()
 	if s.Running != 0 || s.Admitted != 1 || s.RejectedFull != 1 || s.Dials != 1 {
 		t.Fatalf("after commit: %+v, want Running 0, Admitted 1, RejectedFull 1, Dials 1", s)
@@ -380,7 +371,7 @@ func TestATransactionHoldsItsPermitsUntilTheDriversCommitOrRollbackReturned(t *t
 		op fakedb.Op
 		f  func(*sql.Tx) error
 	}{{fakedb.OpCommit, (*sql.Tx).Commit}, {fakedb.OpRollback, (*sql.Tx).Rollback}} {
-		tx := fkBegin(t, ctx, e.db)
+		tx := testkit.Begin(t, ctx, e.db)
 		e.running(t, 1, "transaction begun")
 		fkBlocked(t, e.fc, end.op, func() error { return end.f(tx) }, func() {
 			e.running(t, 1, "inside the driver's "+end.op.String())
@@ -507,7 +498,7 @@ func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dbStmt.Close()
-	tx := fkBegin(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db)
 	before := e.g.Stats()
 	if _, err := tx.ExecContext(ctx, "UPDATE t"); err != nil {
 		t.Fatalf("exec in tx: %v", err)
@@ -538,16 +529,14 @@ func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
 	if after := e.g.Stats(); after != before {
 		t.Fatalf("statements inside the transaction changed the stats:\nbefore %+v\nafter  %+v", before, after)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	e.balanced(t)
 }
 
 func TestACancelledTransactionIsReleasedOnceByDatabaseSQLsRollback(t *testing.T) {
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
 	ctx, cancel := context.WithCancel(context.Background())
-	tx := fkBegin(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db)
 	b := e.fc.Block(fakedb.OpRollback)
 	cancel()
 	b.Wait(1) // database/sql's goroutine is in the driver's Rollback
@@ -756,7 +745,7 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 	// A queue timeout: the driver never sees the statement, and database/sql
 	// neither retries it nor dials again.
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Millisecond})
-	tx := fkBegin(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db)
 	_, err := e.db.ExecContext(ctx, "UPDATE t")
 	if !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("got %v, want a queue timeout", err)
@@ -783,7 +772,7 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 
 	// Admission full at the wrapper: a nested operation on a pinned conn.
 	e1 := fkOpen(t, nil, fkB1)
-	c := fkConn(t, ctx, e1.db)
+	c := testkit.Conn(t, ctx, e1.db)
 	rows, err := c.QueryContext(ctx, "SELECT 1")
 	if err != nil {
 		t.Fatal(err)
@@ -909,7 +898,7 @@ func TestTheErrSkipFallbackChecksArgumentsWithTheStatementsCheckerAsDatabaseSQLD
 func TestClosingTheDBMakesAQueuedOperationReturnErrClosed(t *testing.T) {
 	ctx := context.Background()
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait})
-	tx := fkBegin(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db)
 	done := e.exec(ctx, "UPDATE t")
 	awaitState(t, "the exec waits for a permit", func() bool { return e.g.Stats().Waiting == 1 })
 	if err := e.db.Close(); err != nil {
@@ -1040,25 +1029,23 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 			OnReject:  record("reject"),
 			OnRelease: record("release"),
 		}))
-	fkMustExec(t, ctx, e.db, "UPDATE t")
+	testkit.Exec(t, ctx, e.db, "UPDATE t")
 	if err := e.db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)); err != nil {
 		t.Fatal(err)
 	}
-	tx := fkBegin(t, ctx, e.db) // holds the execution permit
-	c := fkConn(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db) // holds the execution permit
+	c := testkit.Conn(t, ctx, e.db)
 	defer c.Close()
 	waiter := e.exec(bulkhead.WithQueueWait(ctx, time.Hour), "UPDATE t")
 	awaitState(t, "an operation waits", func() bool { return e.g.Stats().Waiting == 1 })
 	if _, err := e.db.ExecContext(ctx, "UPDATE t"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("exec with B running and Q waiting: %v, want admission full", err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	if err := <-waiter; err != nil {
 		t.Fatal(err)
 	}
-	tx = fkBegin(t, ctx, e.db) // holds the execution permit again
+	tx = testkit.Begin(t, ctx, e.db) // holds the execution permit again
 	if _, err := c.ExecContext(ctx, "UPDATE t"); !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("exec on the pinned conn: %v, want a queue timeout", err)
 	}
@@ -1067,9 +1054,7 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 	if _, err := c.ExecContext(cctx, "UPDATE t"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("exec with a cancelled context: %v", err) // a cancellation: no event
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	rows, err := c.QueryContext(ctx, "SELECT 1")
 	if err != nil {
 		t.Fatal(err)
@@ -1138,14 +1123,12 @@ func TestHoldWarningReportsAnOperationHeldLongerThanTheLimit(t *testing.T) {
 	const limit = time.Microsecond
 	reports := make(chan bulkhead.Event, 1)
 	e := fkOpen(t, nil, fkB1, bulkhead.WithHoldWarning(limit, func(ev bulkhead.Event) { reports <- ev }))
-	tx := fkBegin(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db)
 	ev := <-reports // the transaction stays open until the report came
 	if ev.Kind != bulkhead.KindTx || ev.Held != limit {
 		t.Fatalf("report %+v, want a transaction held %v", ev, limit)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	e.balanced(t)
 }
 

@@ -126,8 +126,7 @@ func TestSwitchingDryRunOffWithMoreRunningThanBMakesNewWorkWaitOrBeRejectedUntil
 	r.done(t, "h2", held[2])
 	r.await(t, "w")
 	r.done(t, "w", w)
-	r.balanced(t)
-	rzFull(t, r, 1, "after")
+	rzSettled(t, r, 1)
 }
 
 func TestSwitchingDryRunOnLetsEveryWaiterRunAtOnce(t *testing.T) {

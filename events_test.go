@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 func TestJoinEventsCallsEachSetCallbackInOrderAndLeavesUnsetOnesNil(t *testing.T) {
@@ -37,7 +38,7 @@ func TestJoinEventsCallsEachSetCallbackInOrderAndLeavesUnsetOnesNil(t *testing.T
 
 func TestReasonLabelNamesBothRejectionCausesAndNothingElse(t *testing.T) {
 	db := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond}).db
-	tx := fkBegin(t, t.Context(), db)
+	tx := testkit.Begin(t, t.Context(), db)
 	defer tx.Rollback()
 	_, timeout := db.ExecContext(t.Context(), "UPDATE t SET v = 1")
 	for _, c := range []struct {

@@ -11,6 +11,7 @@ import (
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // pnMustPanic fails the test unless f panics.
@@ -76,7 +77,7 @@ func TestADriverPanicInResetSessionLosesNoConnectionSlot(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
 	fc, g, db := e.fc, e.g, e.db
 	ctx := context.Background()
-	fkMustExec(t, ctx, db, "UPDATE x")
+	testkit.Exec(t, ctx, db, "UPDATE x")
 	fc.PanicNext(fakedb.OpResetSession, 1, "driver bug")
 	pnMustPanic(t, func() { db.ExecContext(ctx, "UPDATE x") })
 	if got := g.Stats().OpenConns; got != 0 {
@@ -97,7 +98,7 @@ func TestADriverPanicInsideATransactionGivesTheTransactionsPermitsBack(t *testin
 	e := fkOpen(t, nil, fkB1)
 	fc, g, db := e.fc, e.g, e.db
 	ctx := context.Background()
-	tx := fkBegin(t, ctx, db)
+	tx := testkit.Begin(t, ctx, db)
 	fc.PanicNext(fakedb.OpExec, 1, "driver bug")
 	pnMustPanic(t, func() { tx.ExecContext(ctx, "UPDATE x") })
 	if s := g.Stats(); s.Running != 0 || s.OpenConns != 0 {

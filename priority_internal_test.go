@@ -9,6 +9,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // prGo starts an operation of priority prio through l; it counts among
@@ -41,7 +43,7 @@ func TestAHigherPriorityIsServedFirstFIFOWithinAPriority(t *testing.T) {
 	high2 := prQueue(t, l, 1, 4)
 	for i, ch := range []<-chan admResult{high1, high2, low1, low2} {
 		l.release(0)
-		if r := dlRecv(t, "waiter", ch); r.err != nil {
+		if r := testkit.Recv(t, "waiter", ch); r.err != nil {
 			t.Fatalf("waiter %d in the order high, high, low, low: %v", i, r.err)
 		}
 	}
@@ -59,7 +61,7 @@ func TestAFullAdmissionShedsTheYoungestWaiterOfTheLowestPriority(t *testing.T) {
 	lowYoung := prQueue(t, l, -1, 2)
 	mid := prQueue(t, l, 0, 3)
 	high := prGo(l, 1) // admission is full: it sheds lowYoung
-	r := dlRecv(t, "the youngest of the lowest priority", lowYoung)
+	r := testkit.Recv(t, "the youngest of the lowest priority", lowYoung)
 	var re *RejectedError
 	if !errors.As(r.err, &re) || !errors.Is(r.err, ErrAdmissionFull) || !errors.Is(r.err, ErrRejected) {
 		t.Fatalf("shed waiter: %v, want a rejection matching ErrAdmissionFull", r.err)
@@ -77,7 +79,7 @@ func TestAFullAdmissionShedsTheYoungestWaiterOfTheLowestPriority(t *testing.T) {
 	}
 	for i, ch := range []<-chan admResult{high, mid, lowOld} {
 		l.release(0)
-		if r := dlRecv(t, "waiter", ch); r.err != nil {
+		if r := testkit.Recv(t, "waiter", ch); r.err != nil {
 			t.Fatalf("waiter %d in the order high, mid, low: %v", i, r.err)
 		}
 	}
@@ -116,7 +118,7 @@ func TestAShedWaiterGivesBackItsWorkloadsPermits(t *testing.T) {
 		t.Fatalf("global admitted %d, want 2 (the running one and the new one)", s.admitted)
 	}
 	g.release(0)
-	if r := dlRecv(t, "high", high); r.err != nil {
+	if r := testkit.Recv(t, "high", high); r.err != nil {
 		t.Fatal(r.err)
 	}
 	g.release(0)

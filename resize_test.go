@@ -24,6 +24,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 func rzSet(t *testing.T, g *bulkhead.Gate, p bulkhead.Policy) {
@@ -54,6 +55,14 @@ func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
 	return err
 }
 
+// rzSettled fails unless no permit is held (wlRig.balanced) and exactly b
+// execution permits are left (rzFull).
+func rzSettled(t *testing.T, r *wlRig, b int) {
+	t.Helper()
+	r.balanced(t)
+	rzFull(t, r, b, "after")
+}
+
 // rzCause fails the test unless err matches cause.
 func rzCause(t *testing.T, tag string, err, cause error) {
 	t.Helper()
@@ -82,10 +91,8 @@ func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testi
 		n1 = r.start(t, bg, "n1")
 	}
 	r.refusedFull(t, "new op with h3 and n1 running, B=2")
-	r.done(t, "h3", held[3])
-	r.done(t, "n1", n1)
-	r.balanced(t)
-	rzFull(t, r, 2, "after")
+	r.doneAll(t, []string{"h3", "n1"}, held[3], n1)
+	rzSettled(t, r, 2)
 }
 
 func TestShrinkingWithAQueueMakesNewWorkWaitUntilRunningWorkIsBelowTheNewB(t *testing.T) {
@@ -103,10 +110,8 @@ func TestShrinkingWithAQueueMakesNewWorkWaitUntilRunningWorkIsBelowTheNewB(t *te
 	}
 	r.done(t, "h2", held[2])
 	r.await(t, "w1") // 1 running: w1 gets the permit
-	r.done(t, "h3", held[3])
-	r.done(t, "w1", w1)
-	r.balanced(t)
-	rzFull(t, r, 2, "after")
+	r.doneAll(t, []string{"h3", "w1"}, held[3], w1)
+	rzSettled(t, r, 2)
 }
 
 func TestGrowingWakesWaitersInFIFOOrder(t *testing.T) {
@@ -130,8 +135,7 @@ func TestGrowingWakesWaitersInFIFOOrder(t *testing.T) {
 	for i, w := range ws {
 		r.done(t, fmt.Sprintf("w%d", i+1), w)
 	}
-	r.balanced(t)
-	rzFull(t, r, 4, "after")
+	rzSettled(t, r, 4)
 }
 
 func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
@@ -195,8 +199,7 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 	r.await(t, "b6")
 	refused("re-added batch at B=2")
 	r.doneAll(t, []string{"b5", "b6"}, b5, b6)
-	r.balanced(t)
-	rzFull(t, r, 4, "after")
+	rzSettled(t, r, 4)
 }
 
 // A removed workload's queued operation waits for its old budget's permit,
@@ -255,8 +258,7 @@ func TestAnInvalidSetPolicyChangesNothing(t *testing.T) {
 	_, err := r.db.ExecContext(bulkhead.WithWorkload(context.Background(), "batch"), "quick")
 	wlRejected(t, "batch op after the invalid policies", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
 	r.done(t, "h1", h1)
-	r.balanced(t)
-	rzFull(t, r, 2, "after")
+	rzSettled(t, r, 2)
 }
 
 func TestThePolicyInForceIsACopyOnBothSides(t *testing.T) {
@@ -565,7 +567,7 @@ func TestAGateCappedToNoPermitRejectsAtOnceAndKeepsNobodyWaiting(t *testing.T) {
 		capped := make(chan error, 1)
 		go func() { capped <- r.g.Cap(bg, 0, 2) }()
 		synctest.Wait()
-		err := wlRecv(t, "c", c)
+		err := testkit.Recv(t, "c", c)
 		re := wlRejected(t, "an operation queued as B fell to 0", err, bulkhead.ErrAdmissionFull, "", 0, 0)
 		if time.Since(start) != 0 || re.Waiting != 0 {
 			t.Fatalf("c was refused after %v with %+v, want at once, nobody left waiting", time.Since(start), re)

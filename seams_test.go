@@ -20,6 +20,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // smFill fills the admission of e's gate of B=1 and Q=q (0 or 1): a
@@ -28,7 +29,7 @@ import (
 func smFill(t *testing.T, e *fkEnv, q int) (free func()) {
 	t.Helper()
 	ctx := context.Background()
-	tx := fkBegin(t, ctx, e.db)
+	tx := testkit.Begin(t, ctx, e.db)
 	var waiting <-chan error
 	if q == 1 {
 		waiting = e.exec(ctx, "UPDATE t")
@@ -36,9 +37,7 @@ func smFill(t *testing.T, e *fkEnv, q int) (free func()) {
 	}
 	return func() {
 		t.Helper()
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Commit(t, tx)
 		if q == 1 {
 			if err := <-waiting; err != nil {
 				t.Fatal(err)
@@ -127,8 +126,8 @@ func TestARefusedExecOnADriverWithoutExecerSendsNothing(t *testing.T) {
 	fc := fakedb.New()
 	fc.Conn = fakedb.ConnAll &^ (fakedb.ConnExecerContext | fakedb.ConnExecer)
 	e := fkOpen(t, fc, fkB1)
-	fkMustExec(t, ctx, e.db, "UPDATE t SET v = ?", 1)
-	tx := fkBegin(t, ctx, e.db)
+	testkit.Exec(t, ctx, e.db, "UPDATE t SET v = ?", 1)
+	tx := testkit.Begin(t, ctx, e.db)
 	prepares := fc.Count(fakedb.OpPrepare)
 	if _, err := e.db.ExecContext(ctx, "UPDATE t SET v = ?", 2); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("exec: %v, want ErrAdmissionFull", err)
@@ -184,7 +183,7 @@ func TestWithNoIdleConnectionKeptEachOperationDialsAsWithoutTheGate(t *testing.T
 	e := fkOpen(t, nil, fkB1)
 	e.db.SetMaxIdleConns(0)
 	for range 3 {
-		fkMustExec(t, context.Background(), e.db, "UPDATE t")
+		testkit.Exec(t, context.Background(), e.db, "UPDATE t")
 	}
 	if n, open := e.fc.Count(fakedb.OpConnect), e.fc.Open(); n != 3 || open != 0 {
 		t.Fatalf("%d dials, %d open, want 3 and 0", n, open)
@@ -197,7 +196,7 @@ func TestServerConnectionsFollowDatabaseSQLsConnMaxLifetime(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
 	e.db.SetConnMaxLifetime(time.Nanosecond)
 	for range 3 {
-		fkMustExec(t, context.Background(), e.db, "UPDATE t")
+		testkit.Exec(t, context.Background(), e.db, "UPDATE t")
 	}
 	if n, open, s := e.fc.Count(fakedb.OpConnect), e.fc.Open(), e.db.Stats(); n != 3 || open > s.OpenConnections {
 		t.Fatalf("%d dials, %d server connections open, database/sql %+v: want 3 dials and no more server connections than database/sql's", n, open, s)
@@ -225,7 +224,7 @@ func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *tes
 		}
 		var conns []*sql.Conn
 		for range 3 {
-			c := fkConn(t, ctx, db)
+			c := testkit.Conn(t, ctx, db)
 			if err := c.PingContext(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -252,7 +251,7 @@ func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *tes
 		// stale one discarded on the way).
 		var two []*sql.Conn
 		for range 2 {
-			c := fkConn(t, ctx, db)
+			c := testkit.Conn(t, ctx, db)
 			two = append(two, c)
 		}
 		if s := db.Stats(); s.OpenConnections != 2 || s.InUse != 2 {
@@ -269,10 +268,10 @@ func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *tes
 // not pinged.
 func TestAResetCutOffByTheCallersContextIsNoDeadConnection(t *testing.T) {
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
-	fkMustExec(t, context.Background(), e.db, "UPDATE t")
+	testkit.Exec(t, context.Background(), e.db, "UPDATE t")
 	smCutOff(t, e, fakedb.OpResetSession, "exec")
 	pings := e.fc.Count(fakedb.OpPing)
-	fkMustExec(t, context.Background(), e.db, "UPDATE t")
+	testkit.Exec(t, context.Background(), e.db, "UPDATE t")
 	if s := e.g.Stats(); s.BadConns != 0 || e.fc.Count(fakedb.OpConnect) != 1 || e.fc.Count(fakedb.OpPing) != pings {
 		t.Fatalf("%+v, %d dials, %d pings: want no bad connection, one dial, no ping", s, e.fc.Count(fakedb.OpConnect), e.fc.Count(fakedb.OpPing)-pings)
 	}
@@ -286,7 +285,7 @@ func TestUnwrapReturnsTheDialsErrorWhenNoServerConnectionCanBeHad(t *testing.T) 
 	dialErr := errors.New("connection refused")
 	e := fkOpen(t, nil, fkB1)
 	e.fc.FailNext(fakedb.OpConnect, 1, dialErr)
-	c := fkConn(t, context.Background(), e.db)
+	c := testkit.Conn(t, context.Background(), e.db)
 	defer c.Close()
 	err := c.Raw(func(dc any) error {
 		inner, err := bulkhead.Unwrap(dc)
@@ -350,7 +349,7 @@ func TestPingWorksOnAGateCappedAtZero(t *testing.T) {
 	if err := e.g.Cap(context.Background(), -1, -1); err != nil {
 		t.Fatal(err)
 	}
-	fkMustExec(t, context.Background(), e.db, "UPDATE t")
+	testkit.Exec(t, context.Background(), e.db, "UPDATE t")
 }
 
 // Cap returns once the operations beyond the new limit ended.
@@ -386,28 +385,17 @@ func TestCapWaitsForTheOperationsBeyondItsLimit(t *testing.T) {
 // database/sql has connections.
 func TestServerConnectionsNeverOutnumberDatabaseSQLsConnections(t *testing.T) {
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Second})
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	for range 6 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				e.db.Exec("UPDATE t")
-			}
-		})
-	}
+	halt := testkit.Repeat(6, func(int) bool {
+		e.db.Exec("UPDATE t")
+		return true
+	})
 	for i := range 200 {
 		e.db.SetMaxIdleConns(i % 5)
 		if i%7 == 0 {
 			e.g.SetPolicy(bulkhead.Policy{MaxConcurrent: 1 + i%4, MaxQueue: 4, QueueWait: time.Second})
 		}
 	}
-	close(stop)
-	wg.Wait()
+	halt()
 	e.db.SetMaxIdleConns(1)
 	if open, s := e.fc.Open(), e.db.Stats(); open > s.OpenConnections || open > 1 {
 		t.Fatalf("%d server connections open, database/sql %+v: want at most its 1", open, s)
@@ -422,7 +410,7 @@ func TestADialItsCallerGaveUpOnServesTheNextCaller(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
 	smCutOff(t, e, fakedb.OpConnect, "exec cut off while dialing")
 	awaitState(t, "the dial's connection is idle", func() bool { return e.g.Stats().IdleConns == 1 })
-	fkMustExec(t, context.Background(), e.db, "UPDATE t")
+	testkit.Exec(t, context.Background(), e.db, "UPDATE t")
 	if n := e.fc.Count(fakedb.OpConnect); n != 1 {
 		t.Fatalf("%d dials, want 1: the next caller got the first dial's connection", n)
 	}
@@ -435,12 +423,12 @@ func TestADialItsCallerGaveUpOnServesTheNextCaller(t *testing.T) {
 // connection comes with the *sql.Conn's first use.
 func TestASQLConnDialsAtItsFirstUse(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
-	c := fkConn(t, context.Background(), e.db)
+	c := testkit.Conn(t, context.Background(), e.db)
 	defer c.Close()
 	if n := e.fc.Count(fakedb.OpConnect); n != 0 {
 		t.Fatalf("db.Conn dialed %d server connections, want 0", n)
 	}
-	fkMustExec(t, context.Background(), c, "UPDATE t")
+	testkit.Exec(t, context.Background(), c, "UPDATE t")
 	if n := e.fc.Count(fakedb.OpConnect); n != 1 {
 		t.Fatalf("%d dials after the first statement, want 1", n)
 	}
@@ -472,7 +460,7 @@ func TestConnInitRunsOnceOnEachServerConnectionWithinThePermitsOfItsFirstOperati
 		t.Fatalf("%d server connections open after a failed init, want 0", open)
 	}
 	for range 3 {
-		fkMustExec(t, context.Background(), e.db, "UPDATE t")
+		testkit.Exec(t, context.Background(), e.db, "UPDATE t")
 	}
 	mu.Lock()
 	defer mu.Unlock()

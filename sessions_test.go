@@ -18,6 +18,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 func TestOpenDBReturnsTheSameDBEveryTimeAndClosingItClosesTheGate(t *testing.T) {
@@ -26,7 +27,7 @@ func TestOpenDBReturnsTheSameDBEveryTimeAndClosingItClosesTheGate(t *testing.T) 
 	if again := g.OpenDB(); again != db {
 		t.Fatal("a second OpenDB opened another pool")
 	}
-	fkMustExec(t, context.Background(), db, "UPDATE t")
+	testkit.Exec(t, context.Background(), db, "UPDATE t")
 	db.Close()
 	if again := g.OpenDB(); again != db {
 		t.Fatal("OpenDB after Close opened another pool on the closed gate")
@@ -97,7 +98,7 @@ func TestEveryRejectionIsAttributedToItsOperationsKindAndWorkload(t *testing.T) 
 		mu.Unlock()
 	}}))
 	ctx := context.Background()
-	tx := fkBegin(t, ctx, e.db) // the one permit, untagged
+	tx := testkit.Begin(t, ctx, e.db) // the one permit, untagged
 	batch := bulkhead.WithWorkload(ctx, "batch")
 	const n = 40
 	var wg sync.WaitGroup
@@ -155,8 +156,8 @@ func TestAConnectionsServerConnectionStaysWithItAndClosesWithIt(t *testing.T) {
 	// the order they were opened), then all given back, 4 last.
 	var conns []*sql.Conn
 	for range 4 {
-		c := fkConn(t, ctx, db)
-		fkMustExec(t, ctx, c, "UPDATE t")
+		c := testkit.Conn(t, ctx, db)
+		testkit.Exec(t, ctx, c, "UPDATE t")
 		conns = append(conns, c)
 	}
 	if n := fc.Open(); n != 4 {
@@ -177,13 +178,11 @@ func TestAConnectionsServerConnectionStaysWithItAndClosesWithIt(t *testing.T) {
 	// database/sql hands out the connection given back last: its
 	// transactions run on its session, 4.
 	for round := range 3 {
-		tx := fkBegin(t, ctx, db)
+		tx := testkit.Begin(t, ctx, db)
 		if ids := inTx(); len(ids) != 1 || ids[0] != 4 {
 			t.Fatalf("round %d: the transaction runs on server connections %v, want [4], its connection's", round, ids)
 		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Commit(t, tx)
 	}
 	// database/sql keeps one idle connection, the first given back: the
 	// gate keeps its server connection, 1, and closes the others with

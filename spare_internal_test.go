@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // setLingerWait sets lingerWait for one test and returns what restores it.
@@ -27,9 +28,9 @@ func setLingerWait(d time.Duration) func() {
 	return func() { lingerWait = old }
 }
 
-// spareRig is a gate on the fake driver and its *sql.DB, closed at the end
-// of the test, and, if kept, a *sql.Conn that holds session 1 between its
-// operations (the test closes it).
+// spareRig is a gate on the fake driver and its *sql.DB, and, if kept, a
+// *sql.Conn that holds session 1 between its operations; all are closed
+// at the end of the test.
 func spareRig(t *testing.T, p Policy, kept bool) (*fakedb.Connector, *Gate, *sql.DB, *sql.Conn) {
 	t.Helper()
 	g, db, fc := dlGate(t, p)
@@ -37,14 +38,19 @@ func spareRig(t *testing.T, p Policy, kept bool) (*fakedb.Connector, *Gate, *sql
 		return fc, g, db, nil
 	}
 	ctx := context.Background()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.ExecContext(ctx, "UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	c := testkit.Conn(t, ctx, db)
+	t.Cleanup(func() { c.Close() })
+	testkit.Exec(t, ctx, c, "UPDATE t")
 	return fc, g, db, c
+}
+
+// spareSessions fails unless the gate dialed dials sessions and open of
+// them are open; want says what the test expected.
+func spareSessions(t *testing.T, fc *fakedb.Connector, g *Gate, dials int64, open int, want string) {
+	t.Helper()
+	if s := g.Stats(); s.Dials != dials || fc.Open() != open {
+		t.Fatalf("%+v, %d open: want %s", s, fc.Open(), want)
+	}
 }
 
 // spareExecs runs n Execs on db at once, all held in the driver until n
@@ -98,22 +104,17 @@ func TestWithBSessionsOpenAnOperationTakesTheSessionGivenBackRatherThanDialing(t
 	b.Wait(2)
 	b.Release()
 	wg.Wait()
-	if s := g.Stats(); s.Dials != 2 || fc.Open() != 2 {
-		t.Fatalf("%+v, %d open: want the 2 sessions dialed first, and no other", s, fc.Open())
-	}
+	spareSessions(t, fc, g, 2, 2, "the 2 sessions dialed first, and no other")
 }
 
 func TestAnOperationDialsWhenEverySessionIsKeptBetweenOperations(t *testing.T) {
-	fc, g, db, c := spareRig(t, Policy{MaxConcurrent: 1, MaxQueue: 0}, true)
-	defer c.Close()
+	fc, g, db, _ := spareRig(t, Policy{MaxConcurrent: 1, MaxQueue: 0}, true)
 	for i := range 3 {
 		if _, err := db.Exec("UPDATE t"); err != nil {
 			t.Fatalf("Exec %d beside a kept *sql.Conn: %v", i, err)
 		}
 	}
-	if s := g.Stats(); s.Dials != 2 || fc.Open() != 2 {
-		t.Fatalf("%+v, %d open: want one session dialed beside the kept one, and kept", s, fc.Open())
-	}
+	spareSessions(t, fc, g, 2, 2, "one session dialed beside the kept one, and kept")
 }
 
 func TestAfterBShrinksTheSessionsBeyondItAreClosedAsTheyComeBack(t *testing.T) {
@@ -131,22 +132,17 @@ func TestAfterBShrinksTheSessionsBeyondItAreClosedAsTheyComeBack(t *testing.T) {
 	}
 	spareExecs(t, fc, db, 2)
 	spareSerial(t, db, 5)
-	if s := g.Stats(); s.Dials != 3 || fc.Open() != 2 {
-		t.Fatalf("%+v, %d open: want no dial after the shrink and 2 sessions", s, fc.Open())
-	}
+	spareSessions(t, fc, g, 3, 2, "no dial after the shrink and 2 sessions")
 }
 
 // A *sql.Conn kept for good (as for LISTEN) leaves B sessions to the others.
 func TestASessionKeptBetweenOperationsCausesNoDialChurn(t *testing.T) {
-	fc, g, db, c := spareRig(t, Policy{MaxConcurrent: 2, MaxQueue: 0}, true)
-	defer c.Close()
+	fc, g, db, _ := spareRig(t, Policy{MaxConcurrent: 2, MaxQueue: 0}, true)
 	for range 10 {
 		spareExecs(t, fc, db, 2)
 		spareSerial(t, db, 1)
 	}
-	if s := g.Stats(); s.Dials != 3 || fc.Open() != 3 {
-		t.Fatalf("%+v, %d open: want the kept session and B=2 others, dialed once", s, fc.Open())
-	}
+	spareSessions(t, fc, g, 3, 3, "the kept session and B=2 others, dialed once")
 }
 
 // database/sql may ask a connection IsValid twice without handing it out
@@ -155,8 +151,7 @@ func TestASessionKeptBetweenOperationsCausesNoDialChurn(t *testing.T) {
 // gate keeps its session with it all the same: later operations, one at a
 // time, run on the sessions open, dialing and closing nothing.
 func TestAConnectionTakenBackTwiceByDatabaseSQLKeepsItsSession(t *testing.T) {
-	fc, g, db, c := spareRig(t, Policy{MaxConcurrent: 1, MaxQueue: 0}, true)
-	defer c.Close()
+	fc, g, db, _ := spareRig(t, Policy{MaxConcurrent: 1, MaxQueue: 0}, true)
 	db.SetMaxOpenConns(2) // above B+Q, as the README allows: c and one more
 	ctx := context.Background()
 	spareSerial(t, db, 1) // the second session
@@ -172,11 +167,7 @@ func TestAConnectionTakenBackTwiceByDatabaseSQLKeepsItsSession(t *testing.T) {
 		// A caller waits in database/sql's queue; it gives up as the
 		// running operation's connection is given back, maybe handed to it.
 		wctx, cancel := context.WithCancel(ctx)
-		gaveUp := make(chan error, 1)
-		go func() {
-			_, err := db.ExecContext(wctx, "UPDATE t")
-			gaveUp <- err
-		}()
+		gaveUp := testkit.GoExec(wctx, db, "UPDATE t")
 		admWaitFor(t, func() bool { return db.Stats().WaitCount > waits })
 		var once sync.Once
 		fc.SetHook(func(_ context.Context, op fakedb.Op, _ string) error {
@@ -195,9 +186,7 @@ func TestAConnectionTakenBackTwiceByDatabaseSQLKeepsItsSession(t *testing.T) {
 	}
 	dials, closes := g.Stats().Dials, fc.Count(fakedb.OpConnClose)
 	for range 10 {
-		if _, err := db.ExecContext(ctx, "UPDATE t"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, ctx, db, "UPDATE t")
 	}
 	if d, cl := g.Stats().Dials-dials, fc.Count(fakedb.OpConnClose)-closes; d != 0 || cl != 0 {
 		t.Fatalf("10 operations one at a time dialed %d and closed %d server connections, want none", d, cl)
@@ -290,16 +279,14 @@ func TestUnderLoadTheGateKeepsItsSessions(t *testing.T) {
 				var w dlWork
 				g, db, fc := dlGate(t, Policy{MaxConcurrent: c.b, MaxQueue: 4 * c.b, QueueWait: 50 * time.Millisecond})
 				fc.SetHook(w.hook)
-				stop := make(chan struct{})
 				var load dlLoad
-				load.run(db, c.callers, stop, func(i int) (string, time.Duration) {
+				halt := load.run(db, c.callers, func(i int) (string, time.Duration) {
 					return fmt.Sprintf("sleep %dms", 1+i%3), 100 * time.Millisecond
 				})
 				time.Sleep(time.Second)
 				dials := g.Stats().Dials
 				time.Sleep(10 * time.Second)
-				close(stop)
-				load.wg.Wait()
+				halt()
 				if d := g.Stats().Dials - dials; d > 1 {
 					t.Fatalf("%d dials in 10 s after the first second (%d ran), want at most 1", d, load.ok.Load())
 				}

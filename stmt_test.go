@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
 )
 
 // lazyDriver is a driver whose statements work NumInput out on their
@@ -74,12 +75,7 @@ func (*lazyRows) Next([]driver.Value) error { return io.EOF }
 // SQLite).
 func TestNumInputIsAskedOnlyWhileTheConnectionThatPreparedItIsHeld(t *testing.T) {
 	d := &lazyDriver{}
-	g, err := bulkhead.New(d, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 64, QueueWait: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
+	_, db := gatetest.Open(t, d, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 64, QueueWait: time.Minute})
 	ctx := context.Background()
 	st, err := db.PrepareContext(ctx, "UPDATE t SET n = n + 1 WHERE id = ?")
 	if err != nil {

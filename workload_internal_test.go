@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // wliCheckBudget returns an error if l's state breaks a limit: more
@@ -227,14 +228,6 @@ func wliRun(ctx context.Context, db *sql.DB, kind int) error {
 		}
 		return rows.Close()
 	default:
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, "work"); err != nil {
-			tx.Rollback()
-			return err
-		}
-		return tx.Commit()
+		return testkit.Tx(ctx, db, "work")
 	}
 }

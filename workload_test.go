@@ -21,6 +21,7 @@ import (
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // wlRig is a gate on the fake driver whose Exec (and Query) of
@@ -46,12 +47,8 @@ func wlOpen(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) *wlRig {
 		if !ok || (op != fakedb.OpExec && op != fakedb.OpQuery) {
 			return nil
 		}
-		r.mu.Lock()
-		ch := r.gateLocked(name)
-		r.entered = append(r.entered, name)
-		r.mu.Unlock()
 		select {
-		case <-ch:
+		case <-r.enter(name):
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
@@ -74,6 +71,15 @@ func wlOpen(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) *wlRig {
 		r.wg.Wait()
 	})
 	return r
+}
+
+// enter records that the held operation name entered the driver and
+// returns its gate, closed when it may return.
+func (r *wlRig) enter(name string) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.entered = append(r.entered, name)
+	return r.gateLocked(name)
 }
 
 func (r *wlRig) gateLocked(name string) chan struct{} {
@@ -156,17 +162,7 @@ func (r *wlRig) startN(t *testing.T, ctx context.Context, prefix string, n int) 
 // (the transaction holds the permits, the statement takes none) and
 // commits.
 func (r *wlRig) tx(ctx context.Context, name string) <-chan error {
-	return r.spawn(func() error {
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, "hold "+name); err != nil {
-			tx.Rollback()
-			return err
-		}
-		return tx.Commit()
-	})
+	return r.spawn(func() error { return testkit.Tx(ctx, r.db, "hold "+name) })
 }
 
 // finish lets the held operation name return.
@@ -223,17 +219,6 @@ func wlRejected(t *testing.T, what string, err error, cause error, workload stri
 	return re
 }
 
-func wlRecv(t *testing.T, what string, ch <-chan error) error {
-	t.Helper()
-	select {
-	case err := <-ch:
-		return err
-	case <-time.After(30 * time.Second): // turns a hang into a failure, measures nothing
-		t.Fatalf("%s never returned", what)
-		return nil
-	}
-}
-
 // done lets the held operation name return and fails the test unless it
 // returned nil on ch.
 func (r *wlRig) done(t *testing.T, name string, ch <-chan error) {
@@ -264,7 +249,7 @@ func (r *wlRig) doneN(t *testing.T, prefix string, chs []<-chan error) {
 
 func wlOK(t *testing.T, what string, ch <-chan error) {
 	t.Helper()
-	if err := wlRecv(t, what, ch); err != nil {
+	if err := testkit.Recv(t, what, ch); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
 }
@@ -369,7 +354,7 @@ func TestAnUnknownWorkloadNameIsCountedAndLoggedOnce(t *testing.T) {
 	r := wlOpen(t, wlBatch)
 	ctx := bulkhead.WithWorkload(context.Background(), "bacth")
 	for range 3 {
-		fkMustExec(t, ctx, r.db, "quick")
+		testkit.Exec(t, ctx, r.db, "quick")
 	}
 	if s := r.g.Stats(); s.UnknownWorkload != 3 || s.Admitted != 3 {
 		t.Fatalf("stats %+v: want 3 operations admitted in the global budget, 3 counted as naming an unknown workload", s)
@@ -438,7 +423,7 @@ func TestAWorkloadsQueueWaitCoversItsWaitForBothBudgets(t *testing.T) {
 		if !r.hasEntered("u2") || r.hasEntered("b2") {
 			t.Fatalf("entered %v: want u2 to run and b2 to wait", r.enteredOrder())
 		}
-		err := wlRecv(t, "b2", b2)
+		err := testkit.Recv(t, "b2", b2)
 		re := wlRejected(t, "b2, out of time in the global queue", err, bulkhead.ErrQueueTimeout, "", 2, 2)
 		if got := time.Since(start); re.Waited != 100*time.Millisecond || got != 100*time.Millisecond {
 			t.Fatalf("b2 waited %v (returned after %v), want the workload's 100ms in all", re.Waited, got)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // memLocks is the server: membership locks by id, slot locks by the
@@ -814,9 +815,7 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 			})
 			g := modelGate(t, newMemLocks(), "tags", bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Second}, 0, fc, Tagging(c.tagging))
 			db := g.db
-			if _, err := db.ExecContext(context.Background(), "work"); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, context.Background(), db, "work")
 			var want []string
 			q := sqlLockShared // its arguments: TestATagBindsTheFleetsKeyAndTheMembersID
 			switch c.want {

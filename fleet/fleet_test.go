@@ -11,6 +11,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // A member has no share before its first round (and when members
@@ -51,10 +52,7 @@ func TestASQLConnKeepsItsServerConnectionWhenAStatementIsCutOff(t *testing.T) {
 	db := m.Gate().OpenDB()
 	defer db.Close()
 	ctx := context.Background()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testkit.Conn(t, ctx, db)
 	defer c.Close()
 	id := func() int64 {
 		var n int64
@@ -73,20 +71,14 @@ func TestASQLConnKeepsItsServerConnectionWhenAStatementIsCutOff(t *testing.T) {
 	before := id()
 	b := fc.Block(fakedb.OpExec)
 	cut, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.ExecContext(cut, "UPDATE t")
-		done <- err
-	}()
+	done := testkit.GoExec(cut, c, "UPDATE t")
 	b.Wait(1)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the cut-off statement: %v", err)
 	}
 	b.Release()
-	if _, err := c.ExecContext(ctx, "UPDATE t"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, c, "UPDATE t")
 	if after := id(); after != before {
 		t.Fatalf("the *sql.Conn moved from server connection %d to %d", before, after)
 	}

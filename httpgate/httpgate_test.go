@@ -17,7 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
 	"github.com/dbbulkhead/bulkhead/internal/leakcheck"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/httpgate"
@@ -32,33 +34,10 @@ func TestMain(m *testing.M) { os.Exit(leakcheck.Run(m)) }
 // timeout, the one after (while it still waits) with admission full.
 func busyDB(t *testing.T) *sql.DB {
 	t.Helper()
-	_, db := openGate(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
-	tx := begin(t, db)
+	_, db := gatetest.Open(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
+	tx := testkit.Begin(t, t.Context(), db)
 	t.Cleanup(func() { tx.Rollback() })
 	return db
-}
-
-// openGate opens a gate with policy p on c and its *sql.DB, closed at the
-// end of the test.
-func openGate(t *testing.T, c driver.Connector, p bulkhead.Policy) (*bulkhead.Gate, *sql.DB) {
-	t.Helper()
-	g, err := bulkhead.New(c, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return g, db
-}
-
-// begin begins a transaction on db, failing the test if it cannot.
-func begin(t *testing.T, db *sql.DB) *sql.Tx {
-	t.Helper()
-	tx, err := db.BeginTx(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tx
 }
 
 // dbErrors returns real errors of gated calls: a queue-timeout rejection,
@@ -73,8 +52,8 @@ func dbErrors(t *testing.T) map[string]error {
 		t.Fatalf("busy gate: %v, want a queue timeout", errs["queue timeout"])
 	}
 
-	g, full := openGate(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
-	tx := begin(t, full)
+	g, full := gatetest.Open(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
+	tx := testkit.Begin(t, t.Context(), full)
 	_, errs["admission full"] = full.ExecContext(t.Context(), "UPDATE t SET v = 1")
 	if !errors.Is(errs["admission full"], bulkhead.ErrAdmissionFull) {
 		t.Fatalf("full gate: %v, want admission full", errs["admission full"])
@@ -84,7 +63,7 @@ func dbErrors(t *testing.T) map[string]error {
 	_, errs["closed"] = full.ExecContext(t.Context(), "UPDATE t SET v = 1")
 
 	open := func() *sql.DB {
-		_, db := openGate(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
+		_, db := gatetest.Open(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
 		return db
 	}
 	ctx, cancel := context.WithCancel(t.Context())
@@ -227,7 +206,7 @@ func TestHandlerAnswersARejectedRequestWith503OverHTTP(t *testing.T) {
 }
 
 func TestHandlerFuncAnswersACancelledRequestWith499AndPassesSuccess(t *testing.T) {
-	g, db := openGate(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
+	g, db := gatetest.Open(t, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1})
 	h := httpgate.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		if _, err := db.ExecContext(r.Context(), "UPDATE orders SET v = 1"); err != nil {
 			return err
@@ -279,7 +258,7 @@ func TestADatabaseThatRefusesConnectionsIsAnswered503WithRetryAfter(t *testing.T
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	g, db := openGate(t, tcpConnector{addr}, bulkhead.Policy{MaxConcurrent: 1})
+	g, db := gatetest.Open(t, tcpConnector{addr}, bulkhead.Policy{MaxConcurrent: 1})
 	var dbErr error
 	h := httpgate.Responder{RetryAfter: 3 * time.Second}.Handler(func(w http.ResponseWriter, r *http.Request) error {
 		_, dbErr = db.ExecContext(r.Context(), "UPDATE orders SET v = 1")

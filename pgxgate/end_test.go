@@ -22,6 +22,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/httpgate"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // endRig is a gate with B=1 on a table of one row, and the probe that the
@@ -129,7 +130,7 @@ func (r *endRig) round(i int, tally *endTally, end func(ctx context.Context, can
 	// The previous round's transaction may be released by database/sql's
 	// goroutine, which a busy machine can pause between the execution
 	// permit and the admission permit: wait for its release event.
-	await(t, "the previous transaction's release", func() bool {
+	testkit.Await(t, "the previous transaction's release", func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return len(r.pids) == 0 && r.g.Stats().Running == 0
@@ -156,7 +157,7 @@ func (r *endRig) round(i int, tally *endTally, end func(ctx context.Context, can
 			t.Fatalf("round %d: %v", i, err)
 		}
 		tx.Rollback()
-		await(t, "the cancelled attempt's release", func() bool { return r.g.Stats().Running == 0 })
+		testkit.Await(t, "the cancelled attempt's release", func() bool { return r.g.Stats().Running == 0 })
 	}
 	r.mu.Lock()
 	r.pids = append(r.pids, pid)
@@ -171,7 +172,7 @@ func (r *endRig) round(i int, tally *endTally, end func(ctx context.Context, can
 		l, o, err := r.probe(base)
 		next <- probed{l, o, err}
 	}()
-	await(t, "the probe waits for the permit", func() bool {
+	testkit.Await(t, "the probe waits for the permit", func() bool {
 		select {
 		case p := <-next:
 			t.Fatalf("round %d: the probe ended while the transaction held the permit: locked %v, others %d, err %v (gate %+v)", i, p.locked, p.others, p.err, r.g.Stats())
@@ -221,12 +222,8 @@ var endings = []struct {
 	}},
 	{"context ends while a statement runs", 20, func(r *endRig, _ *endTally, _ int) func(context.Context, context.CancelFunc, *sql.Tx) error {
 		return func(ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error {
-			done := make(chan error, 1)
-			go func() {
-				_, err := tx.ExecContext(ctx, "SELECT pg_sleep(60)")
-				done <- err
-			}()
-			await(r.t, "the server runs the statement", func() bool { return r.ctl.active(r.t, r.app) == 1 })
+			done := testkit.GoExec(ctx, tx, "SELECT pg_sleep(60)")
+			testkit.Await(r.t, "the server runs the statement", func() bool { return r.ctl.active(r.t, r.app) == 1 })
 			cancel()
 			err := <-done
 			if !errors.Is(err, context.Canceled) {
@@ -328,7 +325,7 @@ func TestACallerCutOffByItsContextGetsTheContextsErrorWithTheServersCode(t *test
 		{"cancel", context.Canceled, httpgate.StatusClientClosedRequest, func() (context.Context, context.CancelFunc) {
 			ctx, cancel := context.WithCancel(t.Context())
 			go func() {
-				await(t, "the server runs the statement", func() bool { return m.active(t, app) == 1 })
+				testkit.Await(t, "the server runs the statement", func() bool { return m.active(t, app) == 1 })
 				cancel()
 			}()
 			return ctx, cancel

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // A COMMIT the server answered with an error has a known outcome: nothing
@@ -40,12 +41,10 @@ func TestACommitTheServerAnsweredWithAnErrorReturnsItAndKeepsTheConnection(t *te
 			table := fmt.Sprintf("pgxgate_answered_%d_%s", os.Getpid(), c.code)
 			ctl.table(t, table, "id int UNIQUE DEFERRABLE INITIALLY DEFERRED, who text")
 
-			otx := begin(t, ctx, other.db)
+			otx := testkit.Begin(t, ctx, other.db)
 			defer otx.Rollback()
-			if _, err := otx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1, 'other')"); err != nil {
-				t.Fatal(err)
-			}
-			tx := begin(t, ctx, db)
+			testkit.Exec(t, ctx, otx, "INSERT INTO "+table+" VALUES (1, 'other')")
+			tx := testkit.Begin(t, ctx, db)
 			var pid int
 			if err := tx.QueryRowContext(ctx, "INSERT INTO "+table+" VALUES (1, 'gated') RETURNING pg_backend_pid()").Scan(&pid); err != nil {
 				t.Fatal(err)
@@ -84,9 +83,7 @@ func TestACommitTheServerAnsweredWithAnErrorReturnsItAndKeepsTheConnection(t *te
 				t.Errorf("the backend %d after Commit: state %q, %v; want it open and idle", pid, state, err)
 			}
 			if !c.otherCommit {
-				if err := otx.Rollback(); err != nil {
-					t.Fatal(err)
-				}
+				testkit.Rollback(t, otx)
 			}
 			var next, gated int
 			if err := db.QueryRowContext(ctx, "SELECT pg_backend_pid(), (SELECT count(*) FROM "+table+" WHERE who = 'gated')").Scan(&next, &gated); err != nil {
@@ -118,10 +115,8 @@ func TestACommitWhoseReplyIsLostIsAnUnknownOutcome(t *testing.T) {
 	table := fmt.Sprintf("pgxgate_lost_%d", os.Getpid())
 	ctl.table(t, table, "id int")
 
-	tx := begin(t, ctx, db)
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1)"); err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, ctx, db)
+	testkit.Exec(t, ctx, tx, "INSERT INTO "+table+" VALUES (1)")
 	d.dropAfterCommit.Store(true)
 	err := tx.Commit()
 	t.Logf("Commit: %v", err)
@@ -134,7 +129,7 @@ func TestACommitWhoseReplyIsLostIsAnUnknownOutcome(t *testing.T) {
 		t.Errorf("Commit: %v reaches a server error, but the server never answered", err)
 	}
 	commitAnswered500(t, ctx, err)
-	await(t, "the gate drops the closed connection", func() bool {
+	testkit.Await(t, "the gate drops the closed connection", func() bool {
 		s := g.Stats()
 		return s.Running == 0 && s.OpenConns == 0
 	})

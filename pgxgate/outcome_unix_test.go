@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // A COMMIT that gets no answer (its backend stopped with SIGSTOP before it
@@ -19,7 +20,7 @@ func TestAnUnansweredCommitIsAnUnknownOutcomeNotTheCallersDeadline(t *testing.T)
 	cfg, _ := pgConfig(t, "outcome")
 	g, db := openGate(t, cfg, bulkhead.Policy{MaxConcurrent: 1})
 	ctx := t.Context()
-	tx := begin(t, ctx, db)
+	tx := testkit.Begin(t, ctx, db)
 	var pid int
 	if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)

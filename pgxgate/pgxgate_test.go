@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"os"
 	"reflect"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -23,6 +22,8 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/httpgate"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
@@ -63,37 +64,14 @@ func pgConfig(t *testing.T, variant string) (*pgx.ConnConfig, string) {
 func openGate(t *testing.T, cfg *pgx.ConnConfig, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
 	g, err := pgxgate.New(cfg, p, opts...)
-	return gateDB(t, g, err)
+	return gatetest.DB(t, g, err)
 }
 
 // openDefault opens a gate with bulkhead.New on stdlib.GetConnector(*cfg),
 // keeping cfg's context handling; its *sql.DB is closed when the test ends.
 func openDefault(t *testing.T, cfg *pgx.ConnConfig, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
-	g, err := bulkhead.New(stdlib.GetConnector(*cfg), p, opts...)
-	return gateDB(t, g, err)
-}
-
-// gateDB fails the test on err, else opens g's *sql.DB and closes it when
-// the test ends.
-func gateDB(t *testing.T, g *bulkhead.Gate, err error) (*bulkhead.Gate, *sql.DB) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return g, db
-}
-
-// begin begins a transaction on db, failing the test if it cannot.
-func begin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
-	t.Helper()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tx
+	return gatetest.Open(t, stdlib.GetConnector(*cfg), p, opts...)
 }
 
 // commitAnswered500 fails the test if the error of a Commit whose caller's
@@ -146,19 +124,6 @@ func (m *monitor) active(t *testing.T, app string) int {
 	return n
 }
 
-// await polls cond, yielding, until it holds; the bound only turns a hang
-// into a failure.
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting until %s", what)
-		}
-		runtime.Gosched()
-	}
-}
-
 // cancelTries runs n statements that the server would run for a minute,
 // each on a *sql.Conn, cancels each once the server runs it, and polls
 // pg_stat_activity once, right after the call returned. It returns in how
@@ -172,24 +137,17 @@ func cancelTries(t *testing.T, m *monitor, db *sql.DB, app string, n int) (still
 	t.Helper()
 	pids := map[int]bool{}
 	for i := range n {
-		c, err := db.Conn(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := testkit.Conn(t, t.Context(), db)
 		var pid int
 		if err := c.QueryRowContext(t.Context(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 			t.Fatalf("try %d: %v", i, err)
 		}
 		pids[pid] = true
 		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error, 1)
-		go func() {
-			_, err := c.ExecContext(ctx, "SELECT pg_sleep(60)")
-			done <- err
-		}()
-		await(t, "the server runs the statement", func() bool { return m.active(t, app) == 1 })
+		done := testkit.GoExec(ctx, c, "SELECT pg_sleep(60)")
+		testkit.Await(t, "the server runs the statement", func() bool { return m.active(t, app) == 1 })
 		cancel()
-		err = <-done
+		err := <-done
 		if err == nil {
 			t.Fatalf("try %d: the cancelled statement succeeded", i)
 		}
@@ -213,7 +171,7 @@ func cancelTries(t *testing.T, m *monitor, db *sql.DB, app string, n int) (still
 		}
 		c.Close()
 		// Before the next try, the server must be done with this one.
-		await(t, "the server stopped the statement", func() bool { return m.active(t, app) == 0 })
+		testkit.Await(t, "the server stopped the statement", func() bool { return m.active(t, app) == 0 })
 	}
 	return stillActive, closed, len(pids)
 }

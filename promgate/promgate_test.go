@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +18,8 @@ import (
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/fleet"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/promgate"
 )
 
@@ -34,27 +35,9 @@ func gated(t *testing.T, c *promgate.Collector, p bulkhead.Policy) (*bulkhead.Ga
 // gatedOn is gated on the fake driver fc.
 func gatedOn(t *testing.T, c *promgate.Collector, fc *fakedb.Connector, p bulkhead.Policy) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
-	g, err := bulkhead.New(fc, p, bulkhead.WithEvents(c.Events()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, db := gatetest.Open(t, fc, p, bulkhead.WithEvents(c.Events()))
 	c.Attach(g)
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
 	return g, db
-}
-
-// await waits, without sleeping, until cond holds, or fails the test
-// after 10 s.
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		runtime.Gosched()
-	}
 }
 
 // statsHelp is the exposition of the Stats-derived metrics, with a %d
@@ -141,18 +124,11 @@ bulkhead_max_queue_wait_seconds 3600
 	compare(t, c, limits, "bulkhead_max_concurrent", "bulkhead_max_queue", "bulkhead_max_queue_wait_seconds")
 	compareStats(t, c, statsWant{})
 
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, ctx, db)
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	waited := make(chan error, 1)
-	go func() {
-		_, err := db.ExecContext(waitCtx, "UPDATE t SET v = 1")
-		waited <- err
-	}()
-	await(t, "the second operation waits", func() bool { return gate.Stats().Waiting == 1 })
+	waited := testkit.GoExec(waitCtx, db, "UPDATE t SET v = 1")
+	testkit.Await(t, "the second operation waits", func() bool { return gate.Stats().Waiting == 1 })
 	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 2"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("third operation: %v, want ErrAdmissionFull", err)
 	}
@@ -164,31 +140,20 @@ bulkhead_max_queue_wait_seconds 3600
 	if err := <-waited; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled waiter: %v, want context.Canceled", err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	compareStats(t, c, statsWant{open: 1, idle: 1, admitted: 1, full: 1, canceled: 1, dials: 1})
 
-	// Only the transaction was admitted, and it did not wait. An untagged
-	// operation's workload label is empty, which Prometheus reads as absent.
+	// Only the transaction was admitted, and it did not wait: every bucket
+	// holds it. An untagged operation's workload label is empty, which
+	// Prometheus reads as absent.
 	wait := `
 # HELP bulkhead_queue_wait_seconds Time each admitted operation waited for its permits (0 when they were free), by workload ("" for none).
 # TYPE bulkhead_queue_wait_seconds histogram
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.0001"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.00025"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.0005"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.001"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.0025"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.005"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.01"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.025"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.05"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.1"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.25"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="0.5"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="1"} 1
-bulkhead_queue_wait_seconds_bucket{workload="",le="+Inf"} 1
-bulkhead_queue_wait_seconds_sum{workload=""} 0
+`
+	for _, le := range strings.Fields("0.0001 0.00025 0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 +Inf") {
+		wait += fmt.Sprintf("bulkhead_queue_wait_seconds_bucket{workload=\"\",le=%q} 1\n", le)
+	}
+	wait += `bulkhead_queue_wait_seconds_sum{workload=""} 0
 bulkhead_queue_wait_seconds_count{workload=""} 1
 `
 	compare(t, c, wait, "bulkhead_queue_wait_seconds")
@@ -199,10 +164,7 @@ func TestCollectorCountsQueueTimeoutsApartFromAdmissionFull(t *testing.T) {
 	// B=1, Q=1 and a 1ns queue wait: the second operation is admitted, then
 	// rejected at once because no execution permit is free.
 	_, db := gated(t, c, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
-	tx, err := db.BeginTx(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, t.Context(), db)
 	defer tx.Rollback()
 	if _, err := db.ExecContext(t.Context(), "UPDATE t SET v = 1"); !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("second operation: %v, want ErrQueueTimeout", err)
@@ -244,19 +206,10 @@ func TestHistogramsObserveEachAdmittedWaitAndEachHoldByKind(t *testing.T) {
 	gate, db := gated(t, c, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour})
 	ctx := t.Context()
 
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waited := make(chan error, 1)
-	go func() {
-		_, err := db.ExecContext(ctx, "UPDATE t SET v = 1")
-		waited <- err
-	}()
-	await(t, "the statement waits", func() bool { return gate.Stats().Waiting == 1 })
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, ctx, db)
+	waited := testkit.GoExec(ctx, db, "UPDATE t SET v = 1")
+	testkit.Await(t, "the statement waits", func() bool { return gate.Stats().Waiting == 1 })
+	testkit.Commit(t, tx)
 	if err := <-waited; err != nil {
 		t.Fatalf("the statement that waited: %v", err)
 	}
@@ -290,9 +243,7 @@ func TestCollectorsOfTwoGatesShareARegistryAndPassLint(t *testing.T) {
 	for _, db := range []string{"orders", "users"} {
 		c := promgate.New(promgate.Opts{ConstLabels: prometheus.Labels{"db": db}})
 		_, sdb := gated(t, c, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second})
-		if _, err := sdb.ExecContext(t.Context(), "UPDATE t SET v = 1"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, t.Context(), sdb, "UPDATE t SET v = 1")
 		reg.MustRegister(c)
 	}
 	problems, err := testutil.GatherAndLint(reg)
@@ -360,10 +311,7 @@ func TestCollectorReportsEachWorkloadInItsOwnFamilies(t *testing.T) {
 		Workloads: map[string]bulkhead.Workload{"reports": {MaxConcurrent: 1}, "api": {MaxConcurrent: 2}},
 	})
 	ctx := bulkhead.WithWorkload(t.Context(), "reports")
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, ctx, db)
 	// The workload's one permit is held: its next operation is rejected,
 	// while the global budget still has room.
 	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 1"); !errors.Is(err, bulkhead.ErrRejected) {
@@ -372,9 +320,7 @@ func TestCollectorReportsEachWorkloadInItsOwnFamilies(t *testing.T) {
 	if _, err := db.ExecContext(t.Context(), "UPDATE t SET v = 2"); err != nil {
 		t.Fatalf("untagged operation: %v", err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	want := `
 # HELP bulkhead_workload_admitted_total Operations that got their permits and a server connection, and ran.
 # TYPE bulkhead_workload_admitted_total counter
@@ -413,17 +359,12 @@ bulkhead_admitted_total 2
 func TestCollectorReportsADryRunAndWhatWouldHaveWaited(t *testing.T) {
 	c := promgate.New(promgate.Opts{})
 	_, db := gated(t, c, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Second, DryRun: true})
-	tx, err := db.BeginTx(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, t.Context(), db)
 	// B=1 in dry run: the second operation would have waited, and runs.
 	if _, err := db.ExecContext(t.Context(), "UPDATE t SET v = 1"); err != nil {
 		t.Fatalf("dry run: %v", err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	want := `
 # HELP bulkhead_dry_run 1 while the policy is a dry run: rejections are counted and reported, not made.
 # TYPE bulkhead_dry_run gauge
@@ -446,7 +387,7 @@ func TestCollectorReportsTheFleetOnlyForAFleetMember(t *testing.T) {
 	defer m.Gate().OpenDB().Close()
 	c.Attach(m.Gate())
 	c.AttachFleet(m)
-	await(t, "the loop's first round", func() bool { return m.Stats().Rounds > 0 })
+	testkit.Await(t, "the loop's first round", func() bool { return m.Stats().Rounds > 0 })
 	if err := m.Sync(t.Context()); !errors.Is(err, fleet.ErrCoordination) {
 		t.Fatalf("Sync on the fake driver: %v, want ErrCoordination", err)
 	}

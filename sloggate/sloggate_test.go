@@ -19,6 +19,8 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/sloggate"
 )
 
@@ -92,12 +94,7 @@ func (h *recordLog) wantLines(t *testing.T, want ...string) {
 // the *sql.DB is closed when the test ends.
 func loggedDB(t *testing.T, h *recordLog, p bulkhead.Policy) *sql.DB {
 	t.Helper()
-	g, err := bulkhead.New(fakedb.New(), p, bulkhead.WithEvents(sloggate.Events(slog.New(h))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
+	_, db := gatetest.Open(t, fakedb.New(), p, bulkhead.WithEvents(sloggate.Events(slog.New(h))))
 	return db
 }
 
@@ -106,10 +103,7 @@ func loggedDB(t *testing.T, h *recordLog, p bulkhead.Policy) *sql.DB {
 // transaction is left open.
 func rejectBehindTx(t *testing.T, ctx context.Context, db *sql.DB, want error) *sql.Tx {
 	t.Helper()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, ctx, db)
 	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 1"); !errors.Is(err, want) {
 		t.Fatalf("exec while the transaction holds the permit: %v, want %v", err, want)
 	}
@@ -123,12 +117,8 @@ func TestEventsLogsAdmitAndReleaseAtDebugAndRejectAtWarn(t *testing.T) {
 	db := loggedDB(t, h, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
 	ctx := t.Context()
 	tx := rejectBehindTx(t, ctx, db, bulkhead.ErrQueueTimeout)
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 2"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
+	testkit.Exec(t, ctx, db, "UPDATE t SET v = 2")
 
 	lines, durs := h.got()
 	want := []string{
@@ -199,17 +189,12 @@ func TestEventsNamesTheWorkloadAndTellsADryRunRejectionApart(t *testing.T) {
 		Workloads: map[string]bulkhead.Workload{"reports": {MaxConcurrent: 1}},
 	})
 	ctx := bulkhead.WithWorkload(t.Context(), "reports")
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, ctx, db)
 	// B=1, Q=0 in dry run: the second operation would be rejected, and runs.
 	if _, err := db.ExecContext(ctx, "UPDATE t SET v = 1"); err != nil {
 		t.Fatalf("dry run: %v, want no rejection", err)
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Commit(t, tx)
 	lines, _ := h.got()
 	for _, want := range []string{
 		"DEBUG bulkhead: admitted kind=transaction workload=reports",
@@ -413,13 +398,16 @@ func TestEventsLogsNoRejectionThroughALoggerAboveWarn(t *testing.T) {
 func BenchmarkEventsReject(b *testing.B) {
 	text := slog.New(slog.NewTextHandler(io.Discard, nil))
 	e := bulkhead.Event{Kind: bulkhead.KindQuery, Workload: "reports", Reason: bulkhead.ErrQueueTimeout}
-	b.Run("summed", func(b *testing.B) {
-		ev := sloggate.Events(text)
-		b.ReportAllocs()
-		for b.Loop() {
-			ev.OnReject(e)
-		}
-	})
+	serial := func(name string, events func() bulkhead.Events) {
+		b.Run(name, func(b *testing.B) {
+			ev := events()
+			b.ReportAllocs()
+			for b.Loop() {
+				ev.OnReject(e)
+			}
+		})
+	}
+	serial("summed", func() bulkhead.Events { return sloggate.Events(text) })
 	b.Run("summed-parallel", func(b *testing.B) {
 		ev := sloggate.Events(text)
 		b.ReportAllocs()
@@ -440,18 +428,6 @@ func BenchmarkEventsReject(b *testing.B) {
 			i++
 		}
 	})
-	b.Run("each", func(b *testing.B) {
-		ev := sloggate.EventsEvery(text, 0)
-		b.ReportAllocs()
-		for b.Loop() {
-			ev.OnReject(e)
-		}
-	})
-	b.Run("disabled", func(b *testing.B) {
-		ev := sloggate.Events(slog.New(slog.DiscardHandler))
-		b.ReportAllocs()
-		for b.Loop() {
-			ev.OnReject(e)
-		}
-	})
+	serial("each", func() bulkhead.Events { return sloggate.EventsEvery(text, 0) })
+	serial("disabled", func() bulkhead.Events { return sloggate.Events(slog.New(slog.DiscardHandler)) })
 }

@@ -4,16 +4,17 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/stdlib"
+
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
-	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // BenchmarkPostgres measures throughput on PostgreSQL over loopback
@@ -129,47 +130,22 @@ func BenchmarkWaitingOperation(b *testing.B) {
 	const waiters = 1000
 	g, db := gateOn(b, fakedb.New(), bulkhead.Policy{MaxConcurrent: 1, MaxQueue: waiters, QueueWait: time.Hour})
 	ctx := context.Background()
-	b.ReportAllocs()
-	var total float64
-	runs := 0
-	for b.Loop() {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		before := memInUse()
-		var wg sync.WaitGroup
-		errs := make(chan error, waiters)
-		for range waiters {
-			wg.Go(func() {
-				if _, err := db.ExecContext(ctx, "UPDATE t SET x = 1"); err != nil {
-					errs <- err
-				}
-			})
-		}
-		for limit := time.Now().Add(time.Minute); g.Stats().Waiting < waiters; runtime.Gosched() {
-			if time.Now().After(limit) {
-				b.Fatalf("%d of %d operations waiting after a minute", g.Stats().Waiting, waiters)
+	var tx *sql.Tx
+	testkit.MeasureWaiters(b, waiters, testkit.Waiters{
+		Hold: func() {
+			var err error
+			if tx, err = db.BeginTx(ctx, nil); err != nil {
+				b.Fatal(err)
 			}
-		}
-		total += float64(memInUse()-before) / waiters
-		runs++
-		txCommit(b, tx)
-		wg.Wait()
-		close(errs)
-		if err := <-errs; err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ReportMetric(total/float64(runs), "bytes/waiter")
-}
-
-// memInUse is the heap and stack memory in use, after a GC.
-func memInUse() int64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapInuse + m.StackInuse)
+		},
+		Wait: func() {
+			if _, err := db.ExecContext(ctx, "UPDATE t SET x = 1"); err != nil {
+				b.Error(err)
+			}
+		},
+		Parked: func() int { return g.Stats().Waiting },
+		Free:   func() { txCommit(b, tx) },
+	})
 }
 
 // BenchmarkSessionsInTurn: two workers run a CPU-bound transaction (about

@@ -188,9 +188,7 @@ func TestCommittedRowsSurviveRestartCrashAndDowntime(t *testing.T) {
 
 	for _, mode := range []string{"fast", "immediate"} {
 		t.Run("restart -m "+mode+" mid-transaction", func(t *testing.T) {
-			r := newRelRig(t, p, relRigOptions{cfg: c.config(t), serverURL: c.url})
-			table := r.table("")
-			ctx := r.ctx()
+			r, table, ctx := relOpen(t, p, relRigOptions{cfg: c.config(t), serverURL: c.url})
 			if err := r.insertTx(ctx, table, 1); err != nil {
 				t.Fatal(err)
 			}
@@ -221,9 +219,7 @@ func TestCommittedRowsSurviveRestartCrashAndDowntime(t *testing.T) {
 	}
 
 	t.Run("server down", func(t *testing.T) {
-		r := newRelRig(t, p, relRigOptions{cfg: c.config(t), serverURL: c.url})
-		table := r.table("")
-		ctx := r.ctx()
+		r, table, ctx := relOpen(t, p, relRigOptions{cfg: c.config(t), serverURL: c.url})
 		if err := r.insertTx(ctx, table, 1); err != nil {
 			t.Fatal(err)
 		}

@@ -22,10 +22,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
@@ -51,21 +51,8 @@ func pgBegin(t *testing.T, ctx context.Context, db *sql.DB) *sql.Tx {
 	return tx
 }
 
-// txCommit commits tx, failing the test if the commit fails.
-func txCommit(t testing.TB, tx *sql.Tx) {
-	t.Helper()
-	if err := tx.Commit(); err != nil {
-		t.Fatalf("commit: %v", err)
-	}
-}
-
-// txRollback rolls tx back, failing the test if the rollback fails.
-func txRollback(t testing.TB, tx *sql.Tx) {
-	t.Helper()
-	if err := tx.Rollback(); err != nil {
-		t.Fatalf("rollback: %v", err)
-	}
-}
+// txCommit and txRollback end tx, failing the test if that fails.
+var txCommit, txRollback = testkit.Commit, testkit.Rollback
 
 // pgWarm leaves n idle connections in db's pool.
 func pgWarm(t testing.TB, ctx context.Context, db *sql.DB, n int) {
@@ -173,27 +160,32 @@ func (e *pgTally) String() string {
 	return fmt.Sprint(e.n)
 }
 
+// pgKinds name the classes of outcomes, the first an error matches.
+var pgKinds = []struct {
+	err  error
+	name string
+}{
+	{bulkhead.ErrAdmissionFull, "admission full"},
+	{bulkhead.ErrQueueTimeout, "queue timeout"},
+	{driver.ErrBadConn, "bad conn"},
+	{sql.ErrConnDone, "conn done"},
+	{sql.ErrTxDone, "tx done"},
+	{context.DeadlineExceeded, "deadline"},
+	{context.Canceled, "canceled"},
+}
+
 // pgKind names the class of an outcome for the tallies.
 func pgKind(err error) string {
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
+	if err == nil {
 		return "ok"
-	case errors.Is(err, bulkhead.ErrAdmissionFull):
-		return "admission full"
-	case errors.Is(err, bulkhead.ErrQueueTimeout):
-		return "queue timeout"
-	case errors.Is(err, driver.ErrBadConn):
-		return "bad conn"
-	case errors.Is(err, sql.ErrConnDone):
-		return "conn done"
-	case errors.Is(err, sql.ErrTxDone):
-		return "tx done"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "deadline"
-	case errors.Is(err, context.Canceled):
-		return "canceled"
-	case errors.As(err, &pgErr):
+	}
+	for _, k := range pgKinds {
+		if errors.Is(err, k.err) {
+			return k.name
+		}
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
 		return "sqlstate " + pgErr.Code
 	}
 	return "other: " + err.Error()
@@ -209,30 +201,11 @@ func TestTheArticlesDemonstrationRejectsASecondOperationWhileTheFirstTransaction
 	db.SetMaxOpenConns(2)
 	t.Cleanup(func() { db.Close() })
 
-	entered := make(chan struct{})
-	release := make(chan struct{})
-	type result struct {
-		v   int
-		err error
-	}
-	first := make(chan result, 1)
-	go func() {
-		var r result
-		defer func() { first <- r }()
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			r.err = err
-			close(entered)
-			return
-		}
-		r.err = tx.QueryRowContext(ctx, "SELECT 42").Scan(&r.v)
-		close(entered)
-		<-release // hold the transaction, and its permit, until the test says so
-		if err := tx.Commit(); r.err == nil {
-			r.err = err
-		}
-	}()
-	<-entered
+	// The first transaction holds the only permit from its SELECT 42 to
+	// its commit.
+	tx := pgBegin(t, ctx, db)
+	var v42 int
+	err42 := tx.QueryRowContext(ctx, "SELECT 42").Scan(&v42)
 
 	_, err := db.ExecContext(ctx, "SELECT 0")
 	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, bulkhead.ErrAdmissionFull) {
@@ -245,10 +218,11 @@ func TestTheArticlesDemonstrationRejectsASecondOperationWhileTheFirstTransaction
 	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Errorf("second transaction: got %v, want a rejection matching ErrRejected and ErrAdmissionFull", err)
 	}
-	close(release)
-	r := <-first
-	if r.err != nil || r.v != 42 {
-		t.Fatalf("first transaction: got %d, %v; want 42, nil", r.v, r.err)
+	if err := tx.Commit(); err42 == nil {
+		err42 = err
+	}
+	if err42 != nil || v42 != 42 {
+		t.Fatalf("first transaction: got %d, %v; want 42, nil", v42, err42)
 	}
 
 	s := g.Stats()
@@ -274,21 +248,13 @@ func TestCommittedRowsStayAndRolledBackRowsVanishWithPermitsBack(t *testing.T) {
 	table := tempTable(t, newMonitor(t).db, "id int PRIMARY KEY")
 
 	tx := pgBegin(t, ctx, db)
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1), (2)"); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatalf("commit: %v", err)
-	}
+	testkit.Exec(t, ctx, tx, "INSERT INTO "+table+" VALUES (1), (2)")
+	txCommit(t, tx)
 	pgExpectIdle(t, g)
 
 	tx = pgBegin(t, ctx, db)
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (3), (4)"); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatalf("rollback: %v", err)
-	}
+	testkit.Exec(t, ctx, tx, "INSERT INTO "+table+" VALUES (3), (4)")
+	txRollback(t, tx)
 	pgExpectIdle(t, g)
 
 	var ids []int
@@ -318,8 +284,7 @@ func TestCommittedRowsStayAndRolledBackRowsVanishWithPermitsBack(t *testing.T) {
 // ---- 3. excess admission ----
 
 func TestExcessAdmissionIsRejectedAtOnceWithoutReachingTheServer(t *testing.T) {
-	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: 20 * time.Second}
-	ctx, g, db := pgOpen(t, p)
+	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: 20 * time.Second})
 	m := newMonitor(t)
 
 	// Three operations hold the three admission permits: two running
@@ -372,9 +337,23 @@ func TestExcessAdmissionIsRejectedAtOnceWithoutReachingTheServer(t *testing.T) {
 // ---- 4. expired and interrupted waits ----
 
 func TestAnExpiredQueueWaitIsARejectionAndAnInterruptedWaitIsACancellation(t *testing.T) {
-	t.Run("expired", func(t *testing.T) {
-		ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 50 * time.Millisecond})
+	// held opens a gate of B=1, Q=1 whose permit a transaction holds;
+	// release ends that transaction, after which the gate is idle and
+	// runs the next operation.
+	held := func(t *testing.T, wait time.Duration) (ctx context.Context, g *bulkhead.Gate, db *sql.DB, release func()) {
+		ctx, g, db = pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: wait})
 		tx := pgBegin(t, ctx, db)
+		return ctx, g, db, func() {
+			t.Helper()
+			txCommit(t, tx)
+			pgExpectIdle(t, g)
+			if _, err := db.ExecContext(ctx, "SELECT 1"); err != nil {
+				t.Errorf("after the holder ended: %v", err)
+			}
+		}
+	}
+	t.Run("expired", func(t *testing.T) {
+		ctx, g, db, release := held(t, 50*time.Millisecond)
 
 		_, err := db.BeginTx(ctx, nil)
 		var rej *bulkhead.RejectedError
@@ -390,15 +369,10 @@ func TestAnExpiredQueueWaitIsARejectionAndAnInterruptedWaitIsACancellation(t *te
 		if s := g.Stats(); s.RejectedTimeout != 1 || s.WaitCount != 1 || s.Canceled != 0 {
 			t.Errorf("RejectedTimeout=%d WaitCount=%d Canceled=%d, want 1, 1, 0", s.RejectedTimeout, s.WaitCount, s.Canceled)
 		}
-		txCommit(t, tx)
-		pgExpectIdle(t, g)
-		if _, err := db.ExecContext(ctx, "SELECT 1"); err != nil {
-			t.Errorf("after the holder ended: %v", err)
-		}
+		release()
 	})
 	t.Run("interrupted", func(t *testing.T) {
-		ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 20 * time.Second})
-		tx := pgBegin(t, ctx, db)
+		ctx, g, db, release := held(t, 20*time.Second)
 
 		waitCtx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -419,25 +393,11 @@ func TestAnExpiredQueueWaitIsARejectionAndAnInterruptedWaitIsACancellation(t *te
 		if s := g.Stats(); s.Canceled != 1 || s.RejectedTimeout != 0 || s.RejectedFull != 0 {
 			t.Errorf("Canceled=%d RejectedTimeout=%d RejectedFull=%d, want 1, 0, 0", s.Canceled, s.RejectedTimeout, s.RejectedFull)
 		}
-		txCommit(t, tx)
-		pgExpectIdle(t, g)
-		if _, err := db.ExecContext(ctx, "SELECT 1"); err != nil {
-			t.Errorf("after the holder ended: %v", err)
-		}
+		release()
 	})
 }
 
 // ---- 5. work going on after cancellation ----
-
-// pgCancelRequests makes pgx answer a cancelled context by asking the server
-// to cancel the statement and returning only after it did; the one-second
-// deadline is a fallback for a server that does not answer.
-func pgCancelRequests(cfg *pgx.ConnConfig) *pgx.ConnConfig {
-	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: time.Second}
-	}
-	return cfg
-}
 
 // pgStorm runs 6 workers for at most 1.5 s (and 40 operations each), each
 // running `SELECT pg_sleep(0.2)` under a 30 ms context, inside a
@@ -542,8 +502,10 @@ var pgStormConfigs = []struct {
 		// rollback after the context ended sends nothing and closes the
 		// connection: the server may hold the transaction a moment longer.
 		// Documented, not asserted.
-		name:      "pgx cancel request handler",
-		connector: func(t *testing.T) driver.Connector { return stdlib.GetConnector(*pgCancelRequests(pgConfig(t))) },
+		name: "pgx cancel request handler",
+		connector: func(t *testing.T) driver.Connector {
+			return stdlib.GetConnector(*pgCancelRequests(pgConfig(t), time.Second))
+		},
 	},
 	{
 		// pgx's defaults: documented, not asserted, because the server-side
@@ -566,35 +528,29 @@ var pgStormConfigs = []struct {
 // returns only after the server stopped: pgx with
 // pgconn.CancelRequestContextWatcherHandler.
 func TestCancelledTransactionsNeverExceedBOnTheServer(t *testing.T) {
-	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 50 * time.Millisecond}
-	for _, c := range pgStormConfigs {
-		t.Run(c.name, func(t *testing.T) {
-			pk, tally, st := pgStorm(t, c.connector(t), p, true)
-			t.Logf("max %d transactions, %d active, %d connections (B=%d, B+Q=%d), %d pings, in %d polls; %v; admitted %d",
-				pk.txs, pk.active, pk.conns, p.MaxConcurrent, p.MaxConcurrent+p.MaxQueue, pk.pings, pk.polls, tally, st.Admitted)
-			pgCheckStorm(t, c.strict, p, pk)
-		})
-	}
+	pgStorms(t, true)
 }
 
 // The same storm with autocommit statements, whose permit is back when
 // ExecContext returns.
 func TestCancelledAutocommitStatementsStayWithinBOnlyWhenTheDriverWaitsForTheServer(t *testing.T) {
+	pgStorms(t, false)
+}
+
+// pgStorms runs pgStorm on each of pgStormConfigs, B=2, Q=4, and fails
+// if a strict one saw more than B transactions or statements running on
+// the server.
+func pgStorms(t *testing.T, inTx bool) {
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 50 * time.Millisecond}
 	for _, c := range pgStormConfigs {
 		t.Run(c.name, func(t *testing.T) {
-			pk, tally, st := pgStorm(t, c.connector(t), p, false)
-			t.Logf("max %d active, %d transactions, %d connections (B=%d, B+Q=%d), %d pings, in %d polls; %v; admitted %d",
-				pk.active, pk.txs, pk.conns, p.MaxConcurrent, p.MaxConcurrent+p.MaxQueue, pk.pings, pk.polls, tally, st.Admitted)
-			pgCheckStorm(t, c.strict, p, pk)
+			pk, tally, st := pgStorm(t, c.connector(t), p, inTx)
+			t.Logf("max %d transactions, %d active, %d connections (B=%d, B+Q=%d), %d pings, in %d polls; %v; admitted %d",
+				pk.txs, pk.active, pk.conns, p.MaxConcurrent, p.MaxConcurrent+p.MaxQueue, pk.pings, pk.polls, tally, st.Admitted)
+			if c.strict && (pk.txs > p.MaxConcurrent || pk.active > p.MaxConcurrent) {
+				t.Errorf("saw %d transactions and %d statements running on the server, want at most B=%d", pk.txs, pk.active, p.MaxConcurrent)
+			}
 		})
-	}
-}
-
-func pgCheckStorm(t *testing.T, strict bool, p bulkhead.Policy, pk pgPeak) {
-	t.Helper()
-	if strict && (pk.txs > p.MaxConcurrent || pk.active > p.MaxConcurrent) {
-		t.Errorf("saw %d transactions and %d statements running on the server, want at most B=%d", pk.txs, pk.active, p.MaxConcurrent)
 	}
 }
 
@@ -604,9 +560,7 @@ func TestWorkRunsAgainAfterAServerStatementTimeout(t *testing.T) {
 	ctx, g, db := pgOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0})
 
 	tx := pgBegin(t, ctx, db)
-	if _, err := tx.ExecContext(ctx, "SET LOCAL statement_timeout = '100ms'"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, tx, "SET LOCAL statement_timeout = '100ms'")
 	_, err := tx.ExecContext(ctx, "SELECT pg_sleep(2)")
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
@@ -654,17 +608,7 @@ func TestPoolExhaustionEndsInSuccessOrRejectionAndTheStatsAddUp(t *testing.T) {
 		wg.Go(func() {
 			<-start
 			for range each {
-				err := func() error {
-					tx, err := db.BeginTx(ctx, nil)
-					if err != nil {
-						return err
-					}
-					if _, err := tx.ExecContext(ctx, sleep); err != nil {
-						tx.Rollback()
-						return err
-					}
-					return tx.Commit()
-				}()
+				err := testkit.Tx(ctx, db, sleep)
 				switch {
 				case err == nil:
 					ok.Add(1)
@@ -1109,7 +1053,7 @@ func TestColumnTypesThroughTheGateAreThoseOfPgx(t *testing.T) {
 	plain := plainDB(t, stdlib.GetConnector(*pgConfig(t)))
 
 	const q = "SELECT 1::int4 AS i4, 2::int8 AS i8, 'x'::text AS t, 'y'::varchar(10) AS v, 1.5::numeric(5,2) AS n, now() AS ts, NULL::bool AS b"
-	describe := func(db *sql.DB) []string {
+	columnTypes := func(db *sql.DB) []*sql.ColumnType {
 		t.Helper()
 		rows, err := db.QueryContext(ctx, q)
 		if err != nil {
@@ -1120,8 +1064,12 @@ func TestColumnTypesThroughTheGateAreThoseOfPgx(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		return cts
+	}
+	describe := func(db *sql.DB) []string {
+		t.Helper()
 		var out []string
-		for _, ct := range cts {
+		for _, ct := range columnTypes(db) {
 			length, okLen := ct.Length()
 			prec, scale, okDec := ct.DecimalSize()
 			nullable, okNull := ct.Nullable()
@@ -1135,15 +1083,7 @@ func TestColumnTypesThroughTheGateAreThoseOfPgx(t *testing.T) {
 		t.Errorf("column types through the gate:\n%v\nwant (pgx alone):\n%v", got, want)
 	}
 	wantNames := []string{"INT4", "INT8", "TEXT", "VARCHAR", "NUMERIC", "TIMESTAMPTZ", "BOOL"}
-	rows, err := gated.QueryContext(ctx, q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	cts, err := rows.ColumnTypes()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cts := columnTypes(gated)
 	for i, ct := range cts {
 		if ct.DatabaseTypeName() != wantNames[i] {
 			t.Errorf("column %s: DatabaseTypeName %q, want %q", ct.Name(), ct.DatabaseTypeName(), wantNames[i])

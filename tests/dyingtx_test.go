@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // dyingTxRounds runs rounds of: a transaction on a *sql.Conn, its context
@@ -36,23 +37,15 @@ func dyingTxRounds(t *testing.T, db *sql.DB, setup *sql.DB, table string, ph fun
 	bg := t.Context()
 	var reported []int
 	for i := range rounds {
-		c, err := db.Conn(bg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := testkit.Conn(t, bg, db)
 		ctx, cancel := context.WithCancel(bg)
-		tx, err := c.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" (v) VALUES (-1)"); err != nil {
-			t.Fatal(err)
-		}
+		tx := testkit.Begin(t, ctx, c)
+		testkit.Exec(t, ctx, tx, "INSERT INTO "+table+" (v) VALUES (-1)")
 		cancel()
 		if err := tx.Commit(); err == nil {
 			t.Fatalf("round %d: Commit after the context ended succeeded", i)
 		}
-		err = func() (err error) {
+		err := func() (err error) {
 			defer func() {
 				if v := recover(); v != nil {
 					err = fmt.Errorf("panic: %v", v)

@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead/fleet"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // fleetPeak polls pg_stat_activity, until the returned function is
@@ -35,27 +35,14 @@ func fleetPeak(t *testing.T, ctx context.Context, app string) func() (peak, look
 // counting those that ran in ran, until the returned function, which
 // waits for them, is called.
 func fleetLoad(ctx context.Context, db *sql.DB, n int, ran *atomic.Int64) (halt func()) {
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := db.ExecContext(ctx, "SELECT pg_sleep(0.005)"); err == nil {
-					ran.Add(1)
-				} else {
-					time.Sleep(time.Millisecond) // pacing after a rejection
-				}
-			}
-		}()
-	}
-	return func() { close(stop); wg.Wait() }
+	return testkit.Repeat(n, func(int) bool {
+		if _, err := db.ExecContext(ctx, "SELECT pg_sleep(0.005)"); err == nil {
+			ran.Add(1)
+		} else {
+			time.Sleep(time.Millisecond) // pacing after a rejection
+		}
+		return true
+	})
 }
 
 // childURL is the test server's URL with the application_name the

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead/fleet"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // The fleet's statements bind the lock keys as int4, which may be
@@ -62,13 +63,9 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 			orphan := takeConn(t, ctx, admin)
 			lock := takeConn(t, ctx, admin)
 			const deadID = 98
-			if _, err := orphan.ExecContext(ctx, "SELECT pg_advisory_lock_shared($1, $2)", keys.Conns, int32(deadID)); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, ctx, orphan, "SELECT pg_advisory_lock_shared($1, $2)", keys.Conns, int32(deadID))
 			key := time.Now().UnixNano() % 1e9
-			if _, err := lock.ExecContext(ctx, "SELECT pg_advisory_lock(7, $1)", key); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, ctx, lock, "SELECT pg_advisory_lock(7, $1)", key)
 			blocked := goExec(orphan, ctx, "SELECT pg_advisory_xact_lock_shared(7, $1)", key)
 			awaitState(t, "the orphan's statement waits on the server", func() bool {
 				var n int
@@ -79,9 +76,7 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 			})
 			fleetSync(t, ctx, a)
 			want("an orphan running", a, 3, 1)
-			if _, err := lock.ExecContext(ctx, "SELECT pg_advisory_unlock(7, $1)", key); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, ctx, lock, "SELECT pg_advisory_unlock(7, $1)", key)
 			if err := <-blocked; err != nil {
 				t.Fatal(err)
 			}
@@ -160,8 +155,6 @@ func holding(t *testing.T, ctx context.Context, admin *sql.DB, query string, arg
 	if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.ExecContext(ctx, query, args...); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, c, query, args...)
 	return pid
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/fleet"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // Fleet budgets on PostgreSQL (package fleet, docs/fleet.md). Each
@@ -221,9 +222,7 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 	var txs []*sql.Tx
 	for range 4 {
 		tx := pgBegin(t, ctx, db1)
-		if _, err := tx.ExecContext(ctx, "SELECT 1"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, ctx, tx, "SELECT 1")
 		txs = append(txs, tx)
 	}
 	g2 := fleetGate(t, name, p)
@@ -577,9 +576,7 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 			// as long as it holds it.
 			lock := takeConn(t, ctx, admin)
 			key := time.Now().UnixNano() % 1e9
-			if _, err := lock.ExecContext(ctx, "SELECT pg_advisory_lock(7, $1)", key); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, ctx, lock, "SELECT pg_advisory_lock(7, $1)", key)
 			stmt := fmt.Sprintf("SELECT pg_advisory_xact_lock_shared(7, %d)", key)
 			c.run(3, stmt)
 			waiting := func() int {
@@ -612,9 +609,7 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 			}
 			// The statements get the lock, end, and their sessions
 			// with them (the server finds the client gone).
-			if _, err := lock.ExecContext(ctx, "SELECT pg_advisory_unlock(7, $1)", key); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, ctx, lock, "SELECT pg_advisory_unlock(7, $1)", key)
 			awaitState(t, "the dead process's statements ended", func() bool { return waiting() == 0 })
 			fleetSync(t, ctx, g)
 			if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 8 || fs.Orphans != 0 {
@@ -646,14 +641,9 @@ func TestFleetGrowDoesNotWaitForAnotherMembersGrow(t *testing.T) {
 	ctx, admin, name := fleetStart(t)
 	// Held before the member starts: its loop's first round too finds
 	// it taken.
-	other, err := admin.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := testkit.Begin(t, ctx, admin)
 	defer other.Rollback()
-	if _, err := other.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1, 0)", fleet.LockKeys(name).Grow); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, other, "SELECT pg_advisory_xact_lock($1, 0)", fleet.LockKeys(name).Grow)
 	g := fleetGate(t, name, fleetPolicy(4, 0))
 	fleetSync(t, ctx, g)
 	if s, fs := g.Gate().Stats(), g.Stats(); s.MaxConcurrent != 0 || fs.Instances != 1 {

@@ -28,6 +28,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/tests/internal/sqlcdb"
 )
 
@@ -471,13 +472,17 @@ func igOpenSQLite(t *testing.T) (driver.Connector, *sql.DB) {
 	return c, plainDB(t, c)
 }
 
-func igCount(t *testing.T, setup *sql.DB, table string) int {
+// igRows fails the test unless table, read through setup, holds want
+// rows.
+func igRows(t *testing.T, setup *sql.DB, table string, want int) {
 	t.Helper()
 	var n int
 	if err := setup.QueryRowContext(t.Context(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
 		t.Fatalf("count %s: %v", table, err)
 	}
-	return n
+	if n != want {
+		t.Errorf("%d rows, want %d", n, want)
+	}
 }
 
 // TestEveryDriverKeepsTheDriverNeutralContract runs the part of the
@@ -507,9 +512,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 			t.Run("B=1 Q=0 rejects a second operation while a transaction holds the permit", func(t *testing.T) {
 				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, &igTracker{})
 				tx := pgBegin(t, ctx, db)
-				if _, err := tx.ExecContext(ctx, insert(table), 1); err != nil {
-					t.Fatal(err)
-				}
+				testkit.Exec(t, ctx, tx, insert(table), 1)
 				_, err := db.ExecContext(ctx, insert(table), 2)
 				if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, bulkhead.ErrAdmissionFull) || errors.Is(err, driver.ErrBadConn) {
 					t.Errorf("second operation: %v, want ErrRejected and ErrAdmissionFull, not ErrBadConn", err)
@@ -525,9 +528,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 				if s := g.Stats(); s.Running != 0 || s.OpenConns > 1 {
 					t.Errorf("stats %+v, want 0 running, at most 1 connection", s)
 				}
-				if n := igCount(t, setup, table); n != 2 {
-					t.Errorf("%d rows, want 2", n)
-				}
+				igRows(t, setup, table, 2)
 			})
 
 			t.Run("commit keeps, rollback discards, and both give the permit back", func(t *testing.T) {
@@ -536,9 +537,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 				for _, commit := range []bool{true, false} {
 					tx := pgBegin(t, ctx, db)
 					for v := range 3 {
-						if _, err := tx.ExecContext(ctx, insert(table), v); err != nil {
-							t.Fatal(err)
-						}
+						testkit.Exec(t, ctx, tx, insert(table), v)
 					}
 					if s := g.Stats(); s.Running != 1 {
 						t.Errorf("%d running inside the transaction, want 1", s.Running)
@@ -552,9 +551,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 						t.Errorf("%d running after commit=%v, want 0", s.Running, commit)
 					}
 				}
-				if n := igCount(t, setup, table); n != 3 {
-					t.Errorf("%d rows, want the 3 committed", n)
-				}
+				igRows(t, setup, table, 3)
 				if got := k.kinds(); got != "transaction=2 statement=0 query=0" {
 					t.Errorf("admissions %s, want the two transactions alone", got)
 				}
@@ -563,9 +560,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 			t.Run("an operation beyond B+Q is rejected at once while one waits", func(t *testing.T) {
 				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Minute}, &igTracker{})
 				tx := pgBegin(t, ctx, db)
-				if _, err := tx.ExecContext(ctx, insert(table), 1); err != nil {
-					t.Fatal(err)
-				}
+				testkit.Exec(t, ctx, tx, insert(table), 1)
 				waited := goExec(db, ctx, insert(table), 2)
 				awaitState(t, "the second operation waits", func() bool { return g.Stats().Waiting == 1 })
 				if _, err := db.ExecContext(ctx, insert(table), 3); !errors.Is(err, bulkhead.ErrAdmissionFull) {
@@ -583,9 +578,7 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 				if s := g.Stats(); s.Running != 0 || s.Waiting != 0 || s.OpenConns > 2 {
 					t.Errorf("stats %+v, want 0 running and waiting, at most 2 connections", s)
 				}
-				if n := igCount(t, setup, table); n != 2 {
-					t.Errorf("%d rows, want 2", n)
-				}
+				igRows(t, setup, table, 2)
 			})
 
 			t.Run("an admitted operation is rejected when the queue wait ends", func(t *testing.T) {
@@ -600,17 +593,13 @@ func TestEveryDriverKeepsTheDriverNeutralContract(t *testing.T) {
 				if s := g.Stats(); s.Running != 0 || s.RejectedTimeout != 1 {
 					t.Errorf("stats %+v, want 0 running, 1 queue timeout", s)
 				}
-				if n := igCount(t, setup, table); n != 0 {
-					t.Errorf("%d rows, want none", n)
-				}
+				igRows(t, setup, table, 0)
 			})
 
 			t.Run("statements with arguments hold one permit at a time", func(t *testing.T) {
 				k := &igTracker{}
 				ctx, table, g, db := open(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0}, k)
-				if _, err := db.ExecContext(ctx, insert(table), 5); err != nil {
-					t.Fatal(err)
-				}
+				testkit.Exec(t, ctx, db, insert(table), 5)
 				var v int
 				if err := db.QueryRowContext(ctx, "SELECT v FROM "+table+" WHERE v = "+d.ph(1), 5).Scan(&v); err != nil || v != 5 {
 					t.Fatalf("query: %d, %v", v, err)
@@ -659,9 +648,7 @@ func TestSQLiteSecondWriterIsBusyWhileItHoldsItsPermit(t *testing.T) {
 	insert := "INSERT INTO " + table + " (v) VALUES (?)"
 
 	tx1 := pgBegin(t, ctx, db)
-	if _, err := tx1.ExecContext(ctx, insert, 1); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, tx1, insert, 1)
 	tx2 := pgBegin(t, ctx, db)
 	_, err := tx2.ExecContext(ctx, insert, 2)
 	var se *sqlite.Error
@@ -676,9 +663,7 @@ func TestSQLiteSecondWriterIsBusyWhileItHoldsItsPermit(t *testing.T) {
 	if s := g.Stats(); s.Running != 0 {
 		t.Errorf("%d running after both ended, want 0", s.Running)
 	}
-	if n := igCount(t, setup, table); n != 1 {
-		t.Errorf("%d rows, want 1", n)
-	}
+	igRows(t, setup, table, 1)
 }
 
 func TestGORMWithPreparedStatementsGatesEachExecutionNotThePreparation(t *testing.T) {
@@ -742,9 +727,7 @@ func TestErrSkipFallbackIsOneGatedOperation(t *testing.T) {
 	ctx := pgTestCtx(t)
 
 	fc.FailNext(fakedb.OpExec, 1, driver.ErrSkip)
-	if _, err := db.ExecContext(ctx, "UPDATE t SET v = ?", 1); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, db, "UPDATE t SET v = ?", 1)
 	if got := k.kinds(); got != "transaction=0 statement=1 query=0" {
 		t.Errorf("one Exec answered by ErrSkip: admissions %s, want one statement", got)
 	}

@@ -7,18 +7,21 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/ory/dockertest/v3"
 	"go.uber.org/goleak"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // EnvDatabaseURL names the PostgreSQL server the real-server tests use.
@@ -141,6 +144,16 @@ func pgConfig(t testing.TB) *pgx.ConnConfig {
 	return cfg
 }
 
+// pgCancelRequests makes pgx answer a cancelled context by asking the
+// server to cancel the statement and returning only after it did;
+// deadline is a fallback for a server that does not answer.
+func pgCancelRequests(cfg *pgx.ConnConfig, deadline time.Duration) *pgx.ConnConfig {
+	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: deadline}
+	}
+	return cfg
+}
+
 // openGated opens a gated *sql.DB on the test server with OpenDB's pool
 // settings, closed at the end of the test.
 func openGated(t testing.TB, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
@@ -169,22 +182,13 @@ func plainDB(t testing.TB, c driver.Connector) *sql.DB {
 // closed at the end of the test.
 func gateOn(t testing.TB, inner driver.Connector, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
-	g, err := bulkhead.New(inner, p, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
-	return g, db
+	return gatetest.Open(t, inner, p, opts...)
 }
 
 // takeConn takes a *sql.Conn from db, closed at the end of the test.
 func takeConn(t testing.TB, ctx context.Context, db *sql.DB) *sql.Conn {
 	t.Helper()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testkit.Conn(t, ctx, db)
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -272,21 +276,7 @@ func (m *monitor) Connections(t testing.TB) int { return m.count(t, "") }
 // look returns false or the returned function is called; that function
 // returns once the goroutine has ended.
 func pollServer(look func() bool) (stop func()) {
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-quit:
-				return
-			default:
-			}
-			if !look() {
-				return
-			}
-		}
-	}()
-	return func() { close(quit); <-done }
+	return testkit.Repeat(1, func(int) bool { return look() })
 }
 
 // serverPeak polls q on db, in a goroutine of its own, until the returned
@@ -318,28 +308,16 @@ func serverPeak(t testing.TB, ctx context.Context, db *sql.DB, q string, args ..
 }
 
 // goExec runs e.ExecContext(ctx, query, args...) in a goroutine of its
-// own and sends its error on the returned channel.
+// own and sends its error on the returned channel (testkit.GoExec).
 func goExec(e interface {
 	ExecContext(context.Context, string, ...any) (sql.Result, error)
 }, ctx context.Context, query string, args ...any) chan error {
-	done := make(chan error, 1)
-	go func() {
-		_, err := e.ExecContext(ctx, query, args...)
-		done <- err
-	}()
-	return done
+	return testkit.GoExec(ctx, e, query, args...)
 }
 
-// awaitState waits until cond holds, polling state without sleeping. It
-// gives up, failing the test, only after a generous bound meant to turn a
-// hang into a failure, never to measure time.
+// awaitState waits until cond holds, polling state without sleeping
+// (testkit.Await).
 func awaitState(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting until %s", what)
-		}
-		runtime.Gosched()
-	}
+	testkit.Await(t, what, cond)
 }

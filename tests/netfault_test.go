@@ -90,10 +90,7 @@ func TestLatencyOnTheNetworkKeepsTheServerWithinB(t *testing.T) {
 	x := relStartProxy(t, relConfig(t))
 	x.add("lat_down", "latency", "downstream", `{"latency":15,"jitter":5}`)
 	x.add("lat_up", "latency", "upstream", `{"latency":15,"jitter":5}`)
-	p := bulkhead.Policy{MaxConcurrent: b, MaxQueue: callers - b, QueueWait: time.Minute}
-	r := newRelRig(t, p, relRigOptions{cfg: x.config(relConfig(t)), maxConns: callers})
-	table := r.table("")
-	ctx := r.ctx()
+	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: b, MaxQueue: callers - b, QueueWait: time.Minute}, relRigOptions{cfg: x.config(relConfig(t)), maxConns: callers})
 	errs := make(chan error, callers)
 	for i := range callers {
 		go func() {

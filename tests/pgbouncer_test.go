@@ -33,6 +33,7 @@ import (
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/fleet"
 	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // pgBouncer is a PgBouncer started by a test.
@@ -490,9 +491,7 @@ func TestPgBouncerQueue(t *testing.T) {
 	hold := func(t *testing.T, db *sql.DB) *sql.Tx {
 		t.Helper()
 		tx := pgBegin(t, ctx, db)
-		if _, err := tx.ExecContext(ctx, "SELECT 1"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, ctx, tx, "SELECT 1")
 		return tx
 	}
 	check := func(t *testing.T, what string, mon *monitor, clients, waiting int) {

@@ -37,10 +37,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // relBound is the generous bound on anything that must "return
@@ -296,6 +296,14 @@ func newRelRig(t *testing.T, p bulkhead.Policy, o relRigOptions) *relRig {
 	return r
 }
 
+// relOpen is newRelRig with a table of the test's own (relRig.table) and
+// a context bounding the test's calls (relRig.ctx).
+func relOpen(t *testing.T, p bulkhead.Policy, o relRigOptions) (*relRig, string, context.Context) {
+	t.Helper()
+	r := newRelRig(t, p, o)
+	return r, r.table(""), r.ctx()
+}
+
 // terminateApp terminates every backend of the application, telling the
 // poller first (relServerPoll.terminating), and waits for them to exit.
 func (r *relRig) terminateApp(ctx context.Context) error {
@@ -423,12 +431,8 @@ func (r *relRig) table(extra string) string {
 		cols += ", " + extra
 	}
 	ctx := r.ctx()
-	if _, err := r.ctl.ExecContext(ctx, "DROP TABLE IF EXISTS "+name); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.ctl.ExecContext(ctx, "CREATE TABLE "+name+" ("+cols+")"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, r.ctl, "DROP TABLE IF EXISTS "+name)
+	testkit.Exec(t, ctx, r.ctl, "CREATE TABLE "+name+" ("+cols+")")
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), relBound)
 		defer cancel()
@@ -520,10 +524,7 @@ func (r *relRig) key(n int64) int64 {
 func (r *relRig) lockServer(k int64) (unlock func()) {
 	t := r.t
 	t.Helper()
-	c, err := r.ctl.Conn(r.ctx())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testkit.Conn(t, r.ctx(), r.ctl)
 	if _, err := c.ExecContext(r.ctx(), "SELECT pg_advisory_lock($1)", k); err != nil {
 		c.Close()
 		t.Fatal(err)
@@ -666,10 +667,7 @@ func TestSaturationNeverOpensMoreThanBTransactionsOnTheServer(t *testing.T) {
 	for _, q := range []int{28, 4} {
 		t.Run(fmt.Sprintf("Q=%d", q), func(t *testing.T) {
 			const callers, b = 32, 4
-			p := bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Hour}
-			r := newRelRig(t, p, relRigOptions{maxConns: b + q})
-			table := r.table("")
-			ctx := r.ctx()
+			r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Hour}, relRigOptions{maxConns: b + q})
 			k := r.key(0)
 			unlock := r.lockServer(k)
 
@@ -725,10 +723,7 @@ func TestSaturationNeverOpensMoreThanBTransactionsOnTheServer(t *testing.T) {
 
 func TestOneMoreCallerIsRejectedAtOnceWhileBRunAndQWait(t *testing.T) {
 	const b, q = 2, 2
-	p := bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Hour}
-	r := newRelRig(t, p, relRigOptions{maxConns: b + q})
-	table := r.table("")
-	ctx := r.ctx()
+	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Hour}, relRigOptions{maxConns: b + q})
 	k := r.key(0)
 
 	// A statement prepared while the gate is idle, run once admission is full.
@@ -864,13 +859,9 @@ func TestCancelledStatementReturnsBeforeTheServerFinishesAndTheServerStopsIt(t *
 			t.Run(handler+" "+c.name, func(t *testing.T) {
 				cfg := relConfig(t)
 				if waitCancel {
-					cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
-						return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: 5 * time.Second}
-					}
+					cfg = pgCancelRequests(cfg, 5*time.Second)
 				}
-				r := newRelRig(t, p, relRigOptions{cfg: cfg})
-				table := r.table("")
-				ctx := r.ctx()
+				r, table, ctx := relOpen(t, p, relRigOptions{cfg: cfg})
 				done := make(chan error, 1)
 				// The statement's context is cancelled once the server
 				// runs it: on a busy machine a timer started before
@@ -929,9 +920,7 @@ func TestCancelledStatementReturnsBeforeTheServerFinishesAndTheServerStopsIt(t *
 // transaction, and the permits come back exactly once, whichever wins.
 func TestCancelledTransactionReleasesExactlyOnceWhileTheUserEndsItConcurrently(t *testing.T) {
 	const rounds = 300
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second}
-	r := newRelRig(t, p, relRigOptions{})
-	table := r.table("")
+	r, table, _ := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second}, relRigOptions{})
 	var want []int64
 	outcomes := map[string]int{}
 	lingering := 0
@@ -999,10 +988,7 @@ func TestCancelledTransactionReleasesExactlyOnceWhileTheUserEndsItConcurrently(t
 // permits come back then, and the user's Rollback only reports ErrTxDone.
 func TestTransactionCancelledDuringAStatementGivesThePermitsBackOnce(t *testing.T) {
 	const rounds = 4
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second}
-	r := newRelRig(t, p, relRigOptions{})
-	table := r.table("")
-	base := r.ctx()
+	r, table, base := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second}, relRigOptions{})
 	for i := range rounds {
 		ctx, cancel := context.WithCancel(base)
 		tx := r.holdRow(ctx, table, int64(i))
@@ -1085,9 +1071,7 @@ func TestServerSideFaultsEndTheTransactionAndGiveThePermitsBack(t *testing.T) {
 	}
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
-			r := newRelRig(t, p, relRigOptions{})
-			table := r.table("")
-			ctx := r.ctx()
+			r, table, ctx := relOpen(t, p, relRigOptions{})
 			tx := r.holdRow(ctx, table, 1)
 			err := f.run(ctx, r, tx)
 			if err == nil || (f.code != "" && relPgCode(err) != f.code) {
@@ -1118,10 +1102,7 @@ func TestServerSideFaultsEndTheTransactionAndGiveThePermitsBack(t *testing.T) {
 // reports is the order of the grants.
 func TestWaitersProceedInArrivalOrderWhenTheHoldersAreTerminated(t *testing.T) {
 	const b, q = 2, 4
-	p := bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Minute}
-	r := newRelRig(t, p, relRigOptions{maxConns: b + q})
-	table := r.table("")
-	ctx := r.ctx()
+	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Minute}, relRigOptions{maxConns: b + q})
 
 	pids := make(chan int, b)
 	holderErrs := make(chan error, b)
@@ -1222,12 +1203,8 @@ func TestWaitersProceedInArrivalOrderWhenTheHoldersAreTerminated(t *testing.T) {
 func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 	t.Run("serialization failure", func(t *testing.T) {
 		p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 0, QueueWait: 0}
-		r := newRelRig(t, p, relRigOptions{})
-		table := r.table("")
-		ctx := r.ctx()
-		if _, err := r.ctl.ExecContext(ctx, "INSERT INTO "+table+" (id, v) VALUES (1, 10), (2, 20)"); err != nil {
-			t.Fatal(err)
-		}
+		r, table, ctx := relOpen(t, p, relRigOptions{})
+		testkit.Exec(t, ctx, r.ctl, "INSERT INTO "+table+" (id, v) VALUES (1, 10), (2, 20)")
 		ser := &sql.TxOptions{Isolation: sql.LevelSerializable}
 		t1, err := r.db.BeginTx(ctx, ser)
 		if err != nil {
@@ -1243,12 +1220,8 @@ func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if _, err := t1.ExecContext(ctx, "UPDATE "+table+" SET v = v + 1 WHERE id = 1"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := t2.ExecContext(ctx, "UPDATE "+table+" SET v = v + 1 WHERE id = 2"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, ctx, t1, "UPDATE "+table+" SET v = v + 1 WHERE id = 1")
+		testkit.Exec(t, ctx, t2, "UPDATE "+table+" SET v = v + 1 WHERE id = 2")
 		if err := relInsert(ctx, t2, table, 3); err != nil {
 			t.Fatal(err)
 		}
@@ -1277,10 +1250,7 @@ func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 		r := newRelRig(t, p, relRigOptions{})
 		table := r.table("u int UNIQUE DEFERRABLE INITIALLY DEFERRED")
 		ctx := r.ctx()
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := testkit.Begin(t, ctx, r.db)
 		if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" (id, u) VALUES (1, 7), (2, 7)"); err != nil {
 			t.Fatalf("the duplicate must pass until COMMIT: %v", err)
 		}
@@ -1303,10 +1273,7 @@ func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 // 10. A panic in the user's transaction callback.
 
 func TestPanicInATransactionCallbackPropagatesAndReleases(t *testing.T) {
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: 0}
-	r := newRelRig(t, p, relRigOptions{})
-	table := r.table("")
-	ctx := r.ctx()
+	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: 0}, relRigOptions{})
 	type boom struct{}
 	catch := func(f func()) (v any) {
 		defer func() { v = recover() }()
@@ -1422,10 +1389,7 @@ func TestNestedCallInsideATransactionFailsBoundedInsteadOfDeadlocking(t *testing
 			want = bulkhead.ErrQueueTimeout
 		}
 		t.Run(fmt.Sprintf("Q=%d", q), func(t *testing.T) {
-			p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: 50 * time.Millisecond}
-			r := newRelRig(t, p, relRigOptions{})
-			table := r.table("")
-			ctx := r.ctx()
+			r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: 50 * time.Millisecond}, relRigOptions{})
 			nested := []struct {
 				name string
 				call func() error
@@ -1462,10 +1426,7 @@ func TestNestedCallInsideATransactionFailsBoundedInsteadOfDeadlocking(t *testing
 // 14. Ending a transaction twice; closing the DB with waiters.
 
 func TestEndingATransactionTwiceReturnsErrTxDoneWithoutAnotherRelease(t *testing.T) {
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: 0}
-	r := newRelRig(t, p, relRigOptions{})
-	table := r.table("")
-	ctx := r.ctx()
+	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 0, QueueWait: 0}, relRigOptions{})
 	ends := []struct {
 		name        string
 		first, then func(*sql.Tx) error
@@ -1502,10 +1463,7 @@ func TestEndingATransactionTwiceReturnsErrTxDoneWithoutAnotherRelease(t *testing
 
 func TestClosingTheDBMakesWaitersReturnErrClosedPromptly(t *testing.T) {
 	const q = 3
-	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour}
-	r := newRelRig(t, p, relRigOptions{})
-	table := r.table("")
-	ctx := r.ctx()
+	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour}, relRigOptions{})
 	holder := r.holdRow(ctx, table, 1)
 	errs := make(chan error, q)
 	for i := range q {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/fleet"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
@@ -137,9 +138,7 @@ func TestAPreparedStatementRefusedAtAdmissionOnPostgreSQLDialsAndPreparesNothing
 
 			// B running (a transaction) and Q waiting: admission is full.
 			tx := pgBegin(t, ctx, db)
-			if _, err := tx.ExecContext(ctx, "SELECT 1"); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, ctx, tx, "SELECT 1")
 			waiting := make(chan error, 1)
 			if q == 1 {
 				go func() {
@@ -255,10 +254,7 @@ func TestTwoPreparesOfOneTextLeaveAsManyServerStatementsThroughTheGateAsWithout(
 					counts[i] = steps(t, db)
 					continue
 				}
-				c, err := db.Conn(seamCtx(t))
-				if err != nil {
-					t.Fatal(err)
-				}
+				c := testkit.Conn(t, seamCtx(t), db)
 				counts[i] = steps(t, c)
 				if err := c.Close(); err != nil {
 					t.Fatal(err)
@@ -288,9 +284,7 @@ func TestPgxBeforeAndAfterConnectRunOncePerExecWithNoIdleConnectionAsWithoutTheG
 		_, db := seamOpen(t, inner, i == 1)
 		db.SetMaxIdleConns(0)
 		for range 2 {
-			if _, err := db.ExecContext(ctx, "select 1"); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, ctx, db, "select 1")
 		}
 		got[i] = [2]int64{before.Load(), after.Load()}
 	}
@@ -431,10 +425,7 @@ func TestASQLConnOfAFleetMemberNeverMovesToAnotherBackendAfterAStatementCutOffBy
 
 			// Closed last: Raw may be waiting for the tag's lock until the
 			// holder below gives it up.
-			conn, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			conn := testkit.Conn(t, ctx, db)
 			defer conn.Close()
 
 			// Another session holds the member's tag lock (Conns, id)
@@ -496,9 +487,7 @@ func TestASQLConnOfAFleetMemberNeverMovesToAnotherBackendAfterAStatementCutOffBy
 			})
 			if !rawEnded {
 				t.Logf("the tag waits for its lock under Raw: lock given up")
-				if _, err := holder.ExecContext(ctx, "SELECT pg_advisory_unlock($1::int4, $2::int4)", keys.Conns, m.Stats().ID); err != nil {
-					t.Fatal(err)
-				}
+				testkit.Exec(t, ctx, holder, "SELECT pg_advisory_unlock($1::int4, $2::int4)", keys.Conns, m.Stats().ID)
 				rawErr = <-rawDone
 			}
 			if rawErr != nil {
@@ -518,9 +507,7 @@ func TestASQLConnOfAFleetMemberNeverMovesToAnotherBackendAfterAStatementCutOffBy
 			if err := <-execDone; !errors.Is(err, context.Canceled) {
 				t.Fatalf("the statement cut off by its context: %v, want context.Canceled", err)
 			}
-			if _, err := holder.ExecContext(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, ctx, holder, "SELECT pg_advisory_unlock_all()")
 
 			// The same *sql.Conn: on the listening backend, or failing.
 			var answered int

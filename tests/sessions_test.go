@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dbbulkhead/bulkhead"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // A *sql.Conn kept for LISTEN holds a server connection outside any
@@ -31,9 +33,7 @@ func TestAListeningConnHoldsAServerConnectionButNoPermit(t *testing.T) {
 		if s := g.Stats(); s.OpenConns != 0 {
 			t.Fatalf("a *sql.Conn taken but unused: %d server connections, want 0", s.OpenConns)
 		}
-		if _, err := listener.ExecContext(ctx, "LISTEN "+channel); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, ctx, listener, "LISTEN "+channel)
 		// The LISTEN's permits are back; its server connection stays
 		// with the *sql.Conn.
 		if s := g.Stats(); s.Running != 0 || s.OpenConns != 1 || s.IdleConns != 0 {
@@ -61,9 +61,7 @@ func TestAListeningConnHoldsAServerConnectionButNoPermit(t *testing.T) {
 	t.Run("B=2, Q=2: load beside the listener", func(t *testing.T) {
 		g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second})
 		listener := takeConn(t, ctx, db)
-		if _, err := listener.ExecContext(ctx, "LISTEN "+channel); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, ctx, listener, "LISTEN "+channel)
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		outcomes := map[string]int{}
@@ -95,9 +93,7 @@ func TestAListeningConnHoldsAServerConnectionButNoPermit(t *testing.T) {
 			}
 		}
 		// The listener kept its session through the load.
-		if _, err := db.ExecContext(ctx, "NOTIFY "+channel+", 'hello'"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, ctx, db, "NOTIFY "+channel+", 'hello'")
 		err := listener.Raw(func(dc any) error {
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
@@ -130,10 +126,7 @@ func TestOperationsRunOneAtATimeStayOnTheServerConnectionGivenBackLast(t *testin
 	pids := map[int64]bool{}
 	var last int64
 	for range 4 {
-		c, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := testkit.Conn(t, ctx, db)
 		var pid int64
 		if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 			t.Fatal(err)

@@ -24,6 +24,7 @@ import (
 	"github.com/ngrok/sqlmw"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // sqlmwDSN is the test server's DSN with the test's application_name:
@@ -151,10 +152,7 @@ func TestSqlmwClaimsValidatorSoDatabaseSQLKeepsACancelledTransactionsDeadConnect
 		t.Run(c.name, func(t *testing.T) {
 			ctx := pgTestCtx(t)
 			db, serverConns := c.open(t)
-			conn, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			conn := testkit.Conn(t, ctx, db)
 			var validator bool
 			if err := conn.Raw(func(dc any) error { _, validator = dc.(driver.Validator); return nil }); err != nil {
 				t.Fatal(err)
@@ -168,10 +166,7 @@ func TestSqlmwClaimsValidatorSoDatabaseSQLKeepsACancelledTransactionsDeadConnect
 			// long BEGIN took on a busy machine.
 			txCtx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			tx, err := db.BeginTx(txCtx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tx := testkit.Begin(t, txCtx, db)
 			time.AfterFunc(50*time.Millisecond, cancel)
 			if _, err := tx.ExecContext(txCtx, "SELECT pg_sleep(1)"); !errors.Is(err, context.Canceled) {
 				t.Fatalf("statement whose transaction's context was cancelled: got %v, want context.Canceled", err)
@@ -273,13 +268,8 @@ func TestSqlmwWrapsADriverAndADSNSoAConnectorsSettingsAreLost(t *testing.T) {
 func TestTheGateOutsideSqlmwRejectsBeforeTheInterceptorSeesAnything(t *testing.T) {
 	ctx := pgTestCtx(t)
 	var l sqlmwLog
-	g, err := bulkhead.New(sqlmwConnector{sqlmw.Driver(stdlib.GetDefaultDriver(), &l), sqlmwDSN(t)},
+	g, db := gateOn(t, sqlmwConnector{sqlmw.Driver(stdlib.GetDefaultDriver(), &l), sqlmwDSN(t)},
 		bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	t.Cleanup(func() { db.Close() })
 	pgWarm(t, ctx, db, 2)
 
 	var v int
@@ -287,9 +277,7 @@ func TestTheGateOutsideSqlmwRejectsBeforeTheInterceptorSeesAnything(t *testing.T
 		t.Fatal(err)
 	}
 	tx := pgBegin(t, ctx, db)
-	if _, err := tx.ExecContext(ctx, "SELECT 2"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, tx, "SELECT 2")
 	seen := len(l.log())
 
 	// B is busy and the queue wait is 0: rejected by the gate's conn, on
@@ -310,9 +298,7 @@ func TestTheGateOutsideSqlmwRejectsBeforeTheInterceptorSeesAnything(t *testing.T
 	if err := <-waiting; err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.ExecContext(ctx, "SELECT 3"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, db, "SELECT 3")
 	want := []string{"query SELECT 1", "begin", "exec SELECT 2", "exec SELECT 'waits, then runs'", "exec SELECT 3"}
 	if got := l.log(); !slices.Equal(got, want) {
 		t.Errorf("the interceptor saw %q, want %q", got, want)

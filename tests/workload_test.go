@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // wlLatency summarises waits: count, p50, p99, max.
@@ -67,42 +68,33 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	ctx := t.Context()
 	batch := bulkhead.WithWorkload(ctx, "batch")
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
+	stop := make(chan struct{}) // closed before haltBatch: wakes a rejected worker
 	var batchOK, batchRejected, batchOther atomic.Int64
 	var batchErr atomic.Value
-	for range batchWorkers {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				err := pgTxSleep(batch, db, "0.2")
-				switch {
-				case err == nil:
-					batchOK.Add(1)
-				case errors.Is(err, bulkhead.ErrRejected):
-					var re *bulkhead.RejectedError
-					if errors.As(err, &re) && re.Workload != "batch" {
-						batchErr.Store(errors.New("batch rejected by the global budget: " + err.Error()))
-					}
-					batchRejected.Add(1)
-					// A rejected caller tries again once a batch
-					// transaction ended, instead of spinning.
-					select {
-					case <-stop:
-						return
-					case <-batchReleased:
-					}
-				default:
-					batchOther.Add(1)
-					batchErr.Store(err)
-				}
+	haltBatch := testkit.Repeat(batchWorkers, func(int) bool {
+		err := pgTxSleep(batch, db, "0.2")
+		switch {
+		case err == nil:
+			batchOK.Add(1)
+		case errors.Is(err, bulkhead.ErrRejected):
+			var re *bulkhead.RejectedError
+			if errors.As(err, &re) && re.Workload != "batch" {
+				batchErr.Store(errors.New("batch rejected by the global budget: " + err.Error()))
 			}
-		})
-	}
+			batchRejected.Add(1)
+			// A rejected caller tries again once a batch transaction
+			// ended, instead of spinning.
+			select {
+			case <-stop:
+				return false
+			case <-batchReleased:
+			}
+		default:
+			batchOther.Add(1)
+			batchErr.Store(err)
+		}
+		return true
+	})
 	// Interactive work starts once the batch workload is at its limit.
 	awaitState(t, "the batch workload runs at its limit with a full queue", func() bool {
 		ws, _ := g.WorkloadStats("batch")
@@ -132,7 +124,7 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	}
 	iwg.Wait()
 	close(stop)
-	wg.Wait()
+	haltBatch()
 	peakBatchServer, _, _ := stopPoll()
 
 	ws, _ := g.WorkloadStats("batch")

@@ -11,24 +11,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
-
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli/clitest"
 	"github.com/dbbulkhead/bulkhead/fleet"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // serverLimit reads max_connections − superuser_reserved_connections −
 // reserved_connections (where it exists) from the test server directly.
 func serverLimit(t *testing.T) (maxConns, available int) {
 	t.Helper()
-	db, err := sql.Open("pgx", clitest.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := openServer(t)
+	defer db.Close() // not kept while the test counts connections
 	q := `SELECT current_setting('max_connections')::int,
 		current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
 		- coalesce(current_setting('reserved_connections', true)::int, 0)`
@@ -80,18 +75,10 @@ func TestBudgetTakesConnectionsPerInstanceFromThePolicy(t *testing.T) {
 
 func TestBudgetListsConnectionsInUseByApplication(t *testing.T) {
 	url := clitest.PostgresURL(t)
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	probe := fmt.Sprintf("bulkhead_budget_probe_%d", os.Getpid()) // two test runs at once must not see each other's
-	cfg.RuntimeParams["application_name"] = probe
-	db := stdlib.OpenDB(*cfg)
+	db := sql.OpenDB(serverConnector(t, probe))
 	defer db.Close()
-	conn, err := db.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testkit.Conn(t, context.Background(), db)
 	defer conn.Close()
 	r := runOK(t, nil, "budget", "--dsn", url, "--conns-per-instance", "1")
 	if !strings.Contains(r.Stdout, probe) {
@@ -140,11 +127,7 @@ func TestBudgetRejectsBadInput(t *testing.T) {
 // the test ends.
 func joinFleet(t *testing.T, name string, p bulkhead.Policy) *fleet.Member {
 	t.Helper()
-	cfg, err := pgx.ParseConfig(clitest.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := fleet.Join(name, stdlib.GetConnector(*cfg), p, fleet.Interval(time.Hour))
+	m, err := fleet.Join(name, serverConnector(t, ""), p, fleet.Interval(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,19 +191,9 @@ func TestBudgetShowsALiveFleet(t *testing.T) {
 	// An orphan: a session tagged with the id of no member, in a
 	// transaction (a killed instance's work still running). It is counted
 	// against T with the slots.
-	orphan, err := sql.Open("pgx", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orphan.Close()
-	tx, err := orphan.BeginTx(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testkit.Begin(t, t.Context(), openServer(t))
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(t.Context(), "SELECT pg_advisory_lock_shared($1, 12345)", fleet.LockKeys(name).Conns); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, t.Context(), tx, "SELECT pg_advisory_lock_shared($1, 12345)", fleet.LockKeys(name).Conns)
 	r = runCmd(t, nil, "budget", "--dsn", url, "--fleet", name, "--max-concurrent", "4", "--max-queue", "0")
 	if r.Code != cli.ExitFinding || !strings.Contains(r.Stdout, "orphans: 1 busy connections beyond their instance's slots") || !strings.Contains(r.Stdout, "fleet: OVER T by 1 (4 slots held, 1 orphans, T=4)") {
 		t.Fatalf("T=4 against 4 slots held and an orphan: exit %d\n%s", r.Code, r.Stdout)
@@ -242,18 +215,13 @@ func TestBudgetCountsAnAdaptivePolicyAtItsCeiling(t *testing.T) {
 // outside its gate: the sessions holding its membership lock and its
 // anchor, read from pg_locks.
 func TestBudgetCountsTheSessionsEachFleetMemberHoldsOutsideItsGate(t *testing.T) {
-	url := clitest.PostgresURL(t)
 	name := fmt.Sprintf("budget-own-%d", os.Getpid())
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Second}
 	m := joinFleet(t, name, p)
 	if err := m.Sync(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := openServer(t)
 	k := fleet.LockKeys(name)
 	var held int
 	if err := db.QueryRowContext(t.Context(), `SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2

@@ -3,10 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli/clitest"
@@ -102,4 +107,30 @@ func TestCtrlCExits130AfterPrintingWhatWasMeasured(t *testing.T) {
 	clitest.WantCtrlC(t, bin, []string{"load", "--clients", "2", "--duration", "10m", "--hold", "2ms", "--deadline", "10m",
 		"--max-concurrent", "1", "--max-queue", "1", "--queue-wait", "10m", "--progress", "1ns"},
 		"gated ", "attempted", "(interrupted)")
+}
+
+// openServer opens an ungated *sql.DB on the test server, closed at the
+// end of the test.
+func openServer(t *testing.T) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", clitest.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// serverConnector is pgx's connector to the test server, with
+// application_name app unless app is "".
+func serverConnector(t *testing.T, app string) driver.Connector {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(clitest.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if app != "" {
+		cfg.RuntimeParams["application_name"] = app
+	}
+	return stdlib.GetConnector(*cfg)
 }

@@ -12,37 +12,43 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
-
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli"
 	"github.com/dbbulkhead/bulkhead/cmd/bulkhead/cli/clitest"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
-func TestPolicyPrintsTheDefaultsWhenNothingIsSet(t *testing.T) {
-	r := runQuiet(t, nil, "policy")
-	clitest.WantCells(t, r.Stdout,
-		"max concurrent (B) 10 default, BULKHEAD_MAX_CONCURRENT unset",
-		"max queue (Q) 10 default, BULKHEAD_MAX_QUEUE unset",
-		"queue wait 100ms default, BULKHEAD_QUEUE_WAIT unset",
-		"dry run false default, BULKHEAD_DRY_RUN unset",
-		"workloads none default, BULKHEAD_WORKLOADS unset",
-		"adaptive false default, BULKHEAD_ADAPTIVE unset",
-		"min concurrent none default, BULKHEAD_MIN_CONCURRENT unset: adaptive only",
-		"connections per instance 10 B = 10: the operations running and the free server connections the gate keeps for them, + 1 per *sql.Conn kept open and per Ping, Prepare or Raw running at once",
-	)
-}
-
-func TestPolicyPrintsWhatTheEnvironmentSets(t *testing.T) {
-	vars := map[string]string{cli.EnvMaxConcurrent: "4", cli.EnvQueueWait: "20ms"}
-	r := runOK(t, vars, "policy")
-	clitest.WantCells(t, r.Stdout,
-		"4 from BULKHEAD_MAX_CONCURRENT=4",
-		"10 default, BULKHEAD_MAX_QUEUE unset",
-		"20ms from BULKHEAD_QUEUE_WAIT=20ms",
-		"connections per instance 4 B = 4:",
-	)
+// policy prints each setting and where it came from: its default, with
+// the variable unset, or the variable's value.
+func TestPolicyPrintsEachSettingAndWhereItCameFrom(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		run   func(*testing.T, map[string]string, ...string) result
+		vars  map[string]string
+		cells []string
+	}{
+		{"defaults when nothing is set", runQuiet, nil, []string{
+			"max concurrent (B) 10 default, BULKHEAD_MAX_CONCURRENT unset",
+			"max queue (Q) 10 default, BULKHEAD_MAX_QUEUE unset",
+			"queue wait 100ms default, BULKHEAD_QUEUE_WAIT unset",
+			"dry run false default, BULKHEAD_DRY_RUN unset",
+			"workloads none default, BULKHEAD_WORKLOADS unset",
+			"adaptive false default, BULKHEAD_ADAPTIVE unset",
+			"min concurrent none default, BULKHEAD_MIN_CONCURRENT unset: adaptive only",
+			"connections per instance 10 B = 10: the operations running and the free server connections the gate keeps for them, + 1 per *sql.Conn kept open and per Ping, Prepare or Raw running at once",
+		}},
+		{"what the environment sets", runOK, map[string]string{cli.EnvMaxConcurrent: "4", cli.EnvQueueWait: "20ms"}, []string{
+			"4 from BULKHEAD_MAX_CONCURRENT=4",
+			"10 default, BULKHEAD_MAX_QUEUE unset",
+			"20ms from BULKHEAD_QUEUE_WAIT=20ms",
+			"connections per instance 4 B = 4:",
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clitest.WantCells(t, c.run(t, c.vars, "policy").Stdout, c.cells...)
+		})
+	}
 }
 
 func TestPolicyReportsTheLibraryErrorNamingTheVariable(t *testing.T) {
@@ -88,24 +94,9 @@ func TestPolicyCountsTheServerConnectionsAGateOfThePolicyKeeps(t *testing.T) {
 	}
 	printed, _ := strconv.Atoi(m[1])
 
-	url := clitest.PostgresURL(t)
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	app := fmt.Sprintf("bulkhead_policy_conns_%d", os.Getpid())
-	cfg.RuntimeParams["application_name"] = app
-	g, err := bulkhead.New(stdlib.GetConnector(*cfg), bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
-	ctl, err := sql.Open("pgx", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ctl.Close()
+	g, db := gatetest.Open(t, serverConnector(t, app), bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Second})
+	ctl := openServer(t)
 	ctx := t.Context()
 	server := func() int {
 		var n int
@@ -117,29 +108,19 @@ func TestPolicyCountsTheServerConnectionsAGateOfThePolicyKeeps(t *testing.T) {
 
 	var txs []*sql.Tx
 	for range b {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := testkit.Begin(t, ctx, db)
 		txs = append(txs, tx)
 	}
 	if n := server(); n != printed {
 		t.Errorf("policy prints %d connections per instance; B=%d transactions at once hold %d", printed, b, n)
 	}
 	for _, tx := range txs {
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Commit(t, tx)
 	}
 
-	kept, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kept := testkit.Conn(t, ctx, db)
 	defer kept.Close()
-	if _, err := kept.ExecContext(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, kept, "SELECT 1")
 	var wg sync.WaitGroup
 	for range 3 * (b + q) {
 		wg.Go(func() {

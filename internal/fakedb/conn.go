@@ -16,20 +16,6 @@ type Conn struct {
 	inTx bool
 }
 
-var (
-	_ driver.Conn               = (*Conn)(nil)
-	_ driver.ExecerContext      = (*Conn)(nil)
-	_ driver.Execer             = (*Conn)(nil)
-	_ driver.QueryerContext     = (*Conn)(nil)
-	_ driver.Queryer            = (*Conn)(nil)
-	_ driver.Pinger             = (*Conn)(nil)
-	_ driver.SessionResetter    = (*Conn)(nil)
-	_ driver.Validator          = (*Conn)(nil)
-	_ driver.NamedValueChecker  = (*Conn)(nil)
-	_ driver.ConnBeginTx        = (*Conn)(nil)
-	_ driver.ConnPrepareContext = (*Conn)(nil)
-)
-
 // ID numbers the connections of a Connector from 1 in Connect order.
 func (c *Conn) ID() int64 { return c.id }
 
@@ -134,14 +120,6 @@ type Stmt struct {
 	c   *Conn
 	sql string
 }
-
-var (
-	_ driver.Stmt              = (*Stmt)(nil)
-	_ driver.StmtExecContext   = (*Stmt)(nil)
-	_ driver.StmtQueryContext  = (*Stmt)(nil)
-	_ driver.NamedValueChecker = (*Stmt)(nil)
-	_ driver.ColumnConverter   = (*Stmt)(nil)
-)
 
 func (s *Stmt) Close() error { return s.c.fc.enter(bg, OpStmtClose, s.sql) }
 

@@ -41,15 +41,6 @@ type Rows struct {
 	row   int        // next row of it
 }
 
-var (
-	_ driver.RowsNextResultSet              = (*Rows)(nil)
-	_ driver.RowsColumnTypeScanType         = (*Rows)(nil)
-	_ driver.RowsColumnTypeDatabaseTypeName = (*Rows)(nil)
-	_ driver.RowsColumnTypeLength           = (*Rows)(nil)
-	_ driver.RowsColumnTypeNullable         = (*Rows)(nil)
-	_ driver.RowsColumnTypePrecisionScale   = (*Rows)(nil)
-)
-
 // rows returns query's rows in the variant of fc.Rows; it panics if that
 // is not one of RowsVariants.
 func (fc *Connector) rows(query string, args []driver.NamedValue) (driver.Rows, error) {

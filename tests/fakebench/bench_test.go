@@ -14,6 +14,7 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/gatetest"
 )
 
 // Benchmarks through database/sql, plain and gated side by side in the
@@ -34,15 +35,8 @@ func openBenchDBs(b *testing.B, inner func() driver.Connector, p bulkhead.Policy
 	b.Helper()
 	plain = sql.OpenDB(inner())
 	plain.SetMaxIdleConns(max(workers, 2))
-	g, err := bulkhead.New(inner(), p)
-	if err != nil {
-		b.Fatal(err)
-	}
-	gated = g.OpenDB()
-	b.Cleanup(func() {
-		plain.Close()
-		gated.Close()
-	})
+	b.Cleanup(func() { plain.Close() })
+	_, gated = gatetest.Open(b, inner(), p)
 	return plain, gated
 }
 
