@@ -24,7 +24,29 @@ const cancelRequestCode = 80877102
 // whatever that backend runs then.
 type lateCancels struct {
 	delay time.Duration
+	mu    sync.Mutex
+	ended bool // the test ended: nothing is delayed any more
 	wg    sync.WaitGroup
+}
+
+// later runs f on a goroutine the end of the test waits for, and reports
+// true, unless the test ended.
+func (l *lateCancels) later(f func()) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return false
+	}
+	l.wg.Go(f)
+	return true
+}
+
+// end waits for what later started; from then on nothing is delayed.
+func (l *lateCancels) end() {
+	l.mu.Lock()
+	l.ended = true
+	l.mu.Unlock()
+	l.wg.Wait()
 }
 
 func (l *lateCancels) dial(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -49,13 +71,15 @@ func (c *lateCancelConn) Write(b []byte) (int, error) {
 	c.written = true
 	if first && len(b) >= 8 && binary.BigEndian.Uint32(b[4:8]) == cancelRequestCode {
 		p := append([]byte(nil), b...)
-		c.sent = make(chan struct{})
-		c.l.wg.Go(func() {
-			defer close(c.sent)
+		sent := make(chan struct{})
+		if c.l.later(func() {
+			defer close(sent)
 			time.Sleep(c.l.delay)
 			c.Conn.Write(p)
-		})
-		return len(b), nil
+		}) {
+			c.sent = sent
+			return len(b), nil
+		}
 	}
 	return c.Conn.Write(b)
 }
@@ -64,12 +88,16 @@ func (c *lateCancelConn) Close() error {
 	if c.sent == nil {
 		return c.Conn.Close()
 	}
-	c.l.wg.Go(func() {
-		<-c.sent
+	sent := c.sent
+	if !c.l.later(func() {
+		<-sent
 		c.Conn.SetReadDeadline(time.Now().Add(time.Second))
 		c.Conn.Read(make([]byte, 1)) // the server's end of the request
 		c.Conn.Close()
-	})
+	}) {
+		<-sent
+		return c.Conn.Close()
+	}
 	return nil
 }
 
@@ -92,7 +120,7 @@ func TestACancelRequestTheServerTakesLateStopsNoLaterStatement(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			cfg, _ := pgConfig(t, "late")
 			late := &lateCancels{delay: c.delay}
-			t.Cleanup(late.wg.Wait)
+			t.Cleanup(late.end)
 			cfg.DialFunc = late.dial
 			g, db := openGate(t, cfg, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second})
 			if _, err := db.ExecContext(t.Context(), "SELECT 1"); err != nil {
