@@ -8,8 +8,10 @@ package tests
 import (
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -25,6 +27,30 @@ import (
 func estGate(t *testing.T, p bulkhead.Policy, opts ...bulkhead.Option) (*bulkhead.Gate, *sql.DB) {
 	t.Helper()
 	return gateOn(t, pgxgate.Connector(pgConfig(t)), p, opts...)
+}
+
+// estSlowCancels is a dialer whose cancel requests reach the server d late,
+// as a busy server's: a statement given up on holds its permits until the
+// server acknowledged its cancel request (pgxgate).
+func estSlowCancels(d time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		return &estSlowCancel{Conn: c, d: d}, err
+	}
+}
+
+type estSlowCancel struct {
+	net.Conn
+	d       time.Duration
+	written bool
+}
+
+func (c *estSlowCancel) Write(b []byte) (int, error) {
+	if !c.written && len(b) >= 8 && binary.BigEndian.Uint32(b[4:8]) == 80877102 { // a cancel request
+		time.Sleep(c.d)
+	}
+	c.written = true
+	return c.Conn.Write(b)
 }
 
 // estEveryOneMeasured is a policy of b permits under which every hold is
@@ -365,7 +391,9 @@ func TestOnPostgreSQLStatementsCancelledByTheirCallersDoNotRaiseTheirClassesEsti
 	ctx := pgTestCtx(t)
 	var h estHolds
 	const callers = 4
-	_, db := estGate(t, estEveryOneMeasured(callers), h.option())
+	cfg := pgConfig(t)
+	cfg.DialFunc = estSlowCancels(100 * time.Millisecond)
+	_, db := gateOn(t, pgxgate.Connector(cfg), estEveryOneMeasured(callers), h.option())
 	const query = "SELECT pg_sleep(0.01)"
 	alone := estCalibrate(t, ctx, db, &h, callers, 10, query)
 	d := 4 * estQuantile(alone, 0.5)
@@ -396,7 +424,7 @@ func TestOnPostgreSQLStatementsCancelledByTheirCallersDoNotRaiseTheirClassesEsti
 	}
 	wg.Wait()
 	mixed := h.take()
-	slow := 0 // holds through a cancel request: pgx pauses 100 ms after it
+	slow := 0 // holds through a cancel request, which the server acknowledges 100 ms late
 	for _, held := range mixed {
 		if held >= 50*time.Millisecond {
 			slow++
