@@ -13,9 +13,9 @@
 //     up to 8 with B=2 under a storm of cancellations). pgxgate installs
 //     its own context handling instead: a cancelled statement sends a
 //     cancel request and returns only once the server answered the
-//     statement and acknowledged the cancel request (at most
-//     DeadlineDelay: then the connection is closed), and the connection
-//     stays usable. A cancel request the server takes after the statement
+//     statement (within DeadlineDelay) and acknowledged the cancel
+//     request (within CancelGrace; else the connection is closed), and the
+//     connection stays usable. A cancel request the server takes after the statement
 //     ended would stop the connection's next statement, so the wait for
 //     its acknowledgement is not cut short (pgx's own handler stops
 //     waiting when the statement ends and sleeps 100 ms: under load, the
@@ -69,9 +69,13 @@ import (
 )
 
 // DeadlineDelay is how long, after a context ends, the server has to answer
-// the statement and acknowledge the cancel request before the connection
-// is closed.
+// the statement before the connection is closed.
 const DeadlineDelay = time.Second
+
+// CancelGrace bounds the wait for the server to acknowledge a cancel
+// request: one not acknowledged by then closes the connection. Under load,
+// PostgreSQL took up to 1.4 s to take some.
+const CancelGrace = 5 * time.Second
 
 // EndGrace bounds a COMMIT or ROLLBACK sent by pgxgate's connections: past
 // it, pgx sends a cancel request and, DeadlineDelay later, closes the
@@ -94,9 +98,9 @@ func WaitForServer(cfg *pgx.ConnConfig) {
 // request the server takes later would stop the connection's next
 // statement. pgx's CancelRequestContextWatcherHandler stops waiting when
 // the statement ends, then sleeps 100 ms. Within DeadlineDelay the server
-// answers the statement (else pgx closes the connection) and the cancel
-// request; one not acknowledged by then closes the connection, and its
-// next use fails before it sends anything.
+// answers the statement (else pgx closes the connection), and within
+// CancelGrace the cancel request; one not acknowledged by then closes the
+// connection, whose next use fails before it sends anything.
 type cancelHandler struct {
 	conn  *pgconn.PgConn
 	acked chan bool
@@ -107,7 +111,7 @@ func (h *cancelHandler) HandleCancel(context.Context) {
 	h.conn.Conn().SetDeadline(deadline)
 	h.acked = make(chan bool, 1)
 	go func() {
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		ctx, cancel := context.WithTimeout(context.Background(), CancelGrace)
 		defer cancel()
 		err := h.conn.CancelRequest(ctx) // nil also when its wait was cut off
 		h.acked <- err == nil && ctx.Err() == nil
