@@ -128,7 +128,10 @@ func TestFleetMemberWhoseSessionIsEndedUnderItStaysWithinItsSlots(t *testing.T) 
 		fallback, tries int
 	}{{0, 20}, {fleet.DefaultFallback, 10}} {
 		t.Run(fmt.Sprintf("fallback=%d", tc.fallback), func(t *testing.T) {
-			ctx := pgTestCtx(t)
+			// 20 tries of about a second each, three on a busy machine:
+			// more than pgTestCtx's 30 s.
+			ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+			defer cancel()
 			name := fleetName(t)
 			const total = 6
 			// The test's own statements apart from the operations the
