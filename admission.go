@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead/internal/adaptive"
+	"github.com/dbbulkhead/bulkhead/internal/estimate"
 )
 
 // The permit protocol: in each of its budgets in turn, its workload's if any,
@@ -39,14 +40,14 @@ type budget struct {
 	nAdmitted, nFull, nTimeout, nConnFailed, nCanceled, nWait, nWaitNanos, nWouldWait atomic.Int64
 
 	// Off the fields every operation touches; guarded by mu.
-	prio      int             // a workload's Priority: that of its operations in the global budget
-	recent    holdRing        // its operations' last holds, all classes together
-	granted   time.Time       // when a waiter was last granted its permit, the queue never empty since; zero: none
-	gap       time.Duration   // the moving average (1/gapWeight) of the time between two such grants; 0: none
-	peak      int             // the highest b in force lately, whose sessions the pool keeps (keepPeak)
-	peakAt    time.Time       // when b fell below peak
-	adapt     *adaptive.Limit // moves b within its ceiling; nil: b is the limit set
-	onMove    func(Move)      // Events.OnLimit, for the global budget; set by New
+	prio      int               // a workload's Priority: that of its operations in the global budget
+	recent    estimate.HoldRing // its operations' last holds, all classes together
+	granted   time.Time         // when a waiter was last granted its permit, the queue never empty since; zero: none
+	gap       time.Duration     // the moving average (1/gapWeight) of the time between two such grants; 0: none
+	peak      int               // the highest b in force lately, whose sessions the pool keeps (keepPeak)
+	peakAt    time.Time         // when b fell below peak
+	adapt     *adaptive.Limit   // moves b within its ceiling; nil: b is the limit set
+	onMove    func(Move)        // Events.OnLimit, for the global budget; set by New
 	nDeadline atomic.Int64
 	nLease    atomic.Int64
 	lease     time.Time   // when set, the instant b stops holding (Gate.CapUntil); then b ≤ leaseB
@@ -65,13 +66,13 @@ type waiter struct {
 	deadline   time.Time // its context's; zero: none
 	prio       int
 	granted    bool
-	lease      time.Time // the lease it was granted under
-	under      int       // the b it was granted under
-	cause      error     // why it was sent away; nil: it was not
-	shed       bool      // its admission permit passed on
-	class      classRef  // its class, whose estimate judges its deadline
-	probe      bool      // it goes whatever its deadline (classRef.refuse)
-	late       lateness  // ErrWouldMissDeadline: what it was judged on
+	lease      time.Time    // the lease it was granted under
+	under      int          // the b it was granted under
+	cause      error        // why it was sent away; nil: it was not
+	shed       bool         // its admission permit passed on
+	class      estimate.Ref // its class, whose estimate judges its deadline
+	probe      bool         // it goes whatever its deadline (estimate.Ref.Judge)
+	late       lateness     // ErrWouldMissDeadline: what it was judged on
 }
 
 func newBudget(name string) *budget {
@@ -220,7 +221,7 @@ func (l *budget) tryAcquire() (ok, measure bool, lease time.Time, under int) {
 	if ok {
 		l.admitted++
 		l.running++
-		measure = l.adapt != nil || l.running == l.b && l.recent.n > 0
+		measure = l.adapt != nil || l.running == l.b && l.recent.Len() > 0
 		lease, under = l.lease, l.b
 	}
 	l.mu.Unlock()
@@ -279,7 +280,7 @@ func (l *budget) observeLocked(held, base time.Duration, under int) (moved bool)
 	if held < 0 { // a lower bound, often short (it started late): no measure of the holds ahead
 		held, base = -held, 0
 	} else {
-		l.recent.add(held)
+		l.recent.Add(held)
 	}
 	if l.adapt != nil {
 		if b, ok := l.adapt.Observe(held, base, under, l.b, l.running+1 >= l.b, l.waiting > 0); ok {
@@ -302,7 +303,7 @@ type lateness struct{ hold, ahead, left time.Duration }
 // refused confirms, with its class, the refusal ps's plan at now makes for
 // its deadline; false makes ps its class's probe.
 func (late lateness) refused(ps *passage, now time.Time) bool {
-	refuse, _ := ps.class.judge(now, ps.deadline, late.ahead)
+	refuse, _ := ps.class.Judge(now, ps.deadline, late.ahead)
 	return refuse
 }
 
@@ -320,7 +321,7 @@ func (l *budget) grantLocked() {
 			if now.IsZero() {
 				now = time.Now()
 			}
-			if late, e := w.class.judge(now, w.deadline, 0); late {
+			if late, e := w.class.Judge(now, w.deadline, 0); late {
 				w.late = lateness{hold: e, left: w.deadline.Sub(now)}
 				w.sendAway(ErrWouldMissDeadline)
 				continue
@@ -416,7 +417,7 @@ func (l *budget) stats(s *Stats) {
 	l.mu.Lock()
 	l.leaseLocked() // a lapsed lease shows as the B in force
 	s.MaxConcurrent, s.MaxQueue, s.QueueWait, s.DryRun = l.b, l.qLocked(), l.wait, l.dryRun
-	s.Running, s.Waiting, s.Hold = l.running, l.waiting, l.recent.median
+	s.Running, s.Waiting, s.Hold = l.running, l.waiting, l.recent.Median()
 	if l.adapt != nil {
 		s.LastMove = Move(l.adapt.Last())
 	}
@@ -434,14 +435,14 @@ type passage struct {
 	prio        int           // its workload's Priority
 	start       time.Time     // set when it first has to wait
 	timer       *time.Timer
-	timerEnd    time.Time // when timer fires
-	lease       time.Time // the lease its last execution permit was granted under
-	under       int       // the b its last execution permit was granted under
-	class       classRef  // its class, whose estimate judges its deadline
-	probe       bool      // it goes whatever its deadline (classRef.refuse)
-	late        lateness  // ErrWouldMissDeadline: what it was judged on
-	over        bool      // dry-run: the last budget taken had its admission full
-	wouldReject bool      // dry-run: admission was full, the rejection not made
+	timerEnd    time.Time    // when timer fires
+	lease       time.Time    // the lease its last execution permit was granted under
+	under       int          // the b its last execution permit was granted under
+	class       estimate.Ref // its class, whose estimate judges its deadline
+	probe       bool         // it goes whatever its deadline (estimate.Ref.Judge)
+	late        lateness     // ErrWouldMissDeadline: what it was judged on
+	over        bool         // dry-run: the last budget taken had its admission full
+	wouldReject bool         // dry-run: admission was full, the rejection not made
 }
 
 // before reports whether ps goes before waiter w: of a higher priority, or
@@ -684,14 +685,14 @@ func (l *budget) planLocked(ps *passage, now time.Time) (waitEnd, time.Duration)
 	if ps.deadline.IsZero() || ps.probe {
 		return end, end.at.Sub(now)
 	}
-	if e, ok := ps.class.estimate(now); ok {
+	if e, ok := ps.class.Estimate(now); ok {
 		behind := 0
 		for w := l.tail; w != nil && ps.before(w); w = w.prev {
 			behind++
 		}
 		per := l.gap
 		if per == 0 {
-			per = l.recent.median / time.Duration(max(l.b, 1))
+			per = l.recent.Median() / time.Duration(max(l.b, 1))
 		}
 		ahead := time.Duration(l.waiting-behind+1) * per
 		if now.Add(ahead + e).After(ps.deadline) {
@@ -739,7 +740,7 @@ type permit struct {
 	kind     Kind
 	measure  bool    // its hold time is measured (see tryAcquire); beside kind, so that it takes no room of its own
 	probe    bool    // it went as its class's probe, whatever its deadline
-	within   uint8   // a transaction's class by the time its caller left it (leftClass); 0: not worked out yet
+	within   uint8   // a transaction's class by the time its caller left it (estimate.LeftClass); 0: not worked out yet
 	wl       *budget // the workload's budget, nil for none
 	waited   time.Duration
 	start    time.Time       // set when the hold time is measured or OnRelease needs it
@@ -749,20 +750,20 @@ type permit struct {
 	ctx      context.Context // its context: a hold cut off by the caller tells nothing of the work
 	text     string          // its statement's text; "" for a transaction
 	first    string          // a transaction's first statement's text, once it ran
-	class    classRef        // its class, once looked up
+	class    estimate.Ref    // its class, once looked up
 	timer    *time.Timer     // the hold warning, if set
 }
 
 // key is p's class: the statement's text, or the transaction's workload
 // and the time left it as it arrived (after p.start is set, if not before).
-func (p *permit) key() classKey {
+func (p *permit) key() estimate.Key {
 	if p.kind == KindTx {
 		if p.within == 0 && !p.deadline.IsZero() {
-			p.within = leftClass(p.deadline.Sub(p.start) + p.waited)
+			p.within = estimate.LeftClass(p.deadline.Sub(p.start) + p.waited)
 		}
-		return classKey{kind: KindTx, workload: p.workloadName(), within: p.within}
+		return estimate.Key{Kind: uint8(KindTx), Workload: p.workloadName(), Within: p.within}
 	}
-	return classKey{kind: p.kind, text: p.text}
+	return estimate.Key{Kind: uint8(p.kind), Text: p.text}
 }
 
 // acquire takes the permits of an operation of kind k running text ("" for
@@ -774,7 +775,7 @@ func (g *Gate) acquire(ctx context.Context, k Kind, text string, p *permit) erro
 	if wl == nil && o.workload != "" {
 		g.unknownWorkload(o.workload)
 	}
-	p.kind, p.wl, p.waited, p.ctx, p.text, p.first, p.class, p.probe, p.within = k, wl, 0, ctx, text, "", classRef{}, false, 0
+	p.kind, p.wl, p.waited, p.ctx, p.text, p.first, p.class, p.probe, p.within = k, wl, 0, ctx, text, "", estimate.Ref{}, false, 0
 	dl, _ := ctx.Deadline()
 	p.deadline = dl
 	if wl == nil && o.wait < 0 && ctx.Err() == nil {
@@ -792,9 +793,9 @@ func (g *Gate) acquire(ctx context.Context, k Kind, text string, p *permit) erro
 	ps := passage{limit: o.wait, deadline: dl}
 	if !dl.IsZero() {
 		if k == KindTx {
-			p.within = leftClass(time.Until(dl))
+			p.within = estimate.LeftClass(time.Until(dl))
 		}
-		p.class = g.est.ref(p.key(), false)
+		p.class = g.est.Ref(p.key(), false)
 		ps.class = p.class
 	}
 	if ps.limit < 0 || wl != nil {
@@ -837,7 +838,7 @@ func (p *permit) workloadName() string {
 // as admitted; or gives its permits back and returns a rejection, nothing of
 // it sent, if its lease ran out meanwhile or it would now miss its deadline.
 func (g *Gate) admitted(p *permit) error {
-	dl, top := p.deadline, g.est.top.Load()
+	dl, top := p.deadline, g.est.Top()
 	if p.measure || g.opt.events.OnRelease != nil || top > 0 && !dl.IsZero() {
 		p.start = time.Now()
 	}
@@ -845,11 +846,11 @@ func (g *Gate) admitted(p *permit) error {
 	inc := func(l *budget) { l.nLease.Add(1) }
 	if !p.lease.IsZero() && leaseOver(p.lease) {
 		re = g.global.rejection(ErrLeaseExpired, lateness{})
-	} else if top > 0 && !dl.IsZero() && p.start.Add(time.Duration(top)).After(dl) {
-		if p.class.c == nil { // no class holds longer than top: only then is it looked up
-			p.class = g.est.ref(p.key(), false)
+	} else if top > 0 && !dl.IsZero() && p.start.Add(top).After(dl) {
+		if !p.class.Found() { // no class holds longer than top: only then is it looked up
+			p.class = g.est.Ref(p.key(), false)
 		}
-		if late, e := p.class.judge(p.start, dl, 0); late {
+		if late, e := p.class.Judge(p.start, dl, 0); late {
 			re = g.global.rejection(ErrWouldMissDeadline, lateness{hold: e, left: dl.Sub(p.start)})
 			inc = func(l *budget) { l.nDeadline.Add(1) }
 		} else if e > 0 && p.start.Add(e).After(dl) {
@@ -925,13 +926,13 @@ func (g *Gate) release(p *permit) {
 			held = 0 // its caller gave up: the hold tells nothing of the work
 		}
 		if p.measure && held > 0 {
-			if p.class.c == nil {
-				p.class = g.est.ref(p.key(), true)
+			if !p.class.Found() {
+				p.class = g.est.Ref(p.key(), true)
 			}
-			base = g.est.observe(p.class, held, cut, p.probe, p.start, end)
+			base = g.est.Observe(p.class, held, cut, p.probe, p.start, end)
 			if p.first != "" { // a transaction of its workload, and of its first statement: that one's base tells its work
-				first := g.est.ref(classKey{kind: KindTx, workload: p.workloadName(), text: p.first}, true)
-				base = g.est.observe(first, held, cut, false, p.start, end)
+				first := g.est.Ref(estimate.Key{Kind: uint8(KindTx), Workload: p.workloadName(), Text: p.first}, true)
+				base = g.est.Observe(first, held, cut, false, p.start, end)
 			}
 		}
 		if cut {
@@ -947,5 +948,5 @@ func (g *Gate) release(p *permit) {
 	if p.wl != nil {
 		p.wl.releaseHold(held, base, -1)
 	}
-	p.ctx, p.class = nil, classRef{}
+	p.ctx, p.class = nil, estimate.Ref{}
 }

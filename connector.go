@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dbbulkhead/bulkhead/internal/estimate"
 )
 
 // Gate is a driver.Connector that passes every operation of its *sql.DB
@@ -26,7 +28,7 @@ type Gate struct {
 	err    error // an invalid policy's or option's (see Connector): Connect returns it
 	opt    options
 	global *budget
-	est    *estimator
+	est    *estimate.Estimator
 	pool   *pool
 	stmts  statements
 
@@ -130,7 +132,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gate{inner: inner, global: newBudget(""), est: newEstimator(), capB: -1, capQ: -1, budgets: map[string]*budget{}}
+	g := &Gate{inner: inner, global: newBudget(""), est: estimate.New(), capB: -1, capQ: -1, budgets: map[string]*budget{}}
 	g.opt.dialTimeout = 30 * time.Second
 	for _, o := range opts {
 		o(&g.opt)
@@ -155,7 +157,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 func Connector(inner driver.Connector, p Policy, opts ...Option) *Gate {
 	g, err := New(inner, p, opts...)
 	if err != nil {
-		g = &Gate{inner: inner, err: err, global: newBudget(""), est: newEstimator(), pool: &pool{connector: inner}, policy: p}
+		g = &Gate{inner: inner, err: err, global: newBudget(""), est: estimate.New(), pool: &pool{connector: inner}, policy: p}
 	}
 	return g
 }

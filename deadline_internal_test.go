@@ -13,7 +13,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -22,38 +21,39 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/dbbulkhead/bulkhead/internal/estimate"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
 // dlEstimated returns a new estimator and its class "work", whose last
 // holds were all d, measured now.
-func dlEstimated(d time.Duration) (*estimator, classRef) {
-	e := newEstimator()
-	r := e.ref(classKey{kind: KindExec, text: "work"}, true)
+func dlEstimated(d time.Duration) (*estimate.Estimator, estimate.Ref) {
+	e := estimate.New()
+	r := e.Ref(estimate.Key{Kind: uint8(KindExec), Text: "work"}, true)
 	now := time.Now()
-	for range holdSamples {
-		e.observe(r, d, false, false, now, now)
+	for range estimate.HoldSamples {
+		e.Observe(r, d, false, false, now, now)
 	}
 	return e, r
 }
 
 // dlClass is the class of dlEstimated(d).
-func dlClass(d time.Duration) classRef {
+func dlClass(d time.Duration) estimate.Ref {
 	_, r := dlEstimated(d)
 	return r
 }
 
 // dlAcquire takes both permits of l as a gate's passage does, with l's
 // queue wait, ctx's deadline and class c, counting the operation as admitted.
-func dlAcquire(ctx context.Context, l *budget, c classRef) (waited time.Duration, err error) {
+func dlAcquire(ctx context.Context, l *budget, c estimate.Ref) (waited time.Duration, err error) {
 	ps := passage{class: c}
 	ps.deadline, _ = ctx.Deadline()
 	return admPass(ctx, l, ps)
 }
 
 // dlGo starts dlAcquire in a goroutine; its result arrives on the channel.
-func dlGo(ctx context.Context, l *budget, c classRef) <-chan admResult {
+func dlGo(ctx context.Context, l *budget, c estimate.Ref) <-chan admResult {
 	ch := make(chan admResult, 1)
 	go func() {
 		w, err := dlAcquire(ctx, l, c)
@@ -64,7 +64,7 @@ func dlGo(ctx context.Context, l *budget, c classRef) <-chan admResult {
 
 // dlQueue starts dlAcquire with ctx and returns once it waits, the
 // (n)th waiter of l.
-func dlQueue(t *testing.T, ctx context.Context, l *budget, c classRef, n int) <-chan admResult {
+func dlQueue(t *testing.T, ctx context.Context, l *budget, c estimate.Ref, n int) <-chan admResult {
 	t.Helper()
 	ch := dlGo(ctx, l, c)
 	admWaitFor(t, func() bool {
@@ -90,8 +90,8 @@ func dlNone(t *testing.T, what string, ch <-chan admResult) {
 // operation ahead adds, per execution permit.
 func dlSetRecent(l *budget, d time.Duration) {
 	l.mu.Lock()
-	for range holdSamples {
-		l.recent.add(d)
+	for range estimate.HoldSamples {
+		l.recent.Add(d)
 	}
 	l.mu.Unlock()
 }
@@ -155,7 +155,7 @@ func TestWithoutADeadlineOrAnEstimateAnOperationWaitsItsTurn(t *testing.T) {
 	admMustAcquire(t, l)
 	dlSetRecent(l, time.Hour)
 	none := dlQueue(t, context.Background(), l, dlClass(time.Hour), 1)
-	unmeasured := dlQueue(t, dlDeadline(t, time.Minute), l, classRef{}, 2)
+	unmeasured := dlQueue(t, dlDeadline(t, time.Minute), l, estimate.Ref{}, 2)
 	for _, ch := range []<-chan admResult{unmeasured, none} {
 		l.release(0)
 		if r := testkit.Recv(t, "waiter", ch); r.err != nil {
@@ -177,7 +177,7 @@ func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
 	c := dlClass(time.Minute)
 	var queued []<-chan admResult
 	for i := range 3 {
-		queued = append(queued, dlQueue(t, dlDeadline(t, 14*time.Minute), l, classRef{}, i+1))
+		queued = append(queued, dlQueue(t, dlDeadline(t, 14*time.Minute), l, estimate.Ref{}, i+1))
 	}
 	// Four to be served at 10m per permit, 2 permits: 20m, then its minute.
 	ch := dlGo(dlDeadline(t, 15*time.Minute), l, c)
@@ -207,18 +207,15 @@ func TestAWaiterThatCanNoLongerMakeItsDeadlineIsSentAwayAtItsTurn(t *testing.T) 
 	synctest.Test(t, func(t *testing.T) {
 		l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
 		admMustAcquire(t, l)
-		c := dlClass(10 * time.Second)
+		e, c := dlEstimated(10 * time.Second)
 		w1 := dlGo(dlDeadline(t, 90*time.Second), l, c) // room for 10s now
 		synctest.Wait()
 		w2 := dlGo(context.Background(), l, c)
 		synctest.Wait()
 		time.Sleep(45 * time.Second)
 		now := time.Now()
-		for range holdSamples {
-			c.set.mu.Lock() // its class's work now holds a minute
-			c.c.holds[c.c.next], c.c.next = time.Minute, (c.c.next+1)%holdSamples
-			c.c.est, c.c.last = time.Minute, now
-			c.set.mu.Unlock()
+		for range estimate.HoldSamples { // its class's work now holds a minute
+			e.Observe(c, time.Minute, false, false, now, now)
 		}
 		dlNone(t, "w1", w1)
 		l.release(0) // w1's turn: 45s left for a hold of 1m
@@ -292,185 +289,6 @@ func TestADeadlineRejectionInTheSecondBudgetGivesBackTheFirstsPermits(t *testing
 		t.Fatalf("workload budget %+v after the rejection, want nothing held", s)
 	}
 	gl.release(0)
-}
-
-// ---- the estimates ----
-
-// A class's estimate is the median of its last holds: one outlier, or
-// three, leave it; five of eight move it.
-func TestAClassEstimateIsTheMedianOfItsLastHoldsThatNoOutlierLifts(t *testing.T) {
-	e := newEstimator()
-	r := e.ref(classKey{kind: KindExec, text: "work"}, true)
-	now := time.Now()
-	type holds struct {
-		d time.Duration
-		n int
-	}
-	for _, step := range []struct {
-		add  []holds
-		want time.Duration
-		when string
-	}{
-		{[]holds{{time.Millisecond, 1}}, time.Millisecond, "after one hold of 1ms"},
-		{[]holds{{time.Second, 1}}, time.Millisecond, "after 1ms then 1s (one outlier lifts nothing)"},
-		{[]holds{{time.Millisecond, 6}, {time.Second, 3}}, time.Millisecond, "with 3 of its last 8 holds at 1s"},
-		{[]holds{{time.Second, 2}}, time.Second, "with 5 of its last 8 holds at 1s"},
-	} {
-		for _, h := range step.add {
-			for range h.n {
-				e.observe(r, h.d, false, false, now, now)
-			}
-		}
-		if d, _ := r.estimate(now); d != step.want {
-			t.Fatalf("estimate %v %s, want %v", d, step.when, step.want)
-		}
-	}
-}
-
-// Holds cut off at their deadline lift the estimate only after two in a
-// row, the second begun after the first was cut off: one stall that cuts
-// off every operation running is one outlier.
-func TestOneStallThatCutsOffAllThatRunsDoesNotLiftTheEstimate(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e, r := dlEstimated(time.Millisecond)
-		start := time.Now()
-		time.Sleep(20 * time.Millisecond) // a stall: four running, each cut off at its 20ms deadline
-		for range 4 {
-			e.observe(r, 20*time.Millisecond, true, false, start, time.Now())
-		}
-		if d, _ := r.estimate(time.Now()); d != time.Millisecond {
-			t.Fatalf("estimate %v after one stall cut off four operations, want 1ms still", d)
-		}
-		start = time.Now()
-		time.Sleep(20 * time.Millisecond) // cut off again, begun after the stall
-		e.observe(r, 20*time.Millisecond, true, false, start, time.Now())
-		if d, _ := r.estimate(time.Now()); d != 20*time.Millisecond {
-			t.Fatalf("estimate %v after a second cut-off begun after the first, want 20ms", d)
-		}
-	})
-}
-
-// No refusal without fresh evidence: an estimate whose last hold is older
-// than max(1s, 4 × the estimate) refuses nothing.
-func TestAnEstimateWithNoRecentHoldRefusesNothing(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		for _, c := range []struct{ hold, stale time.Duration }{
-			{10 * time.Millisecond, staleAfter},
-			{time.Second, 4 * time.Second},
-		} {
-			r := dlClass(c.hold)
-			time.Sleep(c.stale)
-			if _, ok := r.estimate(time.Now()); !ok {
-				t.Fatalf("hold %v: no estimate %v after its last hold, want one", c.hold, c.stale)
-			}
-			time.Sleep(time.Nanosecond)
-			if d, ok := r.estimate(time.Now()); ok {
-				t.Fatalf("hold %v: estimate %v past %v after its last hold, want none", c.hold, d, c.stale)
-			}
-		}
-	})
-}
-
-// While a class refuses the callers with little time left, the holds of
-// its operations that had enough time are no probes: however slow, they
-// do not put the next probe off.
-func TestHoldsOfOperationsNotRefusedDoNotPutAProbeOff(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e, r := dlEstimated(200 * time.Millisecond)
-		left := 100 * time.Millisecond
-		if late, _ := r.judge(time.Now(), time.Now().Add(left), 0); !late {
-			t.Fatal("100ms left for work of 200ms: let go, want it refused")
-		}
-		time.Sleep(10 * time.Millisecond)
-		start := time.Now() // a caller given a second, let go
-		time.Sleep(200 * time.Millisecond)
-		e.observe(r, 200*time.Millisecond, false, false, start, time.Now())
-		time.Sleep(probeGap - 210*time.Millisecond)
-		if late, _ := r.judge(time.Now(), time.Now().Add(left), 0); late {
-			t.Fatalf("probeGap after the first refusal: refused, want a probe")
-		}
-	})
-}
-
-// While its work is refused, a class lets one operation go probeGap after
-// the first refusal, then probeGap after the last probe ended, however slow
-// the probes found the work; a probe that held under the estimate restarts
-// it, and holds of operations started before that tell nothing. A hold cut
-// off at its deadline only raises the estimate.
-func TestARefusedClassLetsAProbeGoAndAFastOneRestartsItsEstimate(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e, r := dlEstimated(2 * time.Second)
-		old := time.Now() // of the holds: the fake clock has not moved
-		due := func() time.Time { return time.Now().Add(time.Second) }
-		refused := func() bool {
-			late, _ := r.judge(time.Now(), due(), 0)
-			return late
-		}
-		if !refused() {
-			t.Fatal("the first refusal: let go, want it refused")
-		}
-		for i := range 4 { // probes that find the work as slow
-			time.Sleep(probeGap - time.Millisecond)
-			if !refused() {
-				t.Fatalf("before probe %d: let go, want it refused", i)
-			}
-			time.Sleep(time.Millisecond)
-			probe := time.Now()
-			if refused() {
-				t.Fatalf("probeGap after the last probe ended, probe %d: refused, want it let go", i)
-			}
-			time.Sleep(time.Second) // cut off at its deadline: only a lower bound, as slow
-			e.observe(r, time.Second, true, true, probe, time.Now())
-			if d, _ := r.estimate(time.Now()); d != 2*time.Second {
-				t.Fatalf("estimate %v after a probe cut off at 1s, want 2s still", d)
-			}
-		}
-		time.Sleep(probeGap)
-		probe := time.Now()
-		if refused() {
-			t.Fatal("at probeGap: refused, want a probe")
-		}
-		time.Sleep(5 * time.Millisecond)
-		e.observe(r, 5*time.Millisecond, false, true, probe, time.Now()) // the probe: fast
-		if d, _ := r.estimate(time.Now()); d != 5*time.Millisecond {
-			t.Fatalf("estimate %v after a fast probe, want it restarted at 5ms", d)
-		}
-		e.observe(r, 2*time.Second, false, false, old, time.Now()) // started before: tells nothing
-		if d, _ := r.estimate(time.Now()); d != 5*time.Millisecond {
-			t.Fatalf("estimate %v after an old hold, want 5ms still", d)
-		}
-		if refused() {
-			t.Fatal("a deadline a second away for work of 5ms: refused")
-		}
-	})
-}
-
-// The classes are bounded: a gate keeps classSets×2 of them, the least
-// recently measured of a set out; a reference to an evicted class records
-// nothing into its successor.
-func TestClassesAreBoundedAndAnEvictedOneRecordsNothing(t *testing.T) {
-	e := newEstimator()
-	now := time.Now()
-	first := e.ref(classKey{kind: KindExec, text: "first"}, true)
-	e.observe(first, time.Millisecond, false, false, now, now)
-	refs := map[*class]classRef{}
-	for i := range 20 * classSets {
-		r := e.ref(classKey{kind: KindExec, text: fmt.Sprint("text ", i)}, true)
-		e.observe(r, time.Millisecond, false, false, now, now.Add(time.Duration(i+1)))
-		refs[r.c] = r
-	}
-	if len(refs) > 2*classSets {
-		t.Fatalf("%d class slots used, want at most %d", len(refs), 2*classSets)
-	}
-	if r := e.ref(classKey{kind: KindExec, text: "first"}, false); r.c != nil {
-		t.Fatal("the first class, least recently measured, is still kept")
-	}
-	e.observe(first, time.Hour, false, false, now, now) // its slot has another class now
-	for _, r := range refs {
-		if d, _ := r.estimate(now.Add(time.Hour)); d == time.Hour {
-			t.Fatal("an evicted class's reference recorded into its successor")
-		}
-	}
 }
 
 // ---- through a gate on the fake driver ----
@@ -839,8 +657,8 @@ func TestACallCancelledByItsCallerDoesNotRaiseItsClassesEstimate(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		r := g.est.ref(classKey{kind: KindExec, text: "sleep 9ms"}, false)
-		if d, ok := r.estimate(time.Now()); !ok || d > 9*time.Millisecond {
+		r := g.est.Ref(estimate.Key{Kind: uint8(KindExec), Text: "sleep 9ms"}, false)
+		if d, ok := r.Estimate(time.Now()); !ok || d > 9*time.Millisecond {
 			t.Fatalf("estimate %v (%v) after statements of 9ms, half cancelled by their callers; want 9ms at most", d, ok)
 		}
 	})
@@ -902,17 +720,17 @@ func TestTheFastPathMeasuresTheOperationThatTakesTheLastPermit(t *testing.T) {
 
 // Through database/sql: an operation that finds a permit free but whose
 // deadline is closer than its class's hold is refused once it holds its
-// server connection, before the driver sees it; after probeGap of such
+// server connection, before the driver sees it; after estimate.ProbeGap of such
 // refusals, one goes as a probe, and its hold, measured though it took no
 // last permit, restarts the estimate when fast.
 func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var ev dlRejects
 		_, g, db, fc := dlWorkGate(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, ev.option())
-		r := g.est.ref(classKey{kind: KindExec, text: "sleep 1ms"}, true)
+		r := g.est.Ref(estimate.Key{Kind: uint8(KindExec), Text: "sleep 1ms"}, true)
 		now := time.Now()
-		for range holdSamples {
-			g.est.observe(r, time.Minute, false, false, now, now) // its class held a minute
+		for range estimate.HoldSamples {
+			g.est.Observe(r, time.Minute, false, false, now, now) // its class held a minute
 		}
 		execs := fc.Count(fakedb.OpExec)
 		ctx := dlDeadline(t, time.Second)
@@ -923,11 +741,11 @@ func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *te
 		if n := fc.Count(fakedb.OpExec) - execs; n != 0 {
 			t.Fatalf("the driver saw %d execs of refused operations, want 0", n)
 		}
-		time.Sleep(probeGap)
+		time.Sleep(estimate.ProbeGap)
 		if _, err := db.ExecContext(ctx, "sleep 1ms"); err != nil {
-			t.Fatalf("after probeGap of refusals: %v, want it run as a probe", err)
+			t.Fatalf("after estimate.ProbeGap of refusals: %v, want it run as a probe", err)
 		}
-		if d, _ := r.estimate(time.Now()); d != time.Millisecond {
+		if d, _ := r.Estimate(time.Now()); d != time.Millisecond {
 			t.Fatalf("estimate %v after the probe's 1ms, want it restarted from it", d)
 		}
 		if _, err := db.ExecContext(ctx, "sleep 1ms"); err != nil {

@@ -8,7 +8,7 @@ import "time"
 // gets the most goodput: work done within deadlines per second, by Little's
 // law: with every permit busy, limit·Σbase/Σheld over a window of
 // completions, each weighed by its class's base hold (its work with nothing
-// queued, estimate.go), so that which classes a window happened to hold
+// queued, package estimate), so that which classes a window happened to hold
 // does not move it; one cut off at its deadline did no work. A
 // window is max(8, 4·limit) completions of operations granted their
 // permits under the limit, and half as many in effect when their
@@ -27,7 +27,7 @@ import "time"
 // slowGain of what it could (slow start). Past it, the operations waiting
 // inside the database, limit·(1 − mean(base/held)) with each hold against
 // its class's base hold (the least estimate its class of work had,
-// estimate.go: its work with nothing queued; TCP Vegas's estimate, which a
+// package estimate: its work with nothing queued; TCP Vegas's estimate, which a
 // mix of short and long work does not fool), call for a step down above
 // one, a step up under a third, and otherwise a step up every exploreEvery
 // windows, or at once after a step up that was kept: for work whose holds
