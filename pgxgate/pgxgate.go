@@ -13,14 +13,14 @@
 //     up to 8 with B=2 under a storm of cancellations). pgxgate installs
 //     its own context handling instead: a cancelled statement sends a
 //     cancel request and returns only once the server answered the
-//     statement (within DeadlineDelay) and acknowledged the cancel
-//     request (within CancelGrace; else the connection is closed), and the
-//     connection stays usable. A cancel request the server takes after the statement
-//     ended would stop the connection's next statement, so the wait for
-//     its acknowledgement is not cut short (pgx's own handler stops
-//     waiting when the statement ends and sleeps 100 ms: under load, the
-//     next caller's statement failed with 57014). A cancelled operation
-//     holds its permits until then.
+//     statement (within DeadlineDelay) and acknowledged the cancel request
+//     (within CancelGrace; else the connection is closed), and the
+//     connection stays usable. A cancel request the server takes after
+//     the statement ended would stop the connection's next statement, so
+//     the wait for its acknowledgement is not cut short (pgx's own handler
+//     stops waiting when the statement ends and sleeps 100 ms: under load,
+//     the next caller's statement failed with 57014). A cancelled
+//     operation holds its permits until then.
 //   - The end of a transaction: pgx's Commit and Rollback run with the
 //     context BeginTx was given. When that context ended (database/sql
 //     then rolls the transaction back from its own goroutine), pgx sends
@@ -107,8 +107,7 @@ type cancelHandler struct {
 }
 
 func (h *cancelHandler) HandleCancel(context.Context) {
-	deadline := time.Now().Add(DeadlineDelay)
-	h.conn.Conn().SetDeadline(deadline)
+	h.conn.Conn().SetDeadline(time.Now().Add(DeadlineDelay))
 	h.acked = make(chan bool, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), CancelGrace)
