@@ -12,19 +12,19 @@ import (
 
 // The hold estimates: how long an operation will hold its permits, learnt
 // per class of work (a statement's text; a transaction's workload and the
-// time it was given), from the holds measured (admission.go says which). A
-// class's estimate is the lower median of its last HoldSamples holds, which
-// one outlier cannot lift; holds cut off at their deadline are lower bounds
-// of the work: after two in a row, the second begun after the first was cut
-// off, the estimate is at least the longest of those since the last
-// complete hold (one alone is an outlier; so is one stall that cuts off
-// every operation running). It refuses work only
-// on fresh evidence: it is not used once its last hold is older than
-// StaleAfter (or four times itself), and while it refuses a class's work
-// one operation goes as a probe ProbeGap after the last one ended (or its
-// deadline came); a probe that held less than the estimate restarts it. So
-// a database fast again is believed within ProbeGap, the last probe's
-// deadline and the next probe's own hold.
+// time it was given), from the holds measured (the gate's admission.go says
+// which). A class's estimate is the lower median of its last HoldSamples
+// holds, which one outlier cannot lift; holds cut off at their deadline are
+// lower bounds of the work: after two in a row, the second begun after the
+// first was cut off, the estimate is at least the longest of those since
+// the last complete hold (one alone is an outlier; so is one stall that
+// cuts off every operation running). It refuses work only on fresh
+// evidence: it is not used once its last hold is older than StaleAfter (or
+// four times itself), and while it refuses a class's work one operation
+// goes as a probe ProbeGap after the last one ended (or its deadline came);
+// a probe that held less than the estimate restarts it. So a database fast
+// again is believed within ProbeGap, the last probe's deadline and the next
+// probe's own hold.
 
 const (
 	// HoldSamples is how many holds of a class its estimate is the median of.
