@@ -19,8 +19,9 @@ import (
 // back once (Gate.release).
 
 // budget is two semaphores under one mutex: B+Q admission permits tried
-// without waiting, and B execution permits handed out by priority, then deadline (passage.before).
-// It starts no goroutine and never waits without bound.
+// without waiting, and B execution permits handed out by priority, then
+// deadline (passage.before). It starts no goroutine and never waits
+// without bound.
 type budget struct {
 	name string // the workload's; "" for the global budget
 
@@ -176,18 +177,16 @@ func leaseOver(until time.Time) bool {
 	return !now.Before(until) || !now.Round(0).Before(until.Round(0))
 }
 
-// limits returns b for the pool's sessions, the execution permits held, and
-// whether they are enforced (not in dry-run): pool.limit.
-// b is the highest in force within keepPeak, so that a B that moves up and
-// down (Policy.Adaptive) keeps its sessions instead of closing and
-// dialing them again.
-func (l *budget) limits() (b, running int, enforced bool) {
+// limits is pool.limit: the highest b in force within keepPeak, so that a B
+// moving up and down (Policy.Adaptive) keeps its sessions, and whether it is
+// enforced (not in dry-run, not closed).
+func (l *budget) limits() (b int, enforced bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.peak > l.b && time.Since(l.peakAt) > keepPeak {
 		l.peak = l.b
 	}
-	return max(l.b, l.peak), l.running, !l.dryRun && !l.closed
+	return max(l.b, l.peak), !l.dryRun && !l.closed
 }
 
 const (

@@ -71,10 +71,10 @@ type pool struct {
 	connector   driver.Connector
 	dialTimeout time.Duration
 	init        func(context.Context, driver.Conn) error // WithConnInit's, or nil
-	// limit returns the global budget's B in force and its execution permits
-	// held, and whether it enforces them (not in dry-run); nil: never. It is
-	// called with or without mu held.
-	limit func() (b, running int, enforced bool)
+	// limit returns the global budget's B for the sessions, and whether it
+	// enforces it (not in dry-run); nil: never. It is called with or without
+	// mu held.
+	limit func() (b int, enforced bool)
 
 	mu          sync.Mutex
 	idle        []*session // held by the pool; the last is the one given back last
@@ -146,7 +146,7 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 	var later *time.Timer
 	if p.dialing < len(p.reqs) {
 		dctx := context.WithoutCancel(ctx)
-		if b, _, on := p.limits(); on && p.open >= b {
+		if b, on := p.limits(); on && p.open >= b {
 			later = time.AfterFunc(lingerWait, func() { p.dialFor(dctx, ch) })
 		} else {
 			p.dialLocked(dctx)
@@ -180,9 +180,9 @@ func (p *pool) get(ctx context.Context) (*session, error) {
 }
 
 // limits is limit's answer; never enforced without limit.
-func (p *pool) limits() (b, running int, enforced bool) {
+func (p *pool) limits() (b int, enforced bool) {
 	if p.limit == nil {
-		return 0, 0, false
+		return 0, false
 	}
 	return p.limit()
 }
@@ -370,7 +370,7 @@ func (p *pool) spare() bool {
 	if free == 0 {
 		return false
 	}
-	b, _, on := p.limits()
+	b, on := p.limits()
 	return on && free+1+in > b
 }
 
