@@ -864,7 +864,7 @@ func (g *Gate) admitted(p *permit) error {
 		}
 		return re
 	}
-	g.pool.inOps.Add(1)
+	g.pool.InOps.Add(1)
 	g.global.nAdmitted.Add(1)
 	if p.wl != nil {
 		p.wl.nAdmitted.Add(1)
@@ -905,7 +905,7 @@ func (g *Gate) unused(p *permit, inc func(*budget)) {
 // to it (it needed at least that; the cancel after tells nothing), one cut
 // off by its caller not at all.
 func (g *Gate) release(p *permit) {
-	g.pool.inOps.Add(-1)
+	g.pool.InOps.Add(-1)
 	if p.timer != nil {
 		p.timer.Stop()
 		p.timer = nil

@@ -7,25 +7,25 @@ import (
 	"errors"
 	"time"
 
-	"github.com/dbbulkhead/bulkhead/internal/convert"
+	"github.com/dbbulkhead/bulkhead/internal/sessions"
 )
 
 // conn is a logical connection, kept in database/sql's pool. It holds a
-// session (pool.go) once an operation on it holds its permits, or a Ping,
-// Prepare or Raw needs one, until database/sql takes it back. It offers
-// every optional driver interface, answering as database/sql would without
-// one. database/sql calls conn, tx, stmt and rows one call at a time (also
-// from its own goroutines): their plain fields need no lock.
+// session (internal/sessions) once an operation on it holds its permits, or
+// a Ping, Prepare or Raw needs one, until database/sql takes it back. It
+// offers every optional driver interface, answering as database/sql would
+// without one. database/sql calls conn, tx, stmt and rows one call at a
+// time (also from its own goroutines): their plain fields need no lock.
 type conn struct {
 	g      *Gate
-	s      *session // the session held, or nil
-	used   bool     // an operation ran on s since database/sql handed c out
-	bad    bool     // c is to be discarded: its session was lost, or the driver's rule says so
-	idle   bool     // c is idle in database/sql's pool (pool.park, pool.giveBack)
-	parked bool     // c is idle, its session s parked (someone else may have taken it since)
-	tx     tx       // the open transaction: a connection has at most one
-	rows   rows     // an autocommit query's rows, reused while free
-	execP  permit   // the permits of the autocommit Exec running on c
+	s      *sessions.Session // the session held, or nil
+	used   bool              // an operation ran on s since database/sql handed c out
+	bad    bool              // c is to be discarded: its session was lost, or the driver's rule says so
+	idle   bool              // c is idle in database/sql's pool (Pool.Park, Pool.GiveBack)
+	parked bool              // c is idle, its session s parked (someone else may have taken it since)
+	tx     tx                // the open transaction: a connection has at most one
+	rows   rows              // an autocommit query's rows, reused while free
+	execP  permit            // the permits of the autocommit Exec running on c
 }
 
 // bind gives c a session if it has none: its parked one, else the pool's.
@@ -34,11 +34,11 @@ type conn struct {
 // nothing and returns errLapsed.
 func (c *conn) bind(ctx context.Context, lease time.Time) error {
 	p := c.g.pool
-	var s *session
+	var s *sessions.Session
 	switch {
 	case c.parked:
 		c.parked = false
-		if p.unpark(c.s) {
+		if p.Unpark(c.s) {
 			s = c.s
 		} else {
 			c.s = nil // taken by another connection, or closed
@@ -49,30 +49,30 @@ func (c *conn) bind(ctx context.Context, lease time.Time) error {
 	for {
 		if s == nil {
 			var err error
-			if s, err = p.get(ctx); err != nil {
+			if s, err = p.Get(ctx); err != nil {
 				return err
 			}
 		}
 		if !lease.IsZero() && leaseOver(lease) {
 			c.s = nil
-			p.put(s, false)
+			p.Put(s, false)
 			return errLapsed
 		}
 		c.s = s
-		err := p.ready(ctx, s)
+		err := p.Ready(ctx, s)
 		if err == nil {
 			return nil
 		}
 		c.s = nil
-		if ie, ok := err.(*initError); ok {
-			p.discard(s, false)
-			return ie.err
+		if ie, ok := err.(*sessions.InitError); ok {
+			p.Discard(s, false)
+			return ie.Err
 		}
-		if err != errBad { // ctx ended while the driver checked s: it checks s again at its next use
-			p.put(s, true)
+		if err != sessions.ErrBad { // ctx ended while the driver checked s: it checks s again at its next use
+			p.Put(s, true)
 			return err
 		}
-		p.discard(s, true)
+		p.Discard(s, true)
 		s = nil
 	}
 }
@@ -83,7 +83,7 @@ func (c *conn) lose() {
 	c.bad = true
 	if s := c.s; s != nil {
 		c.s = nil
-		c.g.pool.discard(s, false)
+		c.g.pool.Discard(s, false)
 	}
 	c.tx.end()
 }
@@ -134,7 +134,7 @@ func (c *conn) finish(p *permit, returned *bool) {
 }
 
 // session binds c's session for Ping, Prepare or Raw, outside an operation.
-func (c *conn) session(ctx context.Context) (*session, error) {
+func (c *conn) session(ctx context.Context) (*sessions.Session, error) {
 	if c.bad {
 		return nil, driver.ErrBadConn
 	}
@@ -155,7 +155,7 @@ func (c *conn) Unwrap() (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.ci, nil
+	return s.Conn, nil
 }
 
 // Unwrap returns the driver's own connection behind dc, the value
@@ -180,12 +180,12 @@ func Unwrap(dc any) (any, error) {
 }
 
 // notIdle takes c out of the logical connections given back to database/sql
-// and not handed out since (pool.idleLogical), if it was among them: each
+// and not handed out since (Pool.NotIdle), if it was among them: each
 // connection says so of itself, so one taken back twice counts once.
 func (c *conn) notIdle() {
 	if c.idle {
 		c.idle = false
-		c.g.pool.idleLogical.Add(-1)
+		c.g.pool.NotIdle()
 	}
 }
 
@@ -194,9 +194,9 @@ func (c *conn) notIdle() {
 func (c *conn) ResetSession(context.Context) error {
 	c.notIdle()
 	// Its parked session was closed: c is bad unless an idle one is left.
-	if c.parked && c.s.state.Load() == gone {
+	if c.parked && c.s.Gone() {
 		c.parked, c.s = false, nil
-		c.bad = c.g.pool.excess(-1)
+		c.bad = c.g.pool.Excess(-1)
 	}
 	if c.bad {
 		return driver.ErrBadConn
@@ -205,7 +205,7 @@ func (c *conn) ResetSession(context.Context) error {
 }
 
 // IsValid is called as database/sql takes c back: c parks its session if
-// the Validator and pool.park agree; pool.giveBack says if c may stay idle.
+// the Validator and Pool.Park agree; Pool.GiveBack says if c may stay idle.
 func (c *conn) IsValid() bool {
 	c.notIdle() // taken back, maybe again without being handed out (a caller that gave up)
 	if c.bad {
@@ -213,22 +213,22 @@ func (c *conn) IsValid() bool {
 	}
 	if c.parked { // not taken back since c was handed out
 		c.parked = false
-		if !c.g.pool.unpark(c.s) {
+		if !c.g.pool.Unpark(c.s) {
 			c.s = nil
 		}
 	}
 	s := c.s
-	if s != nil && s.validator != nil && !s.validator.IsValid() {
+	if s != nil && s.Validator != nil && !s.Validator.IsValid() {
 		c.s = nil
-		c.g.pool.discard(s, true)
+		c.g.pool.Discard(s, true)
 		return false
 	}
-	if s != nil && c.g.pool.park(s, c.used) { // counts c idle
+	if s != nil && c.g.pool.Park(s, c.used) { // counts c idle
 		c.parked, c.idle, c.used = true, true, false
 		return true
 	}
 	c.s = nil
-	c.idle = c.g.pool.giveBack(s, c.used, true) // counts c idle if it stays
+	c.idle = c.g.pool.GiveBack(s, c.used, true) // counts c idle if it stays
 	c.used = false
 	return c.idle
 }
@@ -237,14 +237,14 @@ func (c *conn) IsValid() bool {
 func (c *conn) Close() error {
 	if s := c.s; s != nil {
 		c.s = nil
-		if !c.parked || c.g.pool.unpark(s) {
-			c.g.pool.discard(s, false)
+		if !c.parked || c.g.pool.Unpark(s) {
+			c.g.pool.Discard(s, false)
 		}
 		c.parked = false
 	}
 	c.tx.end()
 	c.notIdle()
-	c.g.pool.logicalClosed()
+	c.g.pool.LogicalClosed()
 	return nil
 }
 
@@ -254,12 +254,12 @@ func (c *conn) CheckNamedValue(*driver.NamedValue) error { return nil }
 // Ping is not gated; without the driver's Pinger it returns nil.
 func (c *conn) Ping(ctx context.Context) error {
 	s, err := c.session(ctx)
-	if err != nil || s.pinger == nil {
+	if err != nil || s.Pinger == nil {
 		return err
 	}
 	returned := false
 	defer c.finish(nil, &returned)
-	err = s.pinger.Ping(ctx)
+	err = s.Pinger.Ping(ctx)
 	returned = true
 	return ctxErr(ctx, err)
 }
@@ -284,7 +284,7 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	c.tx.ctx, c.tx.open = ctx, true
 	returned := false
 	defer c.finish(nil, &returned)
-	ti, err := c.s.begin(ctx, opts)
+	ti, err := c.s.Begin(ctx, opts)
 	returned = true
 	if err != nil {
 		c.tx.end() // before database/sql may retry (driver.ErrBadConn)
@@ -320,7 +320,7 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	}
 	returned := false
 	defer c.finish(p, &returned)
-	r, err := c.exec(ctx, query, args)
+	r, err := c.s.Exec(ctx, query, args)
 	returned = true
 	return r, opErr(ctx, err)
 }
@@ -340,29 +340,6 @@ func (c *conn) startExec(ctx context.Context, text string) (*permit, error) {
 	return &c.execP, nil
 }
 
-// exec runs query on c's session; without the driver's Execer, or on
-// driver.ErrSkip, it prepares, executes and closes, as database/sql would.
-func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	s := c.s
-	if s.execer != nil || s.legacyExecer != nil {
-		cargs, err := convert.Args(args, s.checker, nil)
-		if err != nil {
-			return nil, err
-		}
-		r, err := s.exec(ctx, query, cargs)
-		if err != driver.ErrSkip {
-			return r, err
-		}
-		args = cargs // converting a driver.Value again leaves it as it is
-	}
-	si, err := s.prepare(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	defer si.Close()
-	return stmtExec(ctx, s, si, args)
-}
-
 // Query is the legacy form of QueryContext.
 func (c *conn) Query(query string, args []driver.Value) (driver.Rows, error) {
 	return c.QueryContext(context.Background(), query, valueToNamedValue(args))
@@ -370,7 +347,7 @@ func (c *conn) Query(query string, args []driver.Value) (driver.Rows, error) {
 
 // QueryContext is ExecContext for a query, whose rows hold the permits.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.runQuery(ctx, query, func() (driver.Rows, driver.Stmt, error) { return c.query(ctx, query, args) })
+	return c.runQuery(ctx, query, func() (driver.Rows, driver.Stmt, error) { return c.s.Query(ctx, query, args) })
 }
 
 // runQuery runs run, which returns the driver's rows and a statement to
@@ -396,32 +373,6 @@ func (c *conn) runQuery(ctx context.Context, text string, run func() (driver.Row
 		return &rows{c: c, inner: ri, stmt: si}, nil
 	}
 	return ri, nil
-}
-
-// query is exec for a query; it returns the fallback's statement, if any.
-func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, driver.Stmt, error) {
-	s := c.s
-	if s.queryer != nil || s.legacyQueryer != nil {
-		cargs, err := convert.Args(args, s.checker, nil)
-		if err != nil {
-			return nil, nil, err
-		}
-		ri, err := s.query(ctx, query, cargs)
-		if err != driver.ErrSkip {
-			return ri, nil, err
-		}
-		args = cargs // as in exec
-	}
-	si, err := s.prepare(ctx, query)
-	if err != nil {
-		return nil, nil, err
-	}
-	ri, err := stmtQuery(ctx, s, si, args)
-	if err != nil {
-		si.Close()
-		return nil, nil, err
-	}
-	return ri, si, nil
 }
 
 // runRows runs run as an autocommit query whose rows (c's, or new ones while
@@ -475,7 +426,7 @@ func (t *tx) Commit() error {
 func (t *tx) Rollback() error {
 	returned := false
 	defer t.finish(&returned)
-	if s := t.c.s; s != nil && (s.resetter == nil || s.validator == nil) && t.ctx.Err() != nil {
+	if s := t.c.s; s != nil && (s.Resetter == nil || s.Validator == nil) && t.ctx.Err() != nil {
 		t.c.bad = true
 	}
 	err := t.inner.Rollback()

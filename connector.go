@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead/internal/estimate"
+	"github.com/dbbulkhead/bulkhead/internal/sessions"
 )
 
 // Gate is a driver.Connector that passes every operation of its *sql.DB
@@ -29,7 +30,7 @@ type Gate struct {
 	opt    options
 	global *budget
 	est    *estimate.Estimator
-	pool   *pool
+	pool   *sessions.Pool
 	stmts  statements
 
 	mu         sync.Mutex // serialises SetPolicy, Cap, Close and OpenDB
@@ -141,7 +142,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 		return nil, g.opt.err
 	}
 	g.global.onMove = g.opt.events.OnLimit
-	g.pool = &pool{connector: inner, dialTimeout: g.opt.dialTimeout, init: g.opt.connInit, limit: g.global.limits}
+	g.pool = &sessions.Pool{Connector: inner, DialTimeout: g.opt.dialTimeout, Init: g.opt.connInit, Limit: g.global.limits, Closed: ErrClosed}
 	g.mu.Lock()
 	g.applyLocked(p)
 	g.mu.Unlock()
@@ -157,7 +158,7 @@ func New(inner driver.Connector, p Policy, opts ...Option) (*Gate, error) {
 func Connector(inner driver.Connector, p Policy, opts ...Option) *Gate {
 	g, err := New(inner, p, opts...)
 	if err != nil {
-		g = &Gate{inner: inner, err: err, global: newBudget(""), est: estimate.New(), pool: &pool{connector: inner}, policy: p}
+		g = &Gate{inner: inner, err: err, global: newBudget(""), est: estimate.New(), pool: &sessions.Pool{Connector: inner, Closed: ErrClosed}, policy: p}
 	}
 	return g
 }
@@ -186,7 +187,7 @@ func (g *Gate) Connect(context.Context) (driver.Conn, error) {
 	if g.global.isClosed() {
 		return nil, ErrClosed
 	}
-	g.pool.logicalOpened()
+	g.pool.LogicalOpened()
 	c := &conn{g: g}
 	c.tx.c, c.rows.c = c, c
 	return c, nil
@@ -225,7 +226,7 @@ func (g *Gate) Close() error {
 		l.close()
 	}
 	g.mu.Unlock()
-	g.pool.close()
+	g.pool.Close()
 	if c, ok := g.inner.(io.Closer); ok {
 		return c.Close()
 	}
@@ -383,8 +384,7 @@ type Stats struct {
 func (g *Gate) Stats() Stats {
 	var s Stats
 	g.global.stats(&s)
-	s.OpenConns, s.IdleConns = g.pool.counts()
-	s.Dials, s.DialErrors, s.BadConns = g.pool.nDials.Load(), g.pool.nDialErrors.Load(), g.pool.nBad.Load()
+	s.OpenConns, s.IdleConns, s.Dials, s.DialErrors, s.BadConns = g.pool.Counts()
 	s.UnknownWorkload = g.nUnknown.Load()
 	return s
 }

@@ -18,14 +18,15 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/sessions"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
-// setLingerWait sets lingerWait for one test and returns what restores it.
+// setLingerWait sets sessions.LingerWait for one test and returns what restores it.
 func setLingerWait(d time.Duration) func() {
-	old := lingerWait
-	lingerWait = d
-	return func() { lingerWait = old }
+	old := sessions.LingerWait
+	sessions.LingerWait = d
+	return func() { sessions.LingerWait = old }
 }
 
 // spareRig is a gate on the fake driver and its *sql.DB, and, if kept, a
@@ -96,7 +97,7 @@ func TestWithBSessionsOpenAnOperationTakesTheSessionGivenBackRatherThanDialing(t
 	b.Wait(1)
 	wg.Go(exec)
 	// The second Exec holds the last permit and finds no free session.
-	admWaitFor(t, func() bool { return g.pool.waiters.Load() == 1 })
+	admWaitFor(t, func() bool { return g.pool.Waiting() == 1 })
 	if s := g.Stats(); s.Dials != 2 || s.OpenConns != 2 {
 		t.Fatalf("%+v: want 2 sessions dialed, no dial for the waiter", s)
 	}

@@ -6,7 +6,7 @@ import (
 	"database/sql/driver"
 	"sync"
 
-	"github.com/dbbulkhead/bulkhead/internal/convert"
+	"github.com/dbbulkhead/bulkhead/internal/sessions"
 )
 
 // stmt is a prepared statement of one logical connection. The driver's is
@@ -22,10 +22,9 @@ type stmt struct {
 
 // query is a statement text with open statements, shared by them.
 type query struct {
-	text     string
-	refs     int        // the gate's open statements of it; under statements.mu
-	prepared bool       // the driver prepared it once; under statements.mu
-	on       []*session // the sessions that prepared it; under pool.mu
+	sessions.Query      // its text, and the sessions that prepared it
+	refs           int  // the gate's open statements of it; under statements.mu
+	prepared       bool // the driver prepared it once; under statements.mu
 }
 
 // statements are the gate's prepared texts: those with open statements,
@@ -50,7 +49,7 @@ func (ss *statements) openQuery(text string) (q *query, known bool) {
 		if ss.open == nil {
 			ss.open, ss.known = map[string]*query{}, map[string]*list.Element{}
 		}
-		q = &query{text: text}
+		q = &query{Query: sessions.Query{Text: text}}
 		ss.open[text] = q
 	}
 	q.refs++
@@ -63,14 +62,14 @@ func (ss *statements) learn(q *query) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	q.prepared = true
-	if e, ok := ss.known[q.text]; ok {
+	if e, ok := ss.known[q.Text]; ok {
 		ss.lru.MoveToFront(e)
 		return
 	}
 	if ss.lru.Len() >= maxKnown {
 		delete(ss.known, ss.lru.Remove(ss.lru.Back()).(string))
 	}
-	ss.known[q.text] = ss.lru.PushFront(q.text)
+	ss.known[q.Text] = ss.lru.PushFront(q.Text)
 }
 
 // closeQuery counts one statement of q fewer, and reports whether it was
@@ -82,7 +81,7 @@ func (ss *statements) closeQuery(q *query) bool {
 	if q.refs > 0 {
 		return false
 	}
-	delete(ss.open, q.text) // q is ss.open[q.text] while it has refs
+	delete(ss.open, q.Text) // q is ss.open[q.Text] while it has refs
 	return true
 }
 
@@ -119,15 +118,14 @@ func (c *conn) PrepareContext(ctx context.Context, text string) (driver.Stmt, er
 // on returns st's driver statement on c's session, prepared if needed.
 func (st *stmt) on(ctx context.Context) (driver.Stmt, error) {
 	s := st.c.s
-	if si, ok := s.stmts[st.q]; ok {
+	if si, ok := s.Stmt(&st.q.Query); ok {
 		return si, nil
 	}
-	si, err := s.prepare(ctx, st.q.text)
+	si, err := s.Prepare(ctx, st.q.Text)
 	if err != nil {
 		return nil, err
 	}
-	s.stmts[st.q] = si
-	st.c.g.pool.preparedOn(st.q, s)
+	st.c.g.pool.Prepared(&st.q.Query, s, si)
 	st.c.g.stmts.learn(st.q)
 	return si, nil
 }
@@ -146,9 +144,9 @@ func (st *stmt) Close() error {
 	st.closed = true
 	if st.c.g.stmts.closeQuery(st.q) {
 		p := st.c.g.pool
-		p.closeEverywhere(st.q) // a parked session included
+		p.CloseEverywhere(&st.q.Query) // a parked session included
 		if s := st.c.s; s != nil && !st.c.parked {
-			p.closePending(s)
+			p.ClosePending(s)
 		}
 	}
 	return nil
@@ -167,7 +165,7 @@ func (st *stmt) Query(args []driver.Value) (driver.Rows, error) {
 // ExecContext runs st under both permits, or in c's open transaction.
 func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	c := st.c
-	p, err := c.startExec(ctx, st.q.text)
+	p, err := c.startExec(ctx, st.q.Text)
 	if err != nil {
 		return nil, err
 	}
@@ -176,7 +174,7 @@ func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driv
 	var r driver.Result
 	si, err := st.on(ctx)
 	if err == nil {
-		r, err = stmtExec(ctx, c.s, si, args)
+		r, err = c.s.ExecStmt(ctx, si, args)
 	}
 	returned = true
 	return r, opErr(ctx, err)
@@ -184,43 +182,12 @@ func (st *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driv
 
 // QueryContext runs st as conn.QueryContext runs a query.
 func (st *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	return st.c.runQuery(ctx, st.q.text, func() (driver.Rows, driver.Stmt, error) {
+	return st.c.runQuery(ctx, st.q.Text, func() (driver.Rows, driver.Stmt, error) {
 		si, err := st.on(ctx)
 		if err != nil {
 			return nil, nil, err
 		}
-		ri, err := stmtQuery(ctx, st.c.s, si, args)
+		ri, err := st.c.s.QueryStmt(ctx, si, args)
 		return ri, nil, err
 	})
-}
-
-// stmtExec and stmtQuery convert args for si on s and run it.
-func stmtExec(ctx context.Context, s *session, si driver.Stmt, args []driver.NamedValue) (driver.Result, error) {
-	args, err := convert.Args(args, s.checker, si)
-	if err != nil {
-		return nil, err
-	}
-	if e, ok := si.(driver.StmtExecContext); ok {
-		return e.ExecContext(ctx, args)
-	}
-	dargs, err := legacyArgs(ctx, args)
-	if err != nil {
-		return nil, err
-	}
-	return si.Exec(dargs) //lint:ignore SA1019 legacy drivers have nothing else
-}
-
-func stmtQuery(ctx context.Context, s *session, si driver.Stmt, args []driver.NamedValue) (driver.Rows, error) {
-	args, err := convert.Args(args, s.checker, si)
-	if err != nil {
-		return nil, err
-	}
-	if q, ok := si.(driver.StmtQueryContext); ok {
-		return q.QueryContext(ctx, args)
-	}
-	dargs, err := legacyArgs(ctx, args)
-	if err != nil {
-		return nil, err
-	}
-	return si.Query(dargs) //lint:ignore SA1019 legacy drivers have nothing else
 }
