@@ -24,7 +24,8 @@ import "time"
 // undone and steps to that limit or beyond are not tried again
 // for backoffMin windows, twice as many after each undo in a row, up to
 // backoffMax. From the floor the limit doubles while each doubling wins
-// slowGain of what it could (slow start). Past it, the operations waiting
+// slowGain of what it could (slow start); a doubling is undone only if it
+// lost goodput. Past it, the operations waiting
 // inside the database, limit·(1 − mean(base/held)) with each hold against
 // its class's base hold (the least estimate its class of work had,
 // package estimate: its work with nothing queued; TCP Vegas's estimate, which a
@@ -150,7 +151,12 @@ func (a *Limit) Observe(held, base time.Duration, from, b int, full, waited bool
 		a.last = Move{From: b, To: b, Why: "kept", Queued: queued, Gain: gain}
 		// A step up after which the callers did not wait at every
 		// completion met their demand: its goodput is their arrivals, kept.
-		if gain < 1+upGain*step && !(b > from && met) {
+		won := gain >= 1+upGain*step
+		// A doubling is judged on one window, too few to tell a small
+		// loss from noise (a database sharing its machine): it is undone
+		// only if it lost goodput.
+		lost := !won && !(a.slow && b > from && gain >= 1)
+		if lost && !(b > from && met) {
 			if b > from {
 				a.upBackoff = min(max(2*a.upBackoff, backoffMin), backoffMax)
 				a.upTop, a.upBlock, a.slow = b, a.upBackoff, false
@@ -165,7 +171,7 @@ func (a *Limit) Observe(held, base time.Duration, from, b int, full, waited bool
 			return from, true
 		}
 		if b > from {
-			a.upBackoff, a.climb = 0, !met // climb on only while demand is unmet
+			a.upBackoff, a.climb = 0, won && !met // climb on only while demand is unmet
 			a.slow = a.slow && gain >= 1+slowGain*step
 		} else {
 			a.downBackoff, a.climb = 0, false
