@@ -83,12 +83,30 @@ type admResult struct {
 }
 
 // admGo starts acquire in a goroutine; its result arrives on the channel.
-func admGo(ctx context.Context, l *budget) <-chan admResult {
+func admGo(ctx context.Context, l *budget) <-chan admResult { return admGoPass(ctx, l, passage{}) }
+
+// admGoPass starts admPass(ctx, l, ps) in a goroutine; its result arrives
+// on the channel.
+func admGoPass(ctx context.Context, l *budget, ps passage) <-chan admResult {
 	ch := make(chan admResult, 1)
 	go func() {
-		w, err := admAcquire(ctx, l)
+		w, err := admPass(ctx, l, ps)
 		ch <- admResult{w, err}
 	}()
+	return ch
+}
+
+// admQueue starts admGoPass and returns once it is the nth waiter of l,
+// failing the test if it returned before.
+func admQueue(t *testing.T, ctx context.Context, l *budget, ps passage, n int) <-chan admResult {
+	t.Helper()
+	ch := admGoPass(ctx, l, ps)
+	admWaitFor(t, func() bool {
+		if r, ok := admPoll(ch); ok {
+			t.Fatalf("waiter %d returned %v before it was queued", n, r.err)
+		}
+		return admRead(l).waiting == n
+	})
 	return ch
 }
 

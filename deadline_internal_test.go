@@ -44,38 +44,27 @@ func dlClass(d time.Duration) estimate.Ref {
 	return r
 }
 
-// dlAcquire takes both permits of l as a gate's passage does, with l's
-// queue wait, ctx's deadline and class c, counting the operation as admitted.
-func dlAcquire(ctx context.Context, l *budget, c estimate.Ref) (waited time.Duration, err error) {
+// dlPassage is a gate's passage of class c with ctx's deadline.
+func dlPassage(ctx context.Context, c estimate.Ref) passage {
 	ps := passage{class: c}
 	ps.deadline, _ = ctx.Deadline()
-	return admPass(ctx, l, ps)
+	return ps
+}
+
+// dlAcquire takes both permits of l for dlPassage(ctx, c) (admPass).
+func dlAcquire(ctx context.Context, l *budget, c estimate.Ref) (waited time.Duration, err error) {
+	return admPass(ctx, l, dlPassage(ctx, c))
 }
 
 // dlGo starts dlAcquire in a goroutine; its result arrives on the channel.
 func dlGo(ctx context.Context, l *budget, c estimate.Ref) <-chan admResult {
-	ch := make(chan admResult, 1)
-	go func() {
-		w, err := dlAcquire(ctx, l, c)
-		ch <- admResult{w, err}
-	}()
-	return ch
+	return admGoPass(ctx, l, dlPassage(ctx, c))
 }
 
-// dlQueue starts dlAcquire with ctx and returns once it waits, the
-// (n)th waiter of l.
+// dlQueue starts dlAcquire and returns once it is the nth waiter of l.
 func dlQueue(t *testing.T, ctx context.Context, l *budget, c estimate.Ref, n int) <-chan admResult {
 	t.Helper()
-	ch := dlGo(ctx, l, c)
-	admWaitFor(t, func() bool {
-		select {
-		case r := <-ch:
-			t.Fatalf("waiter %d returned %v before it was queued", n, r.err)
-		default:
-		}
-		return admRead(l).waiting == n
-	})
-	return ch
+	return admQueue(t, ctx, l, dlPassage(ctx, c), n)
 }
 
 // dlNone fails if a result is on ch.
@@ -377,26 +366,6 @@ func (w *dlWork) release() {
 	w.mu.Unlock()
 }
 
-// dlRejects records the OnReject events.
-type dlRejects struct {
-	mu  sync.Mutex
-	got []Event
-}
-
-func (r *dlRejects) option() Option {
-	return WithEvents(Events{OnReject: func(e Event) {
-		r.mu.Lock()
-		r.got = append(r.got, e)
-		r.mu.Unlock()
-	}})
-}
-
-func (r *dlRejects) list() []Event {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]Event(nil), r.got...)
-}
-
 // dlLoad counts the outcomes of the statements run.
 type dlLoad struct {
 	ok, late, other atomic.Int64
@@ -431,8 +400,8 @@ func (l *dlLoad) run(db *sql.DB, n int, next func(i int) (query string, deadline
 // the same deadline, runs.
 func TestTheGateRefusesAnOperationThatWouldMissItsDeadlineWithoutReachingTheDriver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var ev dlRejects
-		_, g, db, fc := dlWorkGate(t, dlEveryOneMeasured(1), ev.option())
+		var ev testkit.Log[Event]
+		_, g, db, fc := dlWorkGate(t, dlEveryOneMeasured(1), WithEvents(Events{OnReject: ev.Add}))
 		// Measured: a statement that holds a minute, and a transaction
 		// given 65s that holds a minute.
 		testkit.Exec(t, context.Background(), db, "sleep 1m")
@@ -464,7 +433,7 @@ func TestTheGateRefusesAnOperationThatWouldMissItsDeadlineWithoutReachingTheDriv
 		if fc.Count(fakedb.OpExec) != execs+1 || fc.Count(fakedb.OpBegin) != begins {
 			t.Fatalf("the driver saw %d execs and %d begins, want the one run", fc.Count(fakedb.OpExec)-execs, fc.Count(fakedb.OpBegin)-begins)
 		}
-		evs := ev.list()
+		evs := ev.List()
 		if len(evs) != 2 || evs[0].Kind != KindExec || evs[1].Kind != KindTx {
 			t.Fatalf("OnReject events %+v, want a statement's and a transaction's", evs)
 		}
@@ -725,8 +694,8 @@ func TestTheFastPathMeasuresTheOperationThatTakesTheLastPermit(t *testing.T) {
 // last permit, restarts the estimate when fast.
 func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var ev dlRejects
-		_, g, db, fc := dlWorkGate(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, ev.option())
+		var ev testkit.Log[Event]
+		_, g, db, fc := dlWorkGate(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, WithEvents(Events{OnReject: ev.Add}))
 		r := g.est.Ref(estimate.Key{Kind: uint8(KindExec), Text: "sleep 1ms"}, true)
 		now := time.Now()
 		for range estimate.HoldSamples {
@@ -751,7 +720,7 @@ func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *te
 		if _, err := db.ExecContext(ctx, "sleep 1ms"); err != nil {
 			t.Fatalf("once the probe was measured: %v, want it run", err)
 		}
-		if s := g.Stats(); s.RejectedDeadline != 1 || s.Admitted != 2 || len(ev.list()) != 1 {
+		if s := g.Stats(); s.RejectedDeadline != 1 || s.Admitted != 2 || len(ev.List()) != 1 {
 			t.Fatalf("stats %+v, want 1 deadline rejection, 2 admitted", s)
 		}
 	})
@@ -769,8 +738,7 @@ func TestWaitersAreServedEarliestDeadlineFirst(t *testing.T) {
 			}
 		})
 		synctest.Wait()
-		var mu sync.Mutex
-		var order []string
+		var order testkit.Log[string]
 		for _, c := range []struct {
 			name string
 			left time.Duration // 0: no deadline
@@ -783,15 +751,13 @@ func TestWaitersAreServedEarliestDeadlineFirst(t *testing.T) {
 				if _, err := db.ExecContext(ctx, "sleep 1ms"); err != nil {
 					t.Errorf("%s: %v", c.name, err)
 				}
-				mu.Lock()
-				order = append(order, c.name)
-				mu.Unlock()
+				order.Add(c.name)
 			})
 			synctest.Wait()
 		}
 		wg.Wait()
-		if want := []string{"30s", "60s", "60s, later", "none", "none, later"}; !slices.Equal(order, want) {
-			t.Fatalf("served in the order %q, want %q", order, want)
+		if want := []string{"30s", "60s", "60s, later", "none", "none, later"}; !slices.Equal(order.List(), want) {
+			t.Fatalf("served in the order %q, want %q", order.List(), want)
 		}
 	})
 }

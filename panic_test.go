@@ -4,13 +4,11 @@ package bulkhead_test
 
 import (
 	"context"
-	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
-	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
@@ -30,11 +28,7 @@ func pnMustPanic(t *testing.T, f func()) {
 // registering their release, or before database/sql returns the connection.
 // The gate recovers it and logs it through slog.Default.
 func TestAPanicInAnEventCallbackIsLoggedAndLosesNoPermitOrConnection(t *testing.T) {
-	var logs syncbuf.Buffer
-	prev := slog.Default()
-	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
-	t.Cleanup(func() { slog.SetDefault(prev) })
-
+	logs := captureLog(t)
 	panicky := func(bulkhead.Event) { panic("metrics bug") }
 	for _, c := range []struct {
 		name string

@@ -16,21 +16,13 @@ import (
 // prGo starts an operation of priority prio through l; it counts among
 // l's waiters once queued.
 func prGo(l *budget, prio int) <-chan admResult {
-	ch := make(chan admResult, 1)
-	go func() {
-		ps := passage{limit: time.Hour, prio: prio}
-		err := ps.acquire(context.Background(), []*budget{l})
-		ch <- admResult{ps.waited(), err}
-	}()
-	return ch
+	return admGoPass(context.Background(), l, passage{prio: prio})
 }
 
-// prQueue starts prGo and returns once l has n waiters.
+// prQueue starts prGo and returns once it is the nth waiter of l.
 func prQueue(t *testing.T, l *budget, prio, n int) <-chan admResult {
 	t.Helper()
-	ch := prGo(l, prio)
-	admWaitFor(t, func() bool { return admRead(l).waiting == n })
-	return ch
+	return admQueue(t, context.Background(), l, passage{prio: prio}, n)
 }
 
 func TestAHigherPriorityIsServedFirstFIFOWithinAPriority(t *testing.T) {

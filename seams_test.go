@@ -214,14 +214,8 @@ func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *tes
 	for _, gated := range []bool{false, true} {
 		ctx := context.Background()
 		fc := fakedb.New()
-		var db *sql.DB
-		if gated {
-			db = fkOpen(t, fc, bulkhead.Policy{MaxConcurrent: 4}).db
-			db.SetMaxIdleConns(2)
-		} else {
-			db = sql.OpenDB(fc)
-			defer db.Close()
-		}
+		db := fkEither(t, fc, gated, bulkhead.Policy{MaxConcurrent: 4})
+		db.SetMaxIdleConns(2)
 		var conns []*sql.Conn
 		for range 3 {
 			c := testkit.Conn(t, ctx, db)
