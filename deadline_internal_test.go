@@ -2,12 +2,9 @@
 
 package bulkhead
 
-// The deadline-aware queue and the hold estimates it judges by: an
-// operation whose context has a deadline it can no longer make, by the
-// holds its own class of work (its statement's text, its transaction's
-// workload) took lately, is refused at once, waits no longer than its
-// deadline less twice that hold, or is sent away when its turn comes. Tests that
-// need time to pass run in a synctest bubble, on its fake clock.
+// The deadline-aware queue: an operation that can no longer make its
+// deadline, by its class's recent holds, is refused at once, waits no
+// longer than its deadline less twice that hold, or is sent away at its turn.
 
 import (
 	"context"
@@ -111,9 +108,7 @@ func dlMissed(t *testing.T, what string, err error) *RejectedError {
 
 // ---- the budget's queue, judged by a class's estimate ----
 
-// A deadline closer than its class's hold is refused at once: a rejection,
-// not the context's error, counted apart, with no wait; the error says
-// what it was judged on.
+// Refused at once: a rejection counted apart, saying what it was judged on.
 func TestADeadlineCloserThanItsClassesHoldIsRefusedAtOnce(t *testing.T) {
 	l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
 	admMustAcquire(t, l)
@@ -136,9 +131,7 @@ func TestADeadlineCloserThanItsClassesHoldIsRefusedAtOnce(t *testing.T) {
 	l.release(0)
 }
 
-// Without a deadline, or of a class never measured, an operation waits
-// its turn whatever the holds: nothing is refused without evidence. One
-// with a deadline goes before one without.
+// Nothing is refused without evidence; one with a deadline goes first.
 func TestWithoutADeadlineOrAnEstimateAnOperationWaitsItsTurn(t *testing.T) {
 	l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
 	admMustAcquire(t, l)
@@ -154,10 +147,7 @@ func TestWithoutADeadlineOrAnEstimateAnOperationWaitsItsTurn(t *testing.T) {
 	l.release(0)
 }
 
-// The wait expected ahead counts those queued before it (their deadlines
-// earlier), at the budget's median hold per execution permit: a deadline
-// that leaves room for its own hold but not for that wait is refused at
-// once.
+// Ahead: those queued before it, at the budget's median hold per permit.
 func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
 	l := admBudget("", Policy{MaxConcurrent: 2, MaxQueue: 8, QueueWait: time.Hour})
 	admMustAcquire(t, l)
@@ -189,9 +179,7 @@ func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
 	l.release(0)
 }
 
-// A waiter whose deadline is closer than its class's hold when its turn
-// comes (the hold grew meanwhile) is sent away, and the permit goes to the
-// next.
+// The hold grew while it waited: it is sent away, the permit goes on.
 func TestAWaiterThatCanNoLongerMakeItsDeadlineIsSentAwayAtItsTurn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
@@ -222,9 +210,7 @@ func TestAWaiterThatCanNoLongerMakeItsDeadlineIsSentAwayAtItsTurn(t *testing.T) 
 	})
 }
 
-// A waiter waits no longer than its deadline less twice its class's hold,
-// and is then refused with ErrWouldMissDeadline, saying so; when the queue
-// wait ends first, it is a queue timeout.
+// Refused, saying so, when that bound comes before the queue wait's end.
 func TestTheWaitIsBoundedByTheDeadlineLessTwiceItsClassesHold(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		for _, c := range []struct {
@@ -296,12 +282,10 @@ func dlGate(t *testing.T, p Policy, opts ...Option) (*Gate, *sql.DB, *fakedb.Con
 	return g, db, fc
 }
 
-// dlWork makes the fake driver hold each Exec of "sleep D" for D (fake
-// time in a bubble), returning its context's error once it ends, cancel
-// after it (pgx's cancel request keeps a cancelled statement that long);
-// while the lock is held, every statement waits for it first. With outlier
-// set, the next statement whose deadline is over a second away holds a
-// thousand times D.
+// dlWork holds each Exec of "sleep D" for D, or its context's end then
+// cancel (pgx's cancel request); while the lock is held every statement
+// waits for it first; with outlier set, the next one whose deadline is
+// over a second away holds 1000 × D.
 type dlWork struct {
 	cancel  time.Duration
 	outlier atomic.Bool
@@ -393,11 +377,8 @@ func (l *dlLoad) run(db *sql.DB, n int, next func(i int) (query string, deadline
 	})
 }
 
-// Through database/sql: a statement and a transaction whose deadline is
-// closer than their class's hold (a transaction's: those of its workload
-// given about as long) are refused, reported to OnReject with the reason,
-// and reach neither the driver nor a dial; another class's statement, with
-// the same deadline, runs.
+// A statement and a transaction (judged by those of its workload given
+// about as long) are refused and reported; another class's statement runs.
 func TestTheGateRefusesAnOperationThatWouldMissItsDeadlineWithoutReachingTheDriver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var ev testkit.Log[Event]
@@ -451,9 +432,7 @@ func dlEveryOneMeasured(b int) Policy {
 	return Policy{MaxConcurrent: b, MaxQueue: 4 * b, QueueWait: time.Second, Adaptive: true, MinConcurrent: b}
 }
 
-// A mix of fast and slow statements, each judged by its own class: with
-// slow reports among them, a fast statement whose deadline is ten times
-// its own hold is never refused while it need not wait.
+// Each judged by its own class: slow reports refuse no fast statement.
 func TestInAMixNoCallIsRefusedWhoseDeadlineIsTenTimesItsOwnHold(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, g, db, _ := dlWorkGate(t, dlEveryOneMeasured(4))
@@ -472,10 +451,8 @@ func TestInAMixNoCallIsRefusedWhoseDeadlineIsTenTimesItsOwnHold(t *testing.T) {
 	})
 }
 
-// Under overload, transactions of one workload arrive every 4ms, nine in
-// ten given 100ms for 5ms of work, one given 3s for 150ms: a short one
-// refused as late is judged by the hold of the short ones, not by the long
-// ones that alone get through a queue the short ones are refused from.
+// Overload: 9 in 10 given 100ms for 5ms, 1 given 3s for 150ms; the long
+// ones alone get through, but the short ones are judged by their own.
 func TestAShortTransactionIsJudgedByTheShortOnesNotByTheLongOnesThatGetThrough(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, g, db, _ := dlWorkGate(t, Policy{MaxConcurrent: 2, MaxQueue: 16, QueueWait: 100 * time.Millisecond})
@@ -521,9 +498,7 @@ func TestAShortTransactionIsJudgedByTheShortOnesNotByTheLongOnesThatGetThrough(t
 	})
 }
 
-// After one statement a thousand times slower than the rest, of their own
-// text or another, no call is refused whose deadline is ten times its
-// class's usual hold (each caller has a permit of its own).
+// The slow one of their own text or another; each caller has a permit.
 func TestAfterOneStatementAThousandTimesSlowerNoCallWithTenTimesItsHoldIsRefused(t *testing.T) {
 	for _, slow := range []string{"sleep 1s", "sleep 1ms"} { // another text, then the same one
 		t.Run(slow, func(t *testing.T) {
@@ -547,9 +522,7 @@ func TestAfterOneStatementAThousandTimesSlowerNoCallWithTenTimesItsHoldIsRefused
 	}
 }
 
-// A lock held 3s: statements with 2s deadlines are cut off at them, their
-// class's estimate rises past the deadlines and calls are refused; once
-// the lock is released, calls run again within a second.
+// A lock held 3s: 2s deadlines are cut off, then refused; not for long.
 func TestAfterALockCallsRunAgainWithinASecondOfItsRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := dlWork{cancel: 100 * time.Millisecond}
@@ -606,9 +579,7 @@ func TestAfterALockCallsRunAgainWithinASecondOfItsRelease(t *testing.T) {
 	})
 }
 
-// Statements cancelled by their callers keep their permits while the
-// driver stops them (pgx's cancel request: 100ms): that tells nothing of
-// the work, and does not raise their class's estimate.
+// Cancelled, they hold their permits while the driver stops them (100ms).
 func TestACallCancelledByItsCallerDoesNotRaiseItsClassesEstimate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := dlWork{cancel: 100 * time.Millisecond}
@@ -633,9 +604,6 @@ func TestACallCancelledByItsCallerDoesNotRaiseItsClassesEstimate(t *testing.T) {
 	})
 }
 
-// Hold times are measured on operations that could not take their
-// permits at once, not on those that could (unless the limit is
-// adaptive, where every operation is measured).
 func TestTheGateMeasuresHoldTimesOffTheFastPathOrAllWhenAdaptive(t *testing.T) {
 	bg := context.Background()
 	t.Run("fixed", func(t *testing.T) {
@@ -666,9 +634,7 @@ func TestTheGateMeasuresHoldTimesOffTheFastPathOrAllWhenAdaptive(t *testing.T) {
 	})
 }
 
-// Once a budget has measured a hold, an operation that takes its last
-// execution permit on the fast path is measured too, so that estimates
-// that got too long come down while nobody waits.
+// So that estimates that got too long come down while nobody waits.
 func TestTheFastPathMeasuresTheOperationThatTakesTheLastPermit(t *testing.T) {
 	l := newBudget("")
 	l.resize(2, 0, 0, false, 0)
@@ -687,11 +653,8 @@ func TestTheFastPathMeasuresTheOperationThatTakesTheLastPermit(t *testing.T) {
 	l.release(0)
 }
 
-// Through database/sql: an operation that finds a permit free but whose
-// deadline is closer than its class's hold is refused once it holds its
-// server connection, before the driver sees it; after estimate.ProbeGap of such
-// refusals, one goes as a probe, and its hold, measured though it took no
-// last permit, restarts the estimate when fast.
+// Refused before the driver sees it; after estimate.ProbeGap one goes as
+// a probe, and its fast hold restarts the estimate.
 func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var ev testkit.Log[Event]

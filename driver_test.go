@@ -239,9 +239,7 @@ func fkCompare(t *testing.T, what string, plain, gated *fakedb.Connector) {
 	}
 }
 
-// The next three tests run fkCompare on every variant of the fake driver
-// (fakedb.ConnVariants and its siblings): each optional interface absent
-// in one at least, every two of a kind on and off in all four ways.
+// fakedb's variants lack each optional interface in one at least.
 
 func TestEveryDriverConnBehavesThroughTheGateAsThroughDatabaseSQLAlone(t *testing.T) {
 	var absent fakedb.ConnIface
@@ -256,9 +254,8 @@ func TestEveryDriverConnBehavesThroughTheGateAsThroughDatabaseSQLAlone(t *testin
 	}
 }
 
-// fkCompareEach runs fkCompare for each variant m of what under each
-// driver conn of conns, set giving a connector m; it fails unless some
-// variant lacks each interface of all.
+// fkCompareEach runs fkCompare for each variant (set on a connector) under
+// each conn of conns; it fails unless some variant lacks each of all.
 func fkCompareEach[M fakedb.StmtIface | fakedb.RowsIface](t *testing.T, what string, conns []fakedb.ConnIface, variants []M, all M, set func(*fakedb.Connector, M)) {
 	t.Helper()
 	var absent M
@@ -452,19 +449,13 @@ func TestAQueryHoldsItsPermitsUntilItsRowsAreClosedByWhoeverClosesThem(t *testin
 	ctx := context.Background()
 
 	t.Run("by Rows.Close", func(t *testing.T) {
-		rows, err := e.db.QueryContext(ctx, "SELECT 1")
-		if err != nil {
-			t.Fatal(err)
-		}
+		rows := testkit.Query(t, ctx, e.db, "SELECT 1")
 		e.running(t, 1, "rows open")
 		fkBlocked(t, e.fc, fakedb.OpRowsClose, rows.Close, func() { e.running(t, 1, "inside the driver's Rows.Close") })
 		e.running(t, 0, "Rows.Close returned")
 	})
 	t.Run("by database/sql at the end of Next", func(t *testing.T) {
-		rows, err := e.db.QueryContext(ctx, "SELECT 1")
-		if err != nil {
-			t.Fatal(err)
-		}
+		rows := testkit.Query(t, ctx, e.db, "SELECT 1")
 		if !rows.Next() {
 			t.Fatal(rows.Err())
 		}
@@ -488,10 +479,7 @@ func TestAQueryHoldsItsPermitsUntilItsRowsAreClosedByWhoeverClosesThem(t *testin
 	t.Run("by database/sql when the context ends", func(t *testing.T) {
 		qctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		rows, err := e.db.QueryContext(qctx, "SELECT 1")
-		if err != nil {
-			t.Fatal(err)
-		}
+		rows := testkit.Query(t, qctx, e.db, "SELECT 1")
 		for len(e.released) > 0 {
 			<-e.released
 		}
@@ -515,10 +503,7 @@ func TestAQueryHoldsItsPermitsUntilItsRowsAreClosedByWhoeverClosesThem(t *testin
 func TestPreparedStatementExecutionsOutsideATransactionAreGatedAndPreparingIsNot(t *testing.T) {
 	ctx := context.Background()
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
-	st, err := e.db.PrepareContext(ctx, "SELECT 1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := testkit.Prepare(t, ctx, e.db, "SELECT 1")
 	defer st.Close()
 	if s := e.g.Stats(); s.Admitted != 0 {
 		t.Fatalf("Prepare took a permit: %+v", s)
@@ -546,10 +531,7 @@ func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
 	// B=1, Q=0: any statement that tried to take a permit while the
 	// transaction holds the only one would be rejected.
 	e := fkOpen(t, nil, fkB1)
-	dbStmt, err := e.db.PrepareContext(ctx, "SELECT ?")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dbStmt := testkit.Prepare(t, ctx, e.db, "SELECT ?")
 	defer dbStmt.Close()
 	tx := testkit.Begin(t, ctx, e.db)
 	before := e.g.Stats()
@@ -561,10 +543,7 @@ func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
 		t.Fatalf("query in tx: %v", err)
 	}
 	rows.Close()
-	txStmt, err := tx.PrepareContext(ctx, "SELECT ?")
-	if err != nil {
-		t.Fatal(err)
-	}
+	txStmt := testkit.Prepare(t, ctx, tx, "SELECT ?")
 	var v int64
 	if _, err := txStmt.ExecContext(ctx, int64(1)); err != nil {
 		t.Fatalf("statement prepared on the tx, exec: %v", err)
@@ -646,9 +625,8 @@ func TestErrBadConnRetriesFindThePermitsOfTheFailedAttemptBack(t *testing.T) {
 		{fakedb.OpBegin, false, fkOps[2].do},
 		{fakedb.OpExec, false, fkOps[0].do},
 		{fakedb.OpQuery, false, fkOps[1].do},
-		// The driver's reset runs once the operation holds its permits
-		// (a rejection never reaches it); a bad session is closed and
-		// another one used, under the same permits.
+		// The reset runs once the operation holds its permits; a bad
+		// session is closed and another used, under the same permits.
 		{fakedb.OpResetSession, true, fkOps[0].do},
 	}
 	for _, c := range cases {
@@ -713,10 +691,9 @@ func TestErrSkipFromTheDriverFallsBackToAPreparedStatementUnderTheSamePermit(t *
 	e.balanced(t)
 }
 
-// pgx answers driver.ErrBadConn when the context ended before anything was
-// sent. Once the caller's context ended, such an answer to an autocommit
-// statement or a BEGIN matches the context's error instead: database/sql
-// keeps the server connection and retries nothing (no dial, no close).
+// pgx answers driver.ErrBadConn when the context ended before anything
+// was sent: that answer matches the context's error instead, so that
+// database/sql retries nothing.
 func TestErrBadConnAfterTheContextEndedKeepsTheServerConnection(t *testing.T) {
 	cases := fkOps[:3] // an autocommit statement, a query, a BEGIN
 	for _, c := range cases {
@@ -784,10 +761,7 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 	// Admission full at the wrapper: a nested operation on a pinned conn.
 	e1 := fkOpen(t, nil, fkB1)
 	c := testkit.Conn(t, ctx, e1.db)
-	rows, err := c.QueryContext(ctx, "SELECT 1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := testkit.Query(t, ctx, c, "SELECT 1")
 	_, err = c.ExecContext(ctx, "UPDATE t")
 	if !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("nested exec: %v, want admission full", err)
@@ -1051,10 +1025,7 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 		t.Fatalf("exec with a cancelled context: %v", err) // a cancellation: no event
 	}
 	testkit.Commit(t, tx)
-	rows, err := c.QueryContext(ctx, "SELECT 1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := testkit.Query(t, ctx, c, "SELECT 1")
 	if _, err := c.BeginTx(ctx, nil); !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("begin while the rows hold the permit: %v, want a queue timeout", err)
 	}
@@ -1078,10 +1049,8 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 	}
 }
 
-// TestAdmissionsMinusReleasesInEventsNeverExceedB counts the operations
-// holding permits from the events alone, as a user's gauge would, under
-// 8 goroutines on B=2: OnRelease comes before the permits are handed on,
-// so the count never exceeds B.
+// Counted from the events, as a user's gauge would: OnRelease comes
+// before the permits are handed on.
 func TestAdmissionsMinusReleasesInEventsNeverExceedB(t *testing.T) {
 	const b, workers, each = 2, 8, 200
 	var mu sync.Mutex
@@ -1129,10 +1098,7 @@ func TestHoldWarningReportsAnOperationHeldLongerThanTheLimit(t *testing.T) {
 func TestHoldWarningWithoutAReportLogsThroughTheDefaultLogger(t *testing.T) {
 	logs := captureLog(t)
 	e := fkOpen(t, nil, fkB1, bulkhead.WithHoldWarning(time.Microsecond, nil))
-	rows, err := e.db.Query("SELECT 1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := testkit.Query(t, context.Background(), e.db, "SELECT 1")
 	var line string
 	awaitState(t, "the hold warning is logged", func() bool {
 		for l := range strings.Lines(logs.String()) {
@@ -1185,12 +1151,9 @@ func TestTheRootPackageImportsOnlyTheStandardLibrary(t *testing.T) {
 }
 
 func TestADriverPanicThatDatabaseSQLSurvivesLeaksNoConnectionSlot(t *testing.T) {
-	// database/sql returns the conn to its pool after a panic in an
-	// autocommit Exec only (execDC releases in a defer); after a panic in
-	// Query, Rows.Close, Stmt.Exec, BeginTx, Commit or Rollback it never
-	// releases or closes it. A gate that counted its server connection
-	// as held would count it forever: with MaxConns=1 every later
-	// operation would find none.
+	// database/sql releases the conn after a panic in an autocommit Exec
+	// only: a gate counting its server connection as held would count it
+	// forever, and with B+Q=1 every later operation would find none.
 	ctx := context.Background()
 	for _, c := range fkOps {
 		t.Run(c.op.String(), func(t *testing.T) {
@@ -1211,9 +1174,8 @@ func TestADriverPanicThatDatabaseSQLSurvivesLeaksNoConnectionSlot(t *testing.T) 
 	}
 }
 
-// The gate allocates nothing of its own per operation: through
-// database/sql, an Exec, a QueryRow and a transaction allocate as much
-// gated as plain.
+// Through database/sql, an Exec, a QueryRow and a transaction allocate as
+// much gated as plain.
 func TestTheGateAddsNoAllocationPerOperation(t *testing.T) {
 	ctx := context.Background()
 	ops := []struct {

@@ -2,9 +2,8 @@
 
 package bulkhead_test
 
-// Dry-run (Policy.DryRun): nothing is rejected, nothing waits, no dial is
-// refused; what would have been rejected is counted and reported. And
-// switching it on and off live with SetPolicy.
+// Dry-run: nothing rejected, waits or is refused a dial; what would have
+// been is counted and reported. And switching it live.
 
 import (
 	"context"
@@ -54,10 +53,7 @@ func drIdle(t *testing.T, r *wlRig) {
 	}
 }
 
-// In the scenario above the third operation would have been refused at
-// admission: it would never have waited. Counting it in WouldWait too
-// makes RejectedFull+WouldWait exceed what the enforcing gate would have
-// done (one wait, one refusal).
+// The third would have been refused, never waited: one wait, one refusal.
 func TestDryRunCountsAnOperationThatWouldHaveBeenRefusedOnlyAsARefusal(t *testing.T) {
 	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait, DryRun: true}
 	r := wlOpen(t, p)
@@ -126,8 +122,7 @@ func TestSwitchingDryRunOnLetsEveryWaiterRunAtOnce(t *testing.T) {
 	awaitState(t, "w2 waits", func() bool { return r.g.Stats().Waiting == 2 })
 	p.DryRun = true
 	rzSet(t, r.g, p)
-	r.await(t, "w1")
-	r.await(t, "w2")
+	r.await(t, "w1", "w2")
 	if s := r.g.Stats(); s.Running != 3 || s.Waiting != 0 {
 		t.Fatalf("after switching dry-run on: %+v, want the 2 waiters running", s)
 	}

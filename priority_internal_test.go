@@ -1,8 +1,6 @@
 package bulkhead
 
-// Workload priorities in the global budget: its queue is ordered by
-// priority, and an operation that finds admission full sheds the youngest
-// waiter of the lowest priority below its own.
+// Workload priorities in the global budget.
 
 import (
 	"context"
@@ -116,9 +114,7 @@ func TestAShedWaiterGivesBackItsWorkloadsPermits(t *testing.T) {
 	g.release(0)
 }
 
-// A waiter of a lower priority queued in its workload's budget holds
-// nothing of the global one: a higher-priority operation finds room in the
-// global queue without shedding it, and both are served in turn.
+// It holds nothing of the global budget: both are served in turn.
 func TestAWaiterQueuedInItsWorkloadIsNotShedForAGlobalPermitItDoesNotHold(t *testing.T) {
 	g, _, _ := dlGate(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, Workloads: map[string]Workload{
 		"high": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, Priority: 1},

@@ -2,11 +2,8 @@
 
 package bulkhead_test
 
-// Runtime resizing (Gate.SetPolicy) with operations in flight, on the fake
-// driver: no permit lost or invented, running work finishes under the old
-// limits, new work starts only below the new ones, waiters are woken in
-// FIFO order, workloads are added, changed and removed live, and an
-// invalid policy changes nothing.
+// Gate.SetPolicy, Cap and CapUntil with operations in flight: no permit
+// lost or invented.
 
 import (
 	"context"
@@ -34,9 +31,8 @@ func rzSet(t *testing.T, g *bulkhead.Gate, p bulkhead.Policy) {
 	}
 }
 
-// rzFull fails unless exactly b operations can hold permits at once on r
-// and one more is refused at once (queue wait 0): the gate has exactly b
-// execution permits, none lost, none invented.
+// rzFull fails unless exactly b operations hold permits at once and one
+// more is refused (queue wait 0), and returns that rejection.
 func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
 	t.Helper()
 	bg := context.Background()
@@ -124,8 +120,7 @@ func TestGrowingWakesWaitersInFIFOOrder(t *testing.T) {
 		awaitState(t, fmt.Sprintf("w%d queued", i), func() bool { return r.g.Stats().Waiting == i })
 	}
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 3, MaxQueue: 3, QueueWait: bulkhead.MaxQueueWait})
-	r.await(t, "w1")
-	r.await(t, "w2")
+	r.await(t, "w1", "w2")
 	if s := r.g.Stats(); s.Running != 3 || s.Waiting != 1 || r.hasEntered("w3") {
 		t.Fatalf("after growing to B=3: %+v, entered %v; want w1 and w2 running, w3 waiting", s, r.enteredOrder())
 	}
@@ -191,8 +186,7 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 		t.Fatalf("re-added batch: %+v, want B=2 and nothing held", ws)
 	}
 	b5, b6 := r.exec(batch, "b5"), r.exec(batch, "b6")
-	r.await(t, "b5")
-	r.await(t, "b6")
+	r.await(t, "b5", "b6")
 	refused("re-added batch at B=2")
 	r.done(t, b5, b6)
 	rzSettled(t, r, 4)
@@ -278,11 +272,8 @@ func TestThePolicyInForceIsACopyOnBothSides(t *testing.T) {
 	}
 }
 
-// A bounded storm of operations of several workloads while SetPolicy
-// resizes every budget, adds and removes workloads. Checked inside the
-// gated work: never more operations than the largest B set, nor more of a
-// workload than its largest B. At the end: every permit is back, and the
-// final policy's B runs at once and not one more.
+// A storm of operations while SetPolicy resizes, adds and removes: never
+// more in the driver than the largest B set; at the end, exactly B.
 func TestConcurrentResizingNeverLosesOrInventsPermits(t *testing.T) {
 	const (
 		workers    = 8
@@ -291,10 +282,8 @@ func TestConcurrentResizingNeverLosesOrInventsPermits(t *testing.T) {
 		maxB       = 3
 		maxBw      = 2
 	)
-	// "a" is in every policy, resized each time; "b" comes and goes. The
-	// bound per workload is checked for "a": a workload removed and added
-	// again while its operations run is the subject of
-	// TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations.
+	// "a" is in every policy, resized each time; "b" comes and goes (the
+	// subject of TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations).
 	policies := []bulkhead.Policy{
 		{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Millisecond,
 			Workloads: map[string]bulkhead.Workload{"a": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Millisecond}}},
@@ -393,9 +382,7 @@ func TestConcurrentResizingNeverLosesOrInventsPermits(t *testing.T) {
 	}
 }
 
-// A workload removed by SetPolicy and added again while its operations
-// still run counts them ("no permit invented"): they and the new ones
-// together stay within its B.
+// No permit invented: those still running and the new ones stay within B.
 func TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations(t *testing.T) {
 	withBatch := bulkhead.Policy{MaxConcurrent: 4, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
 	r := wlOpen(t, withBatch)
@@ -412,9 +399,6 @@ func TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations(t *testi
 	r.balanced(t)
 }
 
-// Gate.Close closes the queues of the workloads in force; an operation
-// queued in a workload that SetPolicy removed waits on a queue that Close
-// no longer reaches.
 func TestClosingTheGateMakesAnOperationQueuedInARemovedWorkloadReturnErrClosed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r, _, b1, b2 := wlBatchQueued(t, 4, time.Hour)
@@ -424,10 +408,8 @@ func TestClosingTheGateMakesAnOperationQueuedInARemovedWorkloadReturnErrClosed(t
 	})
 }
 
-// CapUntil's b holds until its lease runs out, without any call: from
-// then on at most its fallback start, a waiter queued at that instant
-// included; running work keeps its permits, and the next CapUntil puts b
-// back.
+// Running work keeps its permits; a policy change keeps the fallback, the
+// next CapUntil puts b back.
 func TestCapUntilFallsToItsFallbackWhenTheLeaseRunsOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
@@ -439,8 +421,7 @@ func TestCapUntilFallsToItsFallbackWhenTheLeaseRunsOut(t *testing.T) {
 
 		// Two run at the lease's end, a third waits for a permit.
 		a, b := r.exec(bg, "a"), r.exec(bg, "b")
-		r.await(t, "a")
-		r.await(t, "b")
+		r.await(t, "a", "b")
 		time.Sleep(2 * time.Second) // the fake clock: the lease ran out
 		c := r.exec(bg, "c")
 		awaitState(t, "c waits", func() bool { return r.g.Stats().Waiting == 1 })
@@ -477,10 +458,8 @@ func TestCapUntilFallsToItsFallbackWhenTheLeaseRunsOut(t *testing.T) {
 	})
 }
 
-// An operation let in under CapUntil's lease that reaches the driver only
-// after the lease ran out (its dial outlived it, as in a process paused
-// meanwhile) is refused with ErrLeaseExpired, a rejection, and sends
-// nothing; its permits come back.
+// Let in under the lease, its dial outlived it: ErrLeaseExpired, and its
+// permits come back.
 func TestAnOperationLetInUnderALeaseThatRanOutSendsNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		fc := fakedb.New()
@@ -518,10 +497,8 @@ func TestAnOperationLetInUnderALeaseThatRanOutSendsNothing(t *testing.T) {
 	})
 }
 
-// docs/fleet.md: a member with no share rejects every operation at once.
-// A gate capped to B = 0 keeps no queue, whatever Q the cap leaves: an
-// operation is refused at once, and one queued when B falls to 0 is sent
-// away at once, for no permit could come before the next cap.
+// docs/fleet.md: a member with no share rejects every operation at once,
+// those queued as B falls to 0 included, whatever Q the cap leaves.
 func TestAGateCappedToNoPermitRejectsAtOnceAndKeepsNobodyWaiting(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Hour})

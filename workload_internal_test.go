@@ -2,9 +2,8 @@
 
 package bulkhead
 
-// A bounded concurrent stress of workloads, checked from inside the gated
-// work against the budgets' own state (unexported: the admission gauges
-// are not in Stats).
+// A stress of workloads, checked inside the gated work against the budgets'
+// own state.
 
 import (
 	"context"
@@ -23,9 +22,8 @@ import (
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
-// wliCheckBudget returns an error if l's state breaks a limit: more
-// admission permits held than B+Q, more execution permits than B, or an
-// idle permit while operations wait.
+// wliCheckBudget returns an error if l holds more than B+Q or B, or idles
+// a permit while operations wait.
 func wliCheckBudget(l *budget) error {
 	l.mu.Lock()
 	adm, maxAdm := int64(l.admitted), int64(l.b+l.q)

@@ -2,9 +2,7 @@
 
 package bulkhead_test
 
-// Workloads (Policy.Workloads, WithWorkload, WorkloadStats): each named
-// workload has its own budget inside the global one. Deterministic tests on
-// the fake driver.
+// Workloads: each named workload has its own budget inside the global one.
 
 import (
 	"context"
@@ -22,11 +20,9 @@ import (
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
-// wlRig is a gate on the fake driver whose Exec (and Query) of
-// "hold NAME" stays inside the driver, holding its permits, until the test
-// calls finish(NAME) or the call's context ends. Every other query
-// returns at once. The rig records which held operations entered the
-// driver, in order, and waits for its goroutines at the end of the test.
+// wlRig is a gate on the fake driver whose Exec or Query of "hold NAME"
+// stays in the driver until finish(NAME) or its context's end; others
+// return at once. It records, in order, the held operations that entered.
 type wlRig struct {
 	*fkEnv
 	mu      sync.Mutex
@@ -116,9 +112,8 @@ func (r *wlRig) exec(ctx context.Context, name string) wlOp {
 	})
 }
 
-// wlBatchQueued opens a rig in a synctest bubble with B=Q=n and a
-// workload "batch" of B=Q=1, all with queue wait wait; b1 holds the
-// batch permit and b2 waits for it, both run with the batch context.
+// wlBatchQueued opens a rig, in a synctest bubble, of B=Q=n and a workload
+// "batch" of B=Q=1: b1 holds the batch permit and b2 waits for it.
 func wlBatchQueued(t *testing.T, n int, wait time.Duration) (r *wlRig, batch context.Context, b1, b2 wlOp) {
 	t.Helper()
 	r = wlOpen(t, bulkhead.Policy{MaxConcurrent: n, MaxQueue: n, QueueWait: wait,
@@ -131,9 +126,8 @@ func wlBatchQueued(t *testing.T, n int, wait time.Duration) (r *wlRig, batch con
 	return r, batch, b1, b2
 }
 
-// closeEnds closes the gate, in a synctest bubble, and fails the test
-// unless the queued operation on ch returns ErrClosed, not a rejection,
-// with no fake time passing: only the close can end its wait.
+// closeEnds closes the gate, in a synctest bubble, and fails unless the
+// queued op returns ErrClosed at once, not a rejection.
 func (r *wlRig) closeEnds(t *testing.T, what string, op wlOp) {
 	t.Helper()
 	if err := r.g.Close(); err != nil {
@@ -178,9 +172,8 @@ func (r *wlRig) startN(t *testing.T, ctx context.Context, prefix string, n int) 
 	return ops
 }
 
-// tx starts a transaction on a goroutine that runs "hold "+name inside it
-// (the transaction holds the permits, the statement takes none) and
-// commits.
+// tx starts a transaction that runs "hold "+name (taking no permit of
+// its own) and commits.
 func (r *wlRig) tx(ctx context.Context, name string) wlOp {
 	return r.spawn(name, func() error { return testkit.Tx(ctx, r.db, "hold "+name) })
 }
@@ -209,10 +202,12 @@ func (r *wlRig) enteredOrder() []string {
 	return slices.Clone(r.entered)
 }
 
-// await waits until the held operation name is inside the driver.
-func (r *wlRig) await(t *testing.T, name string) {
+// await waits until the held operations names are inside the driver.
+func (r *wlRig) await(t *testing.T, names ...string) {
 	t.Helper()
-	awaitState(t, name+" runs in the driver", func() bool { return r.hasEntered(name) })
+	for _, name := range names {
+		awaitState(t, name+" runs in the driver", func() bool { return r.hasEntered(name) })
+	}
 }
 
 // wstats returns the named workload's stats, failing if there is none.
@@ -277,8 +272,7 @@ func TestAWorkloadAtItsLimitRejectsItsOwnWorkWhileUntaggedWorkIsStillAdmitted(t 
 	// The batch workload is at its limit: untagged work still runs, up to
 	// the global B.
 	u1, u2 := r.exec(bg, "u1"), r.exec(bg, "u2")
-	r.await(t, "u1")
-	r.await(t, "u2")
+	r.await(t, "u1", "u2")
 	_, err = r.db.ExecContext(bg, "quick")
 	wlRejected(t, "untagged op beyond the global B+Q", err, bulkhead.ErrAdmissionFull, "", 3, 0)
 
@@ -320,8 +314,7 @@ func TestUntaggedWorkAndWorkNamingAnUnknownWorkloadPassTheGlobalBudgetAlone(t *t
 	b1 := r.start(t, bulkhead.WithWorkload(bg, "batch"), "b1")
 	ghost := bulkhead.WithWorkload(bg, "ghost")
 	g1, g2 := r.exec(ghost, "g1"), r.exec(ghost, "g2")
-	r.await(t, "g1")
-	r.await(t, "g2")
+	r.await(t, "g1", "g2")
 	_, err := r.db.ExecContext(ghost, "quick")
 	wlRejected(t, "unknown workload beyond the global B+Q", err, bulkhead.ErrAdmissionFull, "", 3, 0)
 	if _, ok := r.g.WorkloadStats("ghost"); ok {
@@ -341,9 +334,8 @@ func TestUntaggedWorkAndWorkNamingAnUnknownWorkloadPassTheGlobalBudgetAlone(t *t
 	}
 }
 
-// A workload name the policy lacks (a typo) is not silently ignored: each
-// of its operations is counted in Stats.UnknownWorkload, and the name is
-// logged once, with the names the policy knows.
+// A typo is counted in Stats.UnknownWorkload and logged once, with the
+// names the policy knows.
 func TestAnUnknownWorkloadNameIsCountedAndLoggedOnce(t *testing.T) {
 	buf := captureLog(t)
 	r := wlOpen(t, wlBatch)
@@ -389,8 +381,7 @@ func TestAWorkloadQueueTimeoutNamesTheWorkloadAndCountsInItsStats(t *testing.T) 
 	})
 }
 
-// A workload's QueueWait bounds its wait for both budgets, in all: time
-// spent queued for the workload's permit is not given again for the
+// The time queued for the workload's permit is not given again for the
 // global one.
 func TestAWorkloadsQueueWaitCoversItsWaitForBothBudgets(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -449,10 +440,8 @@ func TestContextOptionsComposeAndReadBack(t *testing.T) {
 	}
 }
 
-// The same operation is reported under the same workload name by each
-// of its events; an unknown name (which passes the global budget alone)
-// must not reach OnAdmit or OnReject either, or a metrics collector keyed
-// by the name (promgate) would make a series per name the callers invent.
+// An unknown name reaches no event, or a collector keyed by it (promgate)
+// would make a series per name the callers invent.
 func TestEventsNameTheBudgetsWorkloadConsistentlyForAnUnknownName(t *testing.T) {
 	var ev testkit.Log[bulkhead.Event]
 	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 1, Workloads: wlBatch.Workloads},
@@ -511,9 +500,7 @@ func TestClosingTheGateMakesAnOperationQueuedForItsWorkloadReturnErrClosed(t *te
 }
 
 // README: when the database has room nothing is shed and everyone is
-// served. Operations queued in a workload's budget take nothing of the
-// global one, so they never lock other work out of a free permit, whatever
-// their priority.
+// served, whatever the priority of those queued in a workload.
 func TestOperationsQueuedInAWorkloadLeaveTheGlobalPermitsToOtherWork(t *testing.T) {
 	for _, prio := range []int{-10, 0, 10} {
 		t.Run(fmt.Sprintf("batch priority %d", prio), func(t *testing.T) {
@@ -543,10 +530,8 @@ func TestOperationsQueuedInAWorkloadLeaveTheGlobalPermitsToOtherWork(t *testing.
 	}
 }
 
-// A shed must buy a run: a higher-priority arrival sheds a queued
-// lower-priority waiter only if it will then wait for its turn itself, not
-// when it would be refused at once (no queue wait, or a deadline it cannot
-// make).
+// A shed must buy a run: not when the arrival may not wait, or cannot
+// make its deadline.
 func TestAHigherPriorityArrivalShedsNobodyWhenItWouldBeRefusedAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour,
