@@ -41,7 +41,7 @@ func TestDryRunNeitherRejectsNorWaitsNorRefusesDialsButCountsWhatWouldHaveBeen(t
 	drIdle(t, r) // every debt paid
 	p.DryRun = false
 	rzSet(t, r.g, p)
-	rzFull(t, r, 1, "after") // one permit, exactly
+	rzFull(t, r, 1, "after", bulkhead.ErrRejected) // one permit, exactly
 }
 
 // drIdle fails unless nothing holds or waits (r.balanced needs the rig's
@@ -130,7 +130,7 @@ func TestSwitchingDryRunOnLetsEveryWaiterRunAtOnce(t *testing.T) {
 	r.balanced(t)
 	p.DryRun = false
 	rzSet(t, r.g, p)
-	rzFull(t, r, 1, "after")
+	rzFull(t, r, 1, "after", bulkhead.ErrRejected)
 	if ws := r.wstats(t, "batch"); ws.Running != 0 || ws.Waiting != 0 {
 		t.Fatalf("batch after the end: %+v", ws)
 	}

@@ -32,8 +32,8 @@ func rzSet(t *testing.T, g *bulkhead.Gate, p bulkhead.Policy) {
 }
 
 // rzFull fails unless exactly b operations hold permits at once and one
-// more is refused (queue wait 0), and returns that rejection.
-func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
+// more is refused (queue wait 0) with a rejection matching cause.
+func rzFull(t *testing.T, r *wlRig, b int, tag string, cause error) {
 	t.Helper()
 	bg := context.Background()
 	done := r.startN(t, bg, tag+"-full", b)
@@ -41,14 +41,13 @@ func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
 		t.Fatalf("%d running at once: stats %+v", b, s)
 	}
 	_, err := r.db.ExecContext(bulkhead.WithQueueWait(bg, 0), "quick")
-	if !errors.Is(err, bulkhead.ErrRejected) {
-		t.Fatalf("operation %d with B=%d: %v, want a rejection", b+1, b, err)
+	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, cause) {
+		t.Fatalf("%s: operation %d with B=%d: %v, want a rejection matching %v", tag, b+1, b, err, cause)
 	}
 	r.done(t, done...)
 	if s := r.g.Stats(); s.Running != 0 || s.Waiting != 0 {
 		t.Fatalf("after the full round: stats %+v", s)
 	}
-	return err
 }
 
 // rzSettled fails unless no permit is held (wlRig.balanced) and exactly b
@@ -56,15 +55,7 @@ func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
 func rzSettled(t *testing.T, r *wlRig, b int) {
 	t.Helper()
 	r.balanced(t)
-	rzFull(t, r, b, "after")
-}
-
-// rzCause fails the test unless err matches cause.
-func rzCause(t *testing.T, tag string, err, cause error) {
-	t.Helper()
-	if !errors.Is(err, cause) {
-		t.Fatalf("%s: the rejection %v, want it to match %v", tag, err, cause)
-	}
+	rzFull(t, r, b, "after", bulkhead.ErrRejected)
 }
 
 func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testing.T) {
@@ -376,7 +367,7 @@ func TestConcurrentResizingNeverLosesOrInventsPermits(t *testing.T) {
 			t.Fatalf("workload %s after the storm: %+v, want nothing held", name, ws)
 		}
 	}
-	rzFull(t, r, final.MaxConcurrent, "final")
+	rzFull(t, r, final.MaxConcurrent, "final", bulkhead.ErrRejected)
 	if s := r.g.Stats(); s.Admitted != okN.Load()+int64(final.MaxConcurrent) {
 		t.Fatalf("Admitted=%d, want %d", s.Admitted, okN.Load()+int64(final.MaxConcurrent))
 	}
@@ -417,7 +408,7 @@ func TestCapUntilFallsToItsFallbackWhenTheLeaseRunsOut(t *testing.T) {
 		if err := r.g.CapUntil(bg, 3, 4, time.Now().Add(time.Second), 1); err != nil {
 			t.Fatal(err)
 		}
-		rzCause(t, "leased", rzFull(t, r, 3, "leased"), bulkhead.ErrQueueTimeout)
+		rzFull(t, r, 3, "leased", bulkhead.ErrQueueTimeout)
 
 		// Two run at the lease's end, a third waits for a permit.
 		a, b := r.exec(bg, "a"), r.exec(bg, "b")
@@ -438,20 +429,20 @@ func TestCapUntilFallsToItsFallbackWhenTheLeaseRunsOut(t *testing.T) {
 		r.done(t, c)
 		// README: ErrLeaseExpired, a fleet member's lease ran out before the
 		// operation started.
-		rzCause(t, "fallback", rzFull(t, r, 1, "fallback"), bulkhead.ErrLeaseExpired)
+		rzFull(t, r, 1, "fallback", bulkhead.ErrLeaseExpired)
 
 		// A policy change keeps the lapsed lease's fallback; a renewal ends it.
 		rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
-		rzCause(t, "setpolicy", rzFull(t, r, 1, "setpolicy"), bulkhead.ErrLeaseExpired)
+		rzFull(t, r, 1, "setpolicy", bulkhead.ErrLeaseExpired)
 		if err := r.g.CapUntil(bg, 3, 4, time.Now().Add(time.Second), 1); err != nil {
 			t.Fatal(err)
 		}
-		rzCause(t, "renewed", rzFull(t, r, 3, "renewed"), bulkhead.ErrQueueTimeout)
+		rzFull(t, r, 3, "renewed", bulkhead.ErrQueueTimeout)
 		if err := r.g.Cap(bg, -1, -1); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(2 * time.Second)
-		rzCause(t, "uncapped", rzFull(t, r, 4, "uncapped"), bulkhead.ErrQueueTimeout)
+		rzFull(t, r, 4, "uncapped", bulkhead.ErrQueueTimeout)
 		if s := r.g.Stats(); s.RejectedLease != 2 {
 			t.Fatalf("stats %+v, want the 2 refusals on the fallback counted as RejectedLease", s)
 		}
