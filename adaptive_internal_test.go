@@ -45,9 +45,8 @@ func TestAdaptiveBudgetStartsAtTheFloorAndGrowingServesAWaiter(t *testing.T) {
 	l.release(0)
 }
 
-// Through a gate: Stats.MaxConcurrent is the B in force, which starts at
-// MinConcurrent (1 for 0) under Adaptive and is the policy's without it;
-// workloads keep their own B.
+// Stats.MaxConcurrent is the B in force: MinConcurrent (1 for 0) at the
+// start under Adaptive, the policy's without; workloads keep their own.
 func TestAdaptiveGateStartsAtTheFloorAndSetPolicyMovesIt(t *testing.T) {
 	g, _, _ := dlGate(t, Policy{MaxConcurrent: 8, Adaptive: true,
 		Workloads: map[string]Workload{"batch": {MaxConcurrent: 4}}})
@@ -104,9 +103,8 @@ func TestAdaptiveGrowsOnRefusalsWhenNobodyCanWait(t *testing.T) {
 	l.release(0)
 }
 
-// Through database/sql on the fake driver: 32 callers run transactions,
-// 90 % holding 1 ms and 10 % 30 ms, nothing ever queueing in the database.
-// A mix is not queueing: B climbs to the ceiling of 16 and stays there.
+// 32 callers, 90 % of transactions holding 1 ms and 10 % 30 ms: a mix is
+// not queueing.
 func TestAdaptiveOnAMixOfTransactionsThatNeverQueueGoesToTheCeiling(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var w dlWork

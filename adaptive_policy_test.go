@@ -2,9 +2,7 @@
 
 package bulkhead
 
-// Policy.Adaptive and Policy.MinConcurrent: Validate, and
-// BULKHEAD_ADAPTIVE and BULKHEAD_MIN_CONCURRENT. polCheckMessage,
-// polEnviron and samePolicy come from policy_test.go.
+// Policy.Adaptive and MinConcurrent: Validate and the environment.
 
 import (
 	"strconv"

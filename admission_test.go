@@ -17,10 +17,8 @@ import (
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
-// Tests of the unexported budget. Tests that need time to pass run in a
-// synctest bubble, where the clock is fake: a wait of 100ms takes exactly
-// 100ms of fake time and no real time, and synctest.Wait tells when every
-// other goroutine is blocked (for example queued for a permit).
+// Tests of the unexported budget. Those that need time to pass run in a
+// synctest bubble: waits take exactly their length of fake time.
 
 // admState is the budget's state, read under its lock.
 type admState struct {
@@ -83,12 +81,30 @@ type admResult struct {
 }
 
 // admGo starts acquire in a goroutine; its result arrives on the channel.
-func admGo(ctx context.Context, l *budget) <-chan admResult {
+func admGo(ctx context.Context, l *budget) <-chan admResult { return admGoPass(ctx, l, passage{}) }
+
+// admGoPass starts admPass(ctx, l, ps) in a goroutine; its result arrives
+// on the channel.
+func admGoPass(ctx context.Context, l *budget, ps passage) <-chan admResult {
 	ch := make(chan admResult, 1)
 	go func() {
-		w, err := admAcquire(ctx, l)
+		w, err := admPass(ctx, l, ps)
 		ch <- admResult{w, err}
 	}()
+	return ch
+}
+
+// admQueue starts admGoPass and returns once it is the nth waiter of l,
+// failing the test if it returned before.
+func admQueue(t *testing.T, ctx context.Context, l *budget, ps passage, n int) <-chan admResult {
+	t.Helper()
+	ch := admGoPass(ctx, l, ps)
+	admWaitFor(t, func() bool {
+		if r, ok := admPoll(ch); ok {
+			t.Fatalf("waiter %d returned %v before it was queued", n, r.err)
+		}
+		return admRead(l).waiting == n
+	})
 	return ch
 }
 
@@ -117,8 +133,7 @@ func admWaitFor(t *testing.T, cond func() bool) {
 }
 
 // admBubbleBudget returns a budget for a synctest bubble, closed at the
-// end of the test so that a failing test leaves no goroutine queued (the
-// bubble would report a deadlock instead of the failure).
+// end of the test: a failing test leaves no goroutine queued.
 func admBubbleBudget(t *testing.T, p Policy) *budget {
 	l := admBudget("", p)
 	t.Cleanup(l.close)
@@ -304,10 +319,8 @@ func TestWaitersAreGrantedPermitsInArrivalOrder(t *testing.T) {
 	})
 }
 
-// A queue wait that ends without an execution permit is a queue-timeout
-// rejection after exactly the queue wait (on the fake clock): the waiter
-// took no permit and the holder keeps its own; with a queue wait of 0 it
-// waits for nothing, and a free permit is still taken at once.
+// A queue timeout comes after exactly the queue wait (0: none) and takes
+// nothing; a free permit is still taken at once.
 func TestQueueTimeoutRejectsAndGivesBackOnlyTheAdmissionPermit(t *testing.T) {
 	for _, c := range []struct {
 		wait      time.Duration
@@ -348,10 +361,8 @@ func TestQueueTimeoutRejectsAndGivesBackOnlyTheAdmissionPermit(t *testing.T) {
 	}
 }
 
-// A context that ends while its operation is queued ends the wait with
-// the context's own error, not a rejection, after exactly the time it
-// waited, and takes nothing: cancelled after 10ms with an hour of queue
-// wait, or its deadline of 30ms coming before a queue wait of 100ms.
+// A context cancelled, or whose deadline comes before the queue wait,
+// ends the wait with its own error, not a rejection, and takes nothing.
 func TestAContextEndingWhileQueuedReturnsTheContextError(t *testing.T) {
 	for _, c := range []struct {
 		want     error
@@ -455,9 +466,8 @@ func TestCloseMakesWaitersAndNewOperationsReturnErrClosed(t *testing.T) {
 	})
 }
 
-// A waiter that was queued when the gate closed must get ErrClosed even if
-// a running operation releases its permit before the waiter is scheduled:
-// otherwise, after db.Close, an operation can still start.
+// A waiter queued at close gets ErrClosed even if a permit is released
+// before it is scheduled: after db.Close no operation starts.
 func TestWaiterQueuedAtCloseGetsErrClosedEvenIfAPermitIsReleasedRightAfter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		for i := range 200 {
@@ -477,10 +487,8 @@ func TestWaiterQueuedAtCloseGetsErrClosedEvenIfAPermitIsReleasedRightAfter(t *te
 	})
 }
 
-// A permit granted to a waiter whose wait has just ended (its context was
-// canceled, it woke for that, but the grant came before it took the lock)
-// is not lost: the waiter reports its context error and hands the permit
-// to the next waiter, or gives it back when nobody waits.
+// A permit granted as the waiter's context ended is handed to the next
+// waiter, or given back; the waiter reports its context's error.
 func TestPermitGrantedAsTheWaitEndsIsHandedOn(t *testing.T) {
 	for _, next := range []bool{true, false} {
 		t.Run(fmt.Sprint("next waiter ", next), func(t *testing.T) {
@@ -607,9 +615,8 @@ func (c admRaceCounts) add(err error) {
 	c[err.Error()]++
 }
 
-// settle counts the outcome of the waiter on ch, which must be the permit,
-// given back at once, or the error want; it reports whether the waiter
-// got the permit.
+// settle counts the outcome on ch, the permit (given back at once, and
+// reported true) or the error want, failing on anything else.
 func (c admRaceCounts) settle(t *testing.T, l *budget, what string, ch <-chan admResult, want error) (granted bool) {
 	t.Helper()
 	r := <-ch
@@ -637,10 +644,8 @@ func admRace(a, b func()) {
 	wg.Wait()
 }
 
-// In each iteration a queued waiter's context is canceled at the same time
-// as the holder releases. Whichever wins, the permit must end up with the
-// second waiter (handed on if the first one was granted as it gave up), and
-// in the end every permit is back.
+// A waiter's cancellation races the holder's release: the permit ends
+// with the second waiter or is handed on, and every permit comes back.
 func TestCancellationRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 	const iterations = 2000
 	counts := admRaceCounts{}
@@ -682,9 +687,8 @@ func TestCancellationRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 	t.Logf("first waiter outcomes over %d races: %v", iterations, counts)
 }
 
-// In each iteration the holder releases while a queued waiter's queue wait
-// runs out, with real time (a fake clock never fires a timer while a
-// release is running). Queue waits from 1 to 64µs make both outcomes happen.
+// A release races a queue wait running out, in real time (a fake clock
+// never fires mid-release); waits of 1 to 64µs make both outcomes happen.
 func TestQueueTimeoutRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 	const iterations = 2000
 	counts := admRaceCounts{}
@@ -719,9 +723,8 @@ func TestQueueTimeoutRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 	t.Logf("waiter outcomes over %d races: %d granted, %d timed out", iterations, total.Admitted-iterations, total.RejectedTimeout)
 }
 
-// In each iteration the gate closes while the holder releases. The waiters
-// get the permit or ErrClosed, never anything else, and in the end every
-// permit is back.
+// Close races a release: waiters get the permit or ErrClosed, and every
+// permit comes back.
 func TestCloseRacingAGrantLeavesEveryPermitBack(t *testing.T) {
 	const iterations = 2000
 	counts := admRaceCounts{}
@@ -769,11 +772,8 @@ type admModelWaiter struct {
 	res    <-chan admResult
 }
 
-// TestLimiterMatchesAModelUnderRandomOperations runs random sequences of
-// acquire, release, cancel, clock advance and close on the fake clock and,
-// after every step, compares each operation's outcome, the budget's state
-// and its Stats with a simple model, and checks the invariants
-// 0 <= free <= B, admitted <= B+Q, waiting <= Q.
+// Random acquires, releases, cancels, clock advances and closes: after
+// each step, outcomes, state and Stats match a model and invariants hold.
 func TestLimiterMatchesAModelUnderRandomOperations(t *testing.T) {
 	seeds, steps := 40, 300
 	if testing.Short() {

@@ -23,9 +23,7 @@ import (
 //
 // BENCHMARKS.md has the figures.
 
-// benchPolicy is a budget that never makes the benchmarked path wait or
-// reject unless the benchmark arranges it: B and Q far above the
-// goroutines that run.
+// benchPolicy never makes the benchmarked path wait or reject.
 var benchPolicy = Policy{MaxConcurrent: 1 << 16, MaxQueue: 1 << 16, QueueWait: MaxQueueWait}
 
 // BenchmarkSemaphore measures one acquire and release of an execution

@@ -52,7 +52,7 @@ func TestWithQueueWaitOverridesThePolicysAndTheWorkloadsWait(t *testing.T) {
 		if _, err := r.db.ExecContext(ctx, "quick"); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, bulkhead.ErrRejected) || time.Since(start) != 100*time.Millisecond {
 			t.Fatalf("WithQueueWait(1s) and 100ms left: %v after %v, want the deadline's DeadlineExceeded after 100ms", err, time.Since(start))
 		}
-		r.doneAll(t, []string{"h1", "h2"}, h1, h2)
+		r.done(t, h1, h2)
 		r.balanced(t)
 	})
 }

@@ -2,12 +2,9 @@
 
 package bulkhead
 
-// The deadline-aware queue and the hold estimates it judges by: an
-// operation whose context has a deadline it can no longer make, by the
-// holds its own class of work (its statement's text, its transaction's
-// workload) took lately, is refused at once, waits no longer than its
-// deadline less twice that hold, or is sent away when its turn comes. Tests that
-// need time to pass run in a synctest bubble, on its fake clock.
+// The deadline-aware queue: an operation that can no longer make its
+// deadline, by its class's recent holds, is refused at once, waits no
+// longer than its deadline less twice that hold, or is sent away at its turn.
 
 import (
 	"context"
@@ -44,38 +41,27 @@ func dlClass(d time.Duration) estimate.Ref {
 	return r
 }
 
-// dlAcquire takes both permits of l as a gate's passage does, with l's
-// queue wait, ctx's deadline and class c, counting the operation as admitted.
-func dlAcquire(ctx context.Context, l *budget, c estimate.Ref) (waited time.Duration, err error) {
+// dlPassage is a gate's passage of class c with ctx's deadline.
+func dlPassage(ctx context.Context, c estimate.Ref) passage {
 	ps := passage{class: c}
 	ps.deadline, _ = ctx.Deadline()
-	return admPass(ctx, l, ps)
+	return ps
+}
+
+// dlAcquire takes both permits of l for dlPassage(ctx, c) (admPass).
+func dlAcquire(ctx context.Context, l *budget, c estimate.Ref) (waited time.Duration, err error) {
+	return admPass(ctx, l, dlPassage(ctx, c))
 }
 
 // dlGo starts dlAcquire in a goroutine; its result arrives on the channel.
 func dlGo(ctx context.Context, l *budget, c estimate.Ref) <-chan admResult {
-	ch := make(chan admResult, 1)
-	go func() {
-		w, err := dlAcquire(ctx, l, c)
-		ch <- admResult{w, err}
-	}()
-	return ch
+	return admGoPass(ctx, l, dlPassage(ctx, c))
 }
 
-// dlQueue starts dlAcquire with ctx and returns once it waits, the
-// (n)th waiter of l.
+// dlQueue starts dlAcquire and returns once it is the nth waiter of l.
 func dlQueue(t *testing.T, ctx context.Context, l *budget, c estimate.Ref, n int) <-chan admResult {
 	t.Helper()
-	ch := dlGo(ctx, l, c)
-	admWaitFor(t, func() bool {
-		select {
-		case r := <-ch:
-			t.Fatalf("waiter %d returned %v before it was queued", n, r.err)
-		default:
-		}
-		return admRead(l).waiting == n
-	})
-	return ch
+	return admQueue(t, ctx, l, dlPassage(ctx, c), n)
 }
 
 // dlNone fails if a result is on ch.
@@ -122,9 +108,7 @@ func dlMissed(t *testing.T, what string, err error) *RejectedError {
 
 // ---- the budget's queue, judged by a class's estimate ----
 
-// A deadline closer than its class's hold is refused at once: a rejection,
-// not the context's error, counted apart, with no wait; the error says
-// what it was judged on.
+// Refused at once: a rejection counted apart, saying what it was judged on.
 func TestADeadlineCloserThanItsClassesHoldIsRefusedAtOnce(t *testing.T) {
 	l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
 	admMustAcquire(t, l)
@@ -147,9 +131,7 @@ func TestADeadlineCloserThanItsClassesHoldIsRefusedAtOnce(t *testing.T) {
 	l.release(0)
 }
 
-// Without a deadline, or of a class never measured, an operation waits
-// its turn whatever the holds: nothing is refused without evidence. One
-// with a deadline goes before one without.
+// Nothing is refused without evidence; one with a deadline goes first.
 func TestWithoutADeadlineOrAnEstimateAnOperationWaitsItsTurn(t *testing.T) {
 	l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
 	admMustAcquire(t, l)
@@ -165,10 +147,7 @@ func TestWithoutADeadlineOrAnEstimateAnOperationWaitsItsTurn(t *testing.T) {
 	l.release(0)
 }
 
-// The wait expected ahead counts those queued before it (their deadlines
-// earlier), at the budget's median hold per execution permit: a deadline
-// that leaves room for its own hold but not for that wait is refused at
-// once.
+// Ahead: those queued before it, at the budget's median hold per permit.
 func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
 	l := admBudget("", Policy{MaxConcurrent: 2, MaxQueue: 8, QueueWait: time.Hour})
 	admMustAcquire(t, l)
@@ -200,9 +179,7 @@ func TestTheWaitExpectedAheadCountsTheWaitersQueued(t *testing.T) {
 	l.release(0)
 }
 
-// A waiter whose deadline is closer than its class's hold when its turn
-// comes (the hold grew meanwhile) is sent away, and the permit goes to the
-// next.
+// The hold grew while it waited: it is sent away, the permit goes on.
 func TestAWaiterThatCanNoLongerMakeItsDeadlineIsSentAwayAtItsTurn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := admBudget("", Policy{MaxConcurrent: 1, MaxQueue: 4, QueueWait: time.Hour})
@@ -233,9 +210,7 @@ func TestAWaiterThatCanNoLongerMakeItsDeadlineIsSentAwayAtItsTurn(t *testing.T) 
 	})
 }
 
-// A waiter waits no longer than its deadline less twice its class's hold,
-// and is then refused with ErrWouldMissDeadline, saying so; when the queue
-// wait ends first, it is a queue timeout.
+// Refused, saying so, when that bound comes before the queue wait's end.
 func TestTheWaitIsBoundedByTheDeadlineLessTwiceItsClassesHold(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		for _, c := range []struct {
@@ -307,12 +282,10 @@ func dlGate(t *testing.T, p Policy, opts ...Option) (*Gate, *sql.DB, *fakedb.Con
 	return g, db, fc
 }
 
-// dlWork makes the fake driver hold each Exec of "sleep D" for D (fake
-// time in a bubble), returning its context's error once it ends, cancel
-// after it (pgx's cancel request keeps a cancelled statement that long);
-// while the lock is held, every statement waits for it first. With outlier
-// set, the next statement whose deadline is over a second away holds a
-// thousand times D.
+// dlWork holds each Exec of "sleep D" for D, or its context's end then
+// cancel (pgx's cancel request); while the lock is held every statement
+// waits for it first; with outlier set, the next one whose deadline is
+// over a second away holds 1000 × D.
 type dlWork struct {
 	cancel  time.Duration
 	outlier atomic.Bool
@@ -377,26 +350,6 @@ func (w *dlWork) release() {
 	w.mu.Unlock()
 }
 
-// dlRejects records the OnReject events.
-type dlRejects struct {
-	mu  sync.Mutex
-	got []Event
-}
-
-func (r *dlRejects) option() Option {
-	return WithEvents(Events{OnReject: func(e Event) {
-		r.mu.Lock()
-		r.got = append(r.got, e)
-		r.mu.Unlock()
-	}})
-}
-
-func (r *dlRejects) list() []Event {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]Event(nil), r.got...)
-}
-
 // dlLoad counts the outcomes of the statements run.
 type dlLoad struct {
 	ok, late, other atomic.Int64
@@ -424,15 +377,12 @@ func (l *dlLoad) run(db *sql.DB, n int, next func(i int) (query string, deadline
 	})
 }
 
-// Through database/sql: a statement and a transaction whose deadline is
-// closer than their class's hold (a transaction's: those of its workload
-// given about as long) are refused, reported to OnReject with the reason,
-// and reach neither the driver nor a dial; another class's statement, with
-// the same deadline, runs.
+// A statement and a transaction (judged by those of its workload given
+// about as long) are refused and reported; another class's statement runs.
 func TestTheGateRefusesAnOperationThatWouldMissItsDeadlineWithoutReachingTheDriver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var ev dlRejects
-		_, g, db, fc := dlWorkGate(t, dlEveryOneMeasured(1), ev.option())
+		var ev testkit.Log[Event]
+		_, g, db, fc := dlWorkGate(t, dlEveryOneMeasured(1), WithEvents(Events{OnReject: ev.Add}))
 		// Measured: a statement that holds a minute, and a transaction
 		// given 65s that holds a minute.
 		testkit.Exec(t, context.Background(), db, "sleep 1m")
@@ -464,7 +414,7 @@ func TestTheGateRefusesAnOperationThatWouldMissItsDeadlineWithoutReachingTheDriv
 		if fc.Count(fakedb.OpExec) != execs+1 || fc.Count(fakedb.OpBegin) != begins {
 			t.Fatalf("the driver saw %d execs and %d begins, want the one run", fc.Count(fakedb.OpExec)-execs, fc.Count(fakedb.OpBegin)-begins)
 		}
-		evs := ev.list()
+		evs := ev.List()
 		if len(evs) != 2 || evs[0].Kind != KindExec || evs[1].Kind != KindTx {
 			t.Fatalf("OnReject events %+v, want a statement's and a transaction's", evs)
 		}
@@ -482,9 +432,7 @@ func dlEveryOneMeasured(b int) Policy {
 	return Policy{MaxConcurrent: b, MaxQueue: 4 * b, QueueWait: time.Second, Adaptive: true, MinConcurrent: b}
 }
 
-// A mix of fast and slow statements, each judged by its own class: with
-// slow reports among them, a fast statement whose deadline is ten times
-// its own hold is never refused while it need not wait.
+// Each judged by its own class: slow reports refuse no fast statement.
 func TestInAMixNoCallIsRefusedWhoseDeadlineIsTenTimesItsOwnHold(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, g, db, _ := dlWorkGate(t, dlEveryOneMeasured(4))
@@ -503,10 +451,8 @@ func TestInAMixNoCallIsRefusedWhoseDeadlineIsTenTimesItsOwnHold(t *testing.T) {
 	})
 }
 
-// Under overload, transactions of one workload arrive every 4ms, nine in
-// ten given 100ms for 5ms of work, one given 3s for 150ms: a short one
-// refused as late is judged by the hold of the short ones, not by the long
-// ones that alone get through a queue the short ones are refused from.
+// Overload: 9 in 10 given 100ms for 5ms, 1 given 3s for 150ms; the long
+// ones alone get through, but the short ones are judged by their own.
 func TestAShortTransactionIsJudgedByTheShortOnesNotByTheLongOnesThatGetThrough(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, g, db, _ := dlWorkGate(t, Policy{MaxConcurrent: 2, MaxQueue: 16, QueueWait: 100 * time.Millisecond})
@@ -552,9 +498,7 @@ func TestAShortTransactionIsJudgedByTheShortOnesNotByTheLongOnesThatGetThrough(t
 	})
 }
 
-// After one statement a thousand times slower than the rest, of their own
-// text or another, no call is refused whose deadline is ten times its
-// class's usual hold (each caller has a permit of its own).
+// The slow one of their own text or another; each caller has a permit.
 func TestAfterOneStatementAThousandTimesSlowerNoCallWithTenTimesItsHoldIsRefused(t *testing.T) {
 	for _, slow := range []string{"sleep 1s", "sleep 1ms"} { // another text, then the same one
 		t.Run(slow, func(t *testing.T) {
@@ -578,9 +522,7 @@ func TestAfterOneStatementAThousandTimesSlowerNoCallWithTenTimesItsHoldIsRefused
 	}
 }
 
-// A lock held 3s: statements with 2s deadlines are cut off at them, their
-// class's estimate rises past the deadlines and calls are refused; once
-// the lock is released, calls run again within a second.
+// A lock held 3s: 2s deadlines are cut off, then refused; not for long.
 func TestAfterALockCallsRunAgainWithinASecondOfItsRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := dlWork{cancel: 100 * time.Millisecond}
@@ -637,9 +579,7 @@ func TestAfterALockCallsRunAgainWithinASecondOfItsRelease(t *testing.T) {
 	})
 }
 
-// Statements cancelled by their callers keep their permits while the
-// driver stops them (pgx's cancel request: 100ms): that tells nothing of
-// the work, and does not raise their class's estimate.
+// Cancelled, they hold their permits while the driver stops them (100ms).
 func TestACallCancelledByItsCallerDoesNotRaiseItsClassesEstimate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := dlWork{cancel: 100 * time.Millisecond}
@@ -664,9 +604,6 @@ func TestACallCancelledByItsCallerDoesNotRaiseItsClassesEstimate(t *testing.T) {
 	})
 }
 
-// Hold times are measured on operations that could not take their
-// permits at once, not on those that could (unless the limit is
-// adaptive, where every operation is measured).
 func TestTheGateMeasuresHoldTimesOffTheFastPathOrAllWhenAdaptive(t *testing.T) {
 	bg := context.Background()
 	t.Run("fixed", func(t *testing.T) {
@@ -697,9 +634,7 @@ func TestTheGateMeasuresHoldTimesOffTheFastPathOrAllWhenAdaptive(t *testing.T) {
 	})
 }
 
-// Once a budget has measured a hold, an operation that takes its last
-// execution permit on the fast path is measured too, so that estimates
-// that got too long come down while nobody waits.
+// So that estimates that got too long come down while nobody waits.
 func TestTheFastPathMeasuresTheOperationThatTakesTheLastPermit(t *testing.T) {
 	l := newBudget("")
 	l.resize(2, 0, 0, false, 0)
@@ -718,15 +653,12 @@ func TestTheFastPathMeasuresTheOperationThatTakesTheLastPermit(t *testing.T) {
 	l.release(0)
 }
 
-// Through database/sql: an operation that finds a permit free but whose
-// deadline is closer than its class's hold is refused once it holds its
-// server connection, before the driver sees it; after estimate.ProbeGap of such
-// refusals, one goes as a probe, and its hold, measured though it took no
-// last permit, restarts the estimate when fast.
+// Refused before the driver sees it; after estimate.ProbeGap one goes as
+// a probe, and its fast hold restarts the estimate.
 func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var ev dlRejects
-		_, g, db, fc := dlWorkGate(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, ev.option())
+		var ev testkit.Log[Event]
+		_, g, db, fc := dlWorkGate(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour}, WithEvents(Events{OnReject: ev.Add}))
 		r := g.est.Ref(estimate.Key{Kind: uint8(KindExec), Text: "sleep 1ms"}, true)
 		now := time.Now()
 		for range estimate.HoldSamples {
@@ -751,7 +683,7 @@ func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *te
 		if _, err := db.ExecContext(ctx, "sleep 1ms"); err != nil {
 			t.Fatalf("once the probe was measured: %v, want it run", err)
 		}
-		if s := g.Stats(); s.RejectedDeadline != 1 || s.Admitted != 2 || len(ev.list()) != 1 {
+		if s := g.Stats(); s.RejectedDeadline != 1 || s.Admitted != 2 || len(ev.List()) != 1 {
 			t.Fatalf("stats %+v, want 1 deadline rejection, 2 admitted", s)
 		}
 	})
@@ -769,8 +701,7 @@ func TestWaitersAreServedEarliestDeadlineFirst(t *testing.T) {
 			}
 		})
 		synctest.Wait()
-		var mu sync.Mutex
-		var order []string
+		var order testkit.Log[string]
 		for _, c := range []struct {
 			name string
 			left time.Duration // 0: no deadline
@@ -783,15 +714,13 @@ func TestWaitersAreServedEarliestDeadlineFirst(t *testing.T) {
 				if _, err := db.ExecContext(ctx, "sleep 1ms"); err != nil {
 					t.Errorf("%s: %v", c.name, err)
 				}
-				mu.Lock()
-				order = append(order, c.name)
-				mu.Unlock()
+				order.Add(c.name)
 			})
 			synctest.Wait()
 		}
 		wg.Wait()
-		if want := []string{"30s", "60s", "60s, later", "none", "none, later"}; !slices.Equal(order, want) {
-			t.Fatalf("served in the order %q, want %q", order, want)
+		if want := []string{"30s", "60s", "60s, later", "none", "none, later"}; !slices.Equal(order.List(), want) {
+			t.Fatalf("served in the order %q, want %q", order.List(), want)
 		}
 	})
 }

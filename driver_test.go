@@ -2,9 +2,7 @@
 
 package bulkhead_test
 
-// Contract tests of the wrapping (conn.go, connector.go, options.go)
-// through database/sql, on the in-process fake driver: deterministic, no
-// server, no sleeps. Each test proves one point of the contract.
+// Contract tests of the wrapping through database/sql, on the fake driver.
 
 import (
 	"context"
@@ -13,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"go/build"
-	"log/slog"
 	"math"
 	"runtime"
 	"slices"
@@ -66,11 +63,9 @@ func (e *fkEnv) running(t *testing.T, want int, when string) {
 	}
 }
 
-// exec runs an Exec of query on e's DB on a goroutine; its error arrives
-// on the channel.
+// exec runs an Exec of query on e's DB on a goroutine (testkit.GoExec).
 func (e *fkEnv) exec(ctx context.Context, query string) <-chan error {
-	done := testkit.GoExec(ctx, e.db, query)
-	return done
+	return testkit.GoExec(ctx, e.db, query)
 }
 
 // awaitRelease waits for the next release of permits, made on any
@@ -95,8 +90,7 @@ func (e *fkEnv) balanced(t *testing.T) {
 
 var fkB1 = bulkhead.Policy{MaxConcurrent: 1}
 
-// fkRaw runs f with the driver conn that (*sql.Conn).Raw hands out: the
-// wrapper.
+// fkRaw runs f with the driver conn (*sql.Conn).Raw hands out: the wrapper.
 func fkRaw(t *testing.T, db *sql.DB, f func(dc any)) {
 	t.Helper()
 	ctx := context.Background()
@@ -245,27 +239,16 @@ func fkCompare(t *testing.T, what string, plain, gated *fakedb.Connector) {
 	}
 }
 
-// The next three tests run fkCompare on every variant of the fake driver
-// (fakedb.ConnVariants and its siblings): each optional interface absent
-// in one at least, every two of a kind on and off in all four ways.
+// fakedb's variants lack each optional interface in one at least.
 
 func TestEveryDriverConnBehavesThroughTheGateAsThroughDatabaseSQLAlone(t *testing.T) {
-	var absent fakedb.ConnIface
-	for _, m := range fakedb.ConnVariants() {
-		plain, gated := fakedb.New(), fakedb.New()
-		plain.Conn, gated.Conn = m, m
-		fkCompare(t, "driver conn "+m.String(), plain, gated)
-		absent |= fakedb.ConnAll &^ m
-	}
-	if absent != fakedb.ConnAll {
-		t.Fatalf("no variant lacks %v", fakedb.ConnAll&^absent)
-	}
+	fkCompareEach(t, "conn", []fakedb.ConnIface{fakedb.ConnAll}, fakedb.ConnVariants(), fakedb.ConnAll,
+		func(fc *fakedb.Connector, m fakedb.ConnIface) { fc.Conn = m })
 }
 
-// fkCompareEach runs fkCompare for each variant m of what under each
-// driver conn of conns, set giving a connector m; it fails unless some
-// variant lacks each interface of all.
-func fkCompareEach[M fakedb.StmtIface | fakedb.RowsIface](t *testing.T, what string, conns []fakedb.ConnIface, variants []M, all M, set func(*fakedb.Connector, M)) {
+// fkCompareEach runs fkCompare for each variant (set on a connector) under
+// each conn of conns; it fails unless some variant lacks each of all.
+func fkCompareEach[M fakedb.ConnIface | fakedb.StmtIface | fakedb.RowsIface](t *testing.T, what string, conns []fakedb.ConnIface, variants []M, all M, set func(*fakedb.Connector, M)) {
 	t.Helper()
 	var absent M
 	for _, c := range conns {
@@ -349,6 +332,18 @@ func TestTheArticleDemoOnTheFakeDriverRejectsTheSecondOperationAndCommits42(t *t
 	e.balanced(t)
 }
 
+// fkEither opens a *sql.DB on fc, through a gate of policy p if gated,
+// else through database/sql alone; it is closed at the end of the test.
+func fkEither(t *testing.T, fc *fakedb.Connector, gated bool, p bulkhead.Policy) *sql.DB {
+	t.Helper()
+	if gated {
+		return fkOpen(t, fc, p).db
+	}
+	db := sql.OpenDB(fc)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
 // fkBlocked runs f on a goroutine while the fake holds op inside the
 // driver, calls during, then lets op return and waits for f.
 func fkBlocked(t *testing.T, fc *fakedb.Connector, op fakedb.Op, f func() error, during func()) {
@@ -362,6 +357,53 @@ func fkBlocked(t *testing.T, fc *fakedb.Connector, op fakedb.Op, f func() error,
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// fkOps are operations through database/sql that reach the driver's op:
+// a Begin commits, a Commit or Rollback begins first, a statement's Exec
+// or Query prepares it first.
+var fkOps = []struct {
+	op fakedb.Op
+	do func(context.Context, *sql.DB) error
+}{
+	{fakedb.OpExec, func(ctx context.Context, db *sql.DB) error { _, err := db.ExecContext(ctx, "UPDATE t"); return err }},
+	{fakedb.OpQuery, fkQueryRow},
+	{fakedb.OpBegin, func(ctx context.Context, db *sql.DB) error { return fkTx(ctx, db, (*sql.Tx).Commit) }},
+	{fakedb.OpRowsClose, fkQueryRow},
+	{fakedb.OpPrepare, func(ctx context.Context, db *sql.DB) error {
+		return fkStmt(ctx, db, "UPDATE t", func(*sql.Stmt) error { return nil })
+	}},
+	{fakedb.OpStmtExec, func(ctx context.Context, db *sql.DB) error {
+		return fkStmt(ctx, db, "UPDATE t", func(st *sql.Stmt) error { _, err := st.ExecContext(ctx); return err })
+	}},
+	{fakedb.OpStmtQuery, func(ctx context.Context, db *sql.DB) error {
+		return fkStmt(ctx, db, "SELECT 1", func(st *sql.Stmt) error { return st.QueryRowContext(ctx).Scan(new(int)) })
+	}},
+	{fakedb.OpCommit, func(ctx context.Context, db *sql.DB) error { return fkTx(ctx, db, (*sql.Tx).Commit) }},
+	{fakedb.OpRollback, func(ctx context.Context, db *sql.DB) error { return fkTx(ctx, db, (*sql.Tx).Rollback) }},
+}
+
+func fkQueryRow(ctx context.Context, db *sql.DB) error {
+	return db.QueryRowContext(ctx, "SELECT 1").Scan(new(int))
+}
+
+// fkTx begins a transaction and ends it with end.
+func fkTx(ctx context.Context, db *sql.DB, end func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	return end(tx)
+}
+
+// fkStmt prepares query, runs f on the statement and closes it.
+func fkStmt(ctx context.Context, db *sql.DB, query string, f func(*sql.Stmt) error) error {
+	st, err := db.PrepareContext(ctx, query)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return f(st)
 }
 
 func TestATransactionHoldsItsPermitsUntilTheDriversCommitOrRollbackReturned(t *testing.T) {
@@ -399,19 +441,13 @@ func TestAQueryHoldsItsPermitsUntilItsRowsAreClosedByWhoeverClosesThem(t *testin
 	ctx := context.Background()
 
 	t.Run("by Rows.Close", func(t *testing.T) {
-		rows, err := e.db.QueryContext(ctx, "SELECT 1")
-		if err != nil {
-			t.Fatal(err)
-		}
+		rows := testkit.Query(t, ctx, e.db, "SELECT 1")
 		e.running(t, 1, "rows open")
 		fkBlocked(t, e.fc, fakedb.OpRowsClose, rows.Close, func() { e.running(t, 1, "inside the driver's Rows.Close") })
 		e.running(t, 0, "Rows.Close returned")
 	})
 	t.Run("by database/sql at the end of Next", func(t *testing.T) {
-		rows, err := e.db.QueryContext(ctx, "SELECT 1")
-		if err != nil {
-			t.Fatal(err)
-		}
+		rows := testkit.Query(t, ctx, e.db, "SELECT 1")
 		if !rows.Next() {
 			t.Fatal(rows.Err())
 		}
@@ -435,10 +471,7 @@ func TestAQueryHoldsItsPermitsUntilItsRowsAreClosedByWhoeverClosesThem(t *testin
 	t.Run("by database/sql when the context ends", func(t *testing.T) {
 		qctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		rows, err := e.db.QueryContext(qctx, "SELECT 1")
-		if err != nil {
-			t.Fatal(err)
-		}
+		rows := testkit.Query(t, qctx, e.db, "SELECT 1")
 		for len(e.released) > 0 {
 			<-e.released
 		}
@@ -462,10 +495,7 @@ func TestAQueryHoldsItsPermitsUntilItsRowsAreClosedByWhoeverClosesThem(t *testin
 func TestPreparedStatementExecutionsOutsideATransactionAreGatedAndPreparingIsNot(t *testing.T) {
 	ctx := context.Background()
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
-	st, err := e.db.PrepareContext(ctx, "SELECT 1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := testkit.Prepare(t, ctx, e.db, "SELECT 1")
 	defer st.Close()
 	if s := e.g.Stats(); s.Admitted != 0 {
 		t.Fatalf("Prepare took a permit: %+v", s)
@@ -493,10 +523,7 @@ func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
 	// B=1, Q=0: any statement that tried to take a permit while the
 	// transaction holds the only one would be rejected.
 	e := fkOpen(t, nil, fkB1)
-	dbStmt, err := e.db.PrepareContext(ctx, "SELECT ?")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dbStmt := testkit.Prepare(t, ctx, e.db, "SELECT ?")
 	defer dbStmt.Close()
 	tx := testkit.Begin(t, ctx, e.db)
 	before := e.g.Stats()
@@ -508,10 +535,7 @@ func TestStatementsInsideATransactionTakeNoPermit(t *testing.T) {
 		t.Fatalf("query in tx: %v", err)
 	}
 	rows.Close()
-	txStmt, err := tx.PrepareContext(ctx, "SELECT ?")
-	if err != nil {
-		t.Fatal(err)
-	}
+	txStmt := testkit.Prepare(t, ctx, tx, "SELECT ?")
 	var v int64
 	if _, err := txStmt.ExecContext(ctx, int64(1)); err != nil {
 		t.Fatalf("statement prepared on the tx, exec: %v", err)
@@ -586,52 +610,29 @@ func TestUserRollbackRacingTheCancellationRollbackReleasesExactlyOnce(t *testing
 func TestErrBadConnRetriesFindThePermitsOfTheFailedAttemptBack(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
-		name string
 		op   fakedb.Op
-		// running is what Stats().Running must be whenever op enters the
-		// driver: the attempt's own permit, or none before the operation.
-		running int
-		warm    bool // run a statement first, so that the next reuse resets the session
-		do      func(db *sql.DB) error
+		warm bool // run a statement first, so that the next reuse resets the session
+		do   func(context.Context, *sql.DB) error
 	}{
-		{"BeginTx", fakedb.OpBegin, 1, false, func(db *sql.DB) error {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			return tx.Commit()
-		}},
-		{"Exec", fakedb.OpExec, 1, false, func(db *sql.DB) error {
-			_, err := db.ExecContext(ctx, "UPDATE t")
-			return err
-		}},
-		{"Query", fakedb.OpQuery, 1, false, func(db *sql.DB) error {
-			var v int
-			return db.QueryRowContext(ctx, "SELECT 1").Scan(&v)
-		}},
-		// The driver's reset runs once the operation holds its permits
-		// (a rejection never reaches it); a bad session is closed and
-		// another one used, under the same permits.
-		{"ResetSession", fakedb.OpResetSession, 1, true, func(db *sql.DB) error {
-			_, err := db.ExecContext(ctx, "UPDATE t")
-			return err
-		}},
+		{fakedb.OpBegin, false, fkOps[2].do},
+		{fakedb.OpExec, false, fkOps[0].do},
+		{fakedb.OpQuery, false, fkOps[1].do},
+		// The reset runs once the operation holds its permits; a bad
+		// session is closed and another used, under the same permits.
+		{fakedb.OpResetSession, true, fkOps[0].do},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
+		t.Run(c.op.String(), func(t *testing.T) {
 			e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 3})
 			if c.warm {
-				if err := c.do(e.db); err != nil {
+				if err := c.do(ctx, e.db); err != nil {
 					t.Fatal(err)
 				}
 			}
-			var mu sync.Mutex
-			var seen []int
+			var seen testkit.Log[int]
 			e.fc.SetHook(func(_ context.Context, op fakedb.Op, _ string) error {
 				if op == c.op {
-					mu.Lock()
-					seen = append(seen, e.g.Stats().Running)
-					mu.Unlock()
+					seen.Add(e.g.Stats().Running)
 				}
 				return nil
 			})
@@ -640,19 +641,17 @@ func TestErrBadConnRetriesFindThePermitsOfTheFailedAttemptBack(t *testing.T) {
 				failures = 1 // one idle conn to reset: one failure, then a new conn
 			}
 			e.fc.FailNext(c.op, failures, driver.ErrBadConn)
-			if err := c.do(e.db); err != nil {
+			if err := c.do(ctx, e.db); err != nil {
 				t.Fatalf("after %d ErrBadConn: %v, want database/sql's retry to succeed", failures, err)
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			// Each failed attempt, then (unless the failure was the reset of
-			// an idle conn, retried on a fresh conn that needs none) the
-			// attempt that succeeded.
-			want := slices.Repeat([]int{c.running}, failures+1)
+			// Each attempt holds its own permit when it enters the driver:
+			// the failed ones, then the one that succeeded (unless the failure
+			// was the reset of an idle conn, retried on a fresh conn that needs none).
+			want := slices.Repeat([]int{1}, failures+1)
 			if c.warm {
 				want = want[:failures]
 			}
-			if !slices.Equal(seen, want) {
+			if seen := seen.List(); !slices.Equal(seen, want) {
 				t.Fatalf("Stats().Running as each attempt entered the driver's %v: %v, want %v", c.op, seen, want)
 			}
 			e.balanced(t)
@@ -684,30 +683,11 @@ func TestErrSkipFromTheDriverFallsBackToAPreparedStatementUnderTheSamePermit(t *
 	e.balanced(t)
 }
 
-// pgx answers driver.ErrBadConn when the context ended before anything was
-// sent. Once the caller's context ended, such an answer to an autocommit
-// statement or a BEGIN matches the context's error instead: database/sql
-// keeps the server connection and retries nothing (no dial, no close).
+// pgx answers driver.ErrBadConn when the context ended before anything
+// was sent: that answer matches the context's error instead, so that
+// database/sql retries nothing.
 func TestErrBadConnAfterTheContextEndedKeepsTheServerConnection(t *testing.T) {
-	cases := []struct {
-		op fakedb.Op
-		do func(ctx context.Context, db *sql.DB) error
-	}{
-		{fakedb.OpExec, func(ctx context.Context, db *sql.DB) error {
-			_, err := db.ExecContext(ctx, "UPDATE t")
-			return err
-		}},
-		{fakedb.OpQuery, func(ctx context.Context, db *sql.DB) error {
-			return db.QueryRowContext(ctx, "SELECT 1").Scan(new(int))
-		}},
-		{fakedb.OpBegin, func(ctx context.Context, db *sql.DB) error {
-			tx, err := db.BeginTx(ctx, nil)
-			if err == nil {
-				err = tx.Commit()
-			}
-			return err
-		}},
-	}
+	cases := fkOps[:3] // an autocommit statement, a query, a BEGIN
 	for _, c := range cases {
 		t.Run(c.op.String(), func(t *testing.T) {
 			e := fkOpen(t, nil, fkB1)
@@ -773,10 +753,7 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 	// Admission full at the wrapper: a nested operation on a pinned conn.
 	e1 := fkOpen(t, nil, fkB1)
 	c := testkit.Conn(t, ctx, e1.db)
-	rows, err := c.QueryContext(ctx, "SELECT 1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := testkit.Query(t, ctx, c, "SELECT 1")
 	_, err = c.ExecContext(ctx, "UPDATE t")
 	if !errors.Is(err, bulkhead.ErrAdmissionFull) {
 		t.Fatalf("nested exec: %v, want admission full", err)
@@ -805,30 +782,18 @@ func TestNoErrorOfTheGateMatchesErrBadConnSoDatabaseSQLNeverRetriesIt(t *testing
 
 func TestAPanicInTheDriverPropagatesAndGivesThePermitsBack(t *testing.T) {
 	ctx := context.Background()
-	cases := []struct {
+	type panicCase struct {
 		op   fakedb.Op
-		do   func(db *sql.DB)
+		do   func(context.Context, *sql.DB) error
 		skip bool // the driver answers the Exec with ErrSkip first: the panic is in the gate's fallback
-	}{
-		{op: fakedb.OpPrepare, skip: true, do: func(db *sql.DB) { db.ExecContext(ctx, "UPDATE t SET v = ?", 1) }},
-		{op: fakedb.OpStmtExec, skip: true, do: func(db *sql.DB) { db.ExecContext(ctx, "UPDATE t SET v = ?", 1) }},
-		{fakedb.OpExec, func(db *sql.DB) { db.ExecContext(ctx, "UPDATE t") }, false},
-		{fakedb.OpQuery, func(db *sql.DB) { db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)) }, false},
-		{fakedb.OpRowsClose, func(db *sql.DB) { db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)) }, false},
-		{fakedb.OpStmtExec, func(db *sql.DB) {
-			st, _ := db.PrepareContext(ctx, "UPDATE t")
-			defer st.Close()
-			st.ExecContext(ctx)
-		}, false},
-		{fakedb.OpBegin, func(db *sql.DB) { db.BeginTx(ctx, nil) }, false},
-		{fakedb.OpCommit, func(db *sql.DB) {
-			tx, _ := db.BeginTx(ctx, nil)
-			tx.Commit()
-		}, false},
-		{fakedb.OpRollback, func(db *sql.DB) {
-			tx, _ := db.BeginTx(ctx, nil)
-			tx.Rollback()
-		}, false},
+	}
+	withArg := func(ctx context.Context, db *sql.DB) error {
+		_, err := db.ExecContext(ctx, "UPDATE t SET v = ?", 1)
+		return err
+	}
+	cases := []panicCase{{fakedb.OpPrepare, withArg, true}, {fakedb.OpStmtExec, withArg, true}}
+	for _, o := range fkOps {
+		cases = append(cases, panicCase{o.op, o.do, false})
 	}
 	for _, c := range cases {
 		name := c.op.String()
@@ -847,7 +812,7 @@ func TestAPanicInTheDriverPropagatesAndGivesThePermitsBack(t *testing.T) {
 						t.Fatalf("recovered %v, want the driver's panic", r)
 					}
 				}()
-				c.do(e.db)
+				c.do(ctx, e.db)
 			}()
 			e.balanced(t)
 			// The server connection the panic lost is closed, and no
@@ -878,14 +843,7 @@ func TestTheErrSkipFallbackChecksArgumentsWithTheStatementsCheckerAsDatabaseSQLD
 			return nil
 		})
 		fc.FailNext(fakedb.OpExec, 1, driver.ErrSkip)
-		var db *sql.DB
-		if gated {
-			db = fkOpen(t, fc, fkB1).db
-		} else {
-			db = sql.OpenDB(fc)
-			defer db.Close()
-		}
-		_, err := db.ExecContext(context.Background(), "UPDATE t SET v = ?", 1)
+		_, err := fkEither(t, fc, gated, fkB1).ExecContext(context.Background(), "UPDATE t SET v = ?", 1)
 		if !errors.Is(err, errStmtRefuses) {
 			t.Errorf("gated=%v: exec answered with ErrSkip: %v, want the statement checker's error", gated, err)
 		}
@@ -994,14 +952,21 @@ func TestInvalidOptionsAreErrorsNamingTheOptionAndItsValue(t *testing.T) {
 
 func TestAnInvalidPolicyThroughConnectorFailsPingWithoutDialing(t *testing.T) {
 	fc := fakedb.New()
-	db := sql.OpenDB(bulkhead.Connector(fc, bulkhead.Policy{MaxConcurrent: 0}))
+	g := bulkhead.Connector(fc, bulkhead.Policy{MaxConcurrent: 0})
+	db := sql.OpenDB(g)
 	defer db.Close()
-	err := db.PingContext(context.Background())
-	if !errors.Is(err, bulkhead.ErrInvalidPolicy) || !strings.Contains(err.Error(), "MaxConcurrent") {
-		t.Fatalf("ping: %v, want an ErrInvalidPolicy naming MaxConcurrent", err)
-	}
-	if _, err := db.Exec("UPDATE t"); !errors.Is(err, bulkhead.ErrInvalidPolicy) {
-		t.Fatalf("exec: %v, want ErrInvalidPolicy", err)
+	for _, when := range []string{"", " after SetPolicy"} {
+		err := db.PingContext(context.Background())
+		if !errors.Is(err, bulkhead.ErrInvalidPolicy) || !strings.Contains(err.Error(), "MaxConcurrent") {
+			t.Fatalf("ping%s: %v, want the gate's ErrInvalidPolicy naming MaxConcurrent", when, err)
+		}
+		if _, err := db.Exec("UPDATE t"); !errors.Is(err, bulkhead.ErrInvalidPolicy) {
+			t.Fatalf("exec%s: %v, want ErrInvalidPolicy", when, err)
+		}
+		// SetPolicy on a gate made with an invalid policy returns its error.
+		if err := g.SetPolicy(bulkhead.Policy{MaxConcurrent: 1}); !errors.Is(err, bulkhead.ErrInvalidPolicy) {
+			t.Fatalf("SetPolicy on an invalid gate: %v, want the gate's ErrInvalidPolicy", err)
+		}
 	}
 	if n := fc.Count(fakedb.OpConnect); n != 0 {
 		t.Fatalf("the driver was dialed %d times, want 0", n)
@@ -1010,17 +975,14 @@ func TestAnInvalidPolicyThroughConnectorFailsPingWithoutDialing(t *testing.T) {
 
 func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T) {
 	ctx := context.Background()
-	var mu sync.Mutex
-	var got []string
+	var got testkit.Log[string]
 	record := func(what string) func(bulkhead.Event) {
 		return func(ev bulkhead.Event) {
 			s := what + " " + ev.Kind.String()
 			if ev.Reason != nil {
 				s += ": " + ev.Reason.Error()
 			}
-			mu.Lock()
-			got = append(got, s)
-			mu.Unlock()
+			got.Add(s)
 		}
 	}
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Millisecond},
@@ -1055,10 +1017,7 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 		t.Fatalf("exec with a cancelled context: %v", err) // a cancellation: no event
 	}
 	testkit.Commit(t, tx)
-	rows, err := c.QueryContext(ctx, "SELECT 1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := testkit.Query(t, ctx, c, "SELECT 1")
 	if _, err := c.BeginTx(ctx, nil); !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Fatalf("begin while the rows hold the permit: %v, want a queue timeout", err)
 	}
@@ -1077,17 +1036,13 @@ func TestEventsReportEachAdmitRejectAndReleaseWithItsKindAndReason(t *testing.T)
 		"reject transaction: bulkhead: queue wait timed out",
 		"release query",
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if !slices.Equal(got, want) {
+	if got := got.List(); !slices.Equal(got, want) {
 		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 
-// TestAdmissionsMinusReleasesInEventsNeverExceedB counts the operations
-// holding permits from the events alone, as a user's gauge would, under
-// 8 goroutines on B=2: OnRelease comes before the permits are handed on,
-// so the count never exceeds B.
+// Counted from the events, as a user's gauge would: OnRelease comes
+// before the permits are handed on.
 func TestAdmissionsMinusReleasesInEventsNeverExceedB(t *testing.T) {
 	const b, workers, each = 2, 8, 200
 	var mu sync.Mutex
@@ -1132,44 +1087,23 @@ func TestHoldWarningReportsAnOperationHeldLongerThanTheLimit(t *testing.T) {
 	e.balanced(t)
 }
 
-// fkLogHandler sends each record's message and kind to a channel.
-type fkLogHandler struct{ ch chan<- string }
-
-func (h fkLogHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h fkLogHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h fkLogHandler) WithGroup(string) slog.Handler            { return h }
-func (h fkLogHandler) Handle(_ context.Context, r slog.Record) error {
-	msg := r.Level.String() + " " + r.Message
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "kind" {
-			msg += " kind=" + a.Value.String()
-		}
-		return true
-	})
-	select {
-	case h.ch <- msg:
-	default:
-	}
-	return nil
-}
-
 func TestHoldWarningWithoutAReportLogsThroughTheDefaultLogger(t *testing.T) {
-	logs := make(chan string, 16)
-	prev := slog.Default()
-	slog.SetDefault(slog.New(fkLogHandler{logs}))
-	defer slog.SetDefault(prev)
+	logs := captureLog(t)
 	e := fkOpen(t, nil, fkB1, bulkhead.WithHoldWarning(time.Microsecond, nil))
-	rows, err := e.db.Query("SELECT 1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := <-logs
-	for !strings.Contains(msg, "hold warning") { // another test's log: skip it
-		msg = <-logs
-	}
+	rows := testkit.Query(t, context.Background(), e.db, "SELECT 1")
+	var line string
+	awaitState(t, "the hold warning is logged", func() bool {
+		for l := range strings.Lines(logs.String()) {
+			if strings.Contains(l, "hold warning") {
+				line = l
+				return true
+			}
+		}
+		return false
+	})
 	rows.Close()
-	if !strings.HasPrefix(msg, "WARN bulkhead:") || !strings.HasSuffix(msg, "kind=query") {
-		t.Fatalf("logged %q, want a warning about a query", msg)
+	if !strings.Contains(line, `level=WARN msg="bulkhead:`) || !strings.Contains(line, " kind=query") {
+		t.Fatalf("logged %q, want a warning about a query", line)
 	}
 }
 
@@ -1209,48 +1143,17 @@ func TestTheRootPackageImportsOnlyTheStandardLibrary(t *testing.T) {
 }
 
 func TestADriverPanicThatDatabaseSQLSurvivesLeaksNoConnectionSlot(t *testing.T) {
-	// database/sql returns the conn to its pool after a panic in an
-	// autocommit Exec only (execDC releases in a defer); after a panic in
-	// Query, Rows.Close, Stmt.Exec, BeginTx, Commit or Rollback it never
-	// releases or closes it. A gate that counted its server connection
-	// as held would count it forever: with MaxConns=1 every later
-	// operation would find none.
+	// database/sql releases the conn after a panic in an autocommit Exec
+	// only: a gate counting its server connection as held would count it
+	// forever, and with B+Q=1 every later operation would find none.
 	ctx := context.Background()
-	cases := []struct {
-		op fakedb.Op
-		do func(db *sql.DB)
-	}{
-		{fakedb.OpExec, func(db *sql.DB) { db.ExecContext(ctx, "UPDATE t") }},
-		{fakedb.OpQuery, func(db *sql.DB) { db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)) }},
-		{fakedb.OpRowsClose, func(db *sql.DB) { db.QueryRowContext(ctx, "SELECT 1").Scan(new(int)) }},
-		{fakedb.OpPrepare, func(db *sql.DB) { db.PrepareContext(ctx, "UPDATE t") }},
-		{fakedb.OpStmtExec, func(db *sql.DB) {
-			st, _ := db.PrepareContext(ctx, "UPDATE t")
-			defer st.Close()
-			st.ExecContext(ctx)
-		}},
-		{fakedb.OpStmtQuery, func(db *sql.DB) {
-			st, _ := db.PrepareContext(ctx, "SELECT 1")
-			defer st.Close()
-			st.QueryRowContext(ctx).Scan(new(int))
-		}},
-		{fakedb.OpBegin, func(db *sql.DB) { db.BeginTx(ctx, nil) }},
-		{fakedb.OpCommit, func(db *sql.DB) {
-			tx, _ := db.BeginTx(ctx, nil)
-			tx.Commit()
-		}},
-		{fakedb.OpRollback, func(db *sql.DB) {
-			tx, _ := db.BeginTx(ctx, nil)
-			tx.Rollback()
-		}},
-	}
-	for _, c := range cases {
+	for _, c := range fkOps {
 		t.Run(c.op.String(), func(t *testing.T) {
 			e := fkOpen(t, nil, fkB1)
 			e.fc.PanicNext(c.op, 1, "boom")
 			func() {
 				defer func() { recover() }()
-				c.do(e.db)
+				c.do(ctx, e.db)
 			}()
 			if _, err := e.db.ExecContext(ctx, "UPDATE t"); err != nil {
 				t.Fatalf("after a driver panic in %v: %v; gate %+v, database/sql in use %d", c.op, err, e.g.Stats(), e.db.Stats().InUse)
@@ -1263,9 +1166,8 @@ func TestADriverPanicThatDatabaseSQLSurvivesLeaksNoConnectionSlot(t *testing.T) 
 	}
 }
 
-// The gate allocates nothing of its own per operation: through
-// database/sql, an Exec, a QueryRow and a transaction allocate as much
-// gated as plain.
+// Through database/sql, an Exec, a QueryRow and a transaction allocate as
+// much gated as plain.
 func TestTheGateAddsNoAllocationPerOperation(t *testing.T) {
 	ctx := context.Background()
 	ops := []struct {

@@ -2,44 +2,28 @@
 
 package bulkhead_test
 
-// Dry-run (Policy.DryRun): nothing is rejected, nothing waits, no dial is
-// refused; what would have been rejected is counted and reported. And
-// switching it on and off live with SetPolicy.
+// Dry-run: nothing rejected, waits or is refused a dial; what would have
+// been is counted and reported. And switching it live.
 
 import (
 	"context"
-	"sync"
 	"testing"
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
-// drEvents records OnReject events.
-type drEvents struct {
-	mu  sync.Mutex
-	got []bulkhead.Event
-}
-
-func (d *drEvents) option() bulkhead.Option {
-	return bulkhead.WithEvents(bulkhead.Events{OnReject: func(e bulkhead.Event) {
-		d.mu.Lock()
-		d.got = append(d.got, e)
-		d.mu.Unlock()
-	}})
-}
-
-func (d *drEvents) list() []bulkhead.Event {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]bulkhead.Event(nil), d.got...)
+// drRejects is an option recording the OnReject events in ev.
+func drRejects(ev *testkit.Log[bulkhead.Event]) bulkhead.Option {
+	return bulkhead.WithEvents(bulkhead.Events{OnReject: ev.Add})
 }
 
 func TestDryRunNeitherRejectsNorWaitsNorRefusesDialsButCountsWhatWouldHaveBeen(t *testing.T) {
-	var ev drEvents
+	var ev testkit.Log[bulkhead.Event]
 	// An hour of queue wait: an operation that waited would hang the test.
 	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait, DryRun: true}
-	r := wlOpen(t, p, ev.option())
+	r := wlOpen(t, p, drRejects(&ev))
 	held := r.startN(t, context.Background(), "h", 3) // B+Q = 2
 	s := r.g.Stats()
 	if !s.DryRun || s.Running != 3 || s.Waiting != 0 || s.Admitted != 3 || s.RejectedFull != 1 || s.RejectedTimeout != 0 || s.WouldWait < 1 {
@@ -49,15 +33,15 @@ func TestDryRunNeitherRejectsNorWaitsNorRefusesDialsButCountsWhatWouldHaveBeen(t
 	if s.OpenConns != 3 || r.fc.Open() != 3 {
 		t.Fatalf("dry-run connections: %+v, driver has %d open; want 3 open", s, r.fc.Open())
 	}
-	evs := ev.list()
+	evs := ev.List()
 	if len(evs) != 1 || !evs[0].DryRun || evs[0].Reason != bulkhead.ErrAdmissionFull || evs[0].Kind != bulkhead.KindExec {
 		t.Fatalf("OnReject events %+v, want one dry-run admission-full for a statement", evs)
 	}
-	r.doneN(t, "h", held)
+	r.done(t, held...)
 	drIdle(t, r) // every debt paid
 	p.DryRun = false
 	rzSet(t, r.g, p)
-	rzFull(t, r, 1, "after") // one permit, exactly
+	rzFull(t, r, 1, "after", bulkhead.ErrRejected) // one permit, exactly
 }
 
 // drIdle fails unless nothing holds or waits (r.balanced needs the rig's
@@ -69,10 +53,7 @@ func drIdle(t *testing.T, r *wlRig) {
 	}
 }
 
-// In the scenario above the third operation would have been refused at
-// admission: it would never have waited. Counting it in WouldWait too
-// makes RejectedFull+WouldWait exceed what the enforcing gate would have
-// done (one wait, one refusal).
+// The third would have been refused, never waited: one wait, one refusal.
 func TestDryRunCountsAnOperationThatWouldHaveBeenRefusedOnlyAsARefusal(t *testing.T) {
 	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: bulkhead.MaxQueueWait, DryRun: true}
 	r := wlOpen(t, p)
@@ -80,14 +61,14 @@ func TestDryRunCountsAnOperationThatWouldHaveBeenRefusedOnlyAsARefusal(t *testin
 	if s := r.g.Stats(); s.RejectedFull != 1 || s.WouldWait != 1 {
 		t.Fatalf("stats %+v: want RejectedFull 1 (h2) and WouldWait 1 (h1)", s)
 	}
-	r.doneN(t, "h", held)
+	r.done(t, held...)
 }
 
 func TestDryRunReportsAWorkloadsWouldBeRejectionsUnderItsName(t *testing.T) {
-	var ev drEvents
+	var ev testkit.Log[bulkhead.Event]
 	p := bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 0, DryRun: true,
 		Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
-	r := wlOpen(t, p, ev.option())
+	r := wlOpen(t, p, drRejects(&ev))
 	held := r.startN(t, bulkhead.WithWorkload(context.Background(), "batch"), "b", 2)
 	ws := r.wstats(t, "batch")
 	if !ws.DryRun || ws.Running != 2 || ws.RejectedFull != 1 || ws.Admitted != 2 {
@@ -96,10 +77,10 @@ func TestDryRunReportsAWorkloadsWouldBeRejectionsUnderItsName(t *testing.T) {
 	if s := r.g.Stats(); s.RejectedFull != 1 || s.Running != 2 {
 		t.Fatalf("global %+v: want the workload's would-be rejection counted, 2 running", s)
 	}
-	if evs := ev.list(); len(evs) != 1 || !evs[0].DryRun || evs[0].Workload != "batch" || evs[0].Reason != bulkhead.ErrAdmissionFull {
+	if evs := ev.List(); len(evs) != 1 || !evs[0].DryRun || evs[0].Workload != "batch" || evs[0].Reason != bulkhead.ErrAdmissionFull {
 		t.Fatalf("OnReject events %+v, want one dry-run admission-full of batch", evs)
 	}
-	r.doneN(t, "b", held)
+	r.done(t, held...)
 	drIdle(t, r)
 }
 
@@ -114,18 +95,18 @@ func TestSwitchingDryRunOffWithMoreRunningThanBMakesNewWorkWaitOrBeRejectedUntil
 		t.Fatalf("after switching dry-run off: %+v", s)
 	}
 	r.refusedFull(t, "new op with 3 running, B+Q=2")
-	r.done(t, "h0", held[0])
+	r.done(t, held[0])
 	r.refusedFull(t, "new op with 2 running, B+Q=2")
-	r.done(t, "h1", held[1])
+	r.done(t, held[1])
 	// One runs, B=1: the new op is admitted and waits.
 	w := r.exec(bg, "w")
 	awaitState(t, "w waits", func() bool { return r.g.Stats().Waiting == 1 })
 	if r.hasEntered("w") {
 		t.Fatal("w runs beside h2 with B=1")
 	}
-	r.done(t, "h2", held[2])
+	r.done(t, held[2])
 	r.await(t, "w")
-	r.done(t, "w", w)
+	r.done(t, w)
 	rzSettled(t, r, 1)
 }
 
@@ -141,18 +122,15 @@ func TestSwitchingDryRunOnLetsEveryWaiterRunAtOnce(t *testing.T) {
 	awaitState(t, "w2 waits", func() bool { return r.g.Stats().Waiting == 2 })
 	p.DryRun = true
 	rzSet(t, r.g, p)
-	r.await(t, "w1")
-	r.await(t, "w2")
+	r.await(t, "w1", "w2")
 	if s := r.g.Stats(); s.Running != 3 || s.Waiting != 0 {
 		t.Fatalf("after switching dry-run on: %+v, want the 2 waiters running", s)
 	}
-	r.done(t, "h", h)
-	r.done(t, "w1", w1)
-	r.done(t, "w2", w2)
+	r.done(t, h, w1, w2)
 	r.balanced(t)
 	p.DryRun = false
 	rzSet(t, r.g, p)
-	rzFull(t, r, 1, "after")
+	rzFull(t, r, 1, "after", bulkhead.ErrRejected)
 	if ws := r.wstats(t, "batch"); ws.Running != 0 || ws.Waiting != 0 {
 		t.Fatalf("batch after the end: %+v", ws)
 	}
@@ -169,6 +147,6 @@ func TestDryRunWithQueueWaitZeroStillNeverRejects(t *testing.T) {
 	if n := r.fc.Count(fakedb.OpConnect); n != 2 {
 		t.Fatalf("%d dials, want 2", n)
 	}
-	r.doneN(t, "h", held)
+	r.done(t, held...)
 	r.balanced(t)
 }

@@ -3,12 +3,14 @@
 package bulkhead_test
 
 import (
+	"log/slog"
 	"os"
 	"testing"
 
 	"golang.org/x/sync/errgroup"
 
 	"github.com/dbbulkhead/bulkhead/internal/leakcheck"
+	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
@@ -42,4 +44,14 @@ func inParallel(t *testing.T, workers, each int, f func() error) {
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// captureLog sends slog.Default's records, as text, to the buffer it
+// returns, until the end of the test.
+func captureLog(t *testing.T) *syncbuf.Buffer {
+	var buf syncbuf.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	return &buf
 }

@@ -4,13 +4,11 @@ package bulkhead_test
 
 import (
 	"context"
-	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
-	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
@@ -25,16 +23,10 @@ func pnMustPanic(t *testing.T, f func()) {
 	f()
 }
 
-// A panicking event callback (a metrics or logging bug) must not cost the
-// gate a permit or a connection slot: it runs between taking permits and
-// registering their release, or before database/sql returns the connection.
-// The gate recovers it and logs it through slog.Default.
+// It runs between taking permits and registering their release: the gate
+// recovers it and logs it through slog.Default.
 func TestAPanicInAnEventCallbackIsLoggedAndLosesNoPermitOrConnection(t *testing.T) {
-	var logs syncbuf.Buffer
-	prev := slog.Default()
-	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
-	t.Cleanup(func() { slog.SetDefault(prev) })
-
+	logs := captureLog(t)
 	panicky := func(bulkhead.Event) { panic("metrics bug") }
 	for _, c := range []struct {
 		name string
@@ -69,10 +61,8 @@ func TestAPanicInAnEventCallbackIsLoggedAndLosesNoPermitOrConnection(t *testing.
 	}
 }
 
-// database/sql calls ResetSession, IsValid and Ping outside any gated
-// operation. A driver panic there must not leave the connection counted
-// against B+Q: the gate closes it, and database/sql's next use of it gets
-// driver.ErrBadConn and dials anew.
+// Outside any gated operation: the gate closes the connection, and
+// database/sql's next use of it dials anew.
 func TestADriverPanicInResetSessionLosesNoConnectionSlot(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
 	fc, g, db := e.fc, e.g, e.db
@@ -91,9 +81,7 @@ func TestADriverPanicInResetSessionLosesNoConnectionSlot(t *testing.T) {
 	}
 }
 
-// A driver panic inside a transaction loses the connection; a caller that
-// then abandons the transaction (its context never ends, so database/sql
-// never rolls it back) must not keep the transaction's permits for ever.
+// Even when its caller abandons it, so that database/sql never rolls it back.
 func TestADriverPanicInsideATransactionGivesTheTransactionsPermitsBack(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
 	fc, g, db := e.fc, e.g, e.db

@@ -1,8 +1,6 @@
 package bulkhead
 
-// Workload priorities in the global budget: its queue is ordered by
-// priority, and an operation that finds admission full sheds the youngest
-// waiter of the lowest priority below its own.
+// Workload priorities in the global budget.
 
 import (
 	"context"
@@ -16,21 +14,13 @@ import (
 // prGo starts an operation of priority prio through l; it counts among
 // l's waiters once queued.
 func prGo(l *budget, prio int) <-chan admResult {
-	ch := make(chan admResult, 1)
-	go func() {
-		ps := passage{limit: time.Hour, prio: prio}
-		err := ps.acquire(context.Background(), []*budget{l})
-		ch <- admResult{ps.waited(), err}
-	}()
-	return ch
+	return admGoPass(context.Background(), l, passage{prio: prio})
 }
 
-// prQueue starts prGo and returns once l has n waiters.
+// prQueue starts prGo and returns once it is the nth waiter of l.
 func prQueue(t *testing.T, l *budget, prio, n int) <-chan admResult {
 	t.Helper()
-	ch := prGo(l, prio)
-	admWaitFor(t, func() bool { return admRead(l).waiting == n })
-	return ch
+	return admQueue(t, context.Background(), l, passage{prio: prio}, n)
 }
 
 func TestAHigherPriorityIsServedFirstFIFOWithinAPriority(t *testing.T) {
@@ -124,9 +114,7 @@ func TestAShedWaiterGivesBackItsWorkloadsPermits(t *testing.T) {
 	g.release(0)
 }
 
-// A waiter of a lower priority queued in its workload's budget holds
-// nothing of the global one: a higher-priority operation finds room in the
-// global queue without shedding it, and both are served in turn.
+// It holds nothing of the global budget: both are served in turn.
 func TestAWaiterQueuedInItsWorkloadIsNotShedForAGlobalPermitItDoesNotHold(t *testing.T) {
 	g, _, _ := dlGate(t, Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, Workloads: map[string]Workload{
 		"high": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour, Priority: 1},

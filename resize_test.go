@@ -2,11 +2,8 @@
 
 package bulkhead_test
 
-// Runtime resizing (Gate.SetPolicy) with operations in flight, on the fake
-// driver: no permit lost or invented, running work finishes under the old
-// limits, new work starts only below the new ones, waiters are woken in
-// FIFO order, workloads are added, changed and removed live, and an
-// invalid policy changes nothing.
+// Gate.SetPolicy, Cap and CapUntil with operations in flight: no permit
+// lost or invented.
 
 import (
 	"context"
@@ -34,10 +31,9 @@ func rzSet(t *testing.T, g *bulkhead.Gate, p bulkhead.Policy) {
 	}
 }
 
-// rzFull fails unless exactly b operations can hold permits at once on r
-// and one more is refused at once (queue wait 0): the gate has exactly b
-// execution permits, none lost, none invented.
-func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
+// rzFull fails unless exactly b operations hold permits at once and one
+// more is refused (queue wait 0) with a rejection matching cause.
+func rzFull(t *testing.T, r *wlRig, b int, tag string, cause error) {
 	t.Helper()
 	bg := context.Background()
 	done := r.startN(t, bg, tag+"-full", b)
@@ -45,14 +41,13 @@ func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
 		t.Fatalf("%d running at once: stats %+v", b, s)
 	}
 	_, err := r.db.ExecContext(bulkhead.WithQueueWait(bg, 0), "quick")
-	if !errors.Is(err, bulkhead.ErrRejected) {
-		t.Fatalf("operation %d with B=%d: %v, want a rejection", b+1, b, err)
+	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, cause) {
+		t.Fatalf("%s: operation %d with B=%d: %v, want a rejection matching %v", tag, b+1, b, err, cause)
 	}
-	r.doneN(t, tag+"-full", done)
+	r.done(t, done...)
 	if s := r.g.Stats(); s.Running != 0 || s.Waiting != 0 {
 		t.Fatalf("after the full round: stats %+v", s)
 	}
-	return err
 }
 
 // rzSettled fails unless no permit is held (wlRig.balanced) and exactly b
@@ -60,15 +55,7 @@ func rzFull(t *testing.T, r *wlRig, b int, tag string) (rejection error) {
 func rzSettled(t *testing.T, r *wlRig, b int) {
 	t.Helper()
 	r.balanced(t)
-	rzFull(t, r, b, "after")
-}
-
-// rzCause fails the test unless err matches cause.
-func rzCause(t *testing.T, tag string, err, cause error) {
-	t.Helper()
-	if !errors.Is(err, cause) {
-		t.Fatalf("%s: the rejection %v, want it to match %v", tag, err, cause)
-	}
+	rzFull(t, r, b, "after", bulkhead.ErrRejected)
 }
 
 func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testing.T) {
@@ -81,9 +68,9 @@ func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testi
 	}
 	// The running work goes on; new work is refused until fewer than the
 	// new B run.
-	var n1 <-chan error
+	var n1 wlOp
 	for i, running := range []int{3, 2, 1} {
-		r.done(t, fmt.Sprintf("h%d", i), held[i])
+		r.done(t, held[i])
 		if running >= 2 {
 			r.refusedFull(t, fmt.Sprintf("new op with %d running and B=2", running))
 			continue
@@ -91,7 +78,7 @@ func TestShrinkingLetsRunningWorkFinishAndAdmitsNewWorkOnlyBelowTheNewB(t *testi
 		n1 = r.start(t, bg, "n1")
 	}
 	r.refusedFull(t, "new op with h3 and n1 running, B=2")
-	r.doneAll(t, []string{"h3", "n1"}, held[3], n1)
+	r.done(t, held[3], n1)
 	rzSettled(t, r, 2)
 }
 
@@ -101,16 +88,16 @@ func TestShrinkingWithAQueueMakesNewWorkWaitUntilRunningWorkIsBelowTheNewB(t *te
 	held := r.startN(t, bg, "h", 4)
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: bulkhead.MaxQueueWait})
 	r.refusedFull(t, "new op with 4 admitted and B+Q=4")
-	r.done(t, "h0", held[0])
+	r.done(t, held[0])
 	w1 := r.exec(bg, "w1") // 3 running, B=2: admitted, waits
 	awaitState(t, "w1 waits", func() bool { return r.g.Stats().Waiting == 1 })
-	r.done(t, "h1", held[1])
+	r.done(t, held[1])
 	if s := r.g.Stats(); s.Running != 2 || s.Waiting != 1 || r.hasEntered("w1") {
 		t.Fatalf("2 running with B=2: %+v, w1 entered %v; want w1 still waiting", s, r.hasEntered("w1"))
 	}
-	r.done(t, "h2", held[2])
+	r.done(t, held[2])
 	r.await(t, "w1") // 1 running: w1 gets the permit
-	r.doneAll(t, []string{"h3", "w1"}, held[3], w1)
+	r.done(t, held[3], w1)
 	rzSettled(t, r, 2)
 }
 
@@ -118,23 +105,19 @@ func TestGrowingWakesWaitersInFIFOOrder(t *testing.T) {
 	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 3, QueueWait: bulkhead.MaxQueueWait})
 	bg := context.Background()
 	h0 := r.start(t, bg, "h0")
-	var ws []<-chan error
+	var ws []wlOp
 	for i := 1; i <= 3; i++ {
 		ws = append(ws, r.exec(bg, fmt.Sprintf("w%d", i)))
 		awaitState(t, fmt.Sprintf("w%d queued", i), func() bool { return r.g.Stats().Waiting == i })
 	}
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 3, MaxQueue: 3, QueueWait: bulkhead.MaxQueueWait})
-	r.await(t, "w1")
-	r.await(t, "w2")
+	r.await(t, "w1", "w2")
 	if s := r.g.Stats(); s.Running != 3 || s.Waiting != 1 || r.hasEntered("w3") {
 		t.Fatalf("after growing to B=3: %+v, entered %v; want w1 and w2 running, w3 waiting", s, r.enteredOrder())
 	}
 	rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 3, QueueWait: bulkhead.MaxQueueWait})
 	r.await(t, "w3")
-	r.done(t, "h0", h0)
-	for i, w := range ws {
-		r.done(t, fmt.Sprintf("w%d", i+1), w)
-	}
+	r.done(t, append(ws, h0)...)
 	rzSettled(t, r, 4)
 }
 
@@ -169,9 +152,9 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 		t.Fatalf("batch after shrinking under 2 running: %+v", ws)
 	}
 	refused("batch with 2 running, B=1")
-	r.done(t, "b1", b1)
+	r.done(t, b1)
 	refused("batch with 1 running, B=1")
-	r.done(t, "b2", b2)
+	r.done(t, b2)
 	b3 := r.start(t, batch, "b3")
 
 	// Removed while b3 runs: b3 ends under the old budget; batch-tagged
@@ -181,12 +164,11 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 		t.Fatal("WorkloadStats(batch) is ok after the workload was removed")
 	}
 	b4 := r.start(t, batch, "b4")
-	r.finish("b3")
-	wlOK(t, "b3, ended after its workload was removed", b3)
+	r.done(t, b3)
 	if s := r.g.Stats(); s.Running != 2 {
 		t.Fatalf("global after b3 ended: %+v, want u1 and b4 running", s)
 	}
-	r.doneAll(t, []string{"u1", "b4"}, u1, b4)
+	r.done(t, u1, b4)
 	r.balanced(t)
 
 	// Added again once its operations ended: exactly its B.
@@ -195,10 +177,9 @@ func TestResizingAWorkloadWithItsOperationsInFlight(t *testing.T) {
 		t.Fatalf("re-added batch: %+v, want B=2 and nothing held", ws)
 	}
 	b5, b6 := r.exec(batch, "b5"), r.exec(batch, "b6")
-	r.await(t, "b5")
-	r.await(t, "b6")
+	r.await(t, "b5", "b6")
 	refused("re-added batch at B=2")
-	r.doneAll(t, []string{"b5", "b6"}, b5, b6)
+	r.done(t, b5, b6)
 	rzSettled(t, r, 4)
 }
 
@@ -212,12 +193,12 @@ func TestAnOperationQueuedInAWorkloadThatIsRemovedRunsWhenItsOldBudgetFrees(t *t
 		if r.hasEntered("b2") {
 			t.Fatal("removing the workload let its queued operation run beside the one holding its permit")
 		}
-		r.done(t, "b1", b1)
+		r.done(t, b1)
 		synctest.Wait()
 		if !r.hasEntered("b2") {
 			t.Fatal("the queued operation of the removed workload did not get the permit b1 gave back")
 		}
-		r.done(t, "b2", b2)
+		r.done(t, b2)
 		r.balanced(t)
 	})
 }
@@ -257,7 +238,7 @@ func TestAnInvalidSetPolicyChangesNothing(t *testing.T) {
 	// The limits in force are still the old ones: batch at its B=1.
 	_, err := r.db.ExecContext(bulkhead.WithWorkload(context.Background(), "batch"), "quick")
 	wlRejected(t, "batch op after the invalid policies", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
-	r.done(t, "h1", h1)
+	r.done(t, h1)
 	rzSettled(t, r, 2)
 }
 
@@ -282,28 +263,8 @@ func TestThePolicyInForceIsACopyOnBothSides(t *testing.T) {
 	}
 }
 
-func TestSetPolicyOnAGateMadeWithAnInvalidPolicyReturnsItsError(t *testing.T) {
-	fc := fakedb.New()
-	g := bulkhead.Connector(fc, bulkhead.Policy{MaxConcurrent: 0})
-	err := g.SetPolicy(bulkhead.Policy{MaxConcurrent: 1})
-	if !errors.Is(err, bulkhead.ErrInvalidPolicy) {
-		t.Fatalf("SetPolicy on an invalid gate: %v, want the gate's ErrInvalidPolicy", err)
-	}
-	db := g.OpenDB()
-	defer db.Close()
-	if err := db.PingContext(context.Background()); !errors.Is(err, bulkhead.ErrInvalidPolicy) {
-		t.Fatalf("Ping after SetPolicy: %v, want the original policy error", err)
-	}
-	if n := fc.Count(fakedb.OpConnect); n != 0 {
-		t.Fatalf("%d dials: an invalid gate dialed after SetPolicy", n)
-	}
-}
-
-// A bounded storm of operations of several workloads while SetPolicy
-// resizes every budget, adds and removes workloads. Checked inside the
-// gated work: never more operations than the largest B set, nor more of a
-// workload than its largest B. At the end: every permit is back, and the
-// final policy's B runs at once and not one more.
+// A storm of operations while SetPolicy resizes, adds and removes: never
+// more in the driver than the largest B set; at the end, exactly B.
 func TestConcurrentResizingNeverLosesOrInventsPermits(t *testing.T) {
 	const (
 		workers    = 8
@@ -312,10 +273,8 @@ func TestConcurrentResizingNeverLosesOrInventsPermits(t *testing.T) {
 		maxB       = 3
 		maxBw      = 2
 	)
-	// "a" is in every policy, resized each time; "b" comes and goes. The
-	// bound per workload is checked for "a": a workload removed and added
-	// again while its operations run is the subject of
-	// TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations.
+	// "a" is in every policy, resized each time; "b" comes and goes (the
+	// subject of TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations).
 	policies := []bulkhead.Policy{
 		{MaxConcurrent: 1, MaxQueue: 2, QueueWait: time.Millisecond,
 			Workloads: map[string]bulkhead.Workload{"a": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Millisecond}}},
@@ -408,15 +367,13 @@ func TestConcurrentResizingNeverLosesOrInventsPermits(t *testing.T) {
 			t.Fatalf("workload %s after the storm: %+v, want nothing held", name, ws)
 		}
 	}
-	rzFull(t, r, final.MaxConcurrent, "final")
+	rzFull(t, r, final.MaxConcurrent, "final", bulkhead.ErrRejected)
 	if s := r.g.Stats(); s.Admitted != okN.Load()+int64(final.MaxConcurrent) {
 		t.Fatalf("Admitted=%d, want %d", s.Admitted, okN.Load()+int64(final.MaxConcurrent))
 	}
 }
 
-// A workload removed by SetPolicy and added again while its operations
-// still run counts them ("no permit invented"): they and the new ones
-// together stay within its B.
+// No permit invented: those still running and the new ones stay within B.
 func TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations(t *testing.T) {
 	withBatch := bulkhead.Policy{MaxConcurrent: 4, Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1}}}
 	r := wlOpen(t, withBatch)
@@ -429,37 +386,21 @@ func TestAWorkloadRemovedAndAddedAgainKeepsCountingItsRunningOperations(t *testi
 	}
 	_, err := r.db.ExecContext(batch, "quick")
 	wlRejected(t, "second batch op with b1 still running", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
-	r.done(t, "b1", b1)
+	r.done(t, b1)
 	r.balanced(t)
 }
 
-// Gate.Close closes the queues of the workloads in force; an operation
-// queued in a workload that SetPolicy removed waits on a queue that Close
-// no longer reaches.
 func TestClosingTheGateMakesAnOperationQueuedInARemovedWorkloadReturnErrClosed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r, _, b1, b2 := wlBatchQueued(t, 4, time.Hour)
 		rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
-		if err := r.g.Close(); err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait() // no fake time passes: only the close can end b2's wait
-		select {
-		case err := <-b2:
-			if !errors.Is(err, bulkhead.ErrClosed) {
-				t.Fatalf("b2 after Close: %v, want ErrClosed", err)
-			}
-		default:
-			t.Fatal("an operation queued in a removed workload still waits after Gate.Close")
-		}
-		r.done(t, "b1", b1)
+		r.closeEnds(t, "an operation queued in a removed workload", b2)
+		r.done(t, b1)
 	})
 }
 
-// CapUntil's b holds until its lease runs out, without any call: from
-// then on at most its fallback start, a waiter queued at that instant
-// included; running work keeps its permits, and the next CapUntil puts b
-// back.
+// Running work keeps its permits; a policy change keeps the fallback, the
+// next CapUntil puts b back.
 func TestCapUntilFallsToItsFallbackWhenTheLeaseRunsOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
@@ -467,52 +408,49 @@ func TestCapUntilFallsToItsFallbackWhenTheLeaseRunsOut(t *testing.T) {
 		if err := r.g.CapUntil(bg, 3, 4, time.Now().Add(time.Second), 1); err != nil {
 			t.Fatal(err)
 		}
-		rzCause(t, "leased", rzFull(t, r, 3, "leased"), bulkhead.ErrQueueTimeout)
+		rzFull(t, r, 3, "leased", bulkhead.ErrQueueTimeout)
 
 		// Two run at the lease's end, a third waits for a permit.
 		a, b := r.exec(bg, "a"), r.exec(bg, "b")
-		r.await(t, "a")
-		r.await(t, "b")
+		r.await(t, "a", "b")
 		time.Sleep(2 * time.Second) // the fake clock: the lease ran out
 		c := r.exec(bg, "c")
 		awaitState(t, "c waits", func() bool { return r.g.Stats().Waiting == 1 })
 		if s := r.g.Stats(); s.MaxConcurrent != 1 || s.Running != 2 {
 			t.Fatalf("after the lease: stats %+v, want B=1 with the 2 running kept", s)
 		}
-		r.done(t, "a", a)
+		r.done(t, a)
 		synctest.Wait()
 		if r.hasEntered("c") {
 			t.Fatal("c started with 1 running and a fallback of 1")
 		}
-		r.done(t, "b", b)
+		r.done(t, b)
 		r.await(t, "c")
-		r.done(t, "c", c)
+		r.done(t, c)
 		// README: ErrLeaseExpired, a fleet member's lease ran out before the
 		// operation started.
-		rzCause(t, "fallback", rzFull(t, r, 1, "fallback"), bulkhead.ErrLeaseExpired)
+		rzFull(t, r, 1, "fallback", bulkhead.ErrLeaseExpired)
 
 		// A policy change keeps the lapsed lease's fallback; a renewal ends it.
 		rzSet(t, r.g, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Hour})
-		rzCause(t, "setpolicy", rzFull(t, r, 1, "setpolicy"), bulkhead.ErrLeaseExpired)
+		rzFull(t, r, 1, "setpolicy", bulkhead.ErrLeaseExpired)
 		if err := r.g.CapUntil(bg, 3, 4, time.Now().Add(time.Second), 1); err != nil {
 			t.Fatal(err)
 		}
-		rzCause(t, "renewed", rzFull(t, r, 3, "renewed"), bulkhead.ErrQueueTimeout)
+		rzFull(t, r, 3, "renewed", bulkhead.ErrQueueTimeout)
 		if err := r.g.Cap(bg, -1, -1); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(2 * time.Second)
-		rzCause(t, "uncapped", rzFull(t, r, 4, "uncapped"), bulkhead.ErrQueueTimeout)
+		rzFull(t, r, 4, "uncapped", bulkhead.ErrQueueTimeout)
 		if s := r.g.Stats(); s.RejectedLease != 2 {
 			t.Fatalf("stats %+v, want the 2 refusals on the fallback counted as RejectedLease", s)
 		}
 	})
 }
 
-// An operation let in under CapUntil's lease that reaches the driver only
-// after the lease ran out (its dial outlived it, as in a process paused
-// meanwhile) is refused with ErrLeaseExpired, a rejection, and sends
-// nothing; its permits come back.
+// Let in under the lease, its dial outlived it: ErrLeaseExpired, and its
+// permits come back.
 func TestAnOperationLetInUnderALeaseThatRanOutSendsNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		fc := fakedb.New()
@@ -550,10 +488,8 @@ func TestAnOperationLetInUnderALeaseThatRanOutSendsNothing(t *testing.T) {
 	})
 }
 
-// docs/fleet.md: a member with no share rejects every operation at once.
-// A gate capped to B = 0 keeps no queue, whatever Q the cap leaves: an
-// operation is refused at once, and one queued when B falls to 0 is sent
-// away at once, for no permit could come before the next cap.
+// docs/fleet.md: a member with no share rejects every operation at once,
+// those queued as B falls to 0 included, whatever Q the cap leaves.
 func TestAGateCappedToNoPermitRejectsAtOnceAndKeepsNobodyWaiting(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 2, QueueWait: time.Hour})
@@ -567,7 +503,7 @@ func TestAGateCappedToNoPermitRejectsAtOnceAndKeepsNobodyWaiting(t *testing.T) {
 		capped := make(chan error, 1)
 		go func() { capped <- r.g.Cap(bg, 0, 2) }()
 		synctest.Wait()
-		err := testkit.Recv(t, "c", c)
+		err := testkit.Recv(t, "c", c.err)
 		re := wlRejected(t, "an operation queued as B fell to 0", err, bulkhead.ErrAdmissionFull, "", 0, 0)
 		if time.Since(start) != 0 || re.Waiting != 0 {
 			t.Fatalf("c was refused after %v with %+v, want at once, nobody left waiting", time.Since(start), re)
@@ -577,7 +513,7 @@ func TestAGateCappedToNoPermitRejectsAtOnceAndKeepsNobodyWaiting(t *testing.T) {
 		if re.Waited != 0 || time.Since(start) != 0 {
 			t.Fatalf("the new operation waited %v, want a refusal at once", re.Waited)
 		}
-		r.doneAll(t, []string{"a", "b"}, a, b)
+		r.done(t, a, b)
 		if err := <-capped; err != nil {
 			t.Fatalf("Cap: %v, want nil once the running work ended", err)
 		}

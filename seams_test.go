@@ -2,11 +2,7 @@
 
 package bulkhead_test
 
-// The seams between database/sql's pool and the gate's server
-// connections, on the fake driver: database/sql's settings and counts hold
-// for the server connections, prepared statements re-prepared by
-// database/sql send nothing when refused, and what the driver says of a
-// connection reaches database/sql as it would without the gate.
+// The seams between database/sql's pool and the gate's server connections.
 
 import (
 	"context"
@@ -23,9 +19,8 @@ import (
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
-// smFill fills the admission of e's gate of B=1 and Q=q (0 or 1): a
-// transaction runs and, with Q=1, an Exec waits. free commits the
-// transaction and fails the test unless the waiting Exec succeeds.
+// smFill fills e's gate of B=1, Q=q (0 or 1) with a transaction and a
+// waiting Exec; free commits, and fails unless that Exec succeeds.
 func smFill(t *testing.T, e *fkEnv, q int) (free func()) {
 	t.Helper()
 	ctx := context.Background()
@@ -66,9 +61,8 @@ func smAdmitted(t *testing.T, e *fkEnv, st *sql.Stmt, free func()) {
 	e.balanced(t)
 }
 
-// smCutOff runs an Exec on e whose caller gives up while the driver is
-// in op, and fails the test unless the Exec returns context.Canceled;
-// op then goes on.
+// smCutOff fails unless an Exec cancelled while the driver is in op
+// returns context.Canceled; op then goes on.
 func smCutOff(t *testing.T, e *fkEnv, op fakedb.Op, what string) {
 	t.Helper()
 	b := e.fc.Block(op)
@@ -80,43 +74,6 @@ func smCutOff(t *testing.T, e *fkEnv, op fakedb.Op, what string) {
 		t.Fatalf("%s: %v, want context.Canceled", what, err)
 	}
 	b.Release()
-}
-
-// database/sql re-prepares a *sql.Stmt on each connection it runs it on,
-// before the execution reaches the gate. Once database/sql has closed the
-// connections that held the statement (here: no idle connection kept), an
-// execution that admission refuses still sends nothing and dials nothing,
-// and is refused at once.
-func TestARefusedPreparedStatementExecutionSendsNothingAfterDatabaseSQLClosedItsConnections(t *testing.T) {
-	for _, q := range []int{0, 1} {
-		ctx := context.Background()
-		e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour})
-		e.db.SetMaxIdleConns(0)
-		st, err := e.db.PrepareContext(ctx, "UPDATE t SET v = ?")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := st.ExecContext(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
-		if n := e.fc.Open(); n != 0 {
-			t.Fatalf("Q=%d: %d server connections open with no idle connection kept, want 0", q, n)
-		}
-		free := smFill(t, e, q)
-		start := time.Now()
-		d, p, err := smRefused(e, st)
-		if !errors.Is(err, bulkhead.ErrAdmissionFull) {
-			t.Fatalf("Q=%d: the statement's execution: %v, want ErrAdmissionFull", q, err)
-		}
-		if d != 0 || p != 0 {
-			t.Fatalf("Q=%d: the refused execution dialed %d server connections and sent %d Prepare, want none", q, d, p)
-		}
-		if waited := time.Since(start); waited > 10*time.Second {
-			t.Fatalf("Q=%d: refused after %v", q, waited)
-		}
-		// Admitted, it is prepared on the server connection that runs it.
-		smAdmitted(t, e, st, free)
-	}
 }
 
 // A driver without Execer: database/sql prepares each Exec, and an Exec
@@ -139,9 +96,8 @@ func TestARefusedExecOnADriverWithoutExecerSendsNothing(t *testing.T) {
 	e.balanced(t)
 }
 
-// A Prepare the application makes is sent at once, as without the gate:
-// an error in it is reported by Prepare, and two statements of one text
-// are the driver's two until the last is closed.
+// Its error is Prepare's; two statements of one text are the driver's
+// two until the last is closed.
 func TestAPrepareIsSentAtOnceAndItsStatementsClosedWithTheLast(t *testing.T) {
 	ctx := context.Background()
 	var prepErr = errors.New("syntax error")
@@ -150,14 +106,8 @@ func TestAPrepareIsSentAtOnceAndItsStatementsClosedWithTheLast(t *testing.T) {
 	if _, err := e.db.PrepareContext(ctx, "SELEC 1"); !errors.Is(err, prepErr) {
 		t.Fatalf("prepare: %v, want the driver's error", err)
 	}
-	st1, err := e.db.PrepareContext(ctx, "SELECT 1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st2, err := e.db.PrepareContext(ctx, "SELECT 1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	st1 := testkit.Prepare(t, ctx, e.db, "SELECT 1")
+	st2 := testkit.Prepare(t, ctx, e.db, "SELECT 1")
 	if n := e.fc.Count(fakedb.OpPrepare); n < 2 {
 		t.Fatalf("%d Prepare reached the driver, want the failed one and the first statement's", n)
 	}
@@ -176,9 +126,7 @@ func TestAPrepareIsSentAtOnceAndItsStatementsClosedWithTheLast(t *testing.T) {
 	e.balanced(t)
 }
 
-// With no idle connection kept, each operation gets a new connection
-// through database/sql, and a new server connection: the driver's
-// Connect (pgx's BeforeConnect and AfterConnect) runs for each.
+// The driver's Connect (pgx's BeforeConnect, AfterConnect) runs for each.
 func TestWithNoIdleConnectionKeptEachOperationDialsAsWithoutTheGate(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
 	e.db.SetMaxIdleConns(0)
@@ -203,25 +151,15 @@ func TestServerConnectionsFollowDatabaseSQLsConnMaxLifetime(t *testing.T) {
 	}
 }
 
-// Stale server connections: database/sql asks the driver's ResetSession
-// as it hands a connection out, and discards those it calls bad. Through
-// the gate the reset runs later (once the operation holds its permits),
-// on whichever idle server connection the operation takes: the server
-// connections end the same as without the gate at once, and
-// database/sql's count once it has handed out the connection whose
-// server connection was found dead (it then discards it).
+// Through the gate the reset runs once the operation holds its permits,
+// on whichever idle server connection it takes: the counts end the same
+// once database/sql has handed out (and discarded) the dead one.
 func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *testing.T) {
 	for _, gated := range []bool{false, true} {
 		ctx := context.Background()
 		fc := fakedb.New()
-		var db *sql.DB
-		if gated {
-			db = fkOpen(t, fc, bulkhead.Policy{MaxConcurrent: 4}).db
-			db.SetMaxIdleConns(2)
-		} else {
-			db = sql.OpenDB(fc)
-			defer db.Close()
-		}
+		db := fkEither(t, fc, gated, bulkhead.Policy{MaxConcurrent: 4})
+		db.SetMaxIdleConns(2)
 		var conns []*sql.Conn
 		for range 3 {
 			c := testkit.Conn(t, ctx, db)
@@ -263,9 +201,7 @@ func TestStaleConnectionsLeaveDatabaseSQLWithTheCountsItHasWithoutTheGate(t *tes
 	}
 }
 
-// A reset cut off by the caller's context is the caller's end, not a dead
-// server: the connection is kept, not counted bad, and the others are
-// not pinged.
+// The connection is kept, not counted bad, and the others not pinged.
 func TestAResetCutOffByTheCallersContextIsNoDeadConnection(t *testing.T) {
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 2})
 	testkit.Exec(t, context.Background(), e.db, "UPDATE t")
@@ -380,9 +316,7 @@ func TestCapWaitsForTheOperationsBeyondItsLimit(t *testing.T) {
 	wg.Wait()
 }
 
-// Under concurrent operations, and database/sql closing connections as
-// its settings change, the gate never keeps more server connections than
-// database/sql has connections.
+// Also while database/sql closes connections as its settings change.
 func TestServerConnectionsNeverOutnumberDatabaseSQLsConnections(t *testing.T) {
 	e := fkOpen(t, nil, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 4, QueueWait: time.Second})
 	halt := testkit.Repeat(6, func(int) bool {
@@ -402,10 +336,8 @@ func TestServerConnectionsNeverOutnumberDatabaseSQLsConnections(t *testing.T) {
 	}
 }
 
-// A dial goes on after the caller that asked for it gave up, and its
-// server connection serves the next caller: under short deadlines and a
-// slow dial, a dial is not thrown away at each cut-off. (Without the
-// gate, database/sql's Connect is cut off with its caller.)
+// Under short deadlines and a slow dial, no dial is thrown away at each
+// cut-off (database/sql alone cuts its Connect off with its caller).
 func TestADialItsCallerGaveUpOnServesTheNextCaller(t *testing.T) {
 	e := fkOpen(t, nil, fkB1)
 	smCutOff(t, e, fakedb.OpConnect, "exec cut off while dialing")
@@ -434,9 +366,7 @@ func TestASQLConnDialsAtItsFirstUse(t *testing.T) {
 	}
 }
 
-// WithConnInit's function runs once on each server connection, before its
-// first use and within the permits of the operation that uses it first;
-// its error closes that connection and fails the operation with it.
+// Its error closes that connection and fails the operation with it.
 func TestConnInitRunsOnceOnEachServerConnectionWithinThePermitsOfItsFirstOperation(t *testing.T) {
 	initErr := errors.New("init failed")
 	var mu sync.Mutex
@@ -473,18 +403,19 @@ func TestConnInitRunsOnceOnEachServerConnectionWithinThePermitsOfItsFirstOperati
 }
 
 // README: an operation rejected at admission has sent nothing, no Prepare.
-// database/sql prepares a *sql.Stmt again on each connection it runs it
-// on, before the execution reaches the gate: the gate sends no such Prepare
-// for a text with a statement still open, however many other texts it
-// prepared since, nor for one of the 4,096 texts it prepared most recently.
+// database/sql prepares a *sql.Stmt on each connection it runs on, before
+// the gate: no such Prepare once database/sql closed the statement's
+// connections, nor for a text with a statement open, nor for one of the
+// 4,096 texts prepared last.
 func TestARefusedPreparedStatementSendsNoPrepareAfterThousandsOfOtherTexts(t *testing.T) {
 	for _, c := range []struct {
-		name   string
-		idle   int // database/sql's idle connections: 0 closes the statement's driver statements
-		others int // texts prepared after the statement's first run, beside 4,096 before it
+		name           string
+		idle           int // database/sql's idle connections: 0 closes the statement's driver statements
+		before, others int // texts prepared before the statement's first run, and after
 	}{
-		{"its statement still open", 2, 4097},
-		{"its statements closed, among the 4,096 last", 0, 4095},
+		{"its connections closed by database/sql", 0, 0, 0},
+		{"its statement still open", 2, 4096, 4097},
+		{"its statements closed, among the 4,096 last", 0, 4096, 4095},
 	} {
 		for _, q := range []int{0, 1} {
 			ctx := context.Background()
@@ -492,31 +423,29 @@ func TestARefusedPreparedStatementSendsNoPrepareAfterThousandsOfOtherTexts(t *te
 			e.db.SetMaxIdleConns(c.idle)
 			prepareOthers := func(n int, tag string) {
 				for i := range n {
-					other, err := e.db.PrepareContext(ctx, fmt.Sprintf("UPDATE t SET v = %d -- %s", i, tag))
-					if err != nil {
-						t.Fatal(err)
-					}
+					other := testkit.Prepare(t, ctx, e.db, fmt.Sprintf("UPDATE t SET v = %d -- %s", i, tag))
 					other.Close()
 				}
 			}
-			prepareOthers(4096, "before")
-			st, err := e.db.PrepareContext(ctx, "UPDATE t SET v = ?")
-			if err != nil {
-				t.Fatal(err)
-			}
+			prepareOthers(c.before, "before")
+			st := testkit.Prepare(t, ctx, e.db, "UPDATE t SET v = ?")
 			if _, err := st.ExecContext(ctx, 1); err != nil {
 				t.Fatal(err)
+			}
+			if n := e.fc.Open(); c.idle == 0 && n != 0 {
+				t.Fatalf("%s, Q=%d: %d server connections open with no idle connection kept, want 0", c.name, q, n)
 			}
 			prepareOthers(c.others, "after")
 			free := smFill(t, e, q)
 			d, p, err := smRefused(e, st)
 			var re *bulkhead.RejectedError
-			if !errors.As(err, &re) || re.Cause != bulkhead.ErrAdmissionFull && !(q == 0 && re.Cause == bulkhead.ErrQueueTimeout) || re.Waited != 0 {
-				t.Fatalf("%s, Q=%d: the statement's execution: %v, want a rejection at once", c.name, q, err)
+			if !errors.As(err, &re) || !errors.Is(err, bulkhead.ErrAdmissionFull) || re.Waited != 0 {
+				t.Fatalf("%s, Q=%d: the statement's execution: %v, want an admission-full rejection at once", c.name, q, err)
 			}
 			if d != 0 || p != 0 {
 				t.Fatalf("%s, Q=%d: the refused execution dialed %d server connections and sent %d Prepare, want none", c.name, q, d, p)
 			}
+			// Admitted, it is prepared on the server connection that runs it.
 			smAdmitted(t, e, st, free)
 		}
 	}

@@ -13,13 +13,11 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/gatetest"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
-// lazyDriver is a driver whose statements work NumInput out on their
-// connection the first time they are asked, as ncruces/go-sqlite3's do: a
-// statement's NumInput and its connection's work touch the same state,
-// unsynchronised, as a driver may assume since database/sql never uses a
-// connection from two goroutines at once.
+// lazyDriver's statements work NumInput out on their connection when first
+// asked, as ncruces/go-sqlite3's do, touching its state unsynchronised.
 type lazyDriver struct{ numInputs, prepares atomic.Int64 }
 
 func (d *lazyDriver) Connect(context.Context) (driver.Conn, error) { return &lazyConn{d: d}, nil }
@@ -67,26 +65,17 @@ func (*lazyRows) Columns() []string         { return nil }
 func (*lazyRows) Close() error              { return nil }
 func (*lazyRows) Next([]driver.Value) error { return io.EOF }
 
-// A statement's NumInput is asked while the gate holds the server
-// connection the statement was prepared on (after the driver's checkers
-// converted the arguments): a lazy driver works it out on that connection,
-// and asked from another goroutine it would race with whoever uses it (a
-// data race under -race, and a crash for a driver such as a WebAssembly
-// SQLite).
+// Asked from another goroutine it would race with whoever uses that
+// connection: a data race under -race, a crash for a WebAssembly SQLite.
 func TestNumInputIsAskedOnlyWhileTheConnectionThatPreparedItIsHeld(t *testing.T) {
 	d := &lazyDriver{}
 	_, db := gatetest.Open(t, d, bulkhead.Policy{MaxConcurrent: 4, MaxQueue: 64, QueueWait: time.Minute})
 	ctx := context.Background()
-	st, err := db.PrepareContext(ctx, "UPDATE t SET n = n + 1 WHERE id = ?")
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := testkit.Prepare(t, ctx, db, "UPDATE t SET n = n + 1 WHERE id = ?")
 	defer st.Close()
 
 	const workers, each = 8, 50
-	// Each call's *sql.Conn is its own logical connection: database/sql
-	// prepares the statement on it and asks its NumInput there,
-	// concurrently with the others.
+	// database/sql prepares the statement on each *sql.Conn, concurrently.
 	inParallel(t, workers, each, func() error {
 		conn, err := db.Conn(ctx)
 		if err != nil {
@@ -101,9 +90,7 @@ func TestNumInputIsAskedOnlyWhileTheConnectionThatPreparedItIsHeld(t *testing.T)
 		}
 		return err
 	})
-	// At most once per driver statement (the prepared one, once per server
-	// connection that ran it, and database/sql's fallback's, prepared for
-	// each Exec on a connection without Execer).
+	// At most once per driver statement.
 	if n, p := d.numInputs.Load(), d.prepares.Load(); n < 1 || n > p {
 		t.Fatalf("the driver worked NumInput out %d times for %d statements prepared, want 1 to %d", n, p, p)
 	}

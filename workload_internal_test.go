@@ -2,9 +2,8 @@
 
 package bulkhead
 
-// A bounded concurrent stress of workloads, checked from inside the gated
-// work against the budgets' own state (unexported: the admission gauges
-// are not in Stats).
+// A stress of workloads, checked inside the gated work against the budgets'
+// own state.
 
 import (
 	"context"
@@ -23,9 +22,8 @@ import (
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
-// wliCheckBudget returns an error if l's state breaks a limit: more
-// admission permits held than B+Q, more execution permits than B, or an
-// idle permit while operations wait.
+// wliCheckBudget returns an error if l holds more than B+Q or B, or idles
+// a permit while operations wait.
 func wliCheckBudget(l *budget) error {
 	l.mu.Lock()
 	adm, maxAdm := int64(l.admitted), int64(l.b+l.q)
@@ -146,13 +144,15 @@ func TestConcurrentWorkloadsNeverExceedTheGlobalOrTheirOwnLimits(t *testing.T) {
 			all.ok, all.rejected, all.ctxErr = all.ok+tl.ok, all.rejected+tl.rejected, all.ctxErr+tl.ctxErr
 		}
 	}
-	// A worker whose transaction's context was cancelled may have
-	// returned (Commit reports the context's error at once) before
-	// database/sql's own goroutine rolled the transaction back in the
-	// driver and released its permits; likewise for rows it closes after a
-	// cancellation. Wait for those, bounded: a permit that never comes
-	// back is a leak and fails here.
-	wliAwaitIdle(t, g)
+	// database/sql's own goroutine may still be rolling back a cancelled
+	// transaction (or closing rows): a permit that never comes back fails here.
+	testkit.Await(t, "every budget's permits are back", func() bool {
+		idle := wliAdmitted(g.global) == 0
+		for _, l := range *g.workloads.Load() {
+			idle = idle && wliAdmitted(l) == 0
+		}
+		return idle
+	})
 	s := g.Stats()
 	t.Logf("%d checks inside gated work; outcomes %+v; global %+v", checks.Load(), sum, s)
 	for _, l := range []*budget{g.global, wls["a"], wls["b"]} {
@@ -190,26 +190,6 @@ func wliAdmitted(l *budget) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.admitted
-}
-
-// wliAwaitIdle waits until no budget of g holds a permit, giving up after
-// a bound meant to turn a leak into a failure, never to measure time.
-func wliAwaitIdle(t *testing.T, g *Gate) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		idle := wliAdmitted(g.global) == 0
-		for _, l := range *g.workloads.Load() {
-			idle = idle && wliAdmitted(l) == 0
-		}
-		if idle {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("permits still held 30s after every worker returned: %+v", g.Stats())
-		}
-		runtime.Gosched()
-	}
 }
 
 // wliRun runs one gated operation of the given kind: an autocommit

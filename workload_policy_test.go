@@ -121,10 +121,7 @@ func TestMalformedWorkloadsAndDryRunValuesAreErrorsNamingTheVariableAndTheValue(
 	}
 }
 
-// A workload that parses but does not fit the policy (B above the
-// policy's, B+Q above the policy's) fails Validate; the error names the
-// variables it came from, the workload, its field and value, and the
-// limit.
+// The error names the variables, the workload, its field, value and limit.
 func TestWorkloadsFromTheEnvironmentThatDoNotFitThePolicyNameTheVariable(t *testing.T) {
 	for _, c := range []struct {
 		env  map[string]string

@@ -2,15 +2,12 @@
 
 package bulkhead_test
 
-// Workloads (Policy.Workloads, WithWorkload, WorkloadStats): each named
-// workload has its own budget inside the global one. Deterministic tests on
-// the fake driver.
+// Workloads: each named workload has its own budget inside the global one.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -20,15 +17,12 @@ import (
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
-	"github.com/dbbulkhead/bulkhead/internal/syncbuf"
 	"github.com/dbbulkhead/bulkhead/internal/testkit"
 )
 
-// wlRig is a gate on the fake driver whose Exec (and Query) of
-// "hold NAME" stays inside the driver, holding its permits, until the test
-// calls finish(NAME) or the call's context ends. Every other query
-// returns at once. The rig records which held operations entered the
-// driver, in order, and waits for its goroutines at the end of the test.
+// wlRig is a gate on the fake driver whose Exec or Query of "hold NAME"
+// stays in the driver until finish(NAME) or its context's end; others
+// return at once. It records, in order, the held operations that entered.
 type wlRig struct {
 	*fkEnv
 	mu      sync.Mutex
@@ -96,29 +90,31 @@ func (r *wlRig) gateLocked(name string) chan struct{} {
 	return ch
 }
 
-// spawn runs f on a goroutine; its result arrives on the channel.
-func (r *wlRig) spawn(f func() error) <-chan error {
+// wlOp is a held operation the rig started: its name, and its error once
+// it returned.
+type wlOp struct {
+	name string
+	err  <-chan error
+}
+
+// spawn runs f, the operation name, on a goroutine.
+func (r *wlRig) spawn(name string, f func() error) wlOp {
 	ch := make(chan error, 1)
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		ch <- f()
-	}()
-	return ch
+	r.wg.Go(func() { ch <- f() })
+	return wlOp{name, ch}
 }
 
 // exec starts db.ExecContext(ctx, "hold "+name) on a goroutine.
-func (r *wlRig) exec(ctx context.Context, name string) <-chan error {
-	return r.spawn(func() error {
+func (r *wlRig) exec(ctx context.Context, name string) wlOp {
+	return r.spawn(name, func() error {
 		_, err := r.db.ExecContext(ctx, "hold "+name)
 		return err
 	})
 }
 
-// wlBatchQueued opens a rig in a synctest bubble with B=Q=n and a
-// workload "batch" of B=Q=1, all with queue wait wait; b1 holds the
-// batch permit and b2 waits for it, both run with the batch context.
-func wlBatchQueued(t *testing.T, n int, wait time.Duration) (r *wlRig, batch context.Context, b1, b2 <-chan error) {
+// wlBatchQueued opens a rig, in a synctest bubble, of B=Q=n and a workload
+// "batch" of B=Q=1: b1 holds the batch permit and b2 waits for it.
+func wlBatchQueued(t *testing.T, n int, wait time.Duration) (r *wlRig, batch context.Context, b1, b2 wlOp) {
 	t.Helper()
 	r = wlOpen(t, bulkhead.Policy{MaxConcurrent: n, MaxQueue: n, QueueWait: wait,
 		Workloads: map[string]bulkhead.Workload{"batch": {MaxConcurrent: 1, MaxQueue: 1, QueueWait: wait}}})
@@ -128,6 +124,24 @@ func wlBatchQueued(t *testing.T, n int, wait time.Duration) (r *wlRig, batch con
 	b2 = r.exec(batch, "b2")
 	synctest.Wait()
 	return r, batch, b1, b2
+}
+
+// closeEnds closes the gate, in a synctest bubble, and fails unless the
+// queued op returns ErrClosed at once, not a rejection.
+func (r *wlRig) closeEnds(t *testing.T, what string, op wlOp) {
+	t.Helper()
+	if err := r.g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	synctest.Wait()
+	select {
+	case err := <-op.err:
+		if !errors.Is(err, bulkhead.ErrClosed) || errors.Is(err, bulkhead.ErrRejected) {
+			t.Fatalf("%s after Close: %v, want ErrClosed", what, err)
+		}
+	default:
+		t.Fatalf("%s still waits after Gate.Close", what)
+	}
 }
 
 // refusedFull fails the test unless a new operation is refused with
@@ -140,29 +154,28 @@ func (r *wlRig) refusedFull(t *testing.T, what string) {
 }
 
 // start starts exec and returns once the operation runs in the driver.
-func (r *wlRig) start(t *testing.T, ctx context.Context, name string) <-chan error {
+func (r *wlRig) start(t *testing.T, ctx context.Context, name string) wlOp {
 	t.Helper()
-	ch := r.exec(ctx, name)
+	op := r.exec(ctx, name)
 	r.await(t, name)
-	return ch
+	return op
 }
 
 // startN starts n operations named prefix0 to prefix(n-1) one after
 // another, each running in the driver before the next starts.
-func (r *wlRig) startN(t *testing.T, ctx context.Context, prefix string, n int) []<-chan error {
+func (r *wlRig) startN(t *testing.T, ctx context.Context, prefix string, n int) []wlOp {
 	t.Helper()
-	chs := make([]<-chan error, n)
+	ops := make([]wlOp, n)
 	for i := range n {
-		chs[i] = r.start(t, ctx, fmt.Sprintf("%s%d", prefix, i))
+		ops[i] = r.start(t, ctx, fmt.Sprintf("%s%d", prefix, i))
 	}
-	return chs
+	return ops
 }
 
-// tx starts a transaction on a goroutine that runs "hold "+name inside it
-// (the transaction holds the permits, the statement takes none) and
-// commits.
-func (r *wlRig) tx(ctx context.Context, name string) <-chan error {
-	return r.spawn(func() error { return testkit.Tx(ctx, r.db, "hold "+name) })
+// tx starts a transaction that runs "hold "+name (taking no permit of
+// its own) and commits.
+func (r *wlRig) tx(ctx context.Context, name string) wlOp {
+	return r.spawn(name, func() error { return testkit.Tx(ctx, r.db, "hold "+name) })
 }
 
 // finish lets the held operation name return.
@@ -189,10 +202,12 @@ func (r *wlRig) enteredOrder() []string {
 	return slices.Clone(r.entered)
 }
 
-// await waits until the held operation name is inside the driver.
-func (r *wlRig) await(t *testing.T, name string) {
+// await waits until the held operations names are inside the driver.
+func (r *wlRig) await(t *testing.T, names ...string) {
 	t.Helper()
-	awaitState(t, name+" runs in the driver", func() bool { return r.hasEntered(name) })
+	for _, name := range names {
+		awaitState(t, name+" runs in the driver", func() bool { return r.hasEntered(name) })
+	}
 }
 
 // wstats returns the named workload's stats, failing if there is none.
@@ -219,38 +234,17 @@ func wlRejected(t *testing.T, what string, err error, cause error, workload stri
 	return re
 }
 
-// done lets the held operation name return and fails the test unless it
-// returned nil on ch.
-func (r *wlRig) done(t *testing.T, name string, ch <-chan error) {
+// done lets the held operations return, then fails the test unless each
+// returned nil.
+func (r *wlRig) done(t *testing.T, ops ...wlOp) {
 	t.Helper()
-	r.finish(name)
-	wlOK(t, name, ch)
-}
-
-// doneAll lets the held operations names return, then fails the test
-// unless each returned nil on its channel of chs, in the same order.
-func (r *wlRig) doneAll(t *testing.T, names []string, chs ...<-chan error) {
-	t.Helper()
-	for _, n := range names {
-		r.finish(n)
+	for _, op := range ops {
+		r.finish(op.name)
 	}
-	for i, ch := range chs {
-		wlOK(t, names[i], ch)
-	}
-}
-
-// doneN is doneAll for the operations startN started with prefix.
-func (r *wlRig) doneN(t *testing.T, prefix string, chs []<-chan error) {
-	t.Helper()
-	for i, ch := range chs {
-		r.done(t, fmt.Sprintf("%s%d", prefix, i), ch)
-	}
-}
-
-func wlOK(t *testing.T, what string, ch <-chan error) {
-	t.Helper()
-	if err := testkit.Recv(t, what, ch); err != nil {
-		t.Fatalf("%s: %v", what, err)
+	for _, op := range ops {
+		if err := testkit.Recv(t, op.name, op.err); err != nil {
+			t.Fatalf("%s: %v", op.name, err)
+		}
 	}
 }
 
@@ -278,8 +272,7 @@ func TestAWorkloadAtItsLimitRejectsItsOwnWorkWhileUntaggedWorkIsStillAdmitted(t 
 	// The batch workload is at its limit: untagged work still runs, up to
 	// the global B.
 	u1, u2 := r.exec(bg, "u1"), r.exec(bg, "u2")
-	r.await(t, "u1")
-	r.await(t, "u2")
+	r.await(t, "u1", "u2")
 	_, err = r.db.ExecContext(bg, "quick")
 	wlRejected(t, "untagged op beyond the global B+Q", err, bulkhead.ErrAdmissionFull, "", 3, 0)
 
@@ -291,7 +284,7 @@ func TestAWorkloadAtItsLimitRejectsItsOwnWorkWhileUntaggedWorkIsStillAdmitted(t 
 	if s.Running != 3 || s.Admitted != 3 || s.RejectedFull != 2 {
 		t.Fatalf("global stats %+v: want Running 3, Admitted 3, RejectedFull 2", s)
 	}
-	r.doneAll(t, []string{"b1", "u1", "u2"}, b1, u1, u2)
+	r.done(t, b1, u1, u2)
 	r.balanced(t)
 	if ws := r.wstats(t, "batch"); ws.Running != 0 || ws.Waiting != 0 {
 		t.Fatalf("batch stats after the end %+v: want nothing running or waiting", ws)
@@ -305,8 +298,7 @@ func TestAWorkloadTransactionHoldsTheWorkloadsPermitUntilCommit(t *testing.T) {
 	r.await(t, "t1")
 	_, err := r.db.ExecContext(batch, "quick")
 	wlRejected(t, "batch op while a batch transaction is open", err, bulkhead.ErrAdmissionFull, "batch", 1, 0)
-	r.finish("t1")
-	wlOK(t, "batch transaction", tx)
+	r.done(t, tx)
 	if _, err := r.db.ExecContext(batch, "quick"); err != nil {
 		t.Fatalf("batch op after the commit: %v", err)
 	}
@@ -322,8 +314,7 @@ func TestUntaggedWorkAndWorkNamingAnUnknownWorkloadPassTheGlobalBudgetAlone(t *t
 	b1 := r.start(t, bulkhead.WithWorkload(bg, "batch"), "b1")
 	ghost := bulkhead.WithWorkload(bg, "ghost")
 	g1, g2 := r.exec(ghost, "g1"), r.exec(ghost, "g2")
-	r.await(t, "g1")
-	r.await(t, "g2")
+	r.await(t, "g1", "g2")
 	_, err := r.db.ExecContext(ghost, "quick")
 	wlRejected(t, "unknown workload beyond the global B+Q", err, bulkhead.ErrAdmissionFull, "", 3, 0)
 	if _, ok := r.g.WorkloadStats("ghost"); ok {
@@ -332,7 +323,7 @@ func TestUntaggedWorkAndWorkNamingAnUnknownWorkloadPassTheGlobalBudgetAlone(t *t
 	if _, ok := r.g.WorkloadStats(""); ok {
 		t.Fatal(`WorkloadStats("") is ok`)
 	}
-	r.doneAll(t, []string{"b1", "g1", "g2"}, b1, g1, g2)
+	r.done(t, b1, g1, g2)
 	r.balanced(t)
 	if ws := r.wstats(t, "batch"); ws.Admitted != 1 {
 		t.Fatalf("batch stats %+v: the unknown workload's ops counted in batch", ws)
@@ -343,14 +334,10 @@ func TestUntaggedWorkAndWorkNamingAnUnknownWorkloadPassTheGlobalBudgetAlone(t *t
 	}
 }
 
-// A workload name the policy lacks (a typo) is not silently ignored: each
-// of its operations is counted in Stats.UnknownWorkload, and the name is
-// logged once, with the names the policy knows.
+// A typo is counted in Stats.UnknownWorkload and logged once, with the
+// names the policy knows.
 func TestAnUnknownWorkloadNameIsCountedAndLoggedOnce(t *testing.T) {
-	var buf syncbuf.Buffer
-	old := slog.Default()
-	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
-	defer slog.SetDefault(old)
+	buf := captureLog(t)
 	r := wlOpen(t, wlBatch)
 	ctx := bulkhead.WithWorkload(context.Background(), "bacth")
 	for range 3 {
@@ -389,13 +376,12 @@ func TestAWorkloadQueueTimeoutNamesTheWorkloadAndCountsInItsStats(t *testing.T) 
 		if s.RejectedTimeout != 1 || s.WaitCount != 1 || s.WaitDuration != 40*time.Millisecond {
 			t.Fatalf("global stats %+v: want the workload's timeout counted too", s)
 		}
-		r.done(t, "b1", b1)
+		r.done(t, b1)
 		r.balanced(t)
 	})
 }
 
-// A workload's QueueWait bounds its wait for both budgets, in all: time
-// spent queued for the workload's permit is not given again for the
+// The time queued for the workload's permit is not given again for the
 // global one.
 func TestAWorkloadsQueueWaitCoversItsWaitForBothBudgets(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -418,12 +404,12 @@ func TestAWorkloadsQueueWaitCoversItsWaitForBothBudgets(t *testing.T) {
 		}
 		// b1 ends: its global permit goes to u2, first in the global
 		// queue; b2 gets the workload's permit and queues for a global one.
-		r.done(t, "b1", b1)
+		r.done(t, b1)
 		synctest.Wait()
 		if !r.hasEntered("u2") || r.hasEntered("b2") {
 			t.Fatalf("entered %v: want u2 to run and b2 to wait", r.enteredOrder())
 		}
-		err := testkit.Recv(t, "b2", b2)
+		err := testkit.Recv(t, "b2", b2.err)
 		re := wlRejected(t, "b2, out of time in the global queue", err, bulkhead.ErrQueueTimeout, "", 2, 2)
 		if got := time.Since(start); re.Waited != 100*time.Millisecond || got != 100*time.Millisecond {
 			t.Fatalf("b2 waited %v (returned after %v), want the workload's 100ms in all", re.Waited, got)
@@ -431,7 +417,7 @@ func TestAWorkloadsQueueWaitCoversItsWaitForBothBudgets(t *testing.T) {
 		if ws := r.wstats(t, "batch"); ws.Running != 0 || ws.Waiting != 0 {
 			t.Fatalf("batch stats %+v: the failed op kept a workload permit", ws)
 		}
-		r.doneAll(t, []string{"u1", "u2"}, u1, u2)
+		r.done(t, u1, u2)
 		r.balanced(t)
 	})
 }
@@ -454,24 +440,19 @@ func TestContextOptionsComposeAndReadBack(t *testing.T) {
 	}
 }
 
-// The same operation is reported under the same workload name by each
-// of its events; an unknown name (which passes the global budget alone)
-// must not reach OnAdmit or OnReject either, or a metrics collector keyed
-// by the name (promgate) would make a series per name the callers invent.
+// An unknown name reaches no event, or a collector keyed by it (promgate)
+// would make a series per name the callers invent.
 func TestEventsNameTheBudgetsWorkloadConsistentlyForAnUnknownName(t *testing.T) {
-	var mu sync.Mutex
-	var seen []bulkhead.Event
-	rec := func(e bulkhead.Event) { mu.Lock(); seen = append(seen, e); mu.Unlock() }
+	var ev testkit.Log[bulkhead.Event]
 	r := wlOpen(t, bulkhead.Policy{MaxConcurrent: 1, Workloads: wlBatch.Workloads},
-		bulkhead.WithEvents(bulkhead.Events{OnAdmit: rec, OnReject: rec, OnRelease: rec}))
+		bulkhead.WithEvents(bulkhead.Events{OnAdmit: ev.Add, OnReject: ev.Add, OnRelease: ev.Add}))
 	ghost := bulkhead.WithWorkload(context.Background(), "ghost")
 	g1 := r.start(t, ghost, "g1")
 	if _, err := r.db.ExecContext(ghost, "quick"); !errors.Is(err, bulkhead.ErrRejected) {
 		t.Fatalf("second op: %v, want a rejection", err)
 	}
-	r.done(t, "g1", g1)
-	mu.Lock()
-	defer mu.Unlock()
+	r.done(t, g1)
+	seen := ev.List()
 	if len(seen) != 3 {
 		t.Fatalf("events %+v, want admit, reject, release", seen)
 	}
@@ -498,7 +479,7 @@ func TestARejectionByTheGlobalBudgetCountsInTheWorkloadsStats(t *testing.T) {
 	if ws := r.wstats(t, "batch"); ws.RejectedTimeout != 1 {
 		t.Fatalf("batch stats %+v: want the global rejection of its op counted (RejectedTimeout 1)", ws)
 	}
-	r.done(t, "u1", u1)
+	r.done(t, u1)
 }
 
 func TestClosingTheGateMakesAnOperationQueuedForItsWorkloadReturnErrClosed(t *testing.T) {
@@ -507,23 +488,11 @@ func TestClosingTheGateMakesAnOperationQueuedForItsWorkloadReturnErrClosed(t *te
 		if ws := r.wstats(t, "batch"); ws.Waiting != 1 {
 			t.Fatalf("batch stats %+v: want b2 queued", ws)
 		}
-		if err := r.g.Close(); err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait() // no fake time passes: only the close can end b2's wait
-		select {
-		case err := <-b2:
-			if !errors.Is(err, bulkhead.ErrClosed) || errors.Is(err, bulkhead.ErrRejected) {
-				t.Fatalf("queued batch op after Close: %v, want ErrClosed", err)
-			}
-		default:
-			t.Fatal("an operation queued for its workload's permit still waits after Gate.Close")
-		}
+		r.closeEnds(t, "an operation queued for its workload's permit", b2)
 		if _, err := r.db.ExecContext(batch, "quick"); !errors.Is(err, bulkhead.ErrClosed) {
 			t.Fatalf("new batch op after Close: %v, want ErrClosed", err)
 		}
-		r.finish("b1")
-		wlOK(t, "b1, running at Close", b1)
+		r.done(t, b1)
 		if s, ws := r.g.Stats(), r.wstats(t, "batch"); s.Running != 0 || s.Waiting != 0 || ws.Running != 0 || ws.Waiting != 0 {
 			t.Fatalf("after the end: global %+v, batch %+v: want nothing held", s, ws)
 		}
@@ -531,9 +500,7 @@ func TestClosingTheGateMakesAnOperationQueuedForItsWorkloadReturnErrClosed(t *te
 }
 
 // README: when the database has room nothing is shed and everyone is
-// served. Operations queued in a workload's budget take nothing of the
-// global one, so they never lock other work out of a free permit, whatever
-// their priority.
+// served, whatever the priority of those queued in a workload.
 func TestOperationsQueuedInAWorkloadLeaveTheGlobalPermitsToOtherWork(t *testing.T) {
 	for _, prio := range []int{-10, 0, 10} {
 		t.Run(fmt.Sprintf("batch priority %d", prio), func(t *testing.T) {
@@ -554,7 +521,7 @@ func TestOperationsQueuedInAWorkloadLeaveTheGlobalPermitsToOtherWork(t *testing.
 			if s := r.g.Stats(); s.RejectedFull != 0 || s.Running != 1 || s.Waiting != 0 {
 				t.Fatalf("global stats %+v: want nothing refused, b1 alone running, nobody waiting", s)
 			}
-			r.doneAll(t, []string{"b1", "b2", "b3"}, b1, b2, b3)
+			r.done(t, b1, b2, b3)
 			if ws := r.wstats(t, "batch"); ws.RejectedFull != 0 || ws.Admitted != 3 {
 				t.Fatalf("batch stats %+v: want its three operations admitted, none shed", ws)
 			}
@@ -563,10 +530,8 @@ func TestOperationsQueuedInAWorkloadLeaveTheGlobalPermitsToOtherWork(t *testing.
 	}
 }
 
-// A shed must buy a run: a higher-priority arrival sheds a queued
-// lower-priority waiter only if it will then wait for its turn itself, not
-// when it would be refused at once (no queue wait, or a deadline it cannot
-// make).
+// A shed must buy a run: not when the arrival may not wait, or cannot
+// make its deadline.
 func TestAHigherPriorityArrivalShedsNobodyWhenItWouldBeRefusedAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Hour,
@@ -592,12 +557,12 @@ func TestAHigherPriorityArrivalShedsNobodyWhenItWouldBeRefusedAtOnce(t *testing.
 
 		// l runs 100ms (its hold is measured: it waited), with u2 and l2
 		// behind it; then a deadline of 20ms cannot be made.
-		r.done(t, "u", u)
+		r.done(t, u)
 		synctest.Wait()
 		u2 := r.exec(bg, "u2")
 		synctest.Wait()
 		time.Sleep(100 * time.Millisecond)
-		r.done(t, "l", l)
+		r.done(t, l)
 		synctest.Wait()
 		l2 := r.exec(low, "l2")
 		synctest.Wait()
@@ -616,7 +581,7 @@ func TestAHigherPriorityArrivalShedsNobodyWhenItWouldBeRefusedAtOnce(t *testing.
 		if ws := r.wstats(t, "low"); ws.RejectedFull != 0 {
 			t.Fatalf("low stats %+v: want nothing of it shed", ws)
 		}
-		r.doneAll(t, []string{"u2", "l2"}, u2, l2)
+		r.done(t, u2, l2)
 		r.balanced(t)
 	})
 }
