@@ -187,9 +187,7 @@ func (s *memStore) end(_ context.Context, pid, _ int64) (bool, error) {
 	if err := s.check(); err != nil {
 		return false, err
 	}
-	s.m.dead[pid], s.m.dead[pid+1] = true, true // its anchor too
-	s.m.drop(pid)
-	s.m.drop(pid + 1)
+	s.m.killLocked(pid) // its anchor too
 	return true, nil
 }
 
@@ -278,19 +276,15 @@ func fleetModel(t *testing.T, seed int64) {
 			}
 		}
 		for _, in := range live() {
-			s := in.g.Stats()
-			held := 0
-			if pid := in.pid(); pid != 0 {
-				held = m.held(pid)
+			s, held := in.g.Stats(), m.held(in.pid()) // no slot is held by pid 0
+			sum += in.running
+			if s.Fleet.Failures > 0 {
+				failed++
 			}
 			if in.ended != 0 && (in.pid() == in.ended || in.running-held > fallback) {
 				// Its slots are gone under it; it runs on its share until
 				// its next round, which the others' fence leaves room for,
 				// then on its fallback.
-				sum += in.running
-				if s.Fleet.Failures > 0 {
-					failed++
-				}
 				continue
 			}
 			in.ended = 0
@@ -302,10 +296,6 @@ func fleetModel(t *testing.T, seed int64) {
 			}
 			if in.pid() == 0 && s.MaxConcurrent > fallback {
 				t.Fatalf("seed %d, %s: an instance without session has B=%d, fallback %d", seed, step, s.MaxConcurrent, fallback)
-			}
-			sum += in.running
-			if s.Fleet.Failures > 0 {
-				failed++
 			}
 		}
 		if sum > total+failed*fallback {
@@ -520,6 +510,11 @@ func TestFleetShareClampsTheWorkloads(t *testing.T) {
 func (m *memLocks) kill(pid int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.killLocked(pid)
+}
+
+// killLocked is kill with m.mu held.
+func (m *memLocks) killLocked(pid int64) {
 	m.dead[pid], m.dead[pid+1] = true, true
 	m.drop(pid)
 	m.drop(pid + 1)
@@ -572,12 +567,7 @@ func memJoin(t *testing.T, m *memLocks, name string, inner *fakedb.Connector, p 
 	}
 	g := &fgate{m: mb, db: mb.Gate().OpenDB()}
 	t.Cleanup(func() { g.db.Close() })
-	for i := 0; mb.rounds.Load() == 0; i++ {
-		if i == 1e7 {
-			t.Fatal("the fleet loop's first round did not start")
-		}
-		runtime.Gosched()
-	}
+	firstRound(t, mb)
 	return g
 }
 
@@ -805,17 +795,15 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 			fc.Define("work", fakedb.ResultSet{})
 			var mu sync.Mutex
 			var tags []string
-			fc.SetHook(func(_ context.Context, op fakedb.Op, q string) error {
-				if strings.Contains(q, "pg_advisory_lock_shared") && op != fakedb.OpPrepare {
+			g := tagGate(t, fc, func(op fakedb.Op, q string) error {
+				if op != fakedb.OpPrepare {
 					mu.Lock()
 					tags = append(tags, fmt.Sprint(op, " ", q))
 					mu.Unlock()
 				}
 				return nil
-			})
-			g := modelGate(t, newMemLocks(), "tags", bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Second}, 0, fc, Tagging(c.tagging))
-			db := g.db
-			testkit.Exec(t, context.Background(), db, "work")
+			}, Tagging(c.tagging))
+			testkit.Exec(t, context.Background(), g.db, "work")
 			var want []string
 			q := sqlLockShared // its arguments: TestATagBindsTheFleetsKeyAndTheMembersID
 			switch c.want {
@@ -832,22 +820,14 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 		})
 	}
 	t.Run("tag panics", func(t *testing.T) {
-		fc := fakedb.New()
-		fc.SetHook(func(_ context.Context, op fakedb.Op, q string) error {
-			if strings.Contains(q, "pg_advisory_lock_shared") {
-				panic("driver bug")
-			}
-			return nil
-		})
-		g := modelGate(t, newMemLocks(), "tags", bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Second}, 0, fc)
-		db := g.db
+		g := tagGate(t, fakedb.New(), func(fakedb.Op, string) error { panic("driver bug") })
 		func() {
 			defer func() {
 				if recover() == nil {
 					t.Error("the driver's panic did not propagate")
 				}
 			}()
-			db.ExecContext(context.Background(), "work")
+			g.db.ExecContext(context.Background(), "work")
 		}()
 		if s := g.Stats(); s.Running != 0 || s.OpenConns != 0 {
 			t.Fatalf("after the tag panicked: Running %d, OpenConns %d; want 0, 0", s.Running, s.OpenConns)
@@ -856,15 +836,8 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 	t.Run("tag fails", func(t *testing.T) {
 		fc := fakedb.New()
 		boom := errors.New("boom")
-		fc.SetHook(func(_ context.Context, op fakedb.Op, q string) error {
-			if strings.Contains(q, "pg_advisory_lock_shared") {
-				return boom
-			}
-			return nil
-		})
-		g := modelGate(t, newMemLocks(), "tags", bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Second}, 0, fc)
-		db := g.db
-		_, err := db.ExecContext(context.Background(), "work")
+		g := tagGate(t, fc, func(fakedb.Op, string) error { return boom })
+		_, err := g.db.ExecContext(context.Background(), "work")
 		if !errors.Is(err, boom) || !strings.Contains(err.Error(), "bulkhead: fleet tags: tagging a new server connection") {
 			t.Fatalf("an operation whose connection could not be tagged: %v, want the tag's error, named", err)
 		}
@@ -875,6 +848,18 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 			t.Fatalf("%d connections left open after the failed tag, want 0", open)
 		}
 	})
+}
+
+// tagGate is a member, its loop's first round done, on fc, whose driver
+// calls for a tag statement (its Prepare too) run tag instead.
+func tagGate(t *testing.T, fc *fakedb.Connector, tag func(op fakedb.Op, q string) error, opts ...Option) *fgate {
+	fc.SetHook(func(_ context.Context, op fakedb.Op, q string) error {
+		if strings.Contains(q, "pg_advisory_lock_shared") {
+			return tag(op, q)
+		}
+		return nil
+	})
+	return modelGate(t, newMemLocks(), "tags", bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Second}, 0, fc, opts...)
 }
 
 // fgate is a member and its gate's *sql.DB: Stats has the gate's and, in

@@ -292,9 +292,6 @@ func TestFleetMemberWhoseLeaseRanOutRefusesWithErrLeaseExpiredUntilARoundSucceed
 			p.QueueWait = 500 * time.Millisecond // what a caller queued on the fallback share waits: a failure, not a hang
 			interval := 500 * time.Millisecond   // the lease: 750 ms from the start of the last successful round
 			d := newFleetStallDialer()
-			coord := pgConfig(t)
-			coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
-			coord.DialFunc = d.dial
 			var mu sync.Mutex
 			reasons := map[error]int{}
 			onReject := func(e bulkhead.Event) {
@@ -304,7 +301,7 @@ func TestFleetMemberWhoseLeaseRanOutRefusesWithErrLeaseExpiredUntilARoundSucceed
 			}
 			spy := &relSpyConnector{inner: stdlib.GetConnector(*pgConfig(t))}
 			m := fleetJoin(t, fleetName(t), p, spy, fleet.Interval(interval), fleet.Fallback(fallback),
-				fleet.Coordinator(stdlib.GetConnector(*coord)), fleet.GateOptions(bulkhead.WithEvents(bulkhead.Events{OnReject: onReject})))
+				dialedCoordination(t, d.dial), fleet.GateOptions(bulkhead.WithEvents(bulkhead.Events{OnReject: onReject})))
 			t.Cleanup(d.heal) // before the member leaves: its loop waits for the stalled round
 			g, db := m.Gate(), m.Gate().OpenDB()
 			awaitState(t, "the member's share of 2", func() bool { return g.Stats().MaxConcurrent == total })

@@ -20,11 +20,7 @@ func TestFleetMemberWhoseLeaseRunsOutSendsItsQueueAwayAtOnce(t *testing.T) {
 	p := fleetPolicy(total, queue)
 	p.QueueWait = time.Minute // beyond relAwait's bound: a waiter left in the queue is a failure
 	d := newFleetStallDialer()
-	coord := pgConfig(t)
-	coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
-	coord.DialFunc = d.dial
-	m := fleetJoin(t, fleetName(t), p, stdlib.GetConnector(*pgConfig(t)), fleet.Interval(500*time.Millisecond), fleet.Fallback(0),
-		fleet.Coordinator(stdlib.GetConnector(*coord)))
+	m := fleetJoin(t, fleetName(t), p, stdlib.GetConnector(*pgConfig(t)), fleet.Interval(500*time.Millisecond), fleet.Fallback(0), dialedCoordination(t, d.dial))
 	t.Cleanup(d.heal) // before the member leaves: its loop waits for the stalled round
 	g, db := m.Gate(), m.Gate().OpenDB()
 	awaitState(t, "the member's share of 2", func() bool { return g.Stats().MaxConcurrent == total })

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
@@ -61,9 +63,16 @@ func fleetSync(t *testing.T, ctx context.Context, ms ...*fleet.Member) {
 // directCoordination opens a fleet's coordination sessions on the test's
 // PostgreSQL server itself, with an application_name of their own: the
 // tests count the operations' transactions by the test's name.
-func directCoordination(t *testing.T) fleet.Option {
+func directCoordination(t *testing.T) fleet.Option { return dialedCoordination(t, nil) }
+
+// dialedCoordination is directCoordination through dial (pgx's DialFunc)
+// unless dial is nil.
+func dialedCoordination(t *testing.T, dial pgconn.DialFunc) fleet.Option {
 	coord := pgConfig(t)
 	coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
+	if dial != nil {
+		coord.DialFunc = dial
+	}
 	return fleet.Coordinator(stdlib.GetConnector(*coord))
 }
 
@@ -201,14 +210,9 @@ func TestFleetSharesSplitTheTotalAndSettleWithinTwoRounds(t *testing.T) {
 }
 
 func sortDesc(xs []int) []int {
-	out := append([]int(nil), xs...)
-	for i := range out {
-		for j := i + 1; j < len(out); j++ {
-			if out[j] > out[i] {
-				out[i], out[j] = out[j], out[i]
-			}
-		}
-	}
+	out := slices.Clone(xs)
+	slices.Sort(out)
+	slices.Reverse(out)
 	return out
 }
 
@@ -304,23 +308,13 @@ func fleetReclaim(t *testing.T, ctx context.Context, admin *sql.DB, m *fleet.Mem
 // so its locks are free: the server ends it asynchronously.
 func awaitGone(t *testing.T, ctx context.Context, admin *sql.DB, pid int64) {
 	t.Helper()
-	for i := 0; ; i++ {
+	awaitState(t, fmt.Sprintf("backend %d left pg_stat_activity", pid), func() bool {
 		var n int
 		if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			return
-		}
-		if i == 1000 {
-			t.Fatalf("backend %d still in pg_stat_activity after 1000 looks", pid)
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal(ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+		return n == 0
+	})
 }
 
 func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.T) {
@@ -388,9 +382,10 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 // starts N operations running query, which the test makes wait on a lock
 // it holds, and answers "started"; "load N <query>" starts N goroutines
 // that run query over and over until the process ends, "burst N A D
-// <query>" for the duration D after a delay A, each answered "started"; "next" waits for
-// the end of the loop's next round and answers "pid <backend>". TestMain
-// runs it when EnvFleetChild is set; with EnvFleetChildUntagged set, the instance does not tag its
+// <query>" for the duration D after a delay A (in nanoseconds), each
+// answered "started"; "next" waits for the end of the loop's next round
+// and answers "pid <backend>". TestMain runs it when EnvFleetChild is set;
+// with EnvFleetChildUntagged set, the instance does not tag its
 // connections (fleet.Tagging(false)); with EnvFleetChildNoConnCheck
 // set, its connections set client_connection_check_interval to 0, so that
 // the statements a killed child leaves waiting go on waiting even on a
@@ -429,31 +424,23 @@ func fleetChildJoin(name string) (*fleet.Member, error) {
 		coord.RuntimeParams["application_name"] = app + "_fleet"
 		opts = append(opts, fleet.Coordinator(stdlib.GetConnector(*coord)))
 	}
+	var errs []error
+	if v := os.Getenv(EnvFleetChildInterval); v != "" {
+		d, err := time.ParseDuration(v)
+		opts, errs = append(opts, fleet.Interval(d)), append(errs, err)
+	}
+	if v := os.Getenv(EnvFleetChildFallback); v != "" {
+		f, err := strconv.Atoi(v)
+		opts, errs = append(opts, fleet.Fallback(f)), append(errs, err)
+	}
 	total := 8
-	for _, e := range []struct {
-		name string
-		set  func(v string) error
-	}{
-		{EnvFleetChildInterval, func(v string) error {
-			d, err := time.ParseDuration(v)
-			opts = append(opts, fleet.Interval(d))
-			return err
-		}},
-		{EnvFleetChildFallback, func(v string) error {
-			f, err := strconv.Atoi(v)
-			opts = append(opts, fleet.Fallback(f))
-			return err
-		}},
-		{EnvFleetChildTotal, func(v string) (err error) {
-			total, err = strconv.Atoi(v)
-			return err
-		}},
-	} {
-		if v := os.Getenv(e.name); v != "" {
-			if err := e.set(v); err != nil {
-				return nil, err
-			}
-		}
+	if v := os.Getenv(EnvFleetChildTotal); v != "" {
+		var err error
+		total, err = strconv.Atoi(v)
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	return fleet.Join(name, stdlib.GetConnector(*cfg), fleetPolicy(total, 0), opts...)
 }
@@ -497,20 +484,11 @@ func fleetChildRun(name string) error {
 				}
 			}
 		case "burst":
-			var afterS, dS string
-			if _, err := fmt.Sscanf(rest, "%d %s %s", &n, &afterS, &dS); err != nil {
+			var after, d time.Duration
+			if _, err := fmt.Sscanf(rest, "%d %d %d", &n, &after, &d); err != nil {
 				return err
 			}
-			after, err := time.ParseDuration(afterS)
-			if err != nil {
-				return err
-			}
-			d, err := time.ParseDuration(dS)
-			if err != nil {
-				return err
-			}
-			f := strings.SplitN(rest, " ", 4)
-			query = f[len(f)-1]
+			query = strings.SplitN(rest, " ", 4)[3]
 			start := time.Now().Add(after)
 			end := start.Add(d)
 			each = func() {
@@ -578,7 +556,7 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 			key := time.Now().UnixNano() % 1e9
 			testkit.Exec(t, ctx, lock, "SELECT pg_advisory_lock(7, $1)", key)
 			stmt := fmt.Sprintf("SELECT pg_advisory_xact_lock_shared(7, %d)", key)
-			c.run(3, stmt)
+			c.started("run %d %s", 3, stmt)
 			waiting := func() int {
 				var n int
 				if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = $1", stmt).Scan(&n); err != nil {
@@ -722,7 +700,9 @@ func (c *fleetChildProc) ask(line string) string {
 	return c.out.Text()
 }
 
-// started asks the child to start goroutines and checks that it did.
+// started asks the child to start goroutines ("run", "load" or "burst",
+// fleetChild) and checks that it did; a burst's durations are given in
+// nanoseconds.
 func (c *fleetChildProc) started(format string, args ...any) {
 	c.t.Helper()
 	if a := c.ask(fmt.Sprintf(format, args...)); a != "started" {
@@ -741,18 +721,6 @@ func (c *fleetChildProc) sync() (pid int64, b int) {
 	return pid, b
 }
 
-// run makes the child start n operations running query.
-func (c *fleetChildProc) run(n int, query string) {
-	c.t.Helper()
-	c.started("run %d %s", n, query)
-}
-
-// load makes the child start n goroutines running query over and over.
-func (c *fleetChildProc) load(n int, query string) {
-	c.t.Helper()
-	c.started("load %d %s", n, query)
-}
-
 // next waits for the end of the child's next round and returns its
 // coordination backend's pid.
 func (c *fleetChildProc) next() (pid int64) {
@@ -762,13 +730,6 @@ func (c *fleetChildProc) next() (pid int64) {
 		c.t.Fatalf("child: %q (%v)", a, err)
 	}
 	return pid
-}
-
-// burst makes the child run query over and over on n goroutines for d,
-// starting after a delay.
-func (c *fleetChildProc) burst(n int, after, d time.Duration, query string) {
-	c.t.Helper()
-	c.started("burst %d %s %s %s", n, after, d, query)
 }
 
 // kill sends SIGKILL: no goodbye.
@@ -792,49 +753,34 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	p.QueueWait = 20 * time.Millisecond
 	var ran, rejected, goal atomic.Int64
 	goal.Store(1 << 62)
-	stop, enough := make(chan struct{}), make(chan struct{})
+	enough := make(chan struct{})
 	var once sync.Once
-	var wg sync.WaitGroup
-	// load runs 6 workers on g's pool until stop, or until it returns
-	// and they ended.
+	var halts []func()
+	// load runs 6 workers, 2000 transactions each at most, on g's pool
+	// until the function it returns (and adds to halts) is called.
 	load := func(g *bulkhead.Gate) (halt func()) {
 		db := g.OpenDB()
-		mine := make(chan struct{})
-		var mwg sync.WaitGroup
-		for range 6 {
-			wg.Add(1)
-			mwg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer mwg.Done()
-				for i := 0; i < 2000; i++ {
-					select {
-					case <-stop:
-						return
-					case <-mine:
-						return
-					default:
-					}
-					err := relWithTx(ctx, db, func(tx *sql.Tx) error {
-						_, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.002)")
-						return err
-					})
-					switch {
-					case err == nil:
-						if ran.Add(1) >= goal.Load() {
-							once.Do(func() { close(enough) })
-						}
-					case errors.Is(err, bulkhead.ErrRejected):
-						rejected.Add(1)
-						time.Sleep(time.Millisecond) // pacing, not synchronisation: keep the CPU for the server
-					default:
-						t.Error(err)
-						return
-					}
+		halt = sync.OnceFunc(testkit.Repeat(6, func(i int) bool {
+			err := relWithTx(ctx, db, func(tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.002)")
+				return err
+			})
+			switch {
+			case err == nil:
+				if ran.Add(1) >= goal.Load() {
+					once.Do(func() { close(enough) })
 				}
-			}()
-		}
-		return func() { close(mine); mwg.Wait() }
+			case errors.Is(err, bulkhead.ErrRejected):
+				rejected.Add(1)
+				time.Sleep(time.Millisecond) // pacing, not synchronisation: keep the CPU for the server
+			default:
+				t.Error(err)
+				return false
+			}
+			return i+6 < 6*2000
+		}))
+		halts = append(halts, halt)
+		return halt
 	}
 	// The poller counts the fleet's open transactions that began before
 	// its own statement, at each look (the tags taken meanwhile counted
@@ -845,7 +791,6 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 		       WHERE application_name = $1 AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()) a`,
 		appName(t), tag)
 	var gs []*fleet.Member
-	var halts []func()
 	step := func() {
 		t.Helper()
 		for _, g := range gs {
@@ -857,7 +802,7 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	for range 3 {
 		g := fleetGate(t, name, p)
 		gs = append(gs, g)
-		halts = append(halts, load(g.Gate()))
+		load(g.Gate())
 		step()
 		step()
 	}
@@ -879,8 +824,9 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	case <-enough:
 	case <-ctx.Done():
 	}
-	close(stop)
-	wg.Wait()
+	for _, halt := range halts {
+		halt()
+	}
 	peak, looks, peakTags := stopPoll()
 	t.Logf("%d transactions ran, %d rejected; %d looks at pg_stat_activity, peak %d (%s of them tags being taken)", ran.Load(), rejected.Load(), looks, peak, peakTags)
 	if peak > total {
