@@ -288,10 +288,7 @@ func terminate(t *testing.T, ctx context.Context, admin *sql.DB, pid int64) {
 func fleetReclaim(t *testing.T, ctx context.Context, admin *sql.DB, m *fleet.Member, name string) {
 	t.Helper()
 	s := m.Stats()
-	terminate(t, ctx, admin, s.Backend)
-	if err := m.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
-		t.Fatalf("the round after its session was terminated: %v, want ErrCoordination", err)
-	}
+	failedRound(t, ctx, admin, m)
 	stale := takeConn(t, ctx, admin)
 	var stalePID int64
 	if err := stale.QueryRowContext(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", fleet.LockKeys(name).Members, int32(s.ID)).Scan(&stalePID); err != nil {
@@ -302,6 +299,16 @@ func fleetReclaim(t *testing.T, ctx context.Context, admin *sql.DB, m *fleet.Mem
 		t.Fatalf("the join with its id held: %v, want ErrCoordination, the previous session ended", err)
 	}
 	awaitGone(t, ctx, admin, stalePID)
+}
+
+// failedRound ends m's coordination session (terminate) and checks that
+// m's next round fails with ErrCoordination.
+func failedRound(t *testing.T, ctx context.Context, admin *sql.DB, m *fleet.Member) {
+	t.Helper()
+	terminate(t, ctx, admin, m.Stats().Backend)
+	if err := m.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
+		t.Fatalf("a round on a terminated session: %v, want ErrCoordination", err)
+	}
 }
 
 // awaitGone waits until the backend pid has left pg_stat_activity, and
@@ -331,11 +338,7 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 	if s := g1.Gate().Stats(); s.MaxConcurrent != 8 {
 		t.Fatalf("alone: B=%d, want 8", s.MaxConcurrent)
 	}
-	terminate(t, ctx, admin, g1.Stats().Backend)
-	err := g1.Sync(ctx)
-	if !errors.Is(err, fleet.ErrCoordination) {
-		t.Fatalf("a round on a terminated session: %v, want ErrCoordination", err)
-	}
+	failedRound(t, ctx, admin, g1)
 	s, fs := g1.Gate().Stats(), g1.Stats()
 	if s.MaxConcurrent != fleet.DefaultFallback || !fs.Degraded || fs.Failures == 0 || !errors.Is(fs.LastError, fleet.ErrCoordination) {
 		t.Fatalf("after a failed round: B=%d, fleet %+v; want B=%d, degraded, the error", s.MaxConcurrent, fs, fleet.DefaultFallback)
@@ -357,20 +360,14 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 	if s := g2.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("newcomer in a full fleet: B=%d, want 0", s.MaxConcurrent)
 	}
-	terminate(t, ctx, admin, g2.Stats().Backend)
-	if err := g2.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
-		t.Fatalf("%v, want ErrCoordination", err)
-	}
+	failedRound(t, ctx, admin, g2)
 	if s := g2.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("a failed round raised a share from 0 to %d", s.MaxConcurrent)
 	}
 	// fleet.Fallback(0): nothing runs while coordination fails.
 	g3 := fleetGate(t, fleetName(t)+"z", fleetPolicy(8, 0), fleet.Fallback(0))
 	fleetSync(t, ctx, g3)
-	terminate(t, ctx, admin, g3.Stats().Backend)
-	if err := g3.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
-		t.Fatalf("%v, want ErrCoordination", err)
-	}
+	failedRound(t, ctx, admin, g3)
 	if s := g3.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("fallback 0: B=%d after a failed round, want 0", s.MaxConcurrent)
 	}
