@@ -13,6 +13,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand"
 	"runtime"
 	"slices"
@@ -87,14 +88,11 @@ func (m *memLocks) held(pid int64) int {
 
 // view is what one reading of pg_locks shows. m.mu is held.
 func (m *memLocks) view() view {
-	v := view{slots: map[int]int64{}}
+	v := view{slots: maps.Clone(m.slots)}
 	for id, mm := range m.members {
 		v.members = append(v.members, member{id: id, pid: mm.pid, state: mm.state})
 	}
 	slices.SortFunc(v.members, func(a, b member) int { return int(a.id - b.id) })
-	for k, p := range m.slots {
-		v.slots[k] = p
-	}
 	v.orphans = orphans(v.members, v.slots, m.busy, nil)
 	v.anchors = map[int64]bool{}
 	for id := range m.anchors {

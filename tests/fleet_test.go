@@ -192,7 +192,6 @@ func TestFleetSharesSplitTheTotalAndSettleWithinTwoRounds(t *testing.T) {
 		}
 	}
 	// Graceful stops: the others take the share back in one round.
-	want = map[int]string{3: "[3 3 2] [2 2 2]", 2: "[4 4] [3 3]", 1: "[8] [6]"}
 	for len(gs) > 1 {
 		if err := gs[0].Gate().OpenDB().Close(); err != nil {
 			t.Fatal(err)
