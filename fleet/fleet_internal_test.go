@@ -738,9 +738,7 @@ func TestFleetIDTakenIsDrawnAgainOrReclaimed(t *testing.T) {
 	a := modelGate(t, m, "ids", p, 7, nil)
 	b := memJoin(t, m, "ids", nil, p, withID(7)) // its loop's first round fails
 	ctx := context.Background()
-	if err := b.m.Sync(ctx); err != nil { // waits for the first round, then joins with a new id
-		t.Fatal(err)
-	}
+	syncAll(t, b) // waits for the first round, then joins with a new id
 	if s := b.Stats().Fleet; s.ID == 7 || s.Failures != 1 || s.LastError != nil || s.Instances != 2 {
 		t.Fatalf("the second process with id 7: %+v; want a new id, one failure, then 2 instances", s)
 	}
@@ -761,9 +759,7 @@ func TestFleetIDTakenIsDrawnAgainOrReclaimed(t *testing.T) {
 	if err := a.m.Sync(ctx); !errors.Is(err, errIDTaken) {
 		t.Fatalf("a's next round: %v, want its id taken (and the stale session ended)", err)
 	}
-	if err := a.m.Sync(ctx); err != nil {
-		t.Fatalf("the round after: %v, want a joined again", err)
-	}
+	syncAll(t, a) // a joins again
 	if s := a.Stats().Fleet; s.ID != 7 || s.Instances != 2 || s.Degraded {
 		t.Fatalf("a after reclaiming its id: %+v; want id 7, 2 instances", s)
 	}

@@ -234,9 +234,7 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 	// g1's target is 2: its B goes down at once, its slots stay locked
 	// while 4 transactions run.
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	if err := g1.Sync(short); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, short, g1)
 	cancel()
 	v := checkFleet(t, ctx, admin, name, 4, gs)
 	if s, fs := g1.Gate().Stats(), g1.Stats(); s.MaxConcurrent != 2 || s.Running != 4 || v.slots[fs.Backend] != 4 {
@@ -263,9 +261,7 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 	for _, tx := range txs[2:] {
 		txCommit(t, tx)
 	}
-	if _, err := g2.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, g2.Gate().OpenDB(), "SELECT 1")
 }
 
 // terminate ends a backend as a network failure or an administrator
@@ -288,11 +284,7 @@ func fleetReclaim(t *testing.T, ctx context.Context, admin *sql.DB, m *fleet.Mem
 	t.Helper()
 	s := m.Stats()
 	failedRound(t, ctx, admin, m)
-	stale := takeConn(t, ctx, admin)
-	var stalePID int64
-	if err := stale.QueryRowContext(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", fleet.LockKeys(name).Members, int32(s.ID)).Scan(&stalePID); err != nil {
-		t.Fatal(err)
-	}
+	stalePID := testkit.Scalar[int64](t, ctx, takeConn(t, ctx, admin), "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", fleet.LockKeys(name).Members, int32(s.ID))
 	err := m.Sync(ctx)
 	if !errors.Is(err, fleet.ErrCoordination) || !strings.Contains(err.Error(), "previous session") || !strings.Contains(err.Error(), "ended 1 session") {
 		t.Fatalf("the join with its id held: %v, want ErrCoordination, the previous session ended", err)
@@ -315,11 +307,7 @@ func failedRound(t *testing.T, ctx context.Context, admin *sql.DB, m *fleet.Memb
 func awaitGone(t *testing.T, ctx context.Context, admin *sql.DB, pid int64) {
 	t.Helper()
 	awaitState(t, fmt.Sprintf("backend %d left pg_stat_activity", pid), func() bool {
-		var n int
-		if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 0
+		return testkit.Scalar[int](t, ctx, admin, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid) == 0
 	})
 }
 
@@ -554,11 +542,7 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 			stmt := fmt.Sprintf("SELECT pg_advisory_xact_lock_shared(7, %d)", key)
 			c.started("run %d %s", 3, stmt)
 			waiting := func() int {
-				var n int
-				if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = $1", stmt).Scan(&n); err != nil {
-					t.Fatal(err)
-				}
-				return n
+				return testkit.Scalar[int](t, ctx, admin, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = $1", stmt)
 			}
 			awaitState(t, "the child's 3 statements wait on the server", func() bool { return waiting() == 3 })
 			c.kill()
@@ -939,8 +923,7 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 	overload := func() {
 		t.Helper()
 		for len(txs) < busy.Gate().Stats().MaxConcurrent {
-			tx := pgBegin(t, ctx, db)
-			txs = append(txs, tx)
+			txs = append(txs, pgBegin(t, ctx, db))
 		}
 		if _, err := db.ExecContext(ctx, "SELECT 1"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 			t.Fatalf("an operation beyond B=%d: %v, want ErrAdmissionFull", busy.Gate().Stats().MaxConcurrent, err)
@@ -958,18 +941,14 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 	// The idle instance works again: it publishes it, the borrower gives
 	// the slot back once its operations beyond its fair share ended, and
 	// the lender takes it at its next round.
-	if _, err := idle.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, idle.Gate().OpenDB(), "SELECT 1")
 	sync(idle) // publishes active
 	for _, tx := range txs {
 		txCommit(t, tx)
 	}
 	txs = []*sql.Tx{pgBegin(t, ctx, db), pgBegin(t, ctx, db)} // it still works, on its fair share
 	sync(busy)                                                // its target is its fair share again: gives one back
-	if _, err := idle.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, idle.Gate().OpenDB(), "SELECT 1")
 	sync(idle)
 	if b, _ := shares(gs); fmt.Sprint(b) != "[2 2]" {
 		t.Fatalf("both working: shares %v, want [2 2]", b)
