@@ -852,11 +852,7 @@ func BenchmarkFleetRound(b *testing.B) {
 			db.SetMaxIdleConns(4)
 			var txs []*sql.Tx
 			for range min(4, g.Gate().Stats().MaxConcurrent) {
-				tx, err := db.BeginTx(ctx, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				txs = append(txs, tx)
+				txs = append(txs, testkit.Begin(b, ctx, db))
 			}
 			for _, tx := range txs {
 				tx.Commit()
