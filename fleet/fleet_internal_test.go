@@ -600,6 +600,16 @@ func syncAll(t *testing.T, gs ...*fgate) {
 	}
 }
 
+// roundShows runs a round of g and checks its B, the orphans it counted
+// and the members it saw.
+func roundShows(t *testing.T, what string, g *fgate, b, orphans, instances int) {
+	t.Helper()
+	syncAll(t, g)
+	if s := g.Stats(); s.MaxConcurrent != b || s.Fleet.Orphans != orphans || s.Fleet.Instances != instances {
+		t.Fatalf("%s: B=%d, %d orphans, %d instances; want %d, %d, %d", what, s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances, b, orphans, instances)
+	}
+}
+
 // A killed instance's operations run on after its slots are freed: the
 // survivor's share leaves room for them until they end, then takes all.
 func TestFleetShareLeavesRoomForAKilledInstancesOrphans(t *testing.T) {
@@ -612,25 +622,16 @@ func TestFleetShareLeavesRoomForAKilledInstancesOrphans(t *testing.T) {
 	}
 	m.run(t, c, 2, 3)
 	m.kill(c.m.backend.Load())
-	syncAll(t, a)
-	if s := a.Stats(); s.MaxConcurrent != 5 || s.Fleet.Orphans != 3 || s.Fleet.Instances != 1 {
-		t.Fatalf("after the kill, 3 of its operations running: B=%d, %d orphans, %d instances; want 5, 3, 1", s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances)
-	}
+	roundShows(t, "after the kill, 3 of its operations running", a, 5, 3, 1)
 	// Its target is what is left: it is not short of it, so it does not
 	// look again after half an interval while the orphans run.
 	if a.m.short.Load() {
 		t.Fatal("after the kill: the instance counts itself short of its target")
 	}
 	m.setBusy(2, 1) // two of them ended
-	syncAll(t, a)
-	if s := a.Stats(); s.MaxConcurrent != 7 || s.Fleet.Orphans != 1 {
-		t.Fatalf("one orphan left: B=%d, %d orphans; want 7, 1", s.MaxConcurrent, s.Fleet.Orphans)
-	}
+	roundShows(t, "one orphan left", a, 7, 1, 1)
 	m.setBusy(2, 0)
-	syncAll(t, a)
-	if s := a.Stats(); s.MaxConcurrent != 8 || s.Fleet.Orphans != 0 {
-		t.Fatalf("no orphan left: B=%d, %d orphans; want 8, 0", s.MaxConcurrent, s.Fleet.Orphans)
-	}
+	roundShows(t, "no orphan left", a, 8, 0, 1)
 	for range 3 {
 		c.release()
 	}
@@ -654,15 +655,9 @@ func TestFleetSlotsTakenAfterADeathLeaveRoomForItsOrphans(t *testing.T) {
 		// room the orphans left.
 		t.Fatalf("a, after c died between its reading and its taking: B=%d on %d slots, %d orphans counted; want 1, 1, 0", s.MaxConcurrent, h, s.Fleet.Orphans)
 	}
-	syncAll(t, a) // now it sees them
-	if s := a.Stats(); s.MaxConcurrent != 1 || s.Fleet.Orphans != 3 || s.Fleet.Instances != 1 {
-		t.Fatalf("a's next round: B=%d, %d orphans, %d instances; want 1, 3, 1", s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances)
-	}
+	roundShows(t, "a's next round, which sees them", a, 1, 3, 1)
 	m.setBusy(1, 0)
-	syncAll(t, a)
-	if s := a.Stats(); s.MaxConcurrent != 4 || s.Fleet.Orphans != 0 {
-		t.Fatalf("once the orphans ended: B=%d, %d orphans; want 4, 0", s.MaxConcurrent, s.Fleet.Orphans)
-	}
+	roundShows(t, "once the orphans ended", a, 4, 0, 1)
 }
 
 // drainingPair makes a fleet of T = 4 on c (id 1) and a (id 2): c held the
@@ -717,15 +712,9 @@ func TestFleetSlotsFreedBeforeTheMembershipLeaveRoomForTheWork(t *testing.T) {
 		t.Fatalf("a, c's slots free and its membership held: B=%d on %d slots, %d orphans, %d instances; want 0, 0, 3, 2", s.MaxConcurrent, h, s.Fleet.Orphans, s.Fleet.Instances)
 	}
 	m.reap(c.m.backend.Load())
-	syncAll(t, a)
-	if s := a.Stats(); s.MaxConcurrent != 1 || s.Fleet.Orphans != 3 || s.Fleet.Instances != 1 {
-		t.Fatalf("a, c gone: B=%d, %d orphans, %d instances; want 1, 3, 1", s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances)
-	}
+	roundShows(t, "a, c gone", a, 1, 3, 1)
 	m.setBusy(1, 0)
-	syncAll(t, a)
-	if s := a.Stats(); s.MaxConcurrent != 4 {
-		t.Fatalf("once c's operations ended: B=%d, want 4", s.MaxConcurrent)
-	}
+	roundShows(t, "once c's operations ended", a, 4, 0, 1)
 }
 
 // Two processes drew the same id: the second's first join fails, it draws
