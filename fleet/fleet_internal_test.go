@@ -13,6 +13,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand"
 	"runtime"
 	"slices"
@@ -87,14 +88,11 @@ func (m *memLocks) held(pid int64) int {
 
 // view is what one reading of pg_locks shows. m.mu is held.
 func (m *memLocks) view() view {
-	v := view{slots: map[int]int64{}}
+	v := view{slots: maps.Clone(m.slots)}
 	for id, mm := range m.members {
 		v.members = append(v.members, member{id: id, pid: mm.pid, state: mm.state})
 	}
 	slices.SortFunc(v.members, func(a, b member) int { return int(a.id - b.id) })
-	for k, p := range m.slots {
-		v.slots[k] = p
-	}
 	v.orphans = orphans(v.members, v.slots, m.busy, nil)
 	v.anchors = map[int64]bool{}
 	for id := range m.anchors {
@@ -187,9 +185,7 @@ func (s *memStore) end(_ context.Context, pid, _ int64) (bool, error) {
 	if err := s.check(); err != nil {
 		return false, err
 	}
-	s.m.dead[pid], s.m.dead[pid+1] = true, true // its anchor too
-	s.m.drop(pid)
-	s.m.drop(pid + 1)
+	s.m.killLocked(pid) // its anchor too
 	return true, nil
 }
 
@@ -278,19 +274,15 @@ func fleetModel(t *testing.T, seed int64) {
 			}
 		}
 		for _, in := range live() {
-			s := in.g.Stats()
-			held := 0
-			if pid := in.pid(); pid != 0 {
-				held = m.held(pid)
+			s, held := in.g.Stats(), m.held(in.pid()) // no slot is held by pid 0
+			sum += in.running
+			if s.Fleet.Failures > 0 {
+				failed++
 			}
 			if in.ended != 0 && (in.pid() == in.ended || in.running-held > fallback) {
 				// Its slots are gone under it; it runs on its share until
 				// its next round, which the others' fence leaves room for,
 				// then on its fallback.
-				sum += in.running
-				if s.Fleet.Failures > 0 {
-					failed++
-				}
 				continue
 			}
 			in.ended = 0
@@ -302,10 +294,6 @@ func fleetModel(t *testing.T, seed int64) {
 			}
 			if in.pid() == 0 && s.MaxConcurrent > fallback {
 				t.Fatalf("seed %d, %s: an instance without session has B=%d, fallback %d", seed, step, s.MaxConcurrent, fallback)
-			}
-			sum += in.running
-			if s.Fleet.Failures > 0 {
-				failed++
 			}
 		}
 		if sum > total+failed*fallback {
@@ -520,6 +508,11 @@ func TestFleetShareClampsTheWorkloads(t *testing.T) {
 func (m *memLocks) kill(pid int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.killLocked(pid)
+}
+
+// killLocked is kill with m.mu held.
+func (m *memLocks) killLocked(pid int64) {
 	m.dead[pid], m.dead[pid+1] = true, true
 	m.drop(pid)
 	m.drop(pid + 1)
@@ -572,12 +565,7 @@ func memJoin(t *testing.T, m *memLocks, name string, inner *fakedb.Connector, p 
 	}
 	g := &fgate{m: mb, db: mb.Gate().OpenDB()}
 	t.Cleanup(func() { g.db.Close() })
-	for i := 0; mb.rounds.Load() == 0; i++ {
-		if i == 1e7 {
-			t.Fatal("the fleet loop's first round did not start")
-		}
-		runtime.Gosched()
-	}
+	firstRound(t, mb)
 	return g
 }
 
@@ -612,6 +600,16 @@ func syncAll(t *testing.T, gs ...*fgate) {
 	}
 }
 
+// roundShows runs a round of g and checks its B, the orphans it counted
+// and the members it saw.
+func roundShows(t *testing.T, what string, g *fgate, b, orphans, instances int) {
+	t.Helper()
+	syncAll(t, g)
+	if s := g.Stats(); s.MaxConcurrent != b || s.Fleet.Orphans != orphans || s.Fleet.Instances != instances {
+		t.Fatalf("%s: B=%d, %d orphans, %d instances; want %d, %d, %d", what, s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances, b, orphans, instances)
+	}
+}
+
 // A killed instance's operations run on after its slots are freed: the
 // survivor's share leaves room for them until they end, then takes all.
 func TestFleetShareLeavesRoomForAKilledInstancesOrphans(t *testing.T) {
@@ -624,25 +622,16 @@ func TestFleetShareLeavesRoomForAKilledInstancesOrphans(t *testing.T) {
 	}
 	m.run(t, c, 2, 3)
 	m.kill(c.m.backend.Load())
-	syncAll(t, a)
-	if s := a.Stats(); s.MaxConcurrent != 5 || s.Fleet.Orphans != 3 || s.Fleet.Instances != 1 {
-		t.Fatalf("after the kill, 3 of its operations running: B=%d, %d orphans, %d instances; want 5, 3, 1", s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances)
-	}
+	roundShows(t, "after the kill, 3 of its operations running", a, 5, 3, 1)
 	// Its target is what is left: it is not short of it, so it does not
 	// look again after half an interval while the orphans run.
 	if a.m.short.Load() {
 		t.Fatal("after the kill: the instance counts itself short of its target")
 	}
 	m.setBusy(2, 1) // two of them ended
-	syncAll(t, a)
-	if s := a.Stats(); s.MaxConcurrent != 7 || s.Fleet.Orphans != 1 {
-		t.Fatalf("one orphan left: B=%d, %d orphans; want 7, 1", s.MaxConcurrent, s.Fleet.Orphans)
-	}
+	roundShows(t, "one orphan left", a, 7, 1, 1)
 	m.setBusy(2, 0)
-	syncAll(t, a)
-	if s := a.Stats(); s.MaxConcurrent != 8 || s.Fleet.Orphans != 0 {
-		t.Fatalf("no orphan left: B=%d, %d orphans; want 8, 0", s.MaxConcurrent, s.Fleet.Orphans)
-	}
+	roundShows(t, "no orphan left", a, 8, 0, 1)
 	for range 3 {
 		c.release()
 	}
@@ -666,15 +655,9 @@ func TestFleetSlotsTakenAfterADeathLeaveRoomForItsOrphans(t *testing.T) {
 		// room the orphans left.
 		t.Fatalf("a, after c died between its reading and its taking: B=%d on %d slots, %d orphans counted; want 1, 1, 0", s.MaxConcurrent, h, s.Fleet.Orphans)
 	}
-	syncAll(t, a) // now it sees them
-	if s := a.Stats(); s.MaxConcurrent != 1 || s.Fleet.Orphans != 3 || s.Fleet.Instances != 1 {
-		t.Fatalf("a's next round: B=%d, %d orphans, %d instances; want 1, 3, 1", s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances)
-	}
+	roundShows(t, "a's next round, which sees them", a, 1, 3, 1)
 	m.setBusy(1, 0)
-	syncAll(t, a)
-	if s := a.Stats(); s.MaxConcurrent != 4 || s.Fleet.Orphans != 0 {
-		t.Fatalf("once the orphans ended: B=%d, %d orphans; want 4, 0", s.MaxConcurrent, s.Fleet.Orphans)
-	}
+	roundShows(t, "once the orphans ended", a, 4, 0, 1)
 }
 
 // drainingPair makes a fleet of T = 4 on c (id 1) and a (id 2): c held the
@@ -729,15 +712,9 @@ func TestFleetSlotsFreedBeforeTheMembershipLeaveRoomForTheWork(t *testing.T) {
 		t.Fatalf("a, c's slots free and its membership held: B=%d on %d slots, %d orphans, %d instances; want 0, 0, 3, 2", s.MaxConcurrent, h, s.Fleet.Orphans, s.Fleet.Instances)
 	}
 	m.reap(c.m.backend.Load())
-	syncAll(t, a)
-	if s := a.Stats(); s.MaxConcurrent != 1 || s.Fleet.Orphans != 3 || s.Fleet.Instances != 1 {
-		t.Fatalf("a, c gone: B=%d, %d orphans, %d instances; want 1, 3, 1", s.MaxConcurrent, s.Fleet.Orphans, s.Fleet.Instances)
-	}
+	roundShows(t, "a, c gone", a, 1, 3, 1)
 	m.setBusy(1, 0)
-	syncAll(t, a)
-	if s := a.Stats(); s.MaxConcurrent != 4 {
-		t.Fatalf("once c's operations ended: B=%d, want 4", s.MaxConcurrent)
-	}
+	roundShows(t, "once c's operations ended", a, 4, 0, 1)
 }
 
 // Two processes drew the same id: the second's first join fails, it draws
@@ -750,9 +727,7 @@ func TestFleetIDTakenIsDrawnAgainOrReclaimed(t *testing.T) {
 	a := modelGate(t, m, "ids", p, 7, nil)
 	b := memJoin(t, m, "ids", nil, p, withID(7)) // its loop's first round fails
 	ctx := context.Background()
-	if err := b.m.Sync(ctx); err != nil { // waits for the first round, then joins with a new id
-		t.Fatal(err)
-	}
+	syncAll(t, b) // waits for the first round, then joins with a new id
 	if s := b.Stats().Fleet; s.ID == 7 || s.Failures != 1 || s.LastError != nil || s.Instances != 2 {
 		t.Fatalf("the second process with id 7: %+v; want a new id, one failure, then 2 instances", s)
 	}
@@ -773,9 +748,7 @@ func TestFleetIDTakenIsDrawnAgainOrReclaimed(t *testing.T) {
 	if err := a.m.Sync(ctx); !errors.Is(err, errIDTaken) {
 		t.Fatalf("a's next round: %v, want its id taken (and the stale session ended)", err)
 	}
-	if err := a.m.Sync(ctx); err != nil {
-		t.Fatalf("the round after: %v, want a joined again", err)
-	}
+	syncAll(t, a) // a joins again
 	if s := a.Stats().Fleet; s.ID != 7 || s.Instances != 2 || s.Degraded {
 		t.Fatalf("a after reclaiming its id: %+v; want id 7, 2 instances", s)
 	}
@@ -805,17 +778,15 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 			fc.Define("work", fakedb.ResultSet{})
 			var mu sync.Mutex
 			var tags []string
-			fc.SetHook(func(_ context.Context, op fakedb.Op, q string) error {
-				if strings.Contains(q, "pg_advisory_lock_shared") && op != fakedb.OpPrepare {
+			g := tagGate(t, fc, func(op fakedb.Op, q string) error {
+				if op != fakedb.OpPrepare {
 					mu.Lock()
 					tags = append(tags, fmt.Sprint(op, " ", q))
 					mu.Unlock()
 				}
 				return nil
-			})
-			g := modelGate(t, newMemLocks(), "tags", bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Second}, 0, fc, Tagging(c.tagging))
-			db := g.db
-			testkit.Exec(t, context.Background(), db, "work")
+			}, Tagging(c.tagging))
+			testkit.Exec(t, context.Background(), g.db, "work")
 			var want []string
 			q := sqlLockShared // its arguments: TestATagBindsTheFleetsKeyAndTheMembersID
 			switch c.want {
@@ -832,22 +803,14 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 		})
 	}
 	t.Run("tag panics", func(t *testing.T) {
-		fc := fakedb.New()
-		fc.SetHook(func(_ context.Context, op fakedb.Op, q string) error {
-			if strings.Contains(q, "pg_advisory_lock_shared") {
-				panic("driver bug")
-			}
-			return nil
-		})
-		g := modelGate(t, newMemLocks(), "tags", bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Second}, 0, fc)
-		db := g.db
+		g := tagGate(t, fakedb.New(), func(fakedb.Op, string) error { panic("driver bug") })
 		func() {
 			defer func() {
 				if recover() == nil {
 					t.Error("the driver's panic did not propagate")
 				}
 			}()
-			db.ExecContext(context.Background(), "work")
+			g.db.ExecContext(context.Background(), "work")
 		}()
 		if s := g.Stats(); s.Running != 0 || s.OpenConns != 0 {
 			t.Fatalf("after the tag panicked: Running %d, OpenConns %d; want 0, 0", s.Running, s.OpenConns)
@@ -856,15 +819,8 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 	t.Run("tag fails", func(t *testing.T) {
 		fc := fakedb.New()
 		boom := errors.New("boom")
-		fc.SetHook(func(_ context.Context, op fakedb.Op, q string) error {
-			if strings.Contains(q, "pg_advisory_lock_shared") {
-				return boom
-			}
-			return nil
-		})
-		g := modelGate(t, newMemLocks(), "tags", bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Second}, 0, fc)
-		db := g.db
-		_, err := db.ExecContext(context.Background(), "work")
+		g := tagGate(t, fc, func(fakedb.Op, string) error { return boom })
+		_, err := g.db.ExecContext(context.Background(), "work")
 		if !errors.Is(err, boom) || !strings.Contains(err.Error(), "bulkhead: fleet tags: tagging a new server connection") {
 			t.Fatalf("an operation whose connection could not be tagged: %v, want the tag's error, named", err)
 		}
@@ -875,6 +831,18 @@ func TestAFleetGateTagsEachServerConnectionBeforeItsFirstOperation(t *testing.T)
 			t.Fatalf("%d connections left open after the failed tag, want 0", open)
 		}
 	})
+}
+
+// tagGate is a member, its loop's first round done, on fc, whose driver
+// calls for a tag statement (its Prepare too) run tag instead.
+func tagGate(t *testing.T, fc *fakedb.Connector, tag func(op fakedb.Op, q string) error, opts ...Option) *fgate {
+	fc.SetHook(func(_ context.Context, op fakedb.Op, q string) error {
+		if strings.Contains(q, "pg_advisory_lock_shared") {
+			return tag(op, q)
+		}
+		return nil
+	})
+	return modelGate(t, newMemLocks(), "tags", bulkhead.Policy{MaxConcurrent: 4, QueueWait: time.Second}, 0, fc, opts...)
 }
 
 // fgate is a member and its gate's *sql.DB: Stats has the gate's and, in

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"runtime"
 	"testing"
-	"time"
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/internal/fakedb"
@@ -18,18 +17,11 @@ import (
 // outnumber T): its operations are rejected at once, but Ping reaches the
 // database, so that a readiness probe passes while the database is up.
 func TestAMemberWithNoSharePingsTheDatabase(t *testing.T) {
-	fc := fakedb.New()
-	m, err := Join("ping", fc, bulkhead.Policy{MaxConcurrent: 2}, Interval(time.Hour),
-		withStore(func() store { return &memStore{m: newMemLocks()} }))
-	if err != nil {
+	g := modelGate(t, newMemLocks(), "ping", bulkhead.Policy{MaxConcurrent: 2}, 0, nil)
+	if err := g.m.Gate().Cap(context.Background(), 0, 0); err != nil { // as before a first round
 		t.Fatal(err)
 	}
-	db := m.Gate().OpenDB()
-	defer db.Close()
-	if err := m.Gate().Cap(context.Background(), 0, 0); err != nil { // as before a first round
-		t.Fatal(err)
-	}
-	if err := db.Ping(); err != nil {
+	if err := g.db.Ping(); err != nil {
 		t.Fatalf("ping with no share: %v", err)
 	}
 }
@@ -40,19 +32,8 @@ func TestAMemberWithNoSharePingsTheDatabase(t *testing.T) {
 // (its LISTEN, SET, temporary tables) to another server connection.
 func TestASQLConnKeepsItsServerConnectionWhenAStatementIsCutOff(t *testing.T) {
 	fc := fakedb.New()
-	mm := newMemLocks()
-	m, err := Join("pinned", fc, bulkhead.Policy{MaxConcurrent: 2}, Interval(time.Hour), withStore(func() store { return &memStore{m: mm} }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	firstRound(t, m)
-	if err := m.Sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	db := m.Gate().OpenDB()
-	defer db.Close()
 	ctx := context.Background()
-	c := testkit.Conn(t, ctx, db)
+	c := testkit.Conn(t, ctx, modelGate(t, newMemLocks(), "pinned", bulkhead.Policy{MaxConcurrent: 2}, 0, fc).db)
 	defer c.Close()
 	id := func() int64 {
 		var n int64

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
@@ -123,9 +124,7 @@ func TestACancelRequestTheServerTakesLateStopsNoLaterStatement(t *testing.T) {
 			t.Cleanup(late.end)
 			cfg.DialFunc = late.dial
 			g, db := openGate(t, cfg, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second})
-			if _, err := db.ExecContext(t.Context(), "SELECT 1"); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, t.Context(), db, "SELECT 1")
 			rounds := 2
 			if c.delay > pgxgate.CancelGrace {
 				rounds = 1

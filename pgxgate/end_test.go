@@ -56,9 +56,7 @@ func newEndRig(t *testing.T, variant string, viaPgxgate bool) *endRig {
 	cfg, app := pgConfig(t, variant)
 	// Q=2, not 1: OnRelease comes before the permits go back, so a round
 	// may begin while the previous transaction's admission permit is still
-	// on its way back (database/sql's goroutine paused between the
-	// execution permit and the admission one, seen once with two suites
-	// running at once); the probe must still find a place in the queue.
+	// on its way back; the probe must still find a place in the queue.
 	p := bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 2, QueueWait: 20 * time.Second}
 	r := &endRig{t: t, ctl: newMonitor(t), checkAtRel: newMonitor(t), app: app, table: fmt.Sprintf("pgxgate_end_%d_%s", os.Getpid(), variant)}
 	ev := bulkhead.WithEvents(bulkhead.Events{OnRelease: func(e bulkhead.Event) {
@@ -121,10 +119,14 @@ func (e endTally) String() string {
 		e.rounds, e.atRelease, e.locked, e.others, e.closed, e.closedBad, e.canceledCommitted)
 }
 
+// ending ends round i's transaction tx, begun with ctx, whose cancel it
+// may call, one way; it may count in tally what it saw.
+type ending func(r *endRig, tally *endTally, i int, ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error
+
 // round holds the row lock in a transaction, queues the probe behind it,
 // then ends the transaction's context the way end says, and records what
 // the probe found.
-func (r *endRig) round(i int, tally *endTally, end func(ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error) {
+func (r *endRig) round(i int, tally *endTally, end ending) {
 	t := r.t
 	t.Helper()
 	// The previous round's transaction may be released by database/sql's
@@ -151,7 +153,7 @@ func (r *endRig) round(i int, tally *endTally, end func(ctx context.Context, can
 		}
 		// A cancel request of the previous round that reached the server
 		// after the statement it was for may cancel this one (README:
-		// Non-guarantees; seen with two suites at once): start again.
+		// Non-guarantees): start again.
 		var pe *pgconn.PgError
 		if !errors.As(err, &pe) || pe.Code != "57014" || attempt == 2 {
 			t.Fatalf("round %d: %v", i, err)
@@ -182,7 +184,7 @@ func (r *endRig) round(i int, tally *endTally, end func(ctx context.Context, can
 	})
 	atRelease := r.atRelease.Load()
 	r.closed = false
-	if err := end(ctx, cancel, tx); err != nil {
+	if err := end(r, tally, i, ctx, cancel, tx); err != nil {
 		t.Fatalf("round %d: %v", i, err)
 	}
 	p := <-next // after the transaction's release event: the probe had to wait for its permit
@@ -212,67 +214,72 @@ func (r *endRig) round(i int, tally *endTally, end func(ctx context.Context, can
 var endings = []struct {
 	name   string
 	rounds int
-	end    func(r *endRig, tally *endTally, i int) func(ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error
+	end    ending
 }{
-	{"context ends while idle in transaction", 300, func(*endRig, *endTally, int) func(context.Context, context.CancelFunc, *sql.Tx) error {
-		return func(_ context.Context, cancel context.CancelFunc, _ *sql.Tx) error {
-			cancel() // database/sql rolls back from its own goroutine
-			return nil
-		}
+	{"context ends while idle in transaction", 300, func(_ *endRig, _ *endTally, _ int, _ context.Context, cancel context.CancelFunc, _ *sql.Tx) error {
+		cancel() // database/sql rolls back from its own goroutine
+		return nil
 	}},
-	{"context ends while a statement runs", 20, func(r *endRig, _ *endTally, _ int) func(context.Context, context.CancelFunc, *sql.Tx) error {
-		return func(ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error {
-			done := testkit.GoExec(ctx, tx, "SELECT pg_sleep(60)")
-			testkit.Await(r.t, "the server runs the statement", func() bool { return r.ctl.active(r.t, r.app) == 1 })
-			cancel()
-			err := <-done
-			if !errors.Is(err, context.Canceled) {
-				return fmt.Errorf("the cancelled statement returned %v, want an error matching context.Canceled", err)
-			}
-			// The server's answer to the cancel request is its error,
-			// 57014; without it, pgx gave up waiting and closed the
-			// connection.
-			var pe *pgconn.PgError
-			r.closed = !errors.As(err, &pe) || pe.Code != "57014"
-			return nil
+	{"context ends while a statement runs", 20, func(r *endRig, _ *endTally, _ int, ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error {
+		done := testkit.GoExec(ctx, tx, "SELECT pg_sleep(60)")
+		testkit.Await(r.t, "the server runs the statement", func() bool { return r.ctl.active(r.t, r.app) == 1 })
+		cancel()
+		err := <-done
+		if !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("the cancelled statement returned %v, want an error matching context.Canceled", err)
 		}
+		// The server's answer to the cancel request is its error, 57014;
+		// without it, pgx gave up waiting and closed the connection.
+		var pe *pgconn.PgError
+		r.closed = !errors.As(err, &pe) || pe.Code != "57014"
+		return nil
 	}},
-	{"context ends during Commit", 300, func(r *endRig, tally *endTally, i int) func(context.Context, context.CancelFunc, *sql.Tx) error {
-		return func(ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error {
-			id := 1000 + i
-			if _, err := tx.ExecContext(ctx, "INSERT INTO "+r.table+" VALUES ($1, 0)", id); err != nil {
-				return err
-			}
-			go cancel() // races the commit: before it, during it, after it
-			err := tx.Commit()
-			if errors.Is(err, bulkhead.ErrRejected) {
-				return fmt.Errorf("commit rejected: %w", err)
-			}
-			var n int
-			if qerr := r.ctl.db.QueryRow("SELECT count(*) FROM "+r.table+" WHERE id = $1", id).Scan(&n); qerr != nil {
-				return qerr
-			}
-			if err != nil && n == 1 {
-				tally.canceledCommitted++
-			}
-			if err == nil && n == 0 {
-				tally.wrongResult++
-			}
-			return nil
+	{"context ends during Commit", 300, func(r *endRig, tally *endTally, i int, ctx context.Context, cancel context.CancelFunc, tx *sql.Tx) error {
+		id := 1000 + i
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+r.table+" VALUES ($1, 0)", id); err != nil {
+			return err
 		}
+		go cancel() // races the commit: before it, during it, after it
+		err := tx.Commit()
+		if errors.Is(err, bulkhead.ErrRejected) {
+			return fmt.Errorf("commit rejected: %w", err)
+		}
+		var n int
+		if qerr := r.ctl.db.QueryRow("SELECT count(*) FROM "+r.table+" WHERE id = $1", id).Scan(&n); qerr != nil {
+			return qerr
+		}
+		if err != nil && n == 1 {
+			tally.canceledCommitted++
+		}
+		if err == nil && n == 0 {
+			tally.wrongResult++
+		}
+		return nil
 	}},
+}
+
+// runEnding runs rounds rounds of end on a new endRig (newEndRig) and
+// returns it with its tally, logged.
+func runEnding(t *testing.T, variant string, viaPgxgate bool, rounds int, end ending) (*endRig, endTally) {
+	t.Helper()
+	r := newEndRig(t, variant, viaPgxgate)
+	var tally endTally
+	for i := range rounds {
+		r.round(i, &tally, end)
+	}
+	tally.atRelease = int(r.atRelease.Load())
+	via := "stdlib.GetConnector"
+	if viaPgxgate {
+		via = "pgxgate"
+	}
+	t.Logf("figures: %s: %v", via, tally)
+	return r, tally
 }
 
 func TestTheServerHasEndedTheTransactionWhenItsPermitComesBack(t *testing.T) {
 	for i, e := range endings {
 		t.Run(e.name, func(t *testing.T) {
-			r := newEndRig(t, fmt.Sprintf("e%d", i), true)
-			var tally endTally
-			for round := range e.rounds {
-				r.round(round, &tally, e.end(r, &tally, round))
-			}
-			tally.atRelease = int(r.atRelease.Load())
-			t.Logf("figures: pgxgate: %v", tally)
+			r, tally := runEnding(t, fmt.Sprintf("e%d", i), true, e.rounds, e.end)
 			if tally.keptBad != 0 {
 				t.Errorf("the server still held a transaction whose permit came back, in %d rounds where pgx kept its connection: %v", tally.keptBad, tally)
 			}
@@ -294,18 +301,12 @@ func TestTheServerHasEndedTheTransactionWhenItsPermitComesBack(t *testing.T) {
 func TestWithPlainPgxTheServerMayOutliveThePermit(t *testing.T) {
 	for i, e := range endings {
 		t.Run(e.name, func(t *testing.T) {
-			r := newEndRig(t, fmt.Sprintf("s%d", i), false)
-			var tally endTally
-			for round := range min(e.rounds, 100) {
-				r.round(round, &tally, e.end(r, &tally, round))
-			}
-			tally.atRelease = int(r.atRelease.Load())
-			t.Logf("figures: stdlib.GetConnector: %v", tally)
+			runEnding(t, fmt.Sprintf("s%d", i), false, min(e.rounds, 100), e.end)
 		})
 	}
 }
 
-// Point 5: through pgxgate, a statement cut off by the caller's deadline
+// Through pgxgate, a statement cut off by the caller's deadline
 // returns an error matching context.DeadlineExceeded (and a cancellation
 // one matching context.Canceled), with the server's SQLSTATE 57014 still
 // reachable with errors.As; httpgate then answers 504 and 499.

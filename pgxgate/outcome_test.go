@@ -45,10 +45,7 @@ func TestACommitTheServerAnsweredWithAnErrorReturnsItAndKeepsTheConnection(t *te
 			defer otx.Rollback()
 			testkit.Exec(t, ctx, otx, "INSERT INTO "+table+" VALUES (1, 'other')")
 			tx := testkit.Begin(t, ctx, db)
-			var pid int
-			if err := tx.QueryRowContext(ctx, "INSERT INTO "+table+" VALUES (1, 'gated') RETURNING pg_backend_pid()").Scan(&pid); err != nil {
-				t.Fatal(err)
-			}
+			pid := testkit.Scalar[int](t, ctx, tx, "INSERT INTO "+table+" VALUES (1, 'gated') RETURNING pg_backend_pid()")
 			if c.otherCommit {
 				// The other session commits once the COMMIT waits for it;
 				// the probe's connection polls until then.

@@ -21,10 +21,7 @@ func TestAnUnansweredCommitIsAnUnknownOutcomeNotTheCallersDeadline(t *testing.T)
 	g, db := openGate(t, cfg, bulkhead.Policy{MaxConcurrent: 1})
 	ctx := t.Context()
 	tx := testkit.Begin(t, ctx, db)
-	var pid int
-	if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	pid := testkit.Scalar[int](t, ctx, tx, "SELECT pg_backend_pid()")
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatalf("SIGSTOP to backend %d: %v (the test must run as a user allowed to signal the server's processes, as .ci/run does)", pid, err)
 	}

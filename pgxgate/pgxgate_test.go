@@ -115,13 +115,8 @@ func (m *monitor) table(t *testing.T, name, cols string) {
 
 func (m *monitor) active(t *testing.T, app string) int {
 	t.Helper()
-	var n int
-	q := `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'
-	        AND backend_type = 'client backend' AND pid <> pg_backend_pid() AND query LIKE '%pg_sleep%'`
-	if err := m.db.QueryRowContext(context.Background(), q, app).Scan(&n); err != nil {
-		t.Fatalf("pg_stat_activity: %v", err)
-	}
-	return n
+	return testkit.Scalar[int](t, context.Background(), m.db, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'
+	        AND backend_type = 'client backend' AND pid <> pg_backend_pid() AND query LIKE '%pg_sleep%'`, app)
 }
 
 // cancelTries runs n statements that the server would run for a minute,
@@ -138,11 +133,7 @@ func cancelTries(t *testing.T, m *monitor, db *sql.DB, app string, n int) (still
 	pids := map[int]bool{}
 	for i := range n {
 		c := testkit.Conn(t, t.Context(), db)
-		var pid int
-		if err := c.QueryRowContext(t.Context(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-			t.Fatalf("try %d: %v", i, err)
-		}
-		pids[pid] = true
+		pids[testkit.Scalar[int](t, t.Context(), c, "SELECT pg_backend_pid()")] = true
 		ctx, cancel := context.WithCancel(t.Context())
 		done := testkit.GoExec(ctx, c, "SELECT pg_sleep(60)")
 		testkit.Await(t, "the server runs the statement", func() bool { return m.active(t, app) == 1 })

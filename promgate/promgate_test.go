@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -225,13 +226,8 @@ func TestHistogramsObserveEachAdmittedWaitAndEachHoldByKind(t *testing.T) {
 		"bulkhead_hold_seconds{statement}":   1,
 		"bulkhead_hold_seconds{query}":       1,
 	}
-	for k, n := range want {
-		if got[k] != n {
-			t.Errorf("%s has %d observations, want %d", k, got[k], n)
-		}
-	}
-	if len(got) != len(want) {
-		t.Errorf("histogram series %v, want exactly %v", got, want)
+	if !maps.Equal(got, want) {
+		t.Errorf("observations by histogram series %v, want exactly %v", got, want)
 	}
 	if s := gate.Stats(); s.Admitted != 3 || s.WaitCount != 1 {
 		t.Errorf("stats %+v, want 3 admitted, 1 of them after a wait", s)

@@ -195,10 +195,7 @@ func TestFleetMemberWhoseShareFallsToZeroSendsItsQueueAwayAtOnce(t *testing.T) {
 	}
 	awaitState(t, "two operations queued behind the transaction", func() bool { return m.Gate().Stats().Waiting == 2 })
 
-	terminate(t, ctx, admin, m.Stats().Backend)
-	if err := m.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
-		t.Fatalf("a round on a terminated session: %v, want ErrCoordination", err)
-	}
+	failedRound(t, ctx, admin, m)
 	for range 2 {
 		fleetRefusal(t, "an Exec queued as the share fell to 0", relAwait(t, "an Exec queued as the share fell to 0", errs), bulkhead.ErrLeaseExpired, 0, 0, true)
 	}
@@ -210,6 +207,30 @@ func TestFleetMemberWhoseShareFallsToZeroSendsItsQueueAwayAtOnce(t *testing.T) {
 	if s := m.Gate().Stats(); s.Waiting != 0 || s.Running != 0 || s.RejectedLease != 3 || s.RejectedFull != 0 || s.RejectedTimeout != 0 || s.Admitted != 1 {
 		t.Errorf("stats %+v: want nothing waiting or running, 3 refused on the fallback share, no queue timeout, 1 admitted", s)
 	}
+}
+
+// An operation waiting in the queue of a member whose lease runs out with
+// fallback 0 is sent away at once with ErrLeaseExpired as B falls to 0,
+// with no other call on the gate to notice the lease's end: it does not
+// wait out its queue wait.
+func TestFleetMemberWhoseLeaseRunsOutSendsItsQueueAwayAtOnce(t *testing.T) {
+	ctx := pgTestCtx(t)
+	const total, queue = 2, 1
+	p := fleetPolicy(total, queue)
+	p.QueueWait = time.Minute // beyond relAwait's bound: a waiter left in the queue is a failure
+	d := newFleetStallDialer()
+	m := fleetJoin(t, fleetName(t), p, stdlib.GetConnector(*pgConfig(t)), fleet.Interval(500*time.Millisecond), fleet.Fallback(0), dialedCoordination(t, d.dial))
+	t.Cleanup(d.heal) // before the member leaves: its loop waits for the stalled round
+	g, db := m.Gate(), m.Gate().OpenDB()
+	awaitState(t, "the member's share of 2", func() bool { return g.Stats().MaxConcurrent == total })
+	pgBegin(t, ctx, db)
+	pgBegin(t, ctx, db)
+	waiter := make(chan error, 1)
+	go func() { waiter <- fleetOps[0].run(ctx, db) }()
+	awaitState(t, "one operation queued behind two transactions", func() bool { return g.Stats().Waiting == 1 })
+	d.stall()
+	// From here nothing calls the gate: neither Stats nor an operation.
+	fleetRefusal(t, "the operation queued as the lease ran out", relAwait(t, "the operation queued as the lease ran out", waiter), bulkhead.ErrLeaseExpired, 0, 0, true)
 }
 
 // fleetStallDialer dials a member's coordination connections (pgx's
@@ -292,9 +313,6 @@ func TestFleetMemberWhoseLeaseRanOutRefusesWithErrLeaseExpiredUntilARoundSucceed
 			p.QueueWait = 500 * time.Millisecond // what a caller queued on the fallback share waits: a failure, not a hang
 			interval := 500 * time.Millisecond   // the lease: 750 ms from the start of the last successful round
 			d := newFleetStallDialer()
-			coord := pgConfig(t)
-			coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
-			coord.DialFunc = d.dial
 			var mu sync.Mutex
 			reasons := map[error]int{}
 			onReject := func(e bulkhead.Event) {
@@ -304,7 +322,7 @@ func TestFleetMemberWhoseLeaseRanOutRefusesWithErrLeaseExpiredUntilARoundSucceed
 			}
 			spy := &relSpyConnector{inner: stdlib.GetConnector(*pgConfig(t))}
 			m := fleetJoin(t, fleetName(t), p, spy, fleet.Interval(interval), fleet.Fallback(fallback),
-				fleet.Coordinator(stdlib.GetConnector(*coord)), fleet.GateOptions(bulkhead.WithEvents(bulkhead.Events{OnReject: onReject})))
+				dialedCoordination(t, d.dial), fleet.GateOptions(bulkhead.WithEvents(bulkhead.Events{OnReject: onReject})))
 			t.Cleanup(d.heal) // before the member leaves: its loop waits for the stalled round
 			g, db := m.Gate(), m.Gate().OpenDB()
 			awaitState(t, "the member's share of 2", func() bool { return g.Stats().MaxConcurrent == total })

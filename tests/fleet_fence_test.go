@@ -82,7 +82,7 @@ func TestFleetFrozenMemberIsEndedAndRunsOnNoStaleShareWhenResumed(t *testing.T) 
 	peak := fleetPeak(t, ctx, appName(t))
 	var ran atomic.Int64
 	defer fleetLoad(ctx, g.Gate().OpenDB(), total, &ran)()
-	c.load(total, "SELECT pg_sleep(0.005)")
+	c.started("load %d SELECT pg_sleep(0.005)", total)
 
 	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -160,7 +160,7 @@ func TestFleetMemberWhoseSessionIsEndedUnderItStaysWithinItsSlots(t *testing.T) 
 				if pid == 0 {
 					t.Fatal("the child's coordination rounds failed 20 times in a row")
 				}
-				c.burst(total, interval*4/5, 2*interval, "SELECT pg_sleep(0.005)")
+				c.started("burst %d %d %d SELECT pg_sleep(0.005)", total, interval*4/5, 2*interval)
 				// false: a round that failed on a busy machine ended the
 				// session first, which is the end this test makes.
 				var ok bool
@@ -198,11 +198,8 @@ func TestFleetMemberWhoseCoordinationIsBlackholedFallsBackAndRejoins(t *testing.
 			const total, tries = 6, 3
 			interval := 300 * time.Millisecond
 			d := newRelFaultDialer(t)
-			coord := pgConfig(t)
-			coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
-			coord.DialFunc = d.dial
 			opts := []fleet.Option{fleet.Interval(interval), fleet.Fallback(fallback)}
-			a := fleetGate(t, name, fleetPolicy(total, 0), append(opts, fleet.Coordinator(stdlib.GetConnector(*coord)))...)
+			a := fleetGate(t, name, fleetPolicy(total, 0), append(opts, dialedCoordination(t, d.dial))...)
 			b := fleetGate(t, name, fleetPolicy(total, 0), opts...)
 			settled := func() bool {
 				return a.Gate().Stats().MaxConcurrent == total/2 && b.Gate().Stats().MaxConcurrent == total/2 &&

@@ -51,9 +51,7 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 			}
 
 			// A tag.
-			if _, err := a.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, ctx, a.Gate().OpenDB(), "SELECT 1")
 			if n := locksOf(t, ctx, admin, keys.Conns, id); n < 1 {
 				t.Fatalf("%d tags (Conns, %d) after an operation, want at least 1", n, id)
 			}
@@ -68,11 +66,7 @@ func TestFleetStatementsBindKeysOfEitherSign(t *testing.T) {
 			testkit.Exec(t, ctx, lock, "SELECT pg_advisory_lock(7, $1)", key)
 			blocked := goExec(orphan, ctx, "SELECT pg_advisory_xact_lock_shared(7, $1)", key)
 			awaitState(t, "the orphan's statement waits on the server", func() bool {
-				var n int
-				if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = 7 AND objid = $1", key).Scan(&n); err != nil {
-					t.Fatal(err)
-				}
-				return n == 1
+				return testkit.Scalar[int](t, ctx, admin, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = 7 AND objid = $1", key) == 1
 			})
 			fleetSync(t, ctx, a)
 			want("an orphan running", a, 3, 1)
@@ -138,12 +132,8 @@ func signedFleetName(t *testing.T, negative bool) string {
 // them.
 func locksOf(t *testing.T, ctx context.Context, admin *sql.DB, key int32, id int64) int {
 	t.Helper()
-	var n int
-	if err := admin.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted
-		AND classid::int8 = $1 AND objid::int8 = $2`, int64(uint32(key)), id).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return testkit.Scalar[int](t, ctx, admin, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted
+		AND classid::int8 = $1 AND objid::int8 = $2`, int64(uint32(key)), id)
 }
 
 // holding runs query with args on a session of its own, which then stays
@@ -151,10 +141,7 @@ func locksOf(t *testing.T, ctx context.Context, admin *sql.DB, key int32, id int
 func holding(t *testing.T, ctx context.Context, admin *sql.DB, query string, args ...any) int64 {
 	t.Helper()
 	c := takeConn(t, ctx, admin)
-	var pid int64
-	if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	pid := testkit.Scalar[int64](t, ctx, c, "SELECT pg_backend_pid()")
 	testkit.Exec(t, ctx, c, query, args...)
 	return pid
 }

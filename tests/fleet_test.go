@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/dbbulkhead/bulkhead"
@@ -61,9 +63,16 @@ func fleetSync(t *testing.T, ctx context.Context, ms ...*fleet.Member) {
 // directCoordination opens a fleet's coordination sessions on the test's
 // PostgreSQL server itself, with an application_name of their own: the
 // tests count the operations' transactions by the test's name.
-func directCoordination(t *testing.T) fleet.Option {
+func directCoordination(t *testing.T) fleet.Option { return dialedCoordination(t, nil) }
+
+// dialedCoordination is directCoordination through dial (pgx's DialFunc)
+// unless dial is nil.
+func dialedCoordination(t *testing.T, dial pgconn.DialFunc) fleet.Option {
 	coord := pgConfig(t)
 	coord.RuntimeParams["application_name"] = appName(t) + "_fleet"
+	if dial != nil {
+		coord.DialFunc = dial
+	}
 	return fleet.Coordinator(stdlib.GetConnector(*coord))
 }
 
@@ -183,7 +192,6 @@ func TestFleetSharesSplitTheTotalAndSettleWithinTwoRounds(t *testing.T) {
 		}
 	}
 	// Graceful stops: the others take the share back in one round.
-	want = map[int]string{3: "[3 3 2] [2 2 2]", 2: "[4 4] [3 3]", 1: "[8] [6]"}
 	for len(gs) > 1 {
 		if err := gs[0].Gate().OpenDB().Close(); err != nil {
 			t.Fatal(err)
@@ -201,14 +209,9 @@ func TestFleetSharesSplitTheTotalAndSettleWithinTwoRounds(t *testing.T) {
 }
 
 func sortDesc(xs []int) []int {
-	out := append([]int(nil), xs...)
-	for i := range out {
-		for j := i + 1; j < len(out); j++ {
-			if out[j] > out[i] {
-				out[i], out[j] = out[j], out[i]
-			}
-		}
-	}
+	out := slices.Clone(xs)
+	slices.Sort(out)
+	slices.Reverse(out)
 	return out
 }
 
@@ -231,9 +234,7 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 	// g1's target is 2: its B goes down at once, its slots stay locked
 	// while 4 transactions run.
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	if err := g1.Sync(short); err != nil {
-		t.Fatal(err)
-	}
+	fleetSync(t, short, g1)
 	cancel()
 	v := checkFleet(t, ctx, admin, name, 4, gs)
 	if s, fs := g1.Gate().Stats(), g1.Stats(); s.MaxConcurrent != 2 || s.Running != 4 || v.slots[fs.Backend] != 4 {
@@ -260,9 +261,7 @@ func TestFleetGivesSlotsBackOnlyOnceItsOperationsEnded(t *testing.T) {
 	for _, tx := range txs[2:] {
 		txCommit(t, tx)
 	}
-	if _, err := g2.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, g2.Gate().OpenDB(), "SELECT 1")
 }
 
 // terminate ends a backend as a network failure or an administrator
@@ -284,15 +283,8 @@ func terminate(t *testing.T, ctx context.Context, admin *sql.DB, pid int64) {
 func fleetReclaim(t *testing.T, ctx context.Context, admin *sql.DB, m *fleet.Member, name string) {
 	t.Helper()
 	s := m.Stats()
-	terminate(t, ctx, admin, s.Backend)
-	if err := m.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
-		t.Fatalf("the round after its session was terminated: %v, want ErrCoordination", err)
-	}
-	stale := takeConn(t, ctx, admin)
-	var stalePID int64
-	if err := stale.QueryRowContext(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", fleet.LockKeys(name).Members, int32(s.ID)).Scan(&stalePID); err != nil {
-		t.Fatal(err)
-	}
+	failedRound(t, ctx, admin, m)
+	stalePID := testkit.Scalar[int64](t, ctx, takeConn(t, ctx, admin), "SELECT pg_backend_pid() FROM pg_advisory_lock($1, $2)", fleet.LockKeys(name).Members, int32(s.ID))
 	err := m.Sync(ctx)
 	if !errors.Is(err, fleet.ErrCoordination) || !strings.Contains(err.Error(), "previous session") || !strings.Contains(err.Error(), "ended 1 session") {
 		t.Fatalf("the join with its id held: %v, want ErrCoordination, the previous session ended", err)
@@ -300,27 +292,23 @@ func fleetReclaim(t *testing.T, ctx context.Context, admin *sql.DB, m *fleet.Mem
 	awaitGone(t, ctx, admin, stalePID)
 }
 
+// failedRound ends m's coordination session (terminate) and checks that
+// m's next round fails with ErrCoordination.
+func failedRound(t *testing.T, ctx context.Context, admin *sql.DB, m *fleet.Member) {
+	t.Helper()
+	terminate(t, ctx, admin, m.Stats().Backend)
+	if err := m.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
+		t.Fatalf("a round on a terminated session: %v, want ErrCoordination", err)
+	}
+}
+
 // awaitGone waits until the backend pid has left pg_stat_activity, and
 // so its locks are free: the server ends it asynchronously.
 func awaitGone(t *testing.T, ctx context.Context, admin *sql.DB, pid int64) {
 	t.Helper()
-	for i := 0; ; i++ {
-		var n int
-		if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		if i == 1000 {
-			t.Fatalf("backend %d still in pg_stat_activity after 1000 looks", pid)
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal(ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	awaitState(t, fmt.Sprintf("backend %d left pg_stat_activity", pid), func() bool {
+		return testkit.Scalar[int](t, ctx, admin, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid) == 0
+	})
 }
 
 func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.T) {
@@ -337,11 +325,7 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 	if s := g1.Gate().Stats(); s.MaxConcurrent != 8 {
 		t.Fatalf("alone: B=%d, want 8", s.MaxConcurrent)
 	}
-	terminate(t, ctx, admin, g1.Stats().Backend)
-	err := g1.Sync(ctx)
-	if !errors.Is(err, fleet.ErrCoordination) {
-		t.Fatalf("a round on a terminated session: %v, want ErrCoordination", err)
-	}
+	failedRound(t, ctx, admin, g1)
 	s, fs := g1.Gate().Stats(), g1.Stats()
 	if s.MaxConcurrent != fleet.DefaultFallback || !fs.Degraded || fs.Failures == 0 || !errors.Is(fs.LastError, fleet.ErrCoordination) {
 		t.Fatalf("after a failed round: B=%d, fleet %+v; want B=%d, degraded, the error", s.MaxConcurrent, fs, fleet.DefaultFallback)
@@ -363,20 +347,14 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 	if s := g2.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("newcomer in a full fleet: B=%d, want 0", s.MaxConcurrent)
 	}
-	terminate(t, ctx, admin, g2.Stats().Backend)
-	if err := g2.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
-		t.Fatalf("%v, want ErrCoordination", err)
-	}
+	failedRound(t, ctx, admin, g2)
 	if s := g2.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("a failed round raised a share from 0 to %d", s.MaxConcurrent)
 	}
 	// fleet.Fallback(0): nothing runs while coordination fails.
 	g3 := fleetGate(t, fleetName(t)+"z", fleetPolicy(8, 0), fleet.Fallback(0))
 	fleetSync(t, ctx, g3)
-	terminate(t, ctx, admin, g3.Stats().Backend)
-	if err := g3.Sync(ctx); !errors.Is(err, fleet.ErrCoordination) {
-		t.Fatalf("%v, want ErrCoordination", err)
-	}
+	failedRound(t, ctx, admin, g3)
 	if s := g3.Gate().Stats(); s.MaxConcurrent != 0 {
 		t.Fatalf("fallback 0: B=%d after a failed round, want 0", s.MaxConcurrent)
 	}
@@ -388,9 +366,10 @@ func TestFleetFailedRoundLowersTheShareToTheFallbackAndNeverRaisesIt(t *testing.
 // starts N operations running query, which the test makes wait on a lock
 // it holds, and answers "started"; "load N <query>" starts N goroutines
 // that run query over and over until the process ends, "burst N A D
-// <query>" for the duration D after a delay A, each answered "started"; "next" waits for
-// the end of the loop's next round and answers "pid <backend>". TestMain
-// runs it when EnvFleetChild is set; with EnvFleetChildUntagged set, the instance does not tag its
+// <query>" for the duration D after a delay A (in nanoseconds), each
+// answered "started"; "next" waits for the end of the loop's next round
+// and answers "pid <backend>". TestMain runs it when EnvFleetChild is set;
+// with EnvFleetChildUntagged set, the instance does not tag its
 // connections (fleet.Tagging(false)); with EnvFleetChildNoConnCheck
 // set, its connections set client_connection_check_interval to 0, so that
 // the statements a killed child leaves waiting go on waiting even on a
@@ -429,31 +408,23 @@ func fleetChildJoin(name string) (*fleet.Member, error) {
 		coord.RuntimeParams["application_name"] = app + "_fleet"
 		opts = append(opts, fleet.Coordinator(stdlib.GetConnector(*coord)))
 	}
+	var errs []error
+	if v := os.Getenv(EnvFleetChildInterval); v != "" {
+		d, err := time.ParseDuration(v)
+		opts, errs = append(opts, fleet.Interval(d)), append(errs, err)
+	}
+	if v := os.Getenv(EnvFleetChildFallback); v != "" {
+		f, err := strconv.Atoi(v)
+		opts, errs = append(opts, fleet.Fallback(f)), append(errs, err)
+	}
 	total := 8
-	for _, e := range []struct {
-		name string
-		set  func(v string) error
-	}{
-		{EnvFleetChildInterval, func(v string) error {
-			d, err := time.ParseDuration(v)
-			opts = append(opts, fleet.Interval(d))
-			return err
-		}},
-		{EnvFleetChildFallback, func(v string) error {
-			f, err := strconv.Atoi(v)
-			opts = append(opts, fleet.Fallback(f))
-			return err
-		}},
-		{EnvFleetChildTotal, func(v string) (err error) {
-			total, err = strconv.Atoi(v)
-			return err
-		}},
-	} {
-		if v := os.Getenv(e.name); v != "" {
-			if err := e.set(v); err != nil {
-				return nil, err
-			}
-		}
+	if v := os.Getenv(EnvFleetChildTotal); v != "" {
+		var err error
+		total, err = strconv.Atoi(v)
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	return fleet.Join(name, stdlib.GetConnector(*cfg), fleetPolicy(total, 0), opts...)
 }
@@ -497,20 +468,11 @@ func fleetChildRun(name string) error {
 				}
 			}
 		case "burst":
-			var afterS, dS string
-			if _, err := fmt.Sscanf(rest, "%d %s %s", &n, &afterS, &dS); err != nil {
+			var after, d time.Duration
+			if _, err := fmt.Sscanf(rest, "%d %d %d", &n, &after, &d); err != nil {
 				return err
 			}
-			after, err := time.ParseDuration(afterS)
-			if err != nil {
-				return err
-			}
-			d, err := time.ParseDuration(dS)
-			if err != nil {
-				return err
-			}
-			f := strings.SplitN(rest, " ", 4)
-			query = f[len(f)-1]
+			query = strings.SplitN(rest, " ", 4)[3]
 			start := time.Now().Add(after)
 			end := start.Add(d)
 			each = func() {
@@ -578,13 +540,9 @@ func TestFleetSharesLeaveRoomForAKilledInstancesStatements(t *testing.T) {
 			key := time.Now().UnixNano() % 1e9
 			testkit.Exec(t, ctx, lock, "SELECT pg_advisory_lock(7, $1)", key)
 			stmt := fmt.Sprintf("SELECT pg_advisory_xact_lock_shared(7, %d)", key)
-			c.run(3, stmt)
+			c.started("run %d %s", 3, stmt)
 			waiting := func() int {
-				var n int
-				if err := admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = $1", stmt).Scan(&n); err != nil {
-					t.Fatal(err)
-				}
-				return n
+				return testkit.Scalar[int](t, ctx, admin, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = $1", stmt)
 			}
 			awaitState(t, "the child's 3 statements wait on the server", func() bool { return waiting() == 3 })
 			c.kill()
@@ -722,7 +680,9 @@ func (c *fleetChildProc) ask(line string) string {
 	return c.out.Text()
 }
 
-// started asks the child to start goroutines and checks that it did.
+// started asks the child to start goroutines ("run", "load" or "burst",
+// fleetChild) and checks that it did; a burst's durations are given in
+// nanoseconds.
 func (c *fleetChildProc) started(format string, args ...any) {
 	c.t.Helper()
 	if a := c.ask(fmt.Sprintf(format, args...)); a != "started" {
@@ -741,18 +701,6 @@ func (c *fleetChildProc) sync() (pid int64, b int) {
 	return pid, b
 }
 
-// run makes the child start n operations running query.
-func (c *fleetChildProc) run(n int, query string) {
-	c.t.Helper()
-	c.started("run %d %s", n, query)
-}
-
-// load makes the child start n goroutines running query over and over.
-func (c *fleetChildProc) load(n int, query string) {
-	c.t.Helper()
-	c.started("load %d %s", n, query)
-}
-
 // next waits for the end of the child's next round and returns its
 // coordination backend's pid.
 func (c *fleetChildProc) next() (pid int64) {
@@ -762,13 +710,6 @@ func (c *fleetChildProc) next() (pid int64) {
 		c.t.Fatalf("child: %q (%v)", a, err)
 	}
 	return pid
-}
-
-// burst makes the child run query over and over on n goroutines for d,
-// starting after a delay.
-func (c *fleetChildProc) burst(n int, after, d time.Duration, query string) {
-	c.t.Helper()
-	c.started("burst %d %s %s %s", n, after, d, query)
 }
 
 // kill sends SIGKILL: no goodbye.
@@ -792,49 +733,34 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	p.QueueWait = 20 * time.Millisecond
 	var ran, rejected, goal atomic.Int64
 	goal.Store(1 << 62)
-	stop, enough := make(chan struct{}), make(chan struct{})
+	enough := make(chan struct{})
 	var once sync.Once
-	var wg sync.WaitGroup
-	// load runs 6 workers on g's pool until stop, or until it returns
-	// and they ended.
+	var halts []func()
+	// load runs 6 workers, 2000 transactions each at most, on g's pool
+	// until the function it returns (and adds to halts) is called.
 	load := func(g *bulkhead.Gate) (halt func()) {
 		db := g.OpenDB()
-		mine := make(chan struct{})
-		var mwg sync.WaitGroup
-		for range 6 {
-			wg.Add(1)
-			mwg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer mwg.Done()
-				for i := 0; i < 2000; i++ {
-					select {
-					case <-stop:
-						return
-					case <-mine:
-						return
-					default:
-					}
-					err := relWithTx(ctx, db, func(tx *sql.Tx) error {
-						_, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.002)")
-						return err
-					})
-					switch {
-					case err == nil:
-						if ran.Add(1) >= goal.Load() {
-							once.Do(func() { close(enough) })
-						}
-					case errors.Is(err, bulkhead.ErrRejected):
-						rejected.Add(1)
-						time.Sleep(time.Millisecond) // pacing, not synchronisation: keep the CPU for the server
-					default:
-						t.Error(err)
-						return
-					}
+		halt = sync.OnceFunc(testkit.Repeat(6, func(i int) bool {
+			err := relWithTx(ctx, db, func(tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.002)")
+				return err
+			})
+			switch {
+			case err == nil:
+				if ran.Add(1) >= goal.Load() {
+					once.Do(func() { close(enough) })
 				}
-			}()
-		}
-		return func() { close(mine); mwg.Wait() }
+			case errors.Is(err, bulkhead.ErrRejected):
+				rejected.Add(1)
+				time.Sleep(time.Millisecond) // pacing, not synchronisation: keep the CPU for the server
+			default:
+				t.Error(err)
+				return false
+			}
+			return i+6 < 6*2000
+		}))
+		halts = append(halts, halt)
+		return halt
 	}
 	// The poller counts the fleet's open transactions that began before
 	// its own statement, at each look (the tags taken meanwhile counted
@@ -845,7 +771,6 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 		       WHERE application_name = $1 AND xact_start < statement_timestamp() AND pid <> pg_backend_pid()) a`,
 		appName(t), tag)
 	var gs []*fleet.Member
-	var halts []func()
 	step := func() {
 		t.Helper()
 		for _, g := range gs {
@@ -857,7 +782,7 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	for range 3 {
 		g := fleetGate(t, name, p)
 		gs = append(gs, g)
-		halts = append(halts, load(g.Gate()))
+		load(g.Gate())
 		step()
 		step()
 	}
@@ -879,8 +804,9 @@ func TestFleetServerTransactionsStayWithinTheTotalWhileInstancesComeAndGo(t *tes
 	case <-enough:
 	case <-ctx.Done():
 	}
-	close(stop)
-	wg.Wait()
+	for _, halt := range halts {
+		halt()
+	}
 	peak, looks, peakTags := stopPoll()
 	t.Logf("%d transactions ran, %d rejected; %d looks at pg_stat_activity, peak %d (%s of them tags being taken)", ran.Load(), rejected.Load(), looks, peak, peakTags)
 	if peak > total {
@@ -926,11 +852,7 @@ func BenchmarkFleetRound(b *testing.B) {
 			db.SetMaxIdleConns(4)
 			var txs []*sql.Tx
 			for range min(4, g.Gate().Stats().MaxConcurrent) {
-				tx, err := db.BeginTx(ctx, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				txs = append(txs, tx)
+				txs = append(txs, testkit.Begin(b, ctx, db))
 			}
 			for _, tx := range txs {
 				tx.Commit()
@@ -997,8 +919,7 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 	overload := func() {
 		t.Helper()
 		for len(txs) < busy.Gate().Stats().MaxConcurrent {
-			tx := pgBegin(t, ctx, db)
-			txs = append(txs, tx)
+			txs = append(txs, pgBegin(t, ctx, db))
 		}
 		if _, err := db.ExecContext(ctx, "SELECT 1"); !errors.Is(err, bulkhead.ErrAdmissionFull) {
 			t.Fatalf("an operation beyond B=%d: %v, want ErrAdmissionFull", busy.Gate().Stats().MaxConcurrent, err)
@@ -1016,18 +937,14 @@ func TestFleetLendingMovesAnIdleShareToABusyInstanceAndBack(t *testing.T) {
 	// The idle instance works again: it publishes it, the borrower gives
 	// the slot back once its operations beyond its fair share ended, and
 	// the lender takes it at its next round.
-	if _, err := idle.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, idle.Gate().OpenDB(), "SELECT 1")
 	sync(idle) // publishes active
 	for _, tx := range txs {
 		txCommit(t, tx)
 	}
 	txs = []*sql.Tx{pgBegin(t, ctx, db), pgBegin(t, ctx, db)} // it still works, on its fair share
 	sync(busy)                                                // its target is its fair share again: gives one back
-	if _, err := idle.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Exec(t, ctx, idle.Gate().OpenDB(), "SELECT 1")
 	sync(idle)
 	if b, _ := shares(gs); fmt.Sprint(b) != "[2 2]" {
 		t.Fatalf("both working: shares %v, want [2 2]", b)

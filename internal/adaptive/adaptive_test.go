@@ -55,9 +55,28 @@ type adSim struct {
 }
 
 func newAdSim(shape adShape, floor, ceil int, noise float64, seed int64) *adSim {
+	return &adSim{a: bounded(floor, ceil), shape: shape, noise: noise, rng: rand.New(rand.NewSource(seed)), clock: time.Unix(0, 0)}
+}
+
+// bounded is a new limit between floor and ceil.
+func bounded(floor, ceil int) *Limit {
 	a := New()
 	a.Floor, a.Ceil = floor, ceil
-	return &adSim{a: a, shape: shape, noise: noise, rng: rand.New(rand.NewSource(seed)), clock: time.Unix(0, 0)}
+	return a
+}
+
+// window feeds one window of completions at limit b, each held held
+// (its base adWork), with every permit held if full, and callers waiting
+// at every waitedEvery-th completion (0: none); it returns the limit in
+// force after it.
+func window(a *Limit, b int, held time.Duration, full bool, waitedEvery int) int {
+	nb := b
+	for i := range max(8, 4*b) {
+		if v, ok := a.Observe(held, adWork, b, b, full, waitedEvery > 0 && i%waitedEvery == 0); ok {
+			nb = v
+		}
+	}
+	return nb
 }
 
 // op draws an operation's base hold.
@@ -188,15 +207,12 @@ func TestAdaptiveSettlesAtTheCoresOnCPUAndLowOnALock(t *testing.T) {
 // doubles from the floor to the ceiling in a few windows: a cold start
 // reaches the ceiling of 16 within four doublings.
 func TestAdaptiveDoublesFromTheFloorWhileHoldsStayFlat(t *testing.T) {
-	a := New()
-	a.Floor, a.Ceil = 1, 16
+	a := bounded(1, 16)
 	b, moves := 1, []int{}
 	for w := 0; w < 12 && b < 16; w++ {
-		for range max(8, 4*b) {
-			if nb, ok := a.Observe(adWork, adWork, b, b, true, true); ok {
-				b = nb
-				moves = append(moves, nb)
-			}
+		if nb := window(a, b, adWork, true, 1); nb != b {
+			b = nb
+			moves = append(moves, nb)
 		}
 	}
 	want := []int{2, 4, 8, 16}
@@ -213,16 +229,15 @@ func TestAdaptiveDoublesFromTheFloorWhileHoldsStayFlat(t *testing.T) {
 // undoes it, so a cold start on I/O-bound work still passes 8 within a
 // dozen windows.
 func TestAdaptiveKeepsADoublingOneNoisyWindowReadsAsASmallGain(t *testing.T) {
-	a := New()
-	a.Floor, a.Ceil = 1, 16
-	window := adWindow(a)
-	b := window(1, 1)
-	if b = window(b, 1.85); b != 2 || a.last.Why != "kept" {
+	a := bounded(1, 16)
+	win := func(b int, f float64) int { return window(a, b, time.Duration(f*float64(adWork)), true, 1) }
+	b := win(1, 1)
+	if b = win(b, 1.85); b != 2 || a.last.Why != "kept" {
 		t.Fatalf("limit %d, last move %+v after a doubling read 1.08 times the goodput before, want it kept", b, a.last)
 	}
 	trace := []int{b}
 	for w := 0; w < 12 && b < 8; w++ {
-		b = window(b, 1)
+		b = win(b, 1)
 		trace = append(trace, b)
 	}
 	if b < 8 {
@@ -248,47 +263,30 @@ func TestAdaptiveReadsAMixAgainstEachClassesBase(t *testing.T) {
 // why, and that step is not tried again for backoffMin windows, twice as
 // many after an undo in a row.
 func TestAdaptiveUndoesAStepUpThatWonTooLittleAndBacksOff(t *testing.T) {
-	a := New()
-	a.Floor, a.Ceil = 1, 16
-	window := adWindow(a)
+	a := bounded(1, 16)
+	win := func(b int, f float64) int { return window(a, b, time.Duration(f*float64(adWork)), true, 1) }
 	// CPU-bound work on 2 cores: holds grow past 2.
-	b := window(window(1, 1), 1)
+	b := win(win(1, 1), 1)
 	if b != 4 || a.last.Why != "slow start" {
 		t.Fatalf("limit %d, last move %+v after two windows on flat holds, want the doubling to 4", b, a.last)
 	}
-	if b = window(4, 2.1); b != 2 || a.last.Why != "undone" || a.upBlock == 0 || a.upBackoff < backoffMin {
+	if b = win(4, 2.1); b != 2 || a.last.Why != "undone" || a.upBlock == 0 || a.upBackoff < backoffMin {
 		t.Fatalf("limit %d, last move %+v, up blocked %d windows (backoff %d) after a doubling that lost; want back at 2, blocked at least %d",
 			b, a.last, a.upBlock, a.upBackoff, backoffMin)
 	}
-	if b = window(2, 1); b != 3 || a.last.Why != "room" {
+	if b = win(2, 1); b != 3 || a.last.Why != "room" {
 		t.Fatalf("limit %d, last move %+v with nothing queued, want a step to 3 below the blocked 4", b, a.last)
 	}
 	backoff := a.upBackoff
-	if b = window(3, 1.5); b != 2 || a.last.Why != "undone" || a.upBackoff != 2*backoff {
+	if b = win(3, 1.5); b != 2 || a.last.Why != "undone" || a.upBackoff != 2*backoff {
 		t.Fatalf("limit %d, last move %+v, backoff %d after a step that won nothing, want back at 2, backoff %d", b, a.last, a.upBackoff, 2*backoff)
-	}
-}
-
-// adWindow returns a function that gives a one window of completions
-// under b, with callers always waiting, each held f times its base, and
-// returns the limit after it.
-func adWindow(a *Limit) func(b int, f float64) int {
-	return func(b int, f float64) int {
-		held := time.Duration(f * float64(adWork))
-		for range max(8, 4*b) {
-			if nb, ok := a.Observe(held, adWork, b, b, true, true); ok {
-				return nb
-			}
-		}
-		return b
 	}
 }
 
 // The limit stays within its floor and ceiling whatever the holds.
 func TestAdaptiveStaysWithinItsBoundsUnderArbitraryHolds(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
-	a := New()
-	a.Floor, a.Ceil = 2, 5
+	a := bounded(2, 5)
 	b := 2
 	for range 20000 {
 		held := time.Duration(1+rng.Intn(100)) * time.Millisecond
@@ -314,25 +312,15 @@ func TestAdaptiveJudgesAMoveOnlyOnAWindowOfPermitsHeld(t *testing.T) {
 		full bool
 		b    int
 	}{{"every permit held", true, 1}, {"permits idle", false, 2}} {
-		a := New()
-		a.Floor, a.Ceil = 1, 16
-		window := func(b int, held time.Duration, full, waited bool) int {
-			nb := b
-			for range max(8, 4*b) {
-				if v, ok := a.Observe(held, adWork, b, b, full, waited); ok {
-					nb = v
-				}
-			}
-			return nb
-		}
-		if b := window(1, adWork, true, false); b != 1 {
+		a := bounded(1, 16)
+		if b := window(a, 1, adWork, true, 0); b != 1 {
 			t.Fatalf("%s: b after a window at the floor nobody waited in: %d, want 1", c.name, b)
 		}
-		if b := window(1, adWork, true, true); b != 2 {
+		if b := window(a, 1, adWork, true, 1); b != 2 {
 			t.Fatalf("%s: b after a window at the floor with callers waiting: %d, want 2", c.name, b)
 		}
 		// At 2 each holds twice as long: the throughput of 1.
-		if b := window(2, 2*adWork, c.full, true); b != c.b {
+		if b := window(a, 2, 2*adWork, c.full, 1); b != c.b {
 			t.Fatalf("%s in the window after the step: b=%d, want %d", c.name, b, c.b)
 		}
 	}
@@ -342,31 +330,21 @@ func TestAdaptiveJudgesAMoveOnlyOnAWindowOfPermitsHeld(t *testing.T) {
 // longer waited at every completion met their demand: the goodput it
 // measures is their arrivals, and the step is kept however little it won.
 func TestAdaptiveKeepsAStepUpThatMetTheCallersDemand(t *testing.T) {
-	a := New()
-	a.Floor, a.Ceil, a.slow = 1, 16, false // past slow start, whose doublings only a loss undoes
-	window := func(b int, held time.Duration, waitedEvery int) int {
-		nb := b
-		for i := range max(8, 4*b) {
-			if v, ok := a.Observe(held, adWork, b, b, true, i%waitedEvery == 0); ok {
-				nb = v
-			}
-		}
-		return nb
-	}
-	if b := window(1, adWork, 1); b != 2 {
+	a := bounded(1, 16)
+	a.slow = false // past slow start, whose doublings only a loss undoes
+	if b := window(a, 1, adWork, true, 1); b != 2 {
 		t.Fatalf("b after a window at the floor with callers always waiting: %d, want 2", b)
 	}
 	// At 2 the holds are 1.8 times as long: 1.1 times the goodput, under
 	// the eighth a step must win; but callers waited at every other
 	// completion only.
-	if b := window(2, adWork*18/10, 2); b != 2 || a.last.Why != "kept" {
+	if b := window(a, 2, adWork*18/10, true, 2); b != 2 || a.last.Why != "kept" {
 		t.Fatalf("b after the step up met the demand: %d (last move %+v), want 2, kept", b, a.last)
 	}
-	b := New()
-	b.Floor, b.Ceil, b.slow = 1, 16, false
-	a = b
-	window(1, adWork, 1)
-	if b := window(2, adWork*18/10, 1); b != 1 || a.last.Why != "undone" {
+	a = bounded(1, 16)
+	a.slow = false
+	window(a, 1, adWork, true, 1)
+	if b := window(a, 2, adWork*18/10, true, 1); b != 1 || a.last.Why != "undone" {
 		t.Fatalf("b after the same step with callers waiting at every completion: %d (last move %+v), want 1, undone", b, a.last)
 	}
 }

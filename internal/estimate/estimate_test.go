@@ -74,7 +74,7 @@ func TestAnEstimateWithNoRecentHoldRefusesNothing(t *testing.T) {
 			{10 * time.Millisecond, StaleAfter},
 			{time.Second, 4 * time.Second},
 		} {
-			r := classOf(c.hold)
+			_, r := estimated(c.hold)
 			time.Sleep(c.stale)
 			if _, ok := r.Estimate(time.Now()); !ok {
 				t.Fatalf("hold %v: no estimate %v after its last hold, want one", c.hold, c.stale)
@@ -199,10 +199,4 @@ func estimated(d time.Duration) (*Estimator, Ref) {
 		e.Observe(r, d, false, false, now, now)
 	}
 	return e, r
-}
-
-// classOf is the class of estimated(d).
-func classOf(d time.Duration) Ref {
-	_, r := estimated(d)
-	return r
 }
