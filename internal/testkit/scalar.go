@@ -8,14 +8,14 @@ import (
 	"testing"
 )
 
-// Queryer runs a query for one row: a *sql.DB, *sql.Conn or *sql.Tx.
-type Queryer interface {
+// RowQueryer runs a query for one row: a *sql.DB, *sql.Conn or *sql.Tx.
+type RowQueryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // Scalar returns the one column of the one row query returns on q,
 // failing the test, naming the query, if it cannot be read as a T.
-func Scalar[T any](t testing.TB, ctx context.Context, q Queryer, query string, args ...any) T {
+func Scalar[T any](t testing.TB, ctx context.Context, q RowQueryer, query string, args ...any) T {
 	t.Helper()
 	var v T
 	if err := q.QueryRowContext(ctx, query, args...).Scan(&v); err != nil {
