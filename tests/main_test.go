@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -320,4 +321,89 @@ func goExec(e interface {
 func awaitState(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	testkit.Await(t, what, cond)
+}
+
+// queryColumn returns the single column of query's rows on q (a *sql.DB,
+// *sql.Conn or *sql.Tx), failing the test on an error.
+func queryColumn[T any](t testing.TB, ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, query string, args ...any) []T {
+	t.Helper()
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		var v T
+		if err := rows.Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// raiseMax raises m to v if v is larger.
+func raiseMax(m *atomic.Int64, v int64) {
+	for old := m.Load(); v > old && !m.CompareAndSwap(old, v); old = m.Load() {
+	}
+}
+
+// endings counts the transactions inside Commit or Rollback: now, and the
+// most at once.
+type endings struct{ now, most atomic.Int64 }
+
+// tx runs fn in a transaction on db, committed, or rolled back if fn
+// fails; its Commit or Rollback is counted while it runs.
+func (e *endings) tx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	err = fn(tx)
+	raiseMax(&e.most, e.now.Add(1))
+	defer e.now.Add(-1)
+	if err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// prepare prepares query on db, failing the test if it cannot; the
+// statement is closed at the end of the test.
+func prepare(t testing.TB, ctx context.Context, db *sql.DB, query string) *sql.Stmt {
+	t.Helper()
+	stmt, err := db.PrepareContext(ctx, query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stmt.Close() })
+	return stmt
+}
+
+// queryOne returns the single value query answers on q (a *sql.DB,
+// *sql.Conn or *sql.Tx), failing the test on an error.
+func queryOne[T any](t testing.TB, ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, query string, args ...any) T {
+	t.Helper()
+	var v T
+	if err := q.QueryRowContext(ctx, query, args...).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// must fails the test now if err is not nil.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
 }

@@ -104,12 +104,8 @@ func startPgBouncer(t *testing.T, poolSize int) *pgBouncer {
 		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 		// t.TempDir's parent is private to root: let PgBouncer through to
 		// its files.
-		if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
+		must(t, os.Chmod(filepath.Dir(dir), 0o711))
+		must(t, os.Chown(dir, uid, gid))
 	}
 	server := fmt.Sprintf("host=%s port=%d dbname=%s user=%s", up.Host, up.Port, up.Database, up.User)
 	if up.Password != "" {
@@ -183,13 +179,9 @@ pidfile =
 
 func pgbWriteFile(t *testing.T, path, content string, cred *syscall.Credential) {
 	t.Helper()
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.WriteFile(path, []byte(content), 0o600))
 	if cred != nil {
-		if err := os.Chown(path, int(cred.Uid), int(cred.Gid)); err != nil {
-			t.Fatal(err)
-		}
+		must(t, os.Chown(path, int(cred.Uid), int(cred.Gid)))
 	}
 }
 
@@ -614,13 +606,9 @@ func TestPgBouncerFleet(t *testing.T) {
 			t.Fatalf("a third instance, direct: B=%d, %d slots held; want a share, the slots within T=4 and the Bs over it", b3, v.total)
 		}
 		t.Logf("a third instance coordinating directly: B=%d; the three Bs add up to %d with T=4", b3, 2+2+b3)
-		if err := g3.Gate().OpenDB().Close(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, g3.Gate().OpenDB().Close())
 
-		if err := g1.Gate().OpenDB().Close(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, g1.Gate().OpenDB().Close())
 		if v := fleetSlots(t, ctx, admin, name); v.members != 0 || v.total != 0 {
 			t.Fatalf("after instance 1 left: pg_locks %d membership locks, %d slots; want 0, 0", v.members, v.total)
 		}
@@ -686,9 +674,7 @@ func TestPgBouncerFleet(t *testing.T) {
 		for i, g := range gs {
 			s := g.Stats()
 			// The operations still go through PgBouncer.
-			if _, err := g.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, ctx, g.Gate().OpenDB(), "SELECT 1")
 			v := fleetSlots(t, ctx, admin, name)
 			if s.Instances != 2 || v.slots[s.Backend] != 2 || slices.Contains(servers, strconv.FormatInt(s.Backend, 10)) {
 				t.Fatalf("instance %d: %d instances, backend %d holding %d slots (PgBouncer's servers %v); want 2 instances, 2 slots on a backend of its own", i+1, s.Instances, s.Backend, v.slots[s.Backend], servers)
@@ -706,17 +692,13 @@ func TestPgBouncerFleet(t *testing.T) {
 		direct := directCoordination(t)
 		g1 := fleetMember(t, name, inner, p, direct) // tagging on: the default
 		fleetSync(t, ctx, g1)
-		if _, err := g1.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, ctx, g1.Gate().OpenDB(), "SELECT 1")
 		servers := bouncer.serverPIDs(t, ctx)
 		pid, _ := strconv.ParseInt(servers[0], 10, 64)
 		if v := fleetSlots(t, ctx, admin, name); len(servers) != 1 || v.tags[pid] != 1 {
 			t.Fatalf("after an operation through PgBouncer: tags %v, PgBouncer's servers %v; want 1 tag on its server connection", v.tags, servers)
 		}
-		if err := g1.Gate().OpenDB().Close(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, g1.Gate().OpenDB().Close())
 		if v := fleetSlots(t, ctx, admin, name); v.members != 0 || v.tags[pid] != 1 {
 			t.Fatalf("after the instance left: %d membership locks, tags %v; want 0, the tag still on PgBouncer's server connection %d", v.members, v.tags, pid)
 		}
