@@ -551,7 +551,7 @@ const (
 )
 
 // relRejectedAtOnce runs op with no deadline of its own, on a gate whose
-// queue wait is long, and checks R: it returns (within relBound, far
+// queue wait is long, and checks R: it returns (within testkit.Bound, far
 // shorter than the queue wait, so it did not wait in the queue) an
 // admission-full rejection, not a queue timeout and not ErrBadConn, and
 // neither dialed nor sent a statement.
@@ -1385,7 +1385,7 @@ func TestClosingTheDBMakesWaitersReturnErrClosedPromptly(t *testing.T) {
 	if err := r.db.Close(); err != nil {
 		t.Errorf("db.Close: %v", err)
 	}
-	// The queue wait is an hour: returning within relBound is prompt.
+	// The queue wait is an hour: returning within testkit.Bound is prompt.
 	for range q {
 		if err := relAwait(t, "waiter after Close", errs); !errors.Is(err, bulkhead.ErrClosed) || errors.Is(err, bulkhead.ErrRejected) {
 			t.Errorf("waiter: err = %v, want bulkhead.ErrClosed (not a rejection)", err)
