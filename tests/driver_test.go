@@ -868,12 +868,9 @@ func TestWithMaxOpenConnsExcessWorkWaitsInThePoolInsteadOfBeingRejected(t *testi
 		for range p.MaxConcurrent {
 			held = append(held, pgBegin(t, ctx, db))
 		}
-		waiters := make(chan error, p.MaxQueue)
+		var waiters []chan error
 		for range p.MaxQueue {
-			go func() {
-				_, err := db.ExecContext(ctx, "SELECT 1")
-				waiters <- err
-			}()
+			waiters = append(waiters, goExec(db, ctx, "SELECT 1"))
 		}
 		awaitState(t, "Q operations wait for an execution permit", func() bool { return g.Stats().Waiting == p.MaxQueue })
 		return func() {
@@ -883,8 +880,8 @@ func TestWithMaxOpenConnsExcessWorkWaitsInThePoolInsteadOfBeingRejected(t *testi
 					t.Error(err)
 				}
 			}
-			for range p.MaxQueue {
-				if err := <-waiters; err != nil {
+			for _, w := range waiters {
+				if err := <-w; err != nil {
 					t.Errorf("a queued operation: %v", err)
 				}
 			}

@@ -274,9 +274,7 @@ func TestConnectionResetMidTransactionLosesOnlyUncommittedWork(t *testing.T) {
 	if err := tx.Commit(); err == nil {
 		t.Error("Commit on a reset connection succeeded")
 	}
-	if s := r.g.Stats(); s.Running != 0 {
-		t.Errorf("P: Running=%d right after Commit returned", s.Running)
-	}
+	r.noneRunning("right after Commit returned")
 	r.serverUntil("the server drops the reset session", "", 0)
 	if err := r.insertTx(ctx, table, 4); err != nil {
 		t.Errorf("transaction after the reset: %v", err)
@@ -303,9 +301,7 @@ func TestBlackholedNetworkEndsCallsAtTheirDeadlineAndGivesThePermitsBack(t *test
 	}
 	go func() { done <- tx.Rollback() }()
 	relAwait(t, "Rollback on a blackholed connection", done)
-	if s := r.g.Stats(); s.Running != 0 {
-		t.Errorf("P: Running=%d right after Rollback returned", s.Running)
-	}
+	r.noneRunning("right after Rollback returned")
 
 	// A call that must dial: the call ends at the caller's deadline; the
 	// dial goes on (a connection it makes serves the next caller), the

@@ -344,6 +344,15 @@ func (r *relRig) must(what string, cond func() bool) {
 	}
 }
 
+// noneRunning checks P at once: no operation holds a permit, what
+// having just happened.
+func (r *relRig) noneRunning(what string) {
+	r.t.Helper()
+	if s := r.g.Stats(); s.Running != 0 {
+		r.t.Errorf("P: Running=%d %s", s.Running, what)
+	}
+}
+
 // assertIdle checks P and U once the gate is idle.
 func (r *relRig) assertIdle() {
 	t := r.t
@@ -806,9 +815,7 @@ func TestCancelledStatementReturnsBeforeTheServerFinishesAndTheServerStopsIt(t *
 					t.Errorf("err = %v, want an error matching context.Canceled (with 57014 from the cancel request, or pgx's own)", err)
 				}
 				// The gate released when pgx returned.
-				if s := r.g.Stats(); s.Running != 0 {
-					t.Errorf("P: Running=%d right after the cancelled call returned", s.Running)
-				}
+				r.noneRunning("right after the cancelled call returned")
 				// pgx's default returns before the server stopped the
 				// statement (its cancel request goes out in the background);
 				// the cancel request handler returns only after.
@@ -1009,9 +1016,7 @@ func TestServerSideFaultsEndTheTransactionAndGiveThePermitsBack(t *testing.T) {
 			if err := tx.Commit(); err == nil {
 				t.Errorf("Commit after %s succeeded", f.name)
 			}
-			if s := r.g.Stats(); s.Running != 0 {
-				t.Errorf("P: Running=%d right after Commit returned", s.Running)
-			}
+			r.noneRunning("right after Commit returned")
 			// The gate and the pool still work: a new transaction commits.
 			if err := r.insertTx(ctx, table, 2); err != nil {
 				t.Errorf("transaction after %s: %v", f.name, err)
@@ -1147,9 +1152,7 @@ func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 		if err := t2.Commit(); relPgCode(err) != "40001" {
 			t.Errorf("second commit: err = %v, want SQLSTATE 40001", err)
 		}
-		if s := r.g.Stats(); s.Running != 0 {
-			t.Errorf("P: Running=%d right after the failed Commit returned", s.Running)
-		}
+		r.noneRunning("right after the failed Commit returned")
 		r.wantIDs(table, 1, 2)
 		var v1, v2 int
 		must(t, r.ctl.QueryRowContext(ctx, "SELECT (SELECT v FROM "+table+" WHERE id = 1), (SELECT v FROM "+table+" WHERE id = 2)").Scan(&v1, &v2))
@@ -1170,9 +1173,7 @@ func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 		if err := tx.Commit(); relPgCode(err) != "23505" {
 			t.Errorf("commit: err = %v, want SQLSTATE 23505", err)
 		}
-		if s := r.g.Stats(); s.Running != 0 {
-			t.Errorf("P: Running=%d right after the failed Commit returned", s.Running)
-		}
+		r.noneRunning("right after the failed Commit returned")
 		// B=1, Q=0: the permit must be back for this to pass.
 		if err := r.insertTx(ctx, table, 3); err != nil {
 			t.Errorf("next transaction: %v", err)
@@ -1278,9 +1279,7 @@ func TestLeakedRowsMakeTheNextCallerFailBoundedAndAreReportedAsAQuery(t *testing
 				if err := closeIt(); err != nil {
 					t.Errorf("closing the leak: %v", err)
 				}
-				if s := r.g.Stats(); s.Running != 0 {
-					t.Errorf("P: Running=%d after the leaked rows were closed", s.Running)
-				}
+				r.noneRunning("after the leaked rows were closed")
 				if _, err := r.db.ExecContext(r.ctx(), "SELECT 1"); err != nil {
 					t.Errorf("after the leak: %v", err)
 				}
@@ -1374,20 +1373,17 @@ func TestClosingTheDBMakesWaitersReturnErrClosedPromptly(t *testing.T) {
 	const q = 3
 	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour}, relRigOptions{})
 	holder := r.holdRow(ctx, table, 1)
-	errs := make(chan error, q)
+	var errs []chan error
 	for i := range q {
-		go func() {
-			_, err := r.db.ExecContext(context.Background(), "INSERT INTO "+table+" (id) VALUES ($1)", 10+i)
-			errs <- err
-		}()
+		errs = append(errs, goExec(r.db, context.Background(), "INSERT INTO "+table+" (id) VALUES ($1)", 10+i))
 	}
 	r.must("waiters queued", func() bool { return r.g.Stats().Waiting == q })
 	if err := r.db.Close(); err != nil {
 		t.Errorf("db.Close: %v", err)
 	}
 	// The queue wait is an hour: returning within testkit.Bound is prompt.
-	for range q {
-		if err := relAwait(t, "waiter after Close", errs); !errors.Is(err, bulkhead.ErrClosed) || errors.Is(err, bulkhead.ErrRejected) {
+	for _, e := range errs {
+		if err := relAwait(t, "waiter after Close", e); !errors.Is(err, bulkhead.ErrClosed) || errors.Is(err, bulkhead.ErrRejected) {
 			t.Errorf("waiter: err = %v, want bulkhead.ErrClosed (not a rejection)", err)
 		}
 	}
