@@ -193,34 +193,23 @@ func (b *pgBouncer) awaitReady(t *testing.T) bool {
 	listening := fmt.Sprintf("listening on 127.0.0.1:%d", b.port)
 	last := errors.New("not listening yet")
 	for range 500 {
-		select {
-		case <-b.exited:
-			return false
-		default:
-		}
-		if !strings.Contains(b.log.String(), listening) {
-			select {
-			case <-b.exited:
-				return false
-			case <-time.After(10 * time.Millisecond): // pacing between looks
+		if strings.Contains(b.log.String(), listening) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			c, err := pgx.ConnectConfig(ctx, b.adminConfig(t))
+			if err == nil {
+				_, err = c.Exec(ctx, "SHOW VERSION")
+				c.Close(ctx)
 			}
-			continue
+			cancel()
+			if err == nil {
+				return true
+			}
+			last = err
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		c, err := pgx.ConnectConfig(ctx, b.adminConfig(t))
-		if err == nil {
-			_, err = c.Exec(ctx, "SHOW VERSION")
-			c.Close(ctx)
-		}
-		cancel()
-		if err == nil {
-			return true
-		}
-		last = err
 		select {
 		case <-b.exited:
 			return false
-		case <-time.After(10 * time.Millisecond): // pacing between attempts
+		case <-time.After(10 * time.Millisecond): // pacing between looks
 		}
 	}
 	t.Fatalf("pgbouncer on port %d does not answer: %v\n%s", b.port, last, b.log.String())

@@ -1039,22 +1039,20 @@ func TestWaitersProceedInArrivalOrderWhenTheHoldersAreTerminated(t *testing.T) {
 	holderErrs := make(chan error, b)
 	for range b {
 		go func() {
-			tx, err := r.db.BeginTx(ctx, nil)
-			if err != nil {
+			sent := false
+			err := relWithTx(ctx, r.db, func(tx *sql.Tx) error {
+				var pid int
+				if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+					return err
+				}
+				pids <- pid
+				sent = true
+				_, err := tx.ExecContext(ctx, "SELECT pg_sleep(60)")
+				return err
+			})
+			if !sent {
 				pids <- 0
-				holderErrs <- err
-				return
 			}
-			var pid int
-			if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-				pids <- 0
-				tx.Rollback()
-				holderErrs <- err
-				return
-			}
-			pids <- pid
-			_, err = tx.ExecContext(ctx, "SELECT pg_sleep(60)")
-			tx.Rollback()
 			holderErrs <- err
 		}()
 	}
