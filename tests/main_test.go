@@ -9,7 +9,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -346,33 +345,6 @@ func queryColumn[T any](t testing.TB, ctx context.Context, q interface {
 		t.Fatal(err)
 	}
 	return out
-}
-
-// raiseMax raises m to v if v is larger.
-func raiseMax(m *atomic.Int64, v int64) {
-	for old := m.Load(); v > old && !m.CompareAndSwap(old, v); old = m.Load() {
-	}
-}
-
-// endings counts the transactions inside Commit or Rollback: now, and the
-// most at once.
-type endings struct{ now, most atomic.Int64 }
-
-// tx runs fn in a transaction on db, committed, or rolled back if fn
-// fails; its Commit or Rollback is counted while it runs.
-func (e *endings) tx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	err = fn(tx)
-	raiseMax(&e.most, e.now.Add(1))
-	defer e.now.Add(-1)
-	if err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
 }
 
 // prepare prepares query on db, failing the test if it cannot; the
