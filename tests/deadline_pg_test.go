@@ -67,10 +67,7 @@ func TestADeadlineShorterThanTheMeasuredHoldIsRefusedBeforeReachingPostgreSQL(t 
 	if s.RejectedDeadline != 1 || s.Dials != before.Dials || s.OpenConns != before.OpenConns || s.Admitted != before.Admitted {
 		t.Fatalf("stats %+v (before %+v), want 1 deadline rejection and no dial or admission", s, before)
 	}
-	var ran int
-	if err := m.db.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query = $2 AND state = 'active'", m.app, marker).Scan(&ran); err != nil {
-		t.Fatal(err)
-	}
+	ran := queryOne[int](t, ctx, m.db, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query = $2 AND state = 'active'", m.app, marker)
 	if ran != 0 {
 		t.Fatalf("%d server sessions ran the refused operation's SQL, want 0", ran)
 	}

@@ -191,6 +191,33 @@ func pgKind(err error) string {
 	return "other: " + err.Error()
 }
 
+// raiseMax raises m to v if v is larger.
+func raiseMax(m *atomic.Int64, v int64) {
+	for old := m.Load(); v > old && !m.CompareAndSwap(old, v); old = m.Load() {
+	}
+}
+
+// endings counts the transactions inside Commit or Rollback: now, and the
+// most at once.
+type endings struct{ now, most atomic.Int64 }
+
+// tx runs fn in a transaction on db, committed, or rolled back if fn
+// fails; its Commit or Rollback is counted while it runs.
+func (e *endings) tx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	err = fn(tx)
+	raiseMax(&e.most, e.now.Add(1))
+	defer e.now.Add(-1)
+	if err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
 // ---- 1. the article's demonstration ----
 
 func TestTheArticlesDemonstrationRejectsASecondOperationWhileTheFirstTransactionHoldsItsPermit(t *testing.T) {
@@ -257,21 +284,7 @@ func TestCommittedRowsStayAndRolledBackRowsVanishWithPermitsBack(t *testing.T) {
 	txRollback(t, tx)
 	pgExpectIdle(t, g)
 
-	var ids []int
-	rows, err := db.QueryContext(ctx, "SELECT id FROM "+table+" ORDER BY id")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var id int
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	ids := queryColumn[int](t, ctx, db, "SELECT id FROM "+table+" ORDER BY id")
 	if !reflect.DeepEqual(ids, []int{1, 2}) {
 		t.Errorf("rows after commit and rollback: %v, want [1 2]", ids)
 	}
@@ -317,10 +330,7 @@ func TestExcessAdmissionIsRejectedAtOnceWithoutReachingTheServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ran int
-	if err := m.db.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query = $2", m.app, marker).Scan(&ran); err != nil {
-		t.Fatal(err)
-	}
+	ran := queryOne[int](t, ctx, m.db, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query = $2", m.app, marker)
 	if a.conns > 3 || ran != 0 {
 		t.Errorf("server: %d connections (want at most 3), %d ran the fourth operation's SQL (want 0)", a.conns, ran)
 	}
@@ -713,9 +723,7 @@ func TestEveryPermitComesBackAfterRepeatedFailures(t *testing.T) {
 				t.Fatal(err)
 			}
 			rows.Next()
-			if err := rows.Close(); err != nil {
-				t.Fatal(err)
-			}
+			must(t, rows.Close())
 		}},
 		{"scan into the wrong type", func() {
 			var v int
@@ -813,37 +821,17 @@ func TestServerConnectionsStayWithinTheRunningOperationsUnderOverload(t *testing
 
 	const goroutines, each = 40, 60
 	stop := time.Now().Add(1500 * time.Millisecond)
-	var ok, rejected, gateMax, ending, maxEnding atomic.Int64
-	raise := func(m *atomic.Int64, v int64) {
-		for {
-			old := m.Load()
-			if v <= old || m.CompareAndSwap(old, v) {
-				return
-			}
-		}
-	}
-	// end runs Commit or Rollback, counted in ending while it runs.
-	end := func(f func() error) error {
-		raise(&maxEnding, ending.Add(1))
-		defer ending.Add(-1)
-		return f()
-	}
+	var ok, rejected, gateMax atomic.Int64
+	var ending endings
 	var tally pgTally
 	var wg sync.WaitGroup
 	for range goroutines {
 		wg.Go(func() {
 			for i := 0; i < each && time.Now().Before(stop); i++ {
-				err := func() error {
-					tx, err := db.BeginTx(ctx, nil)
-					if err != nil {
-						return err
-					}
-					if _, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.005)"); err != nil {
-						end(tx.Rollback)
-						return err
-					}
-					return end(tx.Commit)
-				}()
+				err := ending.tx(ctx, db, func(tx *sql.Tx) error {
+					_, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.005)")
+					return err
+				})
 				switch {
 				case err == nil:
 					ok.Add(1)
@@ -852,7 +840,7 @@ func TestServerConnectionsStayWithinTheRunningOperationsUnderOverload(t *testing
 				default:
 					tally.add(pgKind(err))
 				}
-				raise(&gateMax, int64(g.Stats().OpenConns))
+				raiseMax(&gateMax, int64(g.Stats().OpenConns))
 			}
 		})
 	}
@@ -861,7 +849,7 @@ func TestServerConnectionsStayWithinTheRunningOperationsUnderOverload(t *testing
 	gateSeen := 0
 	pk := pgPoll(t, ctx, m, done, func(pgActivity) { gateSeen = max(gateSeen, g.Stats().OpenConns) })
 
-	bound := p.MaxConcurrent + int(maxEnding.Load())
+	bound := p.MaxConcurrent + int(ending.most.Load())
 	// k: server backends the gate no longer counts. The gate counts a
 	// connection until the driver's Close returns; pgx sends Terminate and
 	// returns without waiting for the backend to exit, so a closed
@@ -869,7 +857,7 @@ func TestServerConnectionsStayWithinTheRunningOperationsUnderOverload(t *testing
 	// the connections closed.
 	k := int(spy.closes.Load())
 	t.Logf("%d ok, %d rejected; server connections max %d (B=%d, at most %d ending at once, k=%d; B+Q=%d) in %d polls; gate OpenConns max %d/%d, %d dials; db stats %+v",
-		ok.Load(), rejected.Load(), pk.conns, p.MaxConcurrent, maxEnding.Load(), k, p.MaxConcurrent+p.MaxQueue, pk.polls, gateSeen, gateMax.Load(), g.Stats().Dials, db.Stats())
+		ok.Load(), rejected.Load(), pk.conns, p.MaxConcurrent, ending.most.Load(), k, p.MaxConcurrent+p.MaxQueue, pk.polls, gateSeen, gateMax.Load(), g.Stats().Dials, db.Stats())
 	if tally.String() != "map[]" {
 		t.Errorf("errors other than rejections: %v", &tally)
 	}
@@ -907,12 +895,9 @@ func TestWithMaxOpenConnsExcessWorkWaitsInThePoolInsteadOfBeingRejected(t *testi
 		for range p.MaxConcurrent {
 			held = append(held, pgBegin(t, ctx, db))
 		}
-		waiters := make(chan error, p.MaxQueue)
+		var waiters []chan error
 		for range p.MaxQueue {
-			go func() {
-				_, err := db.ExecContext(ctx, "SELECT 1")
-				waiters <- err
-			}()
+			waiters = append(waiters, goExec(db, ctx, "SELECT 1"))
 		}
 		awaitState(t, "Q operations wait for an execution permit", func() bool { return g.Stats().Waiting == p.MaxQueue })
 		return func() {
@@ -922,8 +907,8 @@ func TestWithMaxOpenConnsExcessWorkWaitsInThePoolInsteadOfBeingRejected(t *testi
 					t.Error(err)
 				}
 			}
-			for range p.MaxQueue {
-				if err := <-waiters; err != nil {
+			for _, w := range waiters {
+				if err := <-w; err != nil {
 					t.Errorf("a queued operation: %v", err)
 				}
 			}
@@ -1010,10 +995,7 @@ func TestRawReachesThePgxConnectionThroughUnwrapAndCopyFromWorks(t *testing.T) {
 	if after := g.Stats().Admitted; after != before {
 		t.Errorf("Admitted went from %d to %d during Raw, want no change (Raw is not gated)", before, after)
 	}
-	var n int
-	if err := c.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
+	n := queryOne[int](t, ctx, c, "SELECT count(*) FROM "+table)
 	if copied != 3 || n != 3 {
 		t.Errorf("CopyFrom reported %d rows and the table has %d, want 3 and 3", copied, n)
 	}
@@ -1031,11 +1013,7 @@ func TestAnArrayArgumentPassesThroughTheGate(t *testing.T) {
 	if _, err := db.ExecContext(ctx, "SELECT cardinality($1::int8[])", arg); err != nil {
 		t.Errorf("autocommit exec: %v", err)
 	}
-	stmt, err := db.PrepareContext(ctx, "SELECT cardinality($1::int8[])")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stmt.Close()
+	stmt := prepare(t, ctx, db, "SELECT cardinality($1::int8[])")
 	if err := stmt.QueryRowContext(ctx, arg).Scan(&n); err != nil || n != 3 {
 		t.Errorf("prepared statement: got %d, %v; want 3, nil", n, err)
 	}
@@ -1110,14 +1088,10 @@ func TestPreparedStatementExecutionsAreGated(t *testing.T) {
 	g, db := openGated(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
 	pgWarm(t, ctx, db, 2)
 
-	stmt, err := db.PrepareContext(ctx, "SELECT $1::int")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stmt.Close()
+	stmt := prepare(t, ctx, db, "SELECT $1::int")
 	tx := pgBegin(t, ctx, db)
 
-	_, err = stmt.ExecContext(ctx, 1)
+	_, err := stmt.ExecContext(ctx, 1)
 	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, bulkhead.ErrQueueTimeout) {
 		t.Errorf("stmt.ExecContext while the transaction holds B: got %v, want a rejection (ErrQueueTimeout, QueueWait 0)", err)
 	}
@@ -1209,10 +1183,7 @@ func TestTheGatesDriverOpensTheGateWithItsConnectorsSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	var app string
-	if err := db.QueryRowContext(ctx, "SELECT current_setting('application_name')").Scan(&app); err != nil {
-		t.Fatal(err)
-	}
+	app := queryOne[string](t, ctx, db, "SELECT current_setting('application_name')")
 	if app != appName(t) || afterConnect.Load() != 1 {
 		t.Errorf("through the registered driver: application_name %q, %d AfterConnect calls; want %q and 1", app, afterConnect.Load(), appName(t))
 	}

@@ -65,11 +65,7 @@ func dyingTxRounds(t *testing.T, db *sql.DB, setup *sql.DB, table string, ph fun
 		c.Close()
 	}
 	for _, i := range reported {
-		var n int
-		if err := setup.QueryRowContext(bg, "SELECT count(*) FROM "+table+" WHERE v = "+ph(1), i).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
+		if queryOne[int](t, bg, setup, "SELECT count(*) FROM "+table+" WHERE v = "+ph(1), i) == 0 {
 			lost++
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/dbbulkhead/bulkhead"
+	"github.com/dbbulkhead/bulkhead/internal/testkit"
 	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
@@ -176,24 +177,7 @@ func (c *estCounts) String() string {
 // until the returned stop is called (or the test ends); stop returns once
 // they all have.
 func estCallers(t *testing.T, n int, call func(c, i int)) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	for c := range n {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-done:
-					return
-				default:
-				}
-				call(c, i)
-			}
-		})
-	}
-	stop = sync.OnceFunc(func() {
-		close(done)
-		wg.Wait()
-	})
+	stop = sync.OnceFunc(testkit.Repeat(n, func(i int) bool { call(i%n, i/n); return true }))
 	t.Cleanup(stop)
 	return stop
 }
@@ -328,14 +312,8 @@ func TestOnPostgreSQLAfterALockCallsRunAgainWithinASecondOfItsRelease(t *testing
 		}
 	})
 	time.Sleep(time.Second) // the load runs unlocked
-	lock, err := m.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := lock.ExecContext(ctx, "LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE"); err != nil {
-		lock.Rollback()
-		t.Fatal(err)
-	}
+	lock := testkit.Begin(t, ctx, m.db)
+	testkit.Exec(t, ctx, lock, "LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE")
 	locked := time.Now()
 	time.Sleep(3 * time.Second) // the lock is held
 	txCommit(t, lock)
@@ -472,15 +450,7 @@ func TestOnPostgreSQLAdaptiveOnAMixOfTransactionsThatNeverQueueStaysNearTheCeili
 		if (c+i)%10 == 9 {
 			q = "SELECT pg_sleep(0.03)"
 		}
-		tx, err := db.BeginTx(ctx, nil)
-		if err == nil {
-			if _, err = tx.ExecContext(ctx, q); err != nil {
-				tx.Rollback()
-			} else {
-				err = tx.Commit()
-			}
-		}
-		if err != nil {
+		if err := testkit.Tx(ctx, db, q); err != nil {
 			failed.Add(1)
 			return
 		}
@@ -494,11 +464,7 @@ func TestOnPostgreSQLAdaptiveOnAMixOfTransactionsThatNeverQueueStaysNearTheCeili
 		}
 	}
 	stop()
-	sum := 0
-	for _, b := range bs {
-		sum += b
-	}
-	avg := float64(sum) / float64(len(bs))
+	avg := adMean(bs)
 	s := g.Stats()
 	mu.Lock()
 	why := map[string]int{}

@@ -321,3 +321,61 @@ func awaitState(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	testkit.Await(t, what, cond)
 }
+
+// queryColumn returns the single column of query's rows on q (a *sql.DB,
+// *sql.Conn or *sql.Tx), failing the test on an error.
+func queryColumn[T any](t testing.TB, ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, query string, args ...any) []T {
+	t.Helper()
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		var v T
+		if err := rows.Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// prepare prepares query on db, failing the test if it cannot; the
+// statement is closed at the end of the test.
+func prepare(t testing.TB, ctx context.Context, db *sql.DB, query string) *sql.Stmt {
+	t.Helper()
+	stmt, err := db.PrepareContext(ctx, query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stmt.Close() })
+	return stmt
+}
+
+// queryOne returns the single value query answers on q (a *sql.DB,
+// *sql.Conn or *sql.Tx), failing the test on an error.
+func queryOne[T any](t testing.TB, ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, query string, args ...any) T {
+	t.Helper()
+	var v T
+	if err := q.QueryRowContext(ctx, query, args...).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// must fails the test now if err is not nil.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -82,25 +82,25 @@ func (x *relProxy) add(name, typ, stream string, attrs string) {
 	}
 }
 
-// ---------------------------------------------------------------------------
+// relLatency starts a proxy adding the latency toxic of attrs both ways
+// and returns relConfig(t) pointed at it.
+func relLatency(t *testing.T, attrs string) *pgx.ConnConfig {
+	t.Helper()
+	x := relStartProxy(t, relConfig(t))
+	x.add("lat_down", "latency", "downstream", attrs)
+	x.add("lat_up", "latency", "upstream", attrs)
+	return x.config(relConfig(t))
+}
+
 // 8. Network faults.
 
 func TestLatencyOnTheNetworkKeepsTheServerWithinB(t *testing.T) {
 	const b, callers = 2, 12
-	x := relStartProxy(t, relConfig(t))
-	x.add("lat_down", "latency", "downstream", `{"latency":15,"jitter":5}`)
-	x.add("lat_up", "latency", "upstream", `{"latency":15,"jitter":5}`)
-	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: b, MaxQueue: callers - b, QueueWait: time.Minute}, relRigOptions{cfg: x.config(relConfig(t)), maxConns: callers})
+	cfg := relLatency(t, `{"latency":15,"jitter":5}`)
+	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: b, MaxQueue: callers - b, QueueWait: time.Minute}, relRigOptions{cfg: cfg, maxConns: callers})
 	errs := make(chan error, callers)
 	for i := range callers {
-		go func() {
-			errs <- relWithTx(ctx, r.db, func(tx *sql.Tx) error {
-				if _, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.01)"); err != nil {
-					return err
-				}
-				return relInsert(ctx, tx, table, int64(i))
-			})
-		}()
+		go func() { errs <- r.insertAfter(ctx, table, int64(i), "SELECT pg_sleep(0.01)") }()
 	}
 	r.wantCommitted(table, "transaction through the slow network", errs, callers)
 	if f := r.finish(); f.maxTx != b {
@@ -262,9 +262,7 @@ func TestConnectionResetMidTransactionLosesOnlyUncommittedWork(t *testing.T) {
 	d, r := newRelFaultRig(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: 5 * time.Second})
 	table := r.table("")
 	ctx := r.ctx()
-	if err := r.insertTx(ctx, table, 1); err != nil {
-		t.Fatal(err)
-	}
+	must(t, r.insertTx(ctx, table, 1))
 	tx := r.holdRow(ctx, table, 2)
 	d.mode.Store(relReset)
 	if err := relInsert(ctx, tx, table, 3); err == nil {
@@ -276,9 +274,7 @@ func TestConnectionResetMidTransactionLosesOnlyUncommittedWork(t *testing.T) {
 	if err := tx.Commit(); err == nil {
 		t.Error("Commit on a reset connection succeeded")
 	}
-	if s := r.g.Stats(); s.Running != 0 {
-		t.Errorf("P: Running=%d right after Commit returned", s.Running)
-	}
+	r.noneRunning("right after Commit returned")
 	r.serverUntil("the server drops the reset session", "", 0)
 	if err := r.insertTx(ctx, table, 4); err != nil {
 		t.Errorf("transaction after the reset: %v", err)
@@ -305,9 +301,7 @@ func TestBlackholedNetworkEndsCallsAtTheirDeadlineAndGivesThePermitsBack(t *test
 	}
 	go func() { done <- tx.Rollback() }()
 	relAwait(t, "Rollback on a blackholed connection", done)
-	if s := r.g.Stats(); s.Running != 0 {
-		t.Errorf("P: Running=%d right after Rollback returned", s.Running)
-	}
+	r.noneRunning("right after Rollback returned")
 
 	// A call that must dial: the call ends at the caller's deadline; the
 	// dial goes on (a connection it makes serves the next caller), the
@@ -315,11 +309,7 @@ func TestBlackholedNetworkEndsCallsAtTheirDeadlineAndGivesThePermitsBack(t *test
 	dials := r.spy.dials.Load()
 	short2, cancel2 := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel2()
-	go func() {
-		_, err := r.db.ExecContext(short2, "SELECT 1")
-		done <- err
-	}()
-	if err := relAwait(t, "dial through a blackhole", done); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, bulkhead.ErrRejected) {
+	if err := relAwait(t, "dial through a blackhole", goExec(r.db, short2, "SELECT 1")); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, bulkhead.ErrRejected) {
 		t.Errorf("dial: err = %v, want the deadline", err)
 	}
 	if r.spy.dials.Load() == dials {
@@ -398,7 +388,6 @@ func TestAmbiguousCommitReleasesOnceAndIsNeverRetried(t *testing.T) {
 	r.finish()
 }
 
-// ---------------------------------------------------------------------------
 // Slow dials and a slow network: rejections stay immediate, dials are not
 // thrown away.
 
@@ -409,11 +398,8 @@ func TestAmbiguousCommitReleasesOnceAndIsNeverRetried(t *testing.T) {
 // 50 ms of network latency that ping cost a rejection 100 ms. The gate
 // resets a server connection only once the operation holds its permits.
 func TestARejectionPingsNothingAlsoWhenThePooledConnectionNeedsAReset(t *testing.T) {
-	x := relStartProxy(t, relConfig(t))
-	x.add("lat_down", "latency", "downstream", `{"latency":50}`)
-	x.add("lat_up", "latency", "upstream", `{"latency":50}`)
 	var pings atomic.Int64
-	inner := stdlib.GetConnector(*x.config(relConfig(t)), stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool {
+	inner := stdlib.GetConnector(*relLatency(t, `{"latency":50}`), stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool {
 		pings.Add(1)
 		return true
 	}))
@@ -438,9 +424,7 @@ func TestARejectionPingsNothingAlsoWhenThePooledConnectionNeedsAReset(t *testing
 	}
 	t.Logf("figures: a rejection with 50ms of latency each way: %v, no ping", took)
 	txCommit(t, tx)
-	if err := <-waiter; err != nil {
-		t.Fatal(err)
-	}
+	must(t, <-waiter)
 }
 
 // relSlowDialer makes connection setup slow: each dial waits delay (or its
@@ -470,8 +454,7 @@ func (d *relSlowDialer) dial(ctx context.Context, network, addr string) (net.Con
 // caller stops at end and calls again only once the deadline is over.
 func relShortDeadlines(t *testing.T, db *sql.DB, workers, ops int, end time.Time) map[string]int {
 	t.Helper()
-	var mu sync.Mutex
-	tally := map[string]int{}
+	var tally pgTally
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
@@ -495,14 +478,12 @@ func relShortDeadlines(t *testing.T, db *sql.DB, workers, ops int, end time.Time
 				case err != nil:
 					k = "error"
 				}
-				mu.Lock()
-				tally[k]++
-				mu.Unlock()
+				tally.add(k)
 			}
 		})
 	}
 	wg.Wait()
-	return tally
+	return tally.n
 }
 
 // Connection setup takes 300 ms, longer than every caller's deadline (1 to
@@ -581,12 +562,7 @@ func TestOnASlowLinkTheGateDialsNoMoreThanItCanKeep(t *testing.T) {
 	}
 	const workers = 12
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 100 * time.Millisecond}
-	slow := func() *pgx.ConnConfig {
-		x := relStartProxy(t, relConfig(t))
-		x.add("lat_down", "latency", "downstream", `{"latency":100}`)
-		x.add("lat_up", "latency", "upstream", `{"latency":100}`)
-		return x.config(relConfig(t))
-	}
+	slow := func() *pgx.ConnConfig { return relLatency(t, `{"latency":100}`) }
 	type arm struct {
 		db    *sql.DB
 		g     *bulkhead.Gate // nil: database/sql alone

@@ -104,12 +104,8 @@ func startPgBouncer(t *testing.T, poolSize int) *pgBouncer {
 		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 		// t.TempDir's parent is private to root: let PgBouncer through to
 		// its files.
-		if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
+		must(t, os.Chmod(filepath.Dir(dir), 0o711))
+		must(t, os.Chown(dir, uid, gid))
 	}
 	server := fmt.Sprintf("host=%s port=%d dbname=%s user=%s", up.Host, up.Port, up.Database, up.User)
 	if up.Password != "" {
@@ -183,13 +179,9 @@ pidfile =
 
 func pgbWriteFile(t *testing.T, path, content string, cred *syscall.Credential) {
 	t.Helper()
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.WriteFile(path, []byte(content), 0o600))
 	if cred != nil {
-		if err := os.Chown(path, int(cred.Uid), int(cred.Gid)); err != nil {
-			t.Fatal(err)
-		}
+		must(t, os.Chown(path, int(cred.Uid), int(cred.Gid)))
 	}
 }
 
@@ -201,34 +193,23 @@ func (b *pgBouncer) awaitReady(t *testing.T) bool {
 	listening := fmt.Sprintf("listening on 127.0.0.1:%d", b.port)
 	last := errors.New("not listening yet")
 	for range 500 {
-		select {
-		case <-b.exited:
-			return false
-		default:
-		}
-		if !strings.Contains(b.log.String(), listening) {
-			select {
-			case <-b.exited:
-				return false
-			case <-time.After(10 * time.Millisecond): // pacing between looks
+		if strings.Contains(b.log.String(), listening) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			c, err := pgx.ConnectConfig(ctx, b.adminConfig(t))
+			if err == nil {
+				_, err = c.Exec(ctx, "SHOW VERSION")
+				c.Close(ctx)
 			}
-			continue
+			cancel()
+			if err == nil {
+				return true
+			}
+			last = err
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		c, err := pgx.ConnectConfig(ctx, b.adminConfig(t))
-		if err == nil {
-			_, err = c.Exec(ctx, "SHOW VERSION")
-			c.Close(ctx)
-		}
-		cancel()
-		if err == nil {
-			return true
-		}
-		last = err
 		select {
 		case <-b.exited:
 			return false
-		case <-time.After(10 * time.Millisecond): // pacing between attempts
+		case <-time.After(10 * time.Millisecond): // pacing between looks
 		}
 	}
 	t.Fatalf("pgbouncer on port %d does not answer: %v\n%s", b.port, last, b.log.String())
@@ -614,13 +595,9 @@ func TestPgBouncerFleet(t *testing.T) {
 			t.Fatalf("a third instance, direct: B=%d, %d slots held; want a share, the slots within T=4 and the Bs over it", b3, v.total)
 		}
 		t.Logf("a third instance coordinating directly: B=%d; the three Bs add up to %d with T=4", b3, 2+2+b3)
-		if err := g3.Gate().OpenDB().Close(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, g3.Gate().OpenDB().Close())
 
-		if err := g1.Gate().OpenDB().Close(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, g1.Gate().OpenDB().Close())
 		if v := fleetSlots(t, ctx, admin, name); v.members != 0 || v.total != 0 {
 			t.Fatalf("after instance 1 left: pg_locks %d membership locks, %d slots; want 0, 0", v.members, v.total)
 		}
@@ -686,9 +663,7 @@ func TestPgBouncerFleet(t *testing.T) {
 		for i, g := range gs {
 			s := g.Stats()
 			// The operations still go through PgBouncer.
-			if _, err := g.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
-				t.Fatal(err)
-			}
+			testkit.Exec(t, ctx, g.Gate().OpenDB(), "SELECT 1")
 			v := fleetSlots(t, ctx, admin, name)
 			if s.Instances != 2 || v.slots[s.Backend] != 2 || slices.Contains(servers, strconv.FormatInt(s.Backend, 10)) {
 				t.Fatalf("instance %d: %d instances, backend %d holding %d slots (PgBouncer's servers %v); want 2 instances, 2 slots on a backend of its own", i+1, s.Instances, s.Backend, v.slots[s.Backend], servers)
@@ -706,17 +681,13 @@ func TestPgBouncerFleet(t *testing.T) {
 		direct := directCoordination(t)
 		g1 := fleetMember(t, name, inner, p, direct) // tagging on: the default
 		fleetSync(t, ctx, g1)
-		if _, err := g1.Gate().OpenDB().ExecContext(ctx, "SELECT 1"); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Exec(t, ctx, g1.Gate().OpenDB(), "SELECT 1")
 		servers := bouncer.serverPIDs(t, ctx)
 		pid, _ := strconv.ParseInt(servers[0], 10, 64)
 		if v := fleetSlots(t, ctx, admin, name); len(servers) != 1 || v.tags[pid] != 1 {
 			t.Fatalf("after an operation through PgBouncer: tags %v, PgBouncer's servers %v; want 1 tag on its server connection", v.tags, servers)
 		}
-		if err := g1.Gate().OpenDB().Close(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, g1.Gate().OpenDB().Close())
 		if v := fleetSlots(t, ctx, admin, name); v.members != 0 || v.tags[pid] != 1 {
 			t.Fatalf("after the instance left: %d membership locks, tags %v; want 0, the tag still on PgBouncer's server connection %d", v.members, v.tags, pid)
 		}

@@ -1,14 +1,14 @@
 package tests
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -27,36 +27,19 @@ type readmeBlock struct {
 // readmeBlocks returns the ```go blocks of the markdown file at path.
 func readmeBlocks(t *testing.T, path string) []readmeBlock {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var (
-		blocks []readmeBlock
-		cur    *readmeBlock
-		body   strings.Builder
-		n      int
-	)
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		n++
-		line := sc.Text()
-		switch {
-		case cur == nil && strings.TrimSpace(line) == "```go":
-			cur = &readmeBlock{line: n + 1}
-			body.Reset()
-		case cur != nil && strings.TrimSpace(line) == "```":
-			cur.text = body.String()
-			blocks = append(blocks, *cur)
-			cur = nil
+	src, err := os.ReadFile(path)
+	must(t, err)
+	var blocks []readmeBlock
+	var cur *readmeBlock
+	for i, line := range strings.Split(string(src), "\n") {
+		switch fence := strings.TrimSpace(line); {
+		case cur == nil && fence == "```go":
+			cur = &readmeBlock{line: i + 2}
+		case cur != nil && fence == "```":
+			blocks, cur = append(blocks, *cur), nil
 		case cur != nil:
-			body.WriteString(line)
-			body.WriteByte('\n')
+			cur.text += line + "\n"
 		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
 	}
 	if cur != nil {
 		t.Fatalf("%s:%d: a ```go block is never closed", path, cur.line-1)
@@ -127,14 +110,9 @@ func importsFor(src string) string {
 			seen[p] = true
 		}
 	}
-	paths := make([]string, 0, len(seen))
-	for p := range seen {
-		paths = append(paths, p)
-	}
-	sort.Strings(paths)
 	var b strings.Builder
 	b.WriteString("import (\n")
-	for _, p := range paths {
+	for _, p := range slices.Sorted(maps.Keys(seen)) {
 		fmt.Fprintf(&b, "\t%q\n", p)
 	}
 	b.WriteString(")\n")
@@ -209,12 +187,8 @@ func TestEveryGoBlockOfTheReadmeCompilesInAUserModule(t *testing.T) {
 	write := func(name, content string) {
 		t.Helper()
 		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		must(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		must(t, os.WriteFile(p, []byte(content), 0o644))
 	}
 	write("go.mod", "module example.com/readme\n\ngo 1.26\n")
 	write("go.work", fmt.Sprintf("go 1.26.0\n\nuse (\n\t.\n\t%q\n\t%q\n\t%q\n\t%q\n)\n",

@@ -48,7 +48,6 @@ import (
 // a failure.
 const relBound = 20 * time.Second
 
-// ---------------------------------------------------------------------------
 // The spy: counts what reaches the driver.
 
 // relSpyConnector counts the Connect calls and the statements (BeginTx,
@@ -114,7 +113,6 @@ func (c *relSpyConn) PrepareContext(ctx context.Context, q string) (driver.Stmt,
 	return c.Conn.PrepareContext(ctx, q)
 }
 
-// ---------------------------------------------------------------------------
 // The server poller (invariant S).
 
 // relFigures is what the poller saw.
@@ -203,7 +201,6 @@ func (sp *relServerPoll) stop() relFigures {
 	return sp.f
 }
 
-// ---------------------------------------------------------------------------
 // The rig.
 
 type relRigOptions struct {
@@ -307,23 +304,7 @@ func relOpen(t *testing.T, p bulkhead.Policy, o relRigOptions) (*relRig, string,
 // terminateApp terminates every backend of the application, telling the
 // poller first (relServerPoll.terminating), and waits for them to exit.
 func (r *relRig) terminateApp(ctx context.Context) error {
-	rows, err := r.ctl.QueryContext(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = $1", r.app)
-	if err != nil {
-		return err
-	}
-	var pids []int64
-	for rows.Next() {
-		var pid int64
-		if err := rows.Scan(&pid); err != nil {
-			rows.Close()
-			return err
-		}
-		pids = append(pids, pid)
-	}
-	if err := rows.Close(); err != nil {
-		return err
-	}
-	for _, pid := range pids {
+	for _, pid := range queryColumn[int64](r.t, ctx, r.ctl, "SELECT pid FROM pg_stat_activity WHERE application_name = $1", r.app) {
 		r.poll.terminating(pid)
 		if _, err := r.ctl.ExecContext(ctx, "SELECT pg_terminate_backend($1, 5000)", pid); err != nil {
 			return err
@@ -360,6 +341,15 @@ func (r *relRig) must(what string, cond func() bool) {
 	r.t.Helper()
 	if !r.waitFor(cond) {
 		r.t.Fatalf("%s: not reached within %v (gate %+v)", what, relBound, r.g.Stats())
+	}
+}
+
+// noneRunning checks P at once: no operation holds a permit, what
+// having just happened.
+func (r *relRig) noneRunning(what string) {
+	r.t.Helper()
+	if s := r.g.Stats(); s.Running != 0 {
+		r.t.Errorf("P: Running=%d %s", s.Running, what)
 	}
 }
 
@@ -481,23 +471,7 @@ func (r *relRig) ids(table string) []int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), relBound)
 	defer cancel()
-	rows, err := r.ctl.QueryContext(ctx, "SELECT id FROM "+table+" ORDER BY id")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return ids
+	return queryColumn[int64](t, ctx, r.ctl, "SELECT id FROM "+table+" ORDER BY id")
 }
 
 // wantIDs checks D: exactly the ids of committed work are in table.
@@ -544,6 +518,18 @@ func (r *relRig) lockServer(k int64) (unlock func()) {
 	return unlock
 }
 
+// insertAfter inserts id into table in a transaction of its own on r.db
+// that first runs query (such as "SELECT pg_advisory_xact_lock_shared($1)",
+// which blocks on the server while lockServer holds the lock).
+func (r *relRig) insertAfter(ctx context.Context, table string, id int64, query string, args ...any) error {
+	return relWithTx(ctx, r.db, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, query, args...); err != nil {
+			return err
+		}
+		return relInsert(ctx, tx, table, id)
+	})
+}
+
 // count counts the application's backends on the server matching where.
 func (r *relRig) count(where string) int {
 	r.t.Helper()
@@ -562,20 +548,9 @@ func (r *relRig) count(where string) int {
 // matching where number n.
 func (r *relRig) serverUntil(what, where string, n int) {
 	r.t.Helper()
-	deadline := time.Now().Add(relBound)
-	for {
-		got := r.count(where)
-		if got == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("%s: %d backends on the server, want %d (within %v)", what, got, n, relBound)
-		}
-		select {
-		case <-time.After(2 * time.Millisecond):
-		case <-r.t.Context().Done():
-			return
-		}
+	var got int
+	if !r.waitFor(func() bool { got = r.count(where); return got == n }) {
+		r.t.Fatalf("%s: %d backends on the server, want %d (within %v)", what, got, n, relBound)
 	}
 }
 
@@ -585,7 +560,7 @@ const (
 )
 
 // relRejectedAtOnce runs op with no deadline of its own, on a gate whose
-// queue wait is long, and checks R: it returns (within relBound, far
+// queue wait is long, and checks R: it returns (within testkit.Bound, far
 // shorter than the queue wait, so it did not wait in the queue) an
 // admission-full rejection, not a queue timeout and not ErrBadConn, and
 // neither dialed nor sent a statement.
@@ -598,12 +573,7 @@ func relRejectedAtOnce(r *relRig, what string, op func(context.Context) error) {
 	dials, stmts := r.spy.dials.Load(), r.spy.stmts.Load()
 	done := make(chan error, 1)
 	go func() { done <- op(context.Background()) }()
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(relBound):
-		t.Fatalf("R: %s did not return within %v while admission was full", what, relBound)
-	}
+	err := testkit.Recv(t, "R: "+what+" while admission was full", done)
 	if !errors.Is(err, bulkhead.ErrAdmissionFull) || !errors.Is(err, bulkhead.ErrRejected) ||
 		errors.Is(err, bulkhead.ErrQueueTimeout) || errors.Is(err, driver.ErrBadConn) {
 		t.Errorf("R: %s: err = %v, want the admission-full rejection", what, err)
@@ -620,14 +590,7 @@ func relRejectedAtOnce(r *relRig, what string, op func(context.Context) error) {
 // relAwait waits (bounded) for one value from ch.
 func relAwait[T any](t *testing.T, what string, ch <-chan T) T {
 	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(relBound):
-		t.Fatalf("%s: nothing within %v (a hang)", what, relBound)
-	}
-	var zero T
-	return zero
+	return testkit.Recv(t, what, ch)
 }
 
 // relPgCode is the SQLSTATE of err, or "".
@@ -660,7 +623,6 @@ func relInsert(ctx context.Context, tx interface {
 	return err
 }
 
-// ---------------------------------------------------------------------------
 // 1. Saturation.
 
 func TestSaturationNeverOpensMoreThanBTransactionsOnTheServer(t *testing.T) {
@@ -670,15 +632,8 @@ func TestSaturationNeverOpensMoreThanBTransactionsOnTheServer(t *testing.T) {
 			r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: b, MaxQueue: q, QueueWait: time.Hour}, relRigOptions{maxConns: b + q})
 			k := r.key(0)
 			unlock := r.lockServer(k)
-
-			// Each transaction blocks on the server until the lock is released.
 			work := func(id int64) error {
-				return relWithTx(ctx, r.db, func(tx *sql.Tx) error {
-					if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock_shared($1)", k); err != nil {
-						return err
-					}
-					return relInsert(ctx, tx, table, id)
-				})
+				return r.insertAfter(ctx, table, id, "SELECT pg_advisory_xact_lock_shared($1)", k)
 			}
 			admitted := min(callers, b+q)
 			errs := make(chan error, callers)
@@ -718,7 +673,6 @@ func TestSaturationNeverOpensMoreThanBTransactionsOnTheServer(t *testing.T) {
 	}
 }
 
-// ---------------------------------------------------------------------------
 // 2. Admission full.
 
 func TestOneMoreCallerIsRejectedAtOnceWhileBRunAndQWait(t *testing.T) {
@@ -727,23 +681,12 @@ func TestOneMoreCallerIsRejectedAtOnceWhileBRunAndQWait(t *testing.T) {
 	k := r.key(0)
 
 	// A statement prepared while the gate is idle, run once admission is full.
-	stmt, err := r.db.PrepareContext(ctx, "SELECT $1::int")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stmt.Close()
+	stmt := prepare(t, ctx, r.db, "SELECT $1::int")
 
 	unlock := r.lockServer(k)
 	errs := make(chan error, b+q)
 	for i := range b + q {
-		go func() {
-			errs <- relWithTx(ctx, r.db, func(tx *sql.Tx) error {
-				if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock_shared($1)", k); err != nil {
-					return err
-				}
-				return relInsert(ctx, tx, table, int64(i))
-			})
-		}()
+		go func() { errs <- r.insertAfter(ctx, table, int64(i), "SELECT pg_advisory_xact_lock_shared($1)", k) }()
 	}
 	r.must("B running, Q waiting", func() bool { s := r.g.Stats(); return s.Running == b && s.Waiting == q })
 	r.serverUntil("B transactions on the server", relTx, b)
@@ -796,19 +739,13 @@ func TestOneMoreCallerIsRejectedAtOnceWhileBRunAndQWait(t *testing.T) {
 	}
 
 	unlock()
-	for range b + q {
-		if err := relAwait(t, "admitted transaction", errs); err != nil {
-			t.Errorf("admitted transaction: %v", err)
-		}
-	}
-	r.wantIDs(table, 0, 1, 2, 3)
+	r.wantCommitted(table, "admitted transaction", errs, b+q)
 	r.finish()
 	if s := r.g.Stats(); s.RejectedFull != 6 || s.RejectedTimeout != 0 {
 		t.Errorf("P: RejectedFull=%d RejectedTimeout=%d, want 6 and 0", s.RejectedFull, s.RejectedTimeout)
 	}
 }
 
-// ---------------------------------------------------------------------------
 // 4. Context cancelled mid-statement.
 
 func TestCancelledStatementReturnsBeforeTheServerFinishesAndTheServerStopsIt(t *testing.T) {
@@ -871,16 +808,14 @@ func TestCancelledStatementReturnsBeforeTheServerFinishesAndTheServerStopsIt(t *
 				go func() { done <- c.run(ctx, short, r, table) }()
 				r.serverUntil("the server runs the statement", " AND state = 'active' AND query LIKE '%pg_sleep%'", 1)
 				cancel()
-				// relBound (20 s) is far shorter than pg_sleep(60): returning
+				// testkit.Bound (30 s) is far shorter than pg_sleep(60): returning
 				// within it means the call did not wait for the statement.
 				err := relAwait(t, "cancelled statement", done)
 				if !errors.Is(err, context.Canceled) {
 					t.Errorf("err = %v, want an error matching context.Canceled (with 57014 from the cancel request, or pgx's own)", err)
 				}
 				// The gate released when pgx returned.
-				if s := r.g.Stats(); s.Running != 0 {
-					t.Errorf("P: Running=%d right after the cancelled call returned", s.Running)
-				}
+				r.noneRunning("right after the cancelled call returned")
 				// pgx's default returns before the server stopped the
 				// statement (its cancel request goes out in the background);
 				// the cancel request handler returns only after.
@@ -912,7 +847,6 @@ func TestCancelledStatementReturnsBeforeTheServerFinishesAndTheServerStopsIt(t *
 	}
 }
 
-// ---------------------------------------------------------------------------
 // 5. Transaction context cancelled mid-transaction.
 
 // The user's Commit or Rollback races database/sql's rollback from its
@@ -1014,7 +948,6 @@ func TestTransactionCancelledDuringAStatementGivesThePermitsBackOnce(t *testing.
 	r.finish()
 }
 
-// ---------------------------------------------------------------------------
 // 6. Server-side faults.
 
 func TestServerSideFaultsEndTheTransactionAndGiveThePermitsBack(t *testing.T) {
@@ -1083,9 +1016,7 @@ func TestServerSideFaultsEndTheTransactionAndGiveThePermitsBack(t *testing.T) {
 			if err := tx.Commit(); err == nil {
 				t.Errorf("Commit after %s succeeded", f.name)
 			}
-			if s := r.g.Stats(); s.Running != 0 {
-				t.Errorf("P: Running=%d right after Commit returned", s.Running)
-			}
+			r.noneRunning("right after Commit returned")
 			// The gate and the pool still work: a new transaction commits.
 			if err := r.insertTx(ctx, table, 2); err != nil {
 				t.Errorf("transaction after %s: %v", f.name, err)
@@ -1108,22 +1039,20 @@ func TestWaitersProceedInArrivalOrderWhenTheHoldersAreTerminated(t *testing.T) {
 	holderErrs := make(chan error, b)
 	for range b {
 		go func() {
-			tx, err := r.db.BeginTx(ctx, nil)
-			if err != nil {
+			sent := false
+			err := relWithTx(ctx, r.db, func(tx *sql.Tx) error {
+				var pid int
+				if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+					return err
+				}
+				pids <- pid
+				sent = true
+				_, err := tx.ExecContext(ctx, "SELECT pg_sleep(60)")
+				return err
+			})
+			if !sent {
 				pids <- 0
-				holderErrs <- err
-				return
 			}
-			var pid int
-			if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-				pids <- 0
-				tx.Rollback()
-				holderErrs <- err
-				return
-			}
-			pids <- pid
-			_, err = tx.ExecContext(ctx, "SELECT pg_sleep(60)")
-			tx.Rollback()
 			holderErrs <- err
 		}()
 	}
@@ -1197,7 +1126,6 @@ func TestWaitersProceedInArrivalOrderWhenTheHoldersAreTerminated(t *testing.T) {
 	r.finish()
 }
 
-// ---------------------------------------------------------------------------
 // 9. COMMIT failures.
 
 func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
@@ -1206,40 +1134,26 @@ func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 		r, table, ctx := relOpen(t, p, relRigOptions{})
 		testkit.Exec(t, ctx, r.ctl, "INSERT INTO "+table+" (id, v) VALUES (1, 10), (2, 20)")
 		ser := &sql.TxOptions{Isolation: sql.LevelSerializable}
-		t1, err := r.db.BeginTx(ctx, ser)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t2, err := r.db.BeginTx(ctx, ser)
-		if err != nil {
-			t.Fatal(err)
-		}
+		t1, err1 := r.db.BeginTx(ctx, ser)
+		t2, err2 := r.db.BeginTx(ctx, ser)
+		must(t, errors.Join(err1, err2))
 		var sum int
 		for _, tx := range []*sql.Tx{t1, t2} {
-			if err := tx.QueryRowContext(ctx, "SELECT sum(v) FROM "+table).Scan(&sum); err != nil {
-				t.Fatal(err)
-			}
+			must(t, tx.QueryRowContext(ctx, "SELECT sum(v) FROM "+table).Scan(&sum))
 		}
 		testkit.Exec(t, ctx, t1, "UPDATE "+table+" SET v = v + 1 WHERE id = 1")
 		testkit.Exec(t, ctx, t2, "UPDATE "+table+" SET v = v + 1 WHERE id = 2")
-		if err := relInsert(ctx, t2, table, 3); err != nil {
-			t.Fatal(err)
-		}
+		must(t, relInsert(ctx, t2, table, 3))
 		if err := t1.Commit(); err != nil {
 			t.Fatalf("first commit: %v", err)
 		}
-		err = t2.Commit()
-		if relPgCode(err) != "40001" {
+		if err := t2.Commit(); relPgCode(err) != "40001" {
 			t.Errorf("second commit: err = %v, want SQLSTATE 40001", err)
 		}
-		if s := r.g.Stats(); s.Running != 0 {
-			t.Errorf("P: Running=%d right after the failed Commit returned", s.Running)
-		}
+		r.noneRunning("right after the failed Commit returned")
 		r.wantIDs(table, 1, 2)
 		var v1, v2 int
-		if err := r.ctl.QueryRowContext(ctx, "SELECT (SELECT v FROM "+table+" WHERE id = 1), (SELECT v FROM "+table+" WHERE id = 2)").Scan(&v1, &v2); err != nil {
-			t.Fatal(err)
-		}
+		must(t, r.ctl.QueryRowContext(ctx, "SELECT (SELECT v FROM "+table+" WHERE id = 1), (SELECT v FROM "+table+" WHERE id = 2)").Scan(&v1, &v2))
 		if v1 != 11 || v2 != 20 {
 			t.Errorf("D: v = %d, %d; want 11 (committed) and 20 (failed commit)", v1, v2)
 		}
@@ -1257,9 +1171,7 @@ func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 		if err := tx.Commit(); relPgCode(err) != "23505" {
 			t.Errorf("commit: err = %v, want SQLSTATE 23505", err)
 		}
-		if s := r.g.Stats(); s.Running != 0 {
-			t.Errorf("P: Running=%d right after the failed Commit returned", s.Running)
-		}
+		r.noneRunning("right after the failed Commit returned")
 		// B=1, Q=0: the permit must be back for this to pass.
 		if err := r.insertTx(ctx, table, 3); err != nil {
 			t.Errorf("next transaction: %v", err)
@@ -1269,7 +1181,6 @@ func TestFailedCommitsGiveThePermitsBackAndLeaveNoRows(t *testing.T) {
 	})
 }
 
-// ---------------------------------------------------------------------------
 // 10. A panic in the user's transaction callback.
 
 func TestPanicInATransactionCallbackPropagatesAndReleases(t *testing.T) {
@@ -1319,7 +1230,6 @@ func TestPanicInATransactionCallbackPropagatesAndReleases(t *testing.T) {
 	r.finish()
 }
 
-// ---------------------------------------------------------------------------
 // 11. Leaked Rows.
 
 func TestLeakedRowsMakeTheNextCallerFailBoundedAndAreReportedAsAQuery(t *testing.T) {
@@ -1367,9 +1277,7 @@ func TestLeakedRowsMakeTheNextCallerFailBoundedAndAreReportedAsAQuery(t *testing
 				if err := closeIt(); err != nil {
 					t.Errorf("closing the leak: %v", err)
 				}
-				if s := r.g.Stats(); s.Running != 0 {
-					t.Errorf("P: Running=%d after the leaked rows were closed", s.Running)
-				}
+				r.noneRunning("after the leaked rows were closed")
 				if _, err := r.db.ExecContext(r.ctx(), "SELECT 1"); err != nil {
 					t.Errorf("after the leak: %v", err)
 				}
@@ -1379,7 +1287,6 @@ func TestLeakedRowsMakeTheNextCallerFailBoundedAndAreReportedAsAQuery(t *testing
 	}
 }
 
-// ---------------------------------------------------------------------------
 // 13. A gated call nested inside a transaction.
 
 func TestNestedCallInsideATransactionFailsBoundedInsteadOfDeadlocking(t *testing.T) {
@@ -1422,7 +1329,6 @@ func TestNestedCallInsideATransactionFailsBoundedInsteadOfDeadlocking(t *testing
 	}
 }
 
-// ---------------------------------------------------------------------------
 // 14. Ending a transaction twice; closing the DB with waiters.
 
 func TestEndingATransactionTwiceReturnsErrTxDoneWithoutAnotherRelease(t *testing.T) {
@@ -1465,20 +1371,17 @@ func TestClosingTheDBMakesWaitersReturnErrClosedPromptly(t *testing.T) {
 	const q = 3
 	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: 1, MaxQueue: q, QueueWait: time.Hour}, relRigOptions{})
 	holder := r.holdRow(ctx, table, 1)
-	errs := make(chan error, q)
+	var errs []chan error
 	for i := range q {
-		go func() {
-			_, err := r.db.ExecContext(context.Background(), "INSERT INTO "+table+" (id) VALUES ($1)", 10+i)
-			errs <- err
-		}()
+		errs = append(errs, goExec(r.db, context.Background(), "INSERT INTO "+table+" (id) VALUES ($1)", 10+i))
 	}
 	r.must("waiters queued", func() bool { return r.g.Stats().Waiting == q })
 	if err := r.db.Close(); err != nil {
 		t.Errorf("db.Close: %v", err)
 	}
-	// The queue wait is an hour: returning within relBound is prompt.
-	for range q {
-		if err := relAwait(t, "waiter after Close", errs); !errors.Is(err, bulkhead.ErrClosed) || errors.Is(err, bulkhead.ErrRejected) {
+	// The queue wait is an hour: returning within testkit.Bound is prompt.
+	for _, e := range errs {
+		if err := relAwait(t, "waiter after Close", e); !errors.Is(err, bulkhead.ErrClosed) || errors.Is(err, bulkhead.ErrRejected) {
 			t.Errorf("waiter: err = %v, want bulkhead.ErrClosed (not a rejection)", err)
 		}
 	}
@@ -1496,7 +1399,6 @@ func TestClosingTheDBMakesWaitersReturnErrClosedPromptly(t *testing.T) {
 	}
 }
 
-// ---------------------------------------------------------------------------
 // 15. Flood.
 
 func TestFloodOfTenThousandCallersKeepsFourRunningAndTwelveAdmitted(t *testing.T) {
@@ -1508,33 +1410,8 @@ func TestFloodOfTenThousandCallersKeepsFourRunningAndTwelveAdmitted(t *testing.T
 	// give theirs back as database/sql takes them back). Checked below.
 	r := newRelRig(t, p, relRigOptions{})
 	ctx := r.ctx()
-	var inTx, maxInTx, maxAdmitted, maxOpen, ending, maxEnding atomic.Int64
-	raise := func(m *atomic.Int64, v int64) {
-		for {
-			old := m.Load()
-			if v <= old || m.CompareAndSwap(old, v) {
-				return
-			}
-		}
-	}
-	// withTx is relWithTx with Commit and Rollback counted in ending
-	// while they run.
-	withTx := func(fn func(*sql.Tx) error) error {
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		end := func(f func() error) error {
-			raise(&maxEnding, ending.Add(1))
-			defer ending.Add(-1)
-			return f()
-		}
-		if err := fn(tx); err != nil {
-			end(tx.Rollback)
-			return err
-		}
-		return end(tx.Commit)
-	}
+	var inTx, maxInTx, maxAdmitted, maxOpen atomic.Int64
+	var ending endings
 	start := make(chan struct{})
 	results := make(chan error, callers)
 	var wg sync.WaitGroup
@@ -1543,13 +1420,13 @@ func TestFloodOfTenThousandCallersKeepsFourRunningAndTwelveAdmitted(t *testing.T
 		go func() {
 			defer wg.Done()
 			<-start
-			results <- withTx(func(tx *sql.Tx) error {
+			results <- ending.tx(ctx, r.db, func(tx *sql.Tx) error {
 				n := inTx.Add(1)
 				defer inTx.Add(-1)
-				raise(&maxInTx, n)
+				raiseMax(&maxInTx, n)
 				s := r.g.Stats()
-				raise(&maxAdmitted, int64(s.Running+s.Waiting))
-				raise(&maxOpen, int64(s.OpenConns))
+				raiseMax(&maxAdmitted, int64(s.Running+s.Waiting))
+				raiseMax(&maxOpen, int64(s.OpenConns))
 				var v int
 				return tx.QueryRowContext(ctx, "SELECT 1").Scan(&v)
 			})
@@ -1571,9 +1448,9 @@ func TestFloodOfTenThousandCallersKeepsFourRunningAndTwelveAdmitted(t *testing.T
 			t.Errorf("caller: %v (neither success nor rejection)", err)
 		}
 	}
-	bound := int64(b) + maxEnding.Load()
+	bound := int64(b) + ending.most.Load()
 	t.Logf("figures: %d callers: %d committed, %d admission full, %d queue timeout; at most %d in a transaction, %d admitted, %d connections (%d ending at once)",
-		callers, ok, full, timeout, maxInTx.Load(), maxAdmitted.Load(), maxOpen.Load(), maxEnding.Load())
+		callers, ok, full, timeout, maxInTx.Load(), maxAdmitted.Load(), maxOpen.Load(), ending.most.Load())
 	if ok == 0 {
 		t.Error("no caller got through")
 	}

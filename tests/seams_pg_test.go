@@ -127,11 +127,7 @@ func TestAPreparedStatementRefusedAtAdmissionOnPostgreSQLDialsAndPreparesNothing
 			db.SetMaxIdleConns(0)
 			mon := newMonitor(t)
 
-			st, err := db.PrepareContext(ctx, "SELECT $1::int")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
+			st := prepare(t, ctx, db, "SELECT $1::int")
 			if n, p := spy.open(), spy.prepares.Load(); n != 0 || p != 1 {
 				t.Fatalf("after Prepare with no idle connection kept: %d server connections open, %d Prepare sent; want 0 and 1", n, p)
 			}
@@ -152,7 +148,7 @@ func TestAPreparedStatementRefusedAtAdmissionOnPostgreSQLDialsAndPreparesNothing
 			})
 			dials, prepares, full := spy.dials.Load(), spy.prepares.Load(), g.Stats().RejectedFull
 
-			_, err = st.ExecContext(ctx, 2)
+			_, err := st.ExecContext(ctx, 2)
 			if !errors.Is(err, bulkhead.ErrAdmissionFull) || errors.Is(err, bulkhead.ErrQueueTimeout) {
 				t.Fatalf("the statement's Exec with admission full: %v, want ErrAdmissionFull", err)
 			}
@@ -217,11 +213,7 @@ func TestTwoPreparesOfOneTextLeaveAsManyServerStatementsThroughTheGateAsWithout(
 		ctx := seamCtx(t)
 		count := func() int64 {
 			t.Helper()
-			var n int64
-			if err := q.QueryRowContext(ctx, "select count(*) from pg_prepared_statements where statement = $1", text).Scan(&n); err != nil {
-				t.Fatal(err)
-			}
-			return n
+			return queryOne[int64](t, ctx, q, "select count(*) from pg_prepared_statements where statement = $1", text)
 		}
 		st1, err := q.PrepareContext(ctx, text)
 		if err != nil {
@@ -232,13 +224,9 @@ func TestTwoPreparesOfOneTextLeaveAsManyServerStatementsThroughTheGateAsWithout(
 			t.Fatal(err)
 		}
 		out := []int64{count()}
-		if err := st1.Close(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, st1.Close())
 		out = append(out, count())
-		if err := st2.Close(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, st2.Close())
 		return append(out, count())
 	}
 	want := []int64{1, 1, 0}
@@ -256,9 +244,7 @@ func TestTwoPreparesOfOneTextLeaveAsManyServerStatementsThroughTheGateAsWithout(
 				}
 				c := testkit.Conn(t, seamCtx(t), db)
 				counts[i] = steps(t, c)
-				if err := c.Close(); err != nil {
-					t.Fatal(err)
-				}
+				must(t, c.Close())
 			}
 			if !slices.Equal(counts[0], want) {
 				t.Fatalf("plain: server statements after two Prepares, after closing one, after closing both: %v, want %v", counts[0], want)
@@ -328,9 +314,7 @@ func TestAPingAfterTheIdleBackendsWereKilledLeavesAsManyConnectionsAsWithoutTheG
 			t.Fatalf("three *sql.Conn in use on backends %v, want 3 backends", pids)
 		}
 		for _, c := range conns {
-			if err := c.Close(); err != nil {
-				t.Fatal(err)
-			}
+			must(t, c.Close())
 		}
 		mon := newMonitor(t)
 		var killed int
@@ -364,9 +348,7 @@ func TestAPingAfterTheIdleBackendsWereKilledLeavesAsManyConnectionsAsWithoutTheG
 			two = append(two, c)
 		}
 		for _, c := range two {
-			if err := c.Close(); err != nil {
-				t.Fatal(err)
-			}
+			must(t, c.Close())
 		}
 		out.openAfterUse = db.Stats().OpenConnections
 		if g != nil {
@@ -447,9 +429,7 @@ func TestASQLConnOfAFleetMemberNeverMovesToAnotherBackendAfterAStatementCutOffBy
 					var n int
 					q := `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 						WHERE l.locktype = 'advisory' AND NOT l.granted AND ` + where
-					if err := mon.db.QueryRowContext(ctx, q, arg).Scan(&n); err != nil {
-						t.Fatal(err)
-					}
+					must(t, mon.db.QueryRowContext(ctx, q, arg).Scan(&n))
 					return n > 0
 				}
 			}

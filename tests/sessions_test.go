@@ -63,15 +63,11 @@ func TestAListeningConnHoldsAServerConnectionButNoPermit(t *testing.T) {
 		listener := takeConn(t, ctx, db)
 		testkit.Exec(t, ctx, listener, "LISTEN "+channel)
 		var wg sync.WaitGroup
-		var mu sync.Mutex
-		outcomes := map[string]int{}
+		var outcomes pgTally
 		for range 6 {
 			wg.Go(func() {
 				for range 50 {
-					err := relWithTx(ctx, db, func(tx *sql.Tx) error {
-						_, err := tx.ExecContext(ctx, "SELECT pg_sleep(0.001)")
-						return err
-					})
+					err := testkit.Tx(ctx, db, "SELECT pg_sleep(0.001)")
 					key := "ok"
 					switch {
 					case errors.Is(err, bulkhead.ErrRejected):
@@ -79,15 +75,13 @@ func TestAListeningConnHoldsAServerConnectionButNoPermit(t *testing.T) {
 					case err != nil:
 						key = err.Error()
 					}
-					mu.Lock()
-					outcomes[key]++
-					mu.Unlock()
+					outcomes.add(key)
 				}
 			})
 		}
 		wg.Wait()
-		t.Logf("figures: 300 transactions beside a listening *sql.Conn, B=2 Q=2: %v; %+v", outcomes, g.Stats())
-		for k := range outcomes {
+		t.Logf("figures: 300 transactions beside a listening *sql.Conn, B=2 Q=2: %v; %+v", &outcomes, g.Stats())
+		for k := range outcomes.n {
 			if k != "ok" && !strings.HasPrefix(k, "rejected: ") {
 				t.Errorf("outcome %q: want only successes and admission or queue rejections", k)
 			}
@@ -127,10 +121,7 @@ func TestOperationsRunOneAtATimeStayOnTheServerConnectionGivenBackLast(t *testin
 	var last int64
 	for range 4 {
 		c := testkit.Conn(t, ctx, db)
-		var pid int64
-		if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-			t.Fatal(err)
-		}
+		pid := queryOne[int64](t, ctx, c, "SELECT pg_backend_pid()")
 		pids[pid] = true
 		last = pid
 		conns = append(conns, c)
@@ -149,10 +140,7 @@ func TestOperationsRunOneAtATimeStayOnTheServerConnectionGivenBackLast(t *testin
 	// database/sql hands out its logical connections in its own order;
 	// each operation still runs on the server connection given back last.
 	for i := range 20 {
-		var pid int64
-		if err := db.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-			t.Fatal(err)
-		}
+		pid := queryOne[int64](t, ctx, db, "SELECT pg_backend_pid()")
 		if pid != last {
 			t.Fatalf("operation %d ran on backend %d, want %d, the server connection given back last", i, pid, last)
 		}

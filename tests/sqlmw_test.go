@@ -109,16 +109,6 @@ func (l *sqlmwLog) StmtQueryContext(ctx context.Context, s driver.StmtQueryConte
 	return ctx, r, err
 }
 
-// sqlmwConnector adapts a driver and a DSN to a driver.Connector, so that
-// the gate can wrap sqlmw's driver.
-type sqlmwConnector struct {
-	d   driver.Driver
-	dsn string
-}
-
-func (c sqlmwConnector) Connect(context.Context) (driver.Conn, error) { return c.d.Open(c.dsn) }
-func (c sqlmwConnector) Driver() driver.Driver                        { return c.d }
-
 // What sqlmw claims: its Conn implements driver.Validator whatever the
 // driver does (IsValid true when the inner conn lacks it). database/sql keeps
 // a connection after a transaction rolled back on cancellation only when
@@ -154,9 +144,7 @@ func TestSqlmwClaimsValidatorSoDatabaseSQLKeepsACancelledTransactionsDeadConnect
 			db, serverConns := c.open(t)
 			conn := testkit.Conn(t, ctx, db)
 			var validator bool
-			if err := conn.Raw(func(dc any) error { _, validator = dc.(driver.Validator); return nil }); err != nil {
-				t.Fatal(err)
-			}
+			must(t, conn.Raw(func(dc any) error { _, validator = dc.(driver.Validator); return nil }))
 			conn.Close()
 			if validator != c.validator {
 				t.Errorf("the conn database/sql sees implements driver.Validator: %v, want %v", validator, c.validator)
@@ -234,11 +222,7 @@ func TestSqlmwWrapsADriverAndADSNSoAConnectorsSettingsAreLost(t *testing.T) {
 
 	appNameOf := func(db *sql.DB) string {
 		t.Helper()
-		var name string
-		if err := db.QueryRowContext(ctx, "SHOW application_name").Scan(&name); err != nil {
-			t.Fatal(err)
-		}
-		return name
+		return queryOne[string](t, ctx, db, "SHOW application_name")
 	}
 
 	direct := sql.OpenDB(connector)
@@ -268,14 +252,12 @@ func TestSqlmwWrapsADriverAndADSNSoAConnectorsSettingsAreLost(t *testing.T) {
 func TestTheGateOutsideSqlmwRejectsBeforeTheInterceptorSeesAnything(t *testing.T) {
 	ctx := pgTestCtx(t)
 	var l sqlmwLog
-	g, db := gateOn(t, sqlmwConnector{sqlmw.Driver(stdlib.GetDefaultDriver(), &l), sqlmwDSN(t)},
+	// sqliteConnector adapts any driver and DSN to a driver.Connector.
+	g, db := gateOn(t, sqliteConnector{sqlmw.Driver(stdlib.GetDefaultDriver(), &l), sqlmwDSN(t)},
 		bulkhead.Policy{MaxConcurrent: 1, MaxQueue: 1, QueueWait: time.Nanosecond})
 	pgWarm(t, ctx, db, 2)
 
-	var v int
-	if err := db.QueryRowContext(ctx, "SELECT 1").Scan(&v); err != nil {
-		t.Fatal(err)
-	}
+	queryOne[int](t, ctx, db, "SELECT 1")
 	tx := pgBegin(t, ctx, db)
 	testkit.Exec(t, ctx, tx, "SELECT 2")
 	seen := len(l.log())
@@ -295,9 +277,7 @@ func TestTheGateOutsideSqlmwRejectsBeforeTheInterceptorSeesAnything(t *testing.T
 		t.Errorf("the interceptor saw rejected operations: %q", got[seen:])
 	}
 	txCommit(t, tx)
-	if err := <-waiting; err != nil {
-		t.Fatal(err)
-	}
+	must(t, <-waiting)
 	testkit.Exec(t, ctx, db, "SELECT 3")
 	want := []string{"query SELECT 1", "begin", "exec SELECT 2", "exec SELECT 'waits, then runs'", "exec SELECT 3"}
 	if got := l.log(); !slices.Equal(got, want) {

@@ -1,8 +1,6 @@
 package tests
 
 import (
-	"context"
-	"database/sql"
 	"errors"
 	"slices"
 	"sync"
@@ -34,10 +32,7 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	const (
 		batchWorkers = 6 // > B_w+Q_w: the batch workload also meets rejections
 		// = B − B_w. Every worker holds at most one connection: 6+2 = B+Q,
-		// so no dial is ever refused. With 4 interactive workers (exactly
-		// the B+Q−(B_w+Q_w) admission left) half the interactive ops were
-		// refused at the dial: the batch attempts that its budget rejects
-		// hold a pooled connection for a moment first.
+		// so no dial is ever refused.
 		interactiveWorkers = 2
 		interactiveOps     = 150
 		interactiveWait    = 500 * time.Millisecond
@@ -72,7 +67,7 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	var batchOK, batchRejected, batchOther atomic.Int64
 	var batchErr atomic.Value
 	haltBatch := testkit.Repeat(batchWorkers, func(int) bool {
-		err := pgTxSleep(batch, db, "0.2")
+		err := testkit.Tx(batch, db, "SELECT pg_sleep(0.2)")
 		switch {
 		case err == nil:
 			batchOK.Add(1)
@@ -161,17 +156,4 @@ func TestInteractiveWorkIsAdmittedWhileABatchWorkloadSitsAtItsLimitOnPostgres(t 
 	if s.Running != 0 || s.Waiting != 0 || ws.Running != 0 || ws.Waiting != 0 {
 		t.Fatalf("after the end: global %+v, batch %+v: want nothing held", s, ws)
 	}
-}
-
-// pgTxSleep runs a transaction that holds the server for secs seconds.
-func pgTxSleep(ctx context.Context, db *sql.DB, secs string) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, "SELECT pg_sleep("+secs+")"); err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
 }
