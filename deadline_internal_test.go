@@ -10,6 +10,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -685,6 +686,48 @@ func TestALateOperationIsRefusedWithAPermitFreeUntilAProbeFindsTheWorkFast(t *te
 		}
 		if s := g.Stats(); s.RejectedDeadline != 1 || s.Admitted != 2 || len(ev.List()) != 1 {
 			t.Fatalf("stats %+v, want 1 deadline rejection, 2 admitted", s)
+		}
+	})
+}
+
+// Refusals rest on fresh evidence: once a class's last hold is older than
+// estimate.StaleAfter, or StaleHolds times its estimate if longer, its work
+// is let through however slow it was, and measured anew.
+func TestAClassesEstimateRefusesNothingOnceItsLastHoldIsStale(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, g, db, fc := dlWorkGate(t, Policy{MaxConcurrent: 2, MaxQueue: 1, QueueWait: time.Hour})
+		t0 := time.Now()
+		seed := func(text string, held time.Duration) {
+			r := g.est.Ref(estimate.Key{Kind: uint8(KindExec), Text: text}, true)
+			for range estimate.HoldSamples {
+				g.est.Observe(r, held, false, false, t0, t0)
+			}
+		}
+		// Two classes each: one asked while its evidence is fresh, the
+		// other once it is stale (a refusal keeps a class's evidence fresh
+		// until a probe, so each is asked once).
+		seed("sleep 1ms", 10*time.Millisecond)
+		seed("sleep 2ms", 10*time.Millisecond)
+		seed("sleep 3ms", time.Minute)
+		seed("sleep 4ms", time.Minute)
+		for _, c := range []struct {
+			text    string
+			at, dl  time.Duration // since the last hold; the caller's deadline
+			refused bool
+		}{
+			{"sleep 1ms", estimate.StaleAfter - time.Millisecond, 8 * time.Millisecond, true},
+			{"sleep 2ms", estimate.StaleAfter + time.Millisecond, 8 * time.Millisecond, false},
+			{"sleep 3ms", estimate.StaleHolds*time.Minute - time.Millisecond, time.Second, true},
+			{"sleep 4ms", estimate.StaleHolds*time.Minute + time.Millisecond, time.Second, false},
+		} {
+			time.Sleep(time.Until(t0.Add(c.at)))
+			execs := fc.Count(fakedb.OpExec)
+			_, err := db.ExecContext(dlDeadline(t, c.dl), c.text)
+			if c.refused {
+				dlMissed(t, fmt.Sprintf("%s %v after its last hold", c.text, c.at), err)
+			} else if err != nil || fc.Count(fakedb.OpExec) != execs+1 {
+				t.Fatalf("%s %v after its last hold, deadline %v: %v, %d execs; want it run on stale evidence", c.text, c.at, c.dl, err, fc.Count(fakedb.OpExec)-execs)
+			}
 		}
 	})
 }
