@@ -25,11 +25,11 @@ import "time"
 // for backoffMin windows, twice as many after each undo in a row, up to
 // backoffMax. From the floor the limit doubles while each doubling wins
 // slowGain of what it could (slow start); a doubling is undone only if it
-// lost goodput. Past it, the operations waiting
-// inside the database, limit·(1 − mean(base/held)) with each hold against
-// its class's base hold (the least estimate its class of work had,
-// package estimate: its work with nothing queued; TCP Vegas's estimate, which a
-// mix of short and long work does not fool), call for a step down above
+// lost goodput. Past it, the operations waiting inside the database,
+// limit·(1 − mean(base/held)) with each hold against its class's base hold
+// (the least estimate its class of work had, package estimate: its work
+// with nothing queued; TCP Vegas's estimate, which a mix of short and long
+// work does not fool), call for a step down above
 // one, a step up under a third, and otherwise a step up every exploreEvery
 // windows, or at once after a step up that was kept: for work whose holds
 // grow with the limit while goodput still rises. Guarded by the budget's
