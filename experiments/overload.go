@@ -730,6 +730,9 @@ type (
 		MaxLimit         int            `json:"max_limit,omitempty"`                  // adaptive: the highest B in force seen
 		LimitTimeline    []int          `json:"limit_timeline,omitempty"`             // adaptive: the B in force at the end of each timelineStep from the start of the counted duration
 		LastLimit        int            `json:"last_limit,omitempty"`                 // adaptive: the B in force at the end
+		GateWaitMs       *cli.Pct       `json:"gate_wait_ms,omitempty"`               // gates: the wait for the execution permit of the operations admitted, warm-up included
+		GateHoldMs       *cli.Pct       `json:"gate_hold_ms,omitempty"`               // gates: how long they held their permits
+		Moves            []string       `json:"moves,omitempty"`                      // adaptive: each move of B, "at from→to why queued gain", at in ms from the phase's start
 		SuccessMs        *cli.Pct       `json:"success_ms,omitempty"`
 		FailureMs        *cli.Pct       `json:"failure_ms,omitempty"` // every failure
 		RejectFullMs     *cli.Pct       `json:"rejected_full_ms,omitempty"`
@@ -1124,7 +1127,7 @@ func highArrivals(n int, share float64, seed uint64) []bool {
 
 // openOverloadDB opens the *sql.DB of one configuration, and for the
 // gate's the gate; the dials of its driver's connector are counted.
-func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*sql.DB, *bulkhead.Gate, string, *countingConnector, error) {
+func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy, glog *gateLog) (*sql.DB, *bulkhead.Gate, string, *countingConnector, error) {
 	if name == cfgAdaptive {
 		p = adaptivePolicy(cfg, p)
 	}
@@ -1137,7 +1140,7 @@ func openOverloadDB(cfg *overloadConfig, app, name string, p bulkhead.Policy) (*
 			return nil, nil, "", nil, err
 		}
 		dials := &countingConnector{Connector: inner}
-		g, err := bulkhead.New(dials, p)
+		g, err := bulkhead.New(dials, p, bulkhead.WithEvents(bulkhead.Events{OnLimit: glog.moved, OnAdmit: glog.admitted, OnRelease: glog.released}))
 		if err != nil {
 			return nil, nil, "", nil, err
 		}
@@ -1315,7 +1318,8 @@ func (c *countingConnector) Close() error {
 // runOpenLoop offers the arrivals starts to one configuration and returns
 // what it measured.
 func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name string, p bulkhead.Policy, starts []time.Duration) (*overloadPhase, error) {
-	db, gate, setup, dials, err := openOverloadDB(cfg, app, name, p)
+	glog := &gateLog{start: time.Now()}
+	db, gate, setup, dials, err := openOverloadDB(cfg, app, name, p, glog)
 	if err != nil {
 		return nil, err
 	}
@@ -1451,6 +1455,10 @@ func runOpenLoop(ctx context.Context, cfg *overloadConfig, w work, app, name str
 	if limits != nil {
 		ph.MaxLimit, ph.LastLimit = limits.stop()
 		ph.LimitTimeline = limits.timeline(cfg.warmup)
+		ph.Moves = glog.all()
+	}
+	if gate != nil {
+		ph.GateWaitMs, ph.GateHoldMs = glog.percentiles()
 	}
 	db.Close()
 	closed = true
@@ -1802,6 +1810,47 @@ func ratio(a, b float64) string {
 		return "∞"
 	}
 	return "-"
+}
+
+// gateLog records the moves of adaptive B (Events.OnLimit), and the gate's
+// waits and holds.
+type gateLog struct {
+	start        time.Time
+	mu           sync.Mutex
+	moves        []string
+	waits, holds []time.Duration
+}
+
+func (l *gateLog) admitted(e bulkhead.Event) {
+	l.mu.Lock()
+	l.waits = append(l.waits, e.Waited)
+	l.mu.Unlock()
+}
+
+func (l *gateLog) released(e bulkhead.Event) {
+	l.mu.Lock()
+	l.holds = append(l.holds, e.Held)
+	l.mu.Unlock()
+}
+
+func (l *gateLog) moved(m bulkhead.Move) {
+	at := time.Since(l.start).Milliseconds()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.moves = append(l.moves, fmt.Sprintf("%d %d→%d %s q%.2f g%.2f", at, m.From, m.To, m.Why, m.Queued, m.Gain))
+}
+
+func (l *gateLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.moves)
+}
+
+// percentiles returns those of the waits and holds recorded.
+func (l *gateLog) percentiles() (waits, holds *cli.Pct) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return cli.Percentiles(l.waits), cli.Percentiles(l.holds)
 }
 
 // limitWatch polls a gate's B in force every overloadPoll, for the
