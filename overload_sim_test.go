@@ -5,6 +5,7 @@ package bulkhead
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math"
@@ -187,6 +188,9 @@ type psShape struct {
 	spread bool
 	// outlier, if set, arrives once at outlierAt: a request like no other
 	outlier *psKind
+	// tx: each request runs in a transaction, so that its kinds are one
+	// class of work, as the experiments' transactions are
+	tx bool
 }
 
 // capacity is C as the experiments measure it: what as many callers as
@@ -298,7 +302,12 @@ func runPS(t *testing.T, sh psShape, p Policy, load float64, length time.Duratio
 			wg.Go(func() {
 				ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), psFactor{}, factor), cmp.Or(k.deadline, psDeadline))
 				defer cancel()
-				_, err := sqldb.ExecContext(ctx, k.query())
+				var err error
+				if sh.tx {
+					err = psTx(ctx, sqldb, k.query())
+				} else {
+					_, err = sqldb.ExecContext(ctx, k.query())
+				}
 				mu.Lock()
 				defer mu.Unlock()
 				switch {
@@ -326,6 +335,19 @@ func runPS(t *testing.T, sh psShape, p Policy, load float64, length time.Duratio
 
 const ms = time.Millisecond
 
+// psTx runs query in a transaction.
+func psTx(ctx context.Context, db *sql.DB, query string) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, query); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
 // The shapes of experiments' --shape, and log-normal holds.
 var psShapes = []psShape{
 	{name: "cpu", cores: 2, kinds: []psKind{{work: 6 * ms, weight: 1}, {work: 8 * ms, weight: 1}, {work: 10 * ms, weight: 1}}},
@@ -346,7 +368,7 @@ var psShapes = []psShape{
 	// throughput still rises
 	{name: "roundtrips", cores: 2, kinds: []psKind{
 		{work: ms, wait: 3 * ms, weight: 1}, {work: 3 * ms / 2, wait: 5 * ms, weight: 1}, {work: ms / 2, wait: 2 * ms, weight: 1},
-		{work: 2 * ms, wait: 6 * ms, weight: 1}, {work: 4 * ms / 5, wait: 3 * ms, weight: 1}}},
+		{work: 2 * ms, wait: 6 * ms, weight: 1}, {work: 4 * ms / 5, wait: 3 * ms, weight: 1}}, tx: true},
 }
 
 // outlierAt is when an outlier arrives.
