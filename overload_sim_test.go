@@ -188,8 +188,9 @@ type psShape struct {
 	spread bool
 	// outlier, if set, arrives once at outlierAt: a request like no other
 	outlier *psKind
-	// tx: each request runs in a transaction, so that its kinds are one
-	// class of work, as the experiments' transactions are
+	// tx: each request runs in a transaction that begins as every other
+	// does, so that its kinds are one class of work, as the experiments'
+	// transactions are
 	tx bool
 }
 
@@ -335,15 +336,18 @@ func runPS(t *testing.T, sh psShape, p Policy, load float64, length time.Duratio
 
 const ms = time.Millisecond
 
-// psTx runs query in a transaction.
+// psTx runs query in a transaction, after a first statement the same for
+// every kind, as the experiments' roundtrips transactions begin.
 func psTx(ctx context.Context, db *sql.DB, query string) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, query); err != nil {
-		tx.Rollback()
-		return err
+	for _, q := range []string{"wait 0s", query} {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			tx.Rollback()
+			return err
+		}
 	}
 	return tx.Commit()
 }
