@@ -29,11 +29,10 @@ import "time"
 // limit·(1 − mean(base/held)) with each hold against its class's base hold
 // (the least estimate its class of work had, package estimate: its work
 // with nothing queued; TCP Vegas's estimate, which a mix of short and long
-// work does not fool), call for a step down above
-// one, a step up under a third, and otherwise a step up every exploreEvery
-// windows, or at once after a step up that was kept: for work whose holds
-// grow with the limit while goodput still rises. Guarded by the budget's
-// mutex.
+// work does not fool), call for a step down above one, a step up under a
+// third, and otherwise a step up every exploreEvery windows, or at once
+// after a step up that was kept: for work whose holds grow with the limit
+// while goodput still rises. Guarded by the budget's mutex.
 type Limit struct {
 	Floor, Ceil int // the bounds it moves within; the caller sets them
 
