@@ -1,17 +1,15 @@
 package tests
 
-// Network faults between the gated *sql.DB and PostgreSQL: an in-process
-// toxiproxy (github.com/Shopify/toxiproxy/v2) for latency, and a net.Conn
+// Network faults between the gated *sql.DB and PostgreSQL: a delaying TCP
+// proxy of the test's own (relDelayProxy) for latency, and a net.Conn
 // wrapper installed as pgx's DialFunc (relFaultDialer) for a reset
 // connection, a blackhole and the ambiguous COMMIT (the connection dropped
-// right after COMMIT was written, which no proxy toxic can aim at).
+// right after COMMIT was written, which no proxy can aim at).
 //
-// Why not toxiproxy for reset and blackhole: in v2.12.0 a toxic that closes
-// its own stub (reset_peer after its first chunk, timeout when removed)
-// leaves the stub in front of it blocked for ever on an unbuffered send
-// when the client writes again (pgx's Terminate racing the reset): a
-// goroutine leak that goleak reports in about one run in three. The latency
-// toxic never closes its stub and is added before any connection exists.
+// Why not toxiproxy: in v2.12.0 a link whose destination write fails stops
+// reading its last toxic's output, and that toxic (latency included) stays
+// blocked for ever on an unbuffered send: a goroutine leak that goleak
+// reported when a statement cut off closed its connection mid-reply.
 
 import (
 	"bytes"
@@ -19,84 +17,141 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/rs/zerolog"
 
 	"github.com/dbbulkhead/bulkhead"
 	"github.com/dbbulkhead/bulkhead/pgxgate"
 )
 
-// relProxy is a toxiproxy between the test and the server, stopped at the
-// end of the test (which closes every connection through it).
-type relProxy struct {
-	t *testing.T
-	p *toxiproxy.Proxy
+// relDelayProxy is a TCP proxy between the test and the server that
+// delivers every chunk of bytes a latency (plus a uniform jitter) after it
+// was read, in order, in each direction, as a slow network would. Either
+// side failing closes both; the end of the test closes every connection
+// and waits for the proxy's goroutines.
+type relDelayProxy struct {
+	ln          net.Listener
+	up          string
+	lat, jitter time.Duration
+	wg          sync.WaitGroup
+	mu          sync.Mutex
+	conns       []net.Conn
+	closed      bool
 }
 
-func relStartProxy(t *testing.T, upstream *pgx.ConnConfig) *relProxy {
+// relLatency starts a proxy adding lat ± jitter each way and returns
+// relConfig(t) pointed at it.
+func relLatency(t *testing.T, lat, jitter time.Duration) *pgx.ConnConfig {
 	t.Helper()
-	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	up := net.JoinHostPort(upstream.Host, strconv.Itoa(int(upstream.Port)))
-	p := toxiproxy.NewProxy(srv, "pg", "127.0.0.1:0", up)
-	if err := p.Start(); err != nil {
-		t.Fatalf("toxiproxy: %v", err)
-	}
-	t.Cleanup(p.Stop)
-	return &relProxy{t: t, p: p}
-}
-
-// config is cfg pointed at the proxy.
-func (x *relProxy) config(cfg *pgx.ConnConfig) *pgx.ConnConfig {
-	x.t.Helper()
-	host, port, err := net.SplitHostPort(x.p.Listen)
+	cfg := relConfig(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		x.t.Fatal(err)
+		t.Fatalf("delay proxy: %v", err)
 	}
-	n, _ := strconv.Atoi(port)
+	p := &relDelayProxy{ln: ln, up: net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), lat: lat, jitter: jitter}
+	p.wg.Go(p.accept)
+	t.Cleanup(p.close)
 	c := cfg.Copy()
-	c.Host, c.Port, c.Fallbacks = host, uint16(n), nil
+	c.Host, c.Port, c.Fallbacks = "127.0.0.1", uint16(ln.Addr().(*net.TCPAddr).Port), nil
 	return c
 }
 
-// add adds a toxic to the proxy. It is added before any connection is
-// made and never removed: the proxy's Stop ends it with the connections.
-func (x *relProxy) add(name, typ, stream string, attrs string) {
-	x.t.Helper()
-	js := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"toxicity":1,"attributes":%s}`, name, typ, stream, attrs)
-	if _, err := x.p.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
-		x.t.Fatalf("toxic %s: %v", js, err)
+func (p *relDelayProxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		u, err := net.Dial("tcp", p.up)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		if !p.keep(c, u) {
+			return
+		}
+		p.wg.Go(func() { p.pipe(c, u) })
+		p.wg.Go(func() { p.pipe(u, c) })
 	}
 }
 
-// relLatency starts a proxy adding the latency toxic of attrs both ways
-// and returns relConfig(t) pointed at it.
-func relLatency(t *testing.T, attrs string) *pgx.ConnConfig {
-	t.Helper()
-	x := relStartProxy(t, relConfig(t))
-	x.add("lat_down", "latency", "downstream", attrs)
-	x.add("lat_up", "latency", "upstream", attrs)
-	return x.config(relConfig(t))
+// keep records cs for close, or closes them if the proxy is closed.
+func (p *relDelayProxy) keep(cs ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		for _, c := range cs {
+			c.Close()
+		}
+		return false
+	}
+	p.conns = append(p.conns, cs...)
+	return true
+}
+
+// pipe copies src to dst, each chunk written its delay after it was read.
+func (p *relDelayProxy) pipe(src, dst net.Conn) {
+	type chunk struct {
+		b  []byte
+		at time.Time
+	}
+	q := make(chan chunk, 1024)
+	p.wg.Go(func() {
+		defer close(q)
+		for {
+			b := make([]byte, 32<<10)
+			n, err := src.Read(b)
+			if n > 0 {
+				d := p.lat
+				if p.jitter > 0 {
+					d += rand.N(2*p.jitter) - p.jitter
+				}
+				q <- chunk{b[:n], time.Now().Add(d)}
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	defer dst.Close()
+	for c := range q {
+		time.Sleep(time.Until(c.at))
+		if _, err := dst.Write(c.b); err != nil {
+			src.Close()
+			for range q { // until the reader sees src closed
+			}
+			return
+		}
+	}
+}
+
+func (p *relDelayProxy) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.ln.Close()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
 }
 
 // 8. Network faults.
 
 func TestLatencyOnTheNetworkKeepsTheServerWithinB(t *testing.T) {
 	const b, callers = 2, 12
-	cfg := relLatency(t, `{"latency":15,"jitter":5}`)
+	cfg := relLatency(t, 15*time.Millisecond, 5*time.Millisecond)
 	r, table, ctx := relOpen(t, bulkhead.Policy{MaxConcurrent: b, MaxQueue: callers - b, QueueWait: time.Minute}, relRigOptions{cfg: cfg, maxConns: callers})
 	errs := make(chan error, callers)
 	for i := range callers {
@@ -399,7 +454,7 @@ func TestAmbiguousCommitReleasesOnceAndIsNeverRetried(t *testing.T) {
 // resets a server connection only once the operation holds its permits.
 func TestARejectionPingsNothingAlsoWhenThePooledConnectionNeedsAReset(t *testing.T) {
 	var pings atomic.Int64
-	inner := stdlib.GetConnector(*relLatency(t, `{"latency":50}`), stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool {
+	inner := stdlib.GetConnector(*relLatency(t, 50*time.Millisecond, 0), stdlib.OptionShouldPing(func(context.Context, stdlib.ShouldPingParams) bool {
 		pings.Add(1)
 		return true
 	}))
@@ -562,7 +617,7 @@ func TestOnASlowLinkTheGateDialsNoMoreThanItCanKeep(t *testing.T) {
 	}
 	const workers = 12
 	p := bulkhead.Policy{MaxConcurrent: 2, MaxQueue: 4, QueueWait: 100 * time.Millisecond}
-	slow := func() *pgx.ConnConfig { return relLatency(t, `{"latency":100}`) }
+	slow := func() *pgx.ConnConfig { return relLatency(t, 100*time.Millisecond, 0) }
 	type arm struct {
 		db    *sql.DB
 		g     *bulkhead.Gate // nil: database/sql alone
