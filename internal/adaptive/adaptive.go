@@ -24,15 +24,16 @@ import "time"
 // undone and steps to that limit or beyond are not tried again
 // for backoffMin windows, twice as many after each undo in a row, up to
 // backoffMax. From the floor the limit doubles while each doubling wins
-// slowGain of what it could (slow start); a doubling is undone only if it
-// lost goodput. Past it, the operations waiting inside the database,
-// limit·(1 − mean(base/held)) with each hold against its class's base hold
-// (the least estimate its class of work had, package estimate: its work
-// with nothing queued; TCP Vegas's estimate, which a mix of short and long
-// work does not fool), call for a step down above one, a step up under a
-// third, and otherwise a step up every exploreEvery windows, or at once
-// after a step up that was kept: for work whose holds grow with the limit
-// while goodput still rises. Guarded by the budget's mutex.
+// slowGain of what it could (slow start); a doubling, there or from 1 to
+// 2, is undone only if it lost goodput. Past it, the operations waiting
+// inside the database, limit·(1 − mean(base/held)) with each hold against
+// its class's base hold (the least estimate its class of work had,
+// package estimate: its work with nothing queued; TCP Vegas's estimate,
+// which a mix of short and long work does not fool), call for a step down
+// above one, a step up under a third, and otherwise a step up every
+// exploreEvery windows, or at once after a step up that was kept: for work
+// whose holds grow with the limit while goodput still rises. Guarded by
+// the budget's mutex.
 type Limit struct {
 	Floor, Ceil int // the bounds it moves within; the caller sets them
 
@@ -152,10 +153,10 @@ func (a *Limit) Observe(held, base time.Duration, from, b int, full, waited bool
 		// A step up after which the callers did not wait at every
 		// completion met their demand: its goodput is their arrivals, kept.
 		won := gain >= 1+upGain*step
-		// A doubling is judged on one window, too few to tell a small
-		// loss from noise (a database sharing its machine): it is undone
-		// only if it lost goodput.
-		lost := !won && !(a.slow && b > from && gain >= 1)
+		// A doubling (slow start's, or a step from 1 to 2) is judged on one
+		// window, too few to tell a small gain from noise (a database
+		// sharing its machine): it is undone only if it lost goodput.
+		lost := !won && !((a.slow && b > from || b >= 2*from) && gain >= 1)
 		if lost && !(b > from && met) {
 			if b > from {
 				a.upBackoff = min(max(2*a.upBackoff, backoffMin), backoffMax)
