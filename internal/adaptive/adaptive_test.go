@@ -326,26 +326,32 @@ func TestAdaptiveJudgesAMoveOnlyOnAWindowOfPermitsHeld(t *testing.T) {
 	}
 }
 
+// stepUp runs past slow start a window at floor with callers waiting at
+// every completion, which steps up by one, then one after the step whose
+// holds are f times adWork, callers waiting at every waitedEvery-th
+// completion; it returns the limit after it and the last move.
+func stepUp(t *testing.T, floor int, f float64, waitedEvery int) (int, Move) {
+	t.Helper()
+	a := bounded(floor, 16)
+	a.slow = false
+	if b := window(a, floor, adWork, true, 1); b != floor+1 {
+		t.Fatalf("b after a window at the floor %d with callers always waiting: %d, want %d", floor, b, floor+1)
+	}
+	return window(a, floor+1, time.Duration(f*float64(adWork)), true, waitedEvery), a.last
+}
+
 // At a load the database can just take, a step up after which callers no
 // longer waited at every completion met their demand: the goodput it
 // measures is their arrivals, and the step is kept however little it won.
 func TestAdaptiveKeepsAStepUpThatMetTheCallersDemand(t *testing.T) {
-	a := bounded(2, 16)
-	a.slow = false // past slow start
-	if b := window(a, 2, adWork, true, 1); b != 3 {
-		t.Fatalf("b after a window at the floor with callers always waiting: %d, want 3", b)
-	}
 	// At 3 the holds are 1.5 times as long: the same goodput, under the
 	// eighth a step must win; but callers waited at every other
 	// completion only.
-	if b := window(a, 3, adWork*3/2, true, 2); b != 3 || a.last.Why != "kept" {
-		t.Fatalf("b after the step up met the demand: %d (last move %+v), want 3, kept", b, a.last)
+	if b, m := stepUp(t, 2, 1.5, 2); b != 3 || m.Why != "kept" {
+		t.Fatalf("b after the step up met the demand: %d (last move %+v), want 3, kept", b, m)
 	}
-	a = bounded(2, 16)
-	a.slow = false
-	window(a, 2, adWork, true, 1)
-	if b := window(a, 3, adWork*3/2, true, 1); b != 2 || a.last.Why != "undone" {
-		t.Fatalf("b after the same step with callers waiting at every completion: %d (last move %+v), want 2, undone", b, a.last)
+	if b, m := stepUp(t, 2, 1.5, 1); b != 2 || m.Why != "undone" {
+		t.Fatalf("b after the same step with callers waiting at every completion: %d (last move %+v), want 2, undone", b, m)
 	}
 }
 
@@ -355,21 +361,13 @@ func TestAdaptiveKeepsAStepUpThatMetTheCallersDemand(t *testing.T) {
 // Undone on a gain of 1.1, log-normal holds of σ = 1 held B at 1 for
 // seconds where B = 2 served twice as much (the overload sim's seeds).
 func TestAdaptiveKeepsAStepFromOneToTwoThatWonLessThanItCould(t *testing.T) {
-	a := bounded(1, 16)
-	a.slow = false // past slow start
-	if b := window(a, 1, adWork, true, 1); b != 2 {
-		t.Fatalf("b after a window at the floor with callers always waiting: %d, want 2", b)
-	}
 	// At 2 the holds are 1.8 times as long: 1.1 times the goodput.
-	if b := window(a, 2, adWork*18/10, true, 1); b != 2 || a.last.Why != "kept" {
-		t.Fatalf("b after a step from 1 to 2 that won 1.1 times the goodput: %d (last move %+v), want 2, kept", b, a.last)
+	if b, m := stepUp(t, 1, 1.8, 1); b != 2 || m.Why != "kept" {
+		t.Fatalf("b after a step from 1 to 2 that won 1.1 times the goodput: %d (last move %+v), want 2, kept", b, m)
 	}
-	a = bounded(2, 16)
-	a.slow = false
-	window(a, 2, adWork, true, 1)
 	// At 3 the holds are 1.45 times as long: 1.03 times the goodput, under
 	// the eighth of the half more a step from 2 could win.
-	if b := window(a, 3, adWork*29/20, true, 1); b != 2 || a.last.Why != "undone" {
-		t.Fatalf("b after a step from 2 to 3 that won 1.03 times the goodput: %d (last move %+v), want 2, undone", b, a.last)
+	if b, m := stepUp(t, 2, 1.45, 1); b != 2 || m.Why != "undone" {
+		t.Fatalf("b after a step from 2 to 3 that won 1.03 times the goodput: %d (last move %+v), want 2, undone", b, m)
 	}
 }
