@@ -120,11 +120,11 @@ func ReasonLabel(err error) string {
 type Move struct {
 	From, To int
 	// Why: "slow start" (doubling while it pays), "queueing" (more than one
-	// operation waits inside the database), "room" (under a third does),
-	// "explore" (a periodic step up), "climb" (a step up right after one
-	// that was kept), "undone" (the step before won, or lost, too much or
-	// too little), "kept" (the step before was judged and kept), or ""
-	// before any.
+	// and a half operations wait inside the database), "room" (under a
+	// third does), "explore" (a periodic step up), "climb" (a step up right
+	// after one that was kept), "undone" (the step before won, or lost, too
+	// much or too little), "kept" (the step before was judged and kept), or
+	// "" before any.
 	Why string
 	// Queued is Vegas's estimate of the operations waiting inside the
 	// database over the window the move was made on, B·(1 − mean(base/held))

@@ -30,10 +30,10 @@ import "time"
 // its class's base hold (the least estimate its class of work had,
 // package estimate: its work with nothing queued; TCP Vegas's estimate,
 // which a mix of short and long work does not fool), call for a step down
-// above one, a step up under a third, and otherwise a step up every
-// exploreEvery windows, or at once after a step up that was kept: for work
-// whose holds grow with the limit while goodput still rises. Guarded by
-// the budget's mutex.
+// above one and a half, a step up under a third, and otherwise a step up
+// every exploreEvery windows, or at once after a step up that was kept:
+// for work whose holds grow with the limit while goodput still rises.
+// Guarded by the budget's mutex.
 type Limit struct {
 	Floor, Ceil int // the bounds it moves within; the caller sets them
 
@@ -73,11 +73,11 @@ func (a *Limit) Last() Move { return a.last }
 type Move struct {
 	From, To int
 	// Why: "slow start" (doubling while it pays), "queueing" (more than one
-	// operation waits inside the database), "room" (under a third does),
-	// "explore" (a periodic step up), "climb" (a step up right after one
-	// that was kept), "undone" (the step before won, or lost, too much or
-	// too little), "kept" (the step before was judged and kept), or ""
-	// before any.
+	// and a half operations wait inside the database), "room" (under a
+	// third does), "explore" (a periodic step up), "climb" (a step up right
+	// after one that was kept), "undone" (the step before won, or lost, too
+	// much or too little), "kept" (the step before was judged and kept), or
+	// "" before any.
 	Why string
 	// Queued is Vegas's estimate of the operations waiting inside the
 	// database over the window the move was made on, B·(1 − mean(base/held))
@@ -91,7 +91,7 @@ const (
 	windowPer    = 4       // and per permit of the limit, so that each permit turns over a few times
 	effShare     = 0.5     // the share of a window's completions that must count in effect ((Σheld)²/Σheld²)
 	busyShare    = 0.75    // the share of a window's completions that must find every permit held
-	downQueued   = 1       // operations waiting inside the database above which the limit steps down
+	downQueued   = 1.5     // operations waiting inside the database above which the limit steps down (at 2 on 2 cores beside the client, 1.0-1.2 read)
 	upQueued     = 1.0 / 3 // and under which it steps up: room that one more operation would use
 	upGain       = 0.125   // a step up must win this share of what the added operations could bring; a step down may lose as much
 	slowGain     = 0.125   // slow start goes on while a doubling wins this share of what it could
